@@ -1,0 +1,149 @@
+"""The ``headwater`` command line: parses arguments, loads config, delegates to the packages.
+
+Every command takes ``--config``. A :class:`~headwater.errors.HeadwaterError` is printed
+as one line on stderr with a non-zero exit; ``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from headwater import __version__
+from headwater.config import ProjectConfig, load_config
+from headwater.errors import HeadwaterError
+from headwater.scaffold import init_project
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+@dataclass
+class Context:
+    """Options shared by every command."""
+
+    config_path: str | None
+    debug: bool
+
+    def config(self) -> ProjectConfig:
+        """Load and validate the project config (found as DESIGN section 2 says)."""
+        return load_config(self.config_path)
+
+
+pass_context = click.make_pass_decorator(Context)
+_config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Path to headwater.yaml (default: $HEADWATER_CONFIG, else ./headwater.yaml).",
+)
+
+
+def _config_override(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    # `--config` is accepted both before and after the subcommand name.
+    if value is not None:
+        ctx.find_object(Context).config_path = value  # type: ignore[union-attr]
+
+
+config_option = click.option(
+    "--config",
+    type=click.Path(dir_okay=False),
+    expose_value=False,
+    callback=_config_override,
+    help="Path to headwater.yaml.",
+)
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.buffer.write(orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.flush()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="headwater")
+@_config_option
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, debug: bool) -> None:
+    """Headwater: PostgreSQL change capture into a unified log, feeds and a Delta warehouse."""
+    ctx.obj = Context(config_path=config_path, debug=debug)
+
+
+@cli.command("init")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path), default=".")
+@click.option("--project", default=None, help="Project name (default: the directory name).")
+def init_command(directory: Path, project: str | None) -> None:
+    """Scaffold headwater.yaml and the state dir in DIRECTORY."""
+    path = init_project(directory, project)
+    click.echo(f"wrote {path}")
+    click.echo("next: headwater source add NAME --dsn DSN --tables schema.table,...")
+
+
+@cli.group("source")
+def source_group() -> None:
+    """Register and inspect source databases."""
+
+
+@source_group.command("list")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_context
+def source_list(context: Context, as_json: bool) -> None:
+    """List the registered sources (DSN passwords masked)."""
+    config = context.config()
+    rows = [
+        {
+            "name": name,
+            "dsn": source.dsn_redacted,
+            "tables": list(source.tables) if source.tables is not None else None,
+            "schemas": list(source.schemas) if source.schemas is not None else None,
+            "snapshot": source.snapshot,
+        }
+        for name, source in config.sources.items()
+    ]
+    if as_json:
+        _print_json(rows)
+        return
+    if not rows:
+        click.echo("no sources registered; add one with: headwater source add NAME --dsn DSN --tables T,...")
+        return
+    table = Table("name", "dsn", "captures", "snapshot")
+    for row in rows:
+        captures = ", ".join(row["tables"] or [f"schema {s}" for s in row["schemas"] or []])
+        table.add_row(row["name"], row["dsn"], captures, row["snapshot"])
+    Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; return the process exit code."""
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="headwater", standalone_mode=False)
+    except HeadwaterError as exc:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"error: {exc}", err=True)
+        return EXIT_ERROR
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return EXIT_ERROR
+    except click.ClickException as exc:
+        exc.show()
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

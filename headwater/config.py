@@ -1,0 +1,276 @@
+"""The ``headwater.yaml`` project model (DESIGN section 2), validated once at load.
+
+Key names are a public contract. Every model is frozen and rejects unknown keys, so
+a typo is an error that names its field path instead of a silently ignored setting.
+DSN and Kafka passwords are :class:`pydantic.SecretStr`: ``repr``/``str`` never show them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from headwater.errors import ConfigError
+
+CONFIG_ENV_VAR = "HEADWATER_CONFIG"
+DEFAULT_CONFIG_NAME = "headwater.yaml"
+
+_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class KafkaConfig(_Model):
+    """Connection settings of the ``kafka`` log backend; security settings pass through to the client."""
+
+    bootstrap_servers: str = "localhost:9092"
+    client: Literal["kafka-python", "confluent-kafka"] = "kafka-python"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+
+class FileLogConfig(_Model):
+    """Settings of the embedded ``file`` log backend."""
+
+    fsync: Literal["always", "never"] = "always"
+    segment_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
+
+
+class LogConfig(_Model):
+    """Which log backend stores topics, and its defaults for new topics."""
+
+    backend: Literal["file", "kafka"] = "file"
+    partitions: int = Field(default=3, ge=1, le=1024)
+    min_compaction_lag_s: int = Field(default=7 * 24 * 3600, ge=0)
+    delete_retention_s: int = Field(default=24 * 3600, ge=0)
+    kafka: KafkaConfig = KafkaConfig()
+    file: FileLogConfig = FileLogConfig()
+
+
+class TypesConfig(_Model):
+    """Debezium-style type handling modes for captured values."""
+
+    decimal_handling_mode: Literal["string", "precise", "double"] = "string"
+    time_precision_mode: Literal["adaptive", "connect"] = "adaptive"
+    binary_handling_mode: Literal["base64", "hex"] = "base64"
+
+
+class ColumnsConfig(_Model):
+    """Column selection: ``exclude`` lists ``schema.table.column`` names never captured."""
+
+    exclude: tuple[str, ...] = ()
+
+
+def redact_dsn(dsn: str) -> str:
+    """Return ``dsn`` with any password replaced by ``***`` (URL or key=value form)."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        if parts.password is None:
+            return dsn
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+        user = parts.username or ""
+        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
+
+
+class SourceConfig(_Model):
+    """One registered PostgreSQL database."""
+
+    dsn: SecretStr
+    tables: tuple[str, ...] | None = None
+    schemas: tuple[str, ...] | None = None
+    snapshot: Literal["initial", "never", "when_needed", "initial_only"] = "initial"
+    heartbeat_interval_s: float = Field(default=10.0, gt=0)
+    slot: str | None = None
+    publication: str | None = None
+    types: TypesConfig = TypesConfig()
+    columns: ColumnsConfig = ColumnsConfig()
+
+    @model_validator(mode="after")
+    def _tables_or_schemas(self) -> SourceConfig:
+        if (self.tables is None) == (self.schemas is None):
+            msg = "give exactly one of 'tables' or 'schemas'"
+            raise ValueError(msg)
+        return self
+
+    @property
+    def dsn_redacted(self) -> str:
+        """The DSN with its password masked, safe for logs and output."""
+        return redact_dsn(self.dsn.get_secret_value())
+
+
+class ExpectationConfig(BaseModel):
+    """A Great Expectations 1.x expectation: its name under ``expect``, its arguments beside it."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    expect: Annotated[str, Field(pattern=r"^expect_[a-z0-9_]+$")]
+    action: Literal["warn", "drop", "fail"] | None = None
+    blocking: bool = False
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The expectation's own arguments (everything but ``expect``, ``action``, ``blocking``)."""
+        return dict(self.model_extra or {})
+
+
+class FeedConfig(_Model):
+    """A derived feed: SQL over the current row image of ``from``, keyed by ``key``."""
+
+    from_: str = Field(alias="from")
+    sql: str
+    key: tuple[str, ...]
+    expectations: tuple[ExpectationConfig, ...] = ()
+
+
+class TableConfig(_Model):
+    """A warehouse table materialised from a topic or feed."""
+
+    from_: str = Field(alias="from")
+    mode: Literal["scd1", "scd2"] = "scd1"
+    sequence_by: str | None = None
+    track_history_columns: tuple[str, ...] | None = None
+
+
+class WarehouseConfig(_Model):
+    """The warehouse tables, by name."""
+
+    tables: dict[str, TableConfig] = {}
+
+
+class ProjectConfig(_Model):
+    """The whole ``headwater.yaml``."""
+
+    project: Annotated[str, Field(pattern=_NAME)]
+    home: Path = Path(".headwater")
+    log: LogConfig = LogConfig()
+    sources: dict[str, SourceConfig] = {}
+    feeds: dict[str, FeedConfig] = {}
+    warehouse: WarehouseConfig = WarehouseConfig()
+    quality: dict[str, tuple[ExpectationConfig, ...]] = {}
+
+    #: The file this config was loaded from (set by :func:`load_config`).
+    config_path: Path | None = Field(default=None, exclude=True)
+
+    @field_validator("sources", "feeds")
+    @classmethod
+    def _names_are_identifiers(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not re.match(_NAME, name):
+                msg = f"name {name!r} must be letters, digits and '_' and not start with a digit"
+                raise ValueError(msg)
+        return value
+
+    @property
+    def home_dir(self) -> Path:
+        """The state directory, resolved against the config file's folder."""
+        if self.home.is_absolute() or self.config_path is None:
+            return self.home
+        return self.config_path.parent / self.home
+
+
+def find_config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """Locate the config: ``--config``, else ``$HEADWATER_CONFIG``, else ``./headwater.yaml``."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get(CONFIG_ENV_VAR)
+    if env:
+        return Path(env)
+    return Path.cwd() / DEFAULT_CONFIG_NAME
+
+
+def _interpolate(node: Any, path: str, source: Path, env: Mapping[str, str]) -> Any:
+    if isinstance(node, str):
+
+        def replace(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in env:
+                msg = f"{source}: {path}: environment variable {name} is not set; export it or edit the file"
+                raise ConfigError(msg, path=str(source), field=path)
+            return env[name]
+
+        return _ENV_REF.sub(replace, node)
+    if isinstance(node, dict):
+        return {k: _interpolate(v, f"{path}.{k}" if path else str(k), source, env) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, f"{path}[{i}]", source, env) for i, v in enumerate(node)]
+    return node
+
+
+def _describe(error: dict[str, Any]) -> str:
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    got = error.get("input")
+    if kind == "literal_error":
+        return f"must be {ctx.get('expected')}, got {got!r}"
+    if kind == "extra_forbidden":
+        return "unknown key; remove it or check its spelling"
+    if kind == "missing":
+        return "is required"
+    if kind == "string_pattern_mismatch":
+        return f"{got!r} does not match {ctx.get('pattern')}"
+    message = str(error.get("msg", "invalid value"))
+    return message.removeprefix("Value error, ")
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts).replace("from_", "from")
+
+
+def parse_config(raw: Any, source: Path, env: Mapping[str, str] | None = None) -> ProjectConfig:
+    """Validate an already-parsed YAML document; errors name ``source`` and the field path."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        msg = f"{source}: the file must hold a mapping of keys (project, log, sources, ...)"
+        raise ConfigError(msg, path=str(source))
+    data = _interpolate(raw, "", source, os.environ if env is None else env)
+    try:
+        config = ProjectConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = _field_path(tuple(first["loc"])) or "(top level)"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        msg = f"{source}: {field}: {_describe(dict(first))}{more}"
+        raise ConfigError(msg, path=str(source), field=field) from None
+    return config.model_copy(update={"config_path": source.resolve()})
+
+
+def load_config(explicit: str | os.PathLike[str] | None = None) -> ProjectConfig:
+    """Find, read, interpolate and validate ``headwater.yaml``."""
+    path = find_config_path(explicit)
+    if not path.is_file():
+        msg = f"{path}: no such config file; run 'headwater init' or pass --config"
+        raise ConfigError(msg, path=str(path))
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "malformed YAML"
+        msg = f"{path}: invalid YAML{where}: {problem}; fix the file and retry"
+        raise ConfigError(msg, path=str(path)) from None
+    return parse_config(raw, path)

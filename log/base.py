@@ -1,0 +1,214 @@
+"""The :class:`Log` protocol: topics of partitions of records, the centre of Headwater.
+
+Both backends (``file_log.FileLog`` and ``kafka_log.KafkaLog``) implement it and pass
+one conformance suite (``tests/integration/log/test_conformance.py``).
+
+Contract, for every backend:
+
+* **Ordering.** Within a partition, records keep the order in which they were
+  appended; offsets are int64, start at 0 and grow by one per record. Compaction
+  and retention remove records but never renumber the ones that stay, so a read
+  may skip offsets.
+* **Atomicity.** :meth:`Log.append` writes one batch to one partition; a reader
+  sees either all of the batch or none of it.
+* **Durability.** When :meth:`Log.append` returns, the batch survives a crash of the
+  writer (file backend: fsynced, unless the topic's fsync policy says ``never``;
+  Kafka: ``acks=all``). Callers acknowledge upstream only after append returns.
+* **Keys.** Callers that route by key use :func:`log.partitioner.partition_for`, which
+  equals Kafka's default partitioner, so both backends place a key alike.
+* **Compaction.** A compacted topic keeps at least the latest record per key. Records
+  younger than ``min_compaction_lag_ms`` are never removed, and tombstones (null
+  value) are removed only ``delete_retention_ms`` after compaction first saw them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from log.errors import InvalidTopicNameError
+from log.partitioner import partition_for
+
+DAY_MS = 24 * 3600 * 1000
+
+#: Internal topics of Headwater itself.
+SCHEMAS_TOPIC = "_headwater.schemas"
+OFFSETS_TOPIC = "_headwater.offsets"
+_INTERNAL_PREFIX = "_headwater."
+_LEGAL = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def validate_topic_name(name: str, *, internal: bool = False) -> str:
+    """Return ``name`` if it is a legal Kafka topic name; reserved prefixes only when ``internal``."""
+    if not _LEGAL.match(name):
+        raise InvalidTopicNameError(name, "use 1-249 characters from A-Z a-z 0-9 . _ -")
+    if name in {".", ".."}:
+        raise InvalidTopicNameError(name, "'.' and '..' are not allowed")
+    if not internal and (name.startswith(_INTERNAL_PREFIX) or name.startswith("__")):
+        raise InvalidTopicNameError(name, f"names starting with {_INTERNAL_PREFIX!r} or '__' are reserved")
+    return name
+
+
+class TopicPartition(NamedTuple):
+    """A partition of a topic."""
+
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A record to append. ``value=None`` is a tombstone; ``timestamp_ms=None`` means now."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A record read back from the log, with its position."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """How a topic is laid out and cleaned.
+
+    ``compacted`` topics keep the latest record per key (Kafka ``cleanup.policy=compact``);
+    other topics delete whole segments older than ``retention_ms`` or beyond
+    ``retention_bytes`` per partition (``None``: keep forever).
+    """
+
+    name: str
+    partitions: int = 3
+    compacted: bool = True
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    min_compaction_lag_ms: int = 7 * DAY_MS
+    delete_retention_ms: int = DAY_MS
+    config: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Where an appended batch landed: offsets ``base_offset .. last_offset`` of one partition."""
+
+    topic: str
+    partition: int
+    base_offset: int
+    last_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    """What one compaction pass did to a topic."""
+
+    topic: str
+    records_before: int
+    records_after: int
+    bytes_before: int
+    bytes_after: int
+
+
+@runtime_checkable
+class Log(Protocol):
+    """A set of partitioned, append-only topics (see the module docstring for the contract)."""
+
+    def create_topic(self, spec: TopicSpec, *, exist_ok: bool = True) -> None:
+        """Create a topic; with ``exist_ok`` an existing topic is left as it is."""
+        ...
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic and all its records."""
+        ...
+
+    def list_topics(self) -> list[str]:
+        """Names of all topics, internal ones included, sorted."""
+        ...
+
+    def describe_topic(self, name: str) -> TopicSpec:
+        """The topic's spec; :class:`~log.errors.UnknownTopicError` if it does not exist."""
+        ...
+
+    def append(self, topic: str, partition: int, records: Sequence[Record]) -> AppendResult:
+        """Append ``records`` to one partition atomically and durably; return their offsets."""
+        ...
+
+    def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_records: int = 10_000,
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> list[StoredRecord]:
+        """Records at or after ``offset`` in offset order, at most ``max_records`` and about
+        ``max_bytes`` (at least one record if any is there). Empty at the end of the partition.
+        New batches appended by other processes become visible without reopening."""
+        ...
+
+    def beginning_offset(self, topic: str, partition: int) -> int:
+        """The lowest offset still held (retention may have removed earlier ones)."""
+        ...
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        """The offset the next appended record will get (Kafka's high watermark)."""
+        ...
+
+    def clean_offset(self, topic: str, partition: int) -> int:
+        """Every record at or after this offset is still held; before it, compaction may
+        have removed superseded versions. Full-history readers start at or after it."""
+        ...
+
+    def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
+        """The earliest offset whose timestamp is at or after ``timestamp_ms``; ``None`` if none."""
+        ...
+
+    def commit(self, group: str, offsets: Mapping[TopicPartition, int]) -> None:
+        """Record a consumer group's next offsets to read (durable, like :meth:`append`)."""
+        ...
+
+    def committed(self, group: str, topic: str) -> dict[int, int]:
+        """The group's committed next offsets for the topic's partitions (absent: never committed)."""
+        ...
+
+    def compact(self, topic: str) -> CompactionResult:
+        """Run one compaction (compacted topics) or retention (other topics) pass now."""
+        ...
+
+    def close(self) -> None:
+        """Release files, locks and connections. Idempotent."""
+        ...
+
+
+def end_offsets(log: Log, topic: str) -> dict[int, int]:
+    """End offsets of every partition of ``topic``."""
+    spec = log.describe_topic(topic)
+    return {p: log.end_offset(topic, p) for p in range(spec.partitions)}
+
+
+def lag(log: Log, group: str, topic: str) -> dict[int, int]:
+    """Records per partition that ``group`` has not yet committed past."""
+    committed = log.committed(group, topic)
+    return {p: end - committed.get(p, log.beginning_offset(topic, p)) for p, end in end_offsets(log, topic).items()}
+
+
+def append_keyed(log: Log, topic: str, records: Iterable[Record]) -> list[AppendResult]:
+    """Route records by key with Kafka's partitioner; one atomic batch per partition, in order."""
+    partitions = log.describe_topic(topic).partitions
+    by_partition: dict[int, list[Record]] = {}
+    for record in records:
+        by_partition.setdefault(partition_for(record.key, partitions), []).append(record)
+    return [log.append(topic, p, batch) for p, batch in sorted(by_partition.items())]

@@ -1,0 +1,76 @@
+"""Errors raised by the log and its backends."""
+
+from __future__ import annotations
+
+from headwater.errors import HeadwaterError, PermanentError, TransientError
+
+
+class LogError(HeadwaterError):
+    """Base class of log errors."""
+
+
+class UnknownTopicError(LogError, PermanentError):
+    """The topic does not exist."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic!r} does not exist; list topics with 'headwater log topics'")
+        self.topic = topic
+
+
+class InvalidTopicNameError(LogError, PermanentError):
+    """A topic name breaks Kafka's naming rules or uses a reserved prefix."""
+
+    def __init__(self, topic: str, reason: str) -> None:
+        super().__init__(f"invalid topic name {topic!r}: {reason}")
+        self.topic = topic
+
+
+class UnknownPartitionError(LogError, PermanentError):
+    """The partition number is outside the topic's partitions."""
+
+    def __init__(self, topic: str, partition: int, partitions: int) -> None:
+        super().__init__(f"topic {topic!r} has partitions 0..{partitions - 1}, not {partition}")
+        self.topic = topic
+        self.partition = partition
+
+
+class CorruptLogError(LogError, PermanentError):
+    """A segment holds a damaged batch that is not a torn tail: never skipped silently."""
+
+    def __init__(self, path: str, position: int, detail: str) -> None:
+        super().__init__(
+            f"corrupt log segment {path} at byte {position}: {detail}; "
+            "restore the file from a replica or backup, or truncate it there with 'headwater log repair'"
+        )
+        self.path = path
+        self.position = position
+
+
+class WriterLockedError(LogError, PermanentError):
+    """Another process already writes this partition (one writer per partition)."""
+
+    def __init__(self, topic: str, partition: int, holder: str) -> None:
+        super().__init__(
+            f"partition {topic}/{partition} is being written by {holder}; stop that process or wait for it to exit"
+        )
+        self.topic = topic
+        self.partition = partition
+        self.holder = holder
+
+
+class HistoryUnavailableError(LogError, PermanentError):
+    """A full-history read reaches further back than the log still holds every version."""
+
+    def __init__(self, topic: str, partition: int, requested: int, clean_offset: int) -> None:
+        super().__init__(
+            f"{topic}/{partition}: every version is held only from offset {clean_offset} on "
+            f"(requested {requested}); older history was compacted, rebuild from a snapshot instead"
+        )
+        self.topic = topic
+        self.partition = partition
+        self.requested = requested
+        self.clean_offset = clean_offset
+
+
+class LogUnavailableError(LogError, TransientError):
+    """The log cannot be reached or written right now (broker down, disk full): retry later."""
