@@ -1,0 +1,1 @@
+"""Capture: register PostgreSQL sources, snapshot them and stream pgoutput changes into the log."""

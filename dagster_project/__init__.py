@@ -1,0 +1,1 @@
+"""Dagster Definitions built from headwater.yaml: assets, checks, sensors, schedules, jobs."""

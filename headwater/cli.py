@@ -100,7 +100,7 @@ def source_group() -> None:
 def source_list(context: Context, as_json: bool) -> None:
     """List the registered sources (DSN passwords masked)."""
     config = context.config()
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "name": name,
             "dsn": source.dsn_redacted,

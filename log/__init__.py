@@ -1,0 +1,1 @@
+"""The unified log: records, the Log protocol, the file and Kafka backends, compaction."""

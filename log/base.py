@@ -154,9 +154,12 @@ class Log(Protocol):
         max_records: int = 10_000,
         max_bytes: int = 16 * 1024 * 1024,
     ) -> list[StoredRecord]:
-        """Records at or after ``offset`` in offset order, at most ``max_records`` and about
-        ``max_bytes`` (at least one record if any is there). Empty at the end of the partition.
-        New batches appended by other processes become visible without reopening."""
+        """Read records at or after ``offset`` in offset order.
+
+        At most ``max_records`` and about ``max_bytes`` (at least one record if any is
+        there); empty at the end of the partition. Batches appended by other processes
+        become visible without reopening.
+        """
         ...
 
     def beginning_offset(self, topic: str, partition: int) -> int:
@@ -168,8 +171,11 @@ class Log(Protocol):
         ...
 
     def clean_offset(self, topic: str, partition: int) -> int:
-        """Every record at or after this offset is still held; before it, compaction may
-        have removed superseded versions. Full-history readers start at or after it."""
+        """Return the offset from which every record is still held.
+
+        Before it, compaction may have removed superseded versions; full-history
+        readers (SCD2 backfills, reprocessing) start at or after it.
+        """
         ...
 
     def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int | None:

@@ -41,6 +41,10 @@ class SnapshotMarker(enum.StrEnum):
     INCREMENTAL = "incremental"
 
 
+def _text(value: int | None) -> str | None:
+    return None if value is None else str(value)
+
+
 @dataclass(frozen=True, slots=True)
 class SourceInfo:
     """The ``source`` block: where and when the change happened. Never holds credentials."""
@@ -73,7 +77,7 @@ class SourceInfo:
             "ts_us": self.ts_us,
             "snapshot": self.snapshot.value,
             "db": self.db,
-            "sequence": orjson.dumps([None if last is None else str(last), None if self.lsn is None else str(self.lsn)]).decode(),
+            "sequence": orjson.dumps([_text(last), _text(self.lsn)]).decode(),
             "schema": self.schema,
             "table": self.table,
             "txId": self.tx_id,

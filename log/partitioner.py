@@ -1,5 +1,7 @@
-"""Kafka's default partitioner (murmur2 of the key bytes), so a key lands in the same
-partition on the file backend as on Kafka."""
+"""Kafka's default partitioner (murmur2 of the key bytes).
+
+A key lands in the same partition on the file backend as on Kafka.
+"""
 
 from __future__ import annotations
 

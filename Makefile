@@ -1,0 +1,49 @@
+# Headwater developer entry points. `make demo` and `make test` set up what they need.
+SHELL := /bin/bash
+UV ?= $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
+VENV := .venv
+PY := $(VENV)/bin/python
+PG_BIN := $(firstword $(wildcard /usr/lib/postgresql/*/bin) $(dir $(shell command -v initdb 2>/dev/null)))
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test test-unit test-integration lint prereqs clean
+
+$(UV):
+	@echo "installing uv (pip install --user uv)"
+	@python3 -m pip install --quiet --user uv || python3 -m pip install --quiet uv
+	@command -v uv >/dev/null || test -x $(HOME)/.local/bin/uv
+
+# The lock file is the source of truth: `uv sync --frozen` fails rather than re-resolving.
+$(VENV)/.synced: pyproject.toml uv.lock | $(UV)
+	@UV=$$(command -v uv || echo $(HOME)/.local/bin/uv); $$UV sync --frozen --all-extras --python 3.11 --quiet
+	@touch $@
+
+venv: $(VENV)/.synced
+
+prereqs:
+	@if ! command -v java >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless; \
+	  else echo "Java 17 is required for Spark: install it (Debian: apt-get install openjdk-17-jre-headless)"; exit 1; fi; fi
+	@if [ -z "$(PG_BIN)" ] || [ ! -x "$(PG_BIN)/initdb" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq postgresql-15; \
+	  else echo "PostgreSQL server binaries are required: install them (Debian: apt-get install postgresql-15)"; exit 1; fi; fi
+
+demo: venv prereqs
+	$(VENV)/bin/headwater demo
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test-unit: venv
+	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+
+test-integration: venv prereqs
+	$(PY) -m pytest tests/integration -q $(PYTEST_ARGS)
+
+test: venv prereqs lint
+	$(PY) -m pytest tests -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
