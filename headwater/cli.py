@@ -14,8 +14,6 @@ from typing import Any
 
 import click
 import orjson
-from rich.console import Console
-from rich.table import Table
 
 from headwater import __version__
 from headwater.config import ProjectConfig, load_config
@@ -63,7 +61,8 @@ config_option = click.option(
 )
 
 
-def _print_json(value: Any) -> None:
+def print_json(value: Any) -> None:
+    """Write ``value`` as indented JSON to stdout."""
     sys.stdout.buffer.write(orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n")
     sys.stdout.flush()
 
@@ -88,39 +87,14 @@ def init_command(directory: Path, project: str | None) -> None:
     click.echo("next: headwater source add NAME --dsn DSN --tables schema.table,...")
 
 
-@cli.group("source")
-def source_group() -> None:
-    """Register and inspect source databases."""
+def _register_commands() -> None:
+    # Each area's commands live in headwater/commands/<area>.py and attach to `cli`.
+    from headwater.commands import source
+
+    source.register(cli)
 
 
-@source_group.command("list")
-@config_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@pass_context
-def source_list(context: Context, as_json: bool) -> None:
-    """List the registered sources (DSN passwords masked)."""
-    config = context.config()
-    rows: list[dict[str, Any]] = [
-        {
-            "name": name,
-            "dsn": source.dsn_redacted,
-            "tables": list(source.tables) if source.tables is not None else None,
-            "schemas": list(source.schemas) if source.schemas is not None else None,
-            "snapshot": source.snapshot,
-        }
-        for name, source in config.sources.items()
-    ]
-    if as_json:
-        _print_json(rows)
-        return
-    if not rows:
-        click.echo("no sources registered; add one with: headwater source add NAME --dsn DSN --tables T,...")
-        return
-    table = Table("name", "dsn", "captures", "snapshot")
-    for row in rows:
-        captures = ", ".join(row["tables"] or [f"schema {s}" for s in row["schemas"] or []])
-        table.add_row(row["name"], row["dsn"], captures, row["snapshot"])
-    Console().print(table)
+_register_commands()
 
 
 def main(argv: list[str] | None = None) -> int:

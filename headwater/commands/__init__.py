@@ -1,0 +1,1 @@
+"""CLI commands by area; each module has ``register(cli)``."""
