@@ -1,0 +1,85 @@
+"""Where capture resumes: the last sequence the log already holds, per partition.
+
+The agent acknowledges an LSN to Postgres only after every event up to it is
+durable in the log, so on restart Postgres re-sends from at or before the last
+acknowledged commit. Events of one transaction may span several partitions that
+were appended one after another; a crash between those appends leaves some
+partitions with the transaction and some without. Skipping an event exactly when
+its partition already holds a sequence at or past it therefore writes every event
+once: within a partition, events are appended in sequence order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import orjson
+
+from log.base import Log, TopicPartition
+from log.sequence import Sequence
+
+# How far back from a partition's end to look for the last change event; records
+# without a sequence (tombstones) sit between events, never more than one in a row.
+_TAIL_WINDOW = 8
+
+
+def _sequence_of(value: bytes | None) -> Sequence | None:
+    if value is None:
+        return None
+    source = orjson.loads(value).get("source")
+    if not source or "commit_lsn" not in source:
+        return None
+    return Sequence(int(source["commit_lsn"]), int(source["txn_index"]))
+
+
+def last_sequence(log: Log, topic: str, partition: int) -> Sequence | None:
+    """The highest sequence stored in one partition (``None`` when it holds no event)."""
+    end = log.end_offset(topic, partition)
+    start = log.beginning_offset(topic, partition)
+    window = _TAIL_WINDOW
+    while end > start:
+        first = max(start, end - window)
+        records = log.read(topic, partition, first, max_records=end - first)
+        for record in reversed(records):
+            sequence = _sequence_of(record.value)
+            if sequence is not None:
+                return sequence
+        end = first
+        window *= 4
+    return None
+
+
+class ResumePoint:
+    """Per-partition high-water sequences, loaded once at start and advanced on append."""
+
+    def __init__(self, last: dict[TopicPartition, Sequence]) -> None:
+        self._last = dict(last)
+
+    @classmethod
+    def load(cls, log: Log, topics: Iterable[str]) -> ResumePoint:
+        """Read the tail of every partition of ``topics`` that exist."""
+        existing = set(log.list_topics())
+        last: dict[TopicPartition, Sequence] = {}
+        for topic in topics:
+            if topic not in existing:
+                continue
+            for partition in range(log.describe_topic(topic).partitions):
+                sequence = last_sequence(log, topic, partition)
+                if sequence is not None:
+                    last[TopicPartition(topic, partition)] = sequence
+        return cls(last)
+
+    def already_stored(self, where: TopicPartition, sequence: Sequence) -> bool:
+        """True when ``where`` already holds ``sequence`` (so writing it again would duplicate)."""
+        held = self._last.get(where)
+        return held is not None and sequence <= held
+
+    def advance(self, where: TopicPartition, sequence: Sequence) -> None:
+        """Record that ``sequence`` is now durable in ``where``."""
+        held = self._last.get(where)
+        if held is None or held < sequence:
+            self._last[where] = sequence
+
+    def highest(self) -> Sequence | None:
+        """The highest sequence stored anywhere (the snapshot/stream boundary check uses it)."""
+        return max(self._last.values(), default=None)

@@ -1,0 +1,140 @@
+"""Assemble pgoutput messages into committed transactions, in commit order.
+
+pgoutput sends a normal transaction as Begin, changes, Commit. With protocol 2 and
+``streaming 'on'``, a large transaction arrives early in Stream Start..Stop blocks,
+interleaved with other transactions, and ends with Stream Commit (keep it) or
+Stream Abort (drop it, or drop one subtransaction). Only committed transactions leave
+this module, so an aborted transaction never reaches the log.
+
+Non-transactional logical messages (heartbeats among them) are delivered on their
+own, outside any transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from capture.pgoutput import (
+    Begin,
+    Commit,
+    Delete,
+    Insert,
+    LogicalMessage,
+    Origin,
+    PgoutputMessage,
+    Relation,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    Type,
+    Update,
+)
+from log.sequence import Lsn
+
+Change: TypeAlias = Insert | Update | Delete | Truncate | LogicalMessage | Relation
+
+
+@dataclass
+class Transaction:
+    """A committed transaction: its changes in order, and the Relations seen inside it."""
+
+    xid: int
+    commit_lsn: Lsn
+    end_lsn: Lsn
+    commit_ts_us: int
+    changes: list[Change] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LooseMessage:
+    """A non-transactional logical message; ``lsn`` is where it was written."""
+
+    message: LogicalMessage
+
+
+Assembled: TypeAlias = Transaction | LooseMessage
+
+
+class TransactionAssembler:
+    """Feed messages in stream order; get committed transactions back in commit order.
+
+    Relation messages are kept in order with the changes (a Relation precedes the
+    first change that uses it), so the consumer updates its relation cache exactly
+    where the table's shape changed.
+    """
+
+    def __init__(self) -> None:
+        self._open: Transaction | None = None
+        # Streamed transactions by top-level xid: (xid of the (sub)transaction, change).
+        self._streamed: dict[int, list[tuple[int | None, Change]]] = {}
+        self._stream_xid: int | None = None
+
+    @property
+    def streamed_in_flight(self) -> int:
+        """Changes buffered for streamed transactions not yet committed or aborted."""
+        return sum(len(changes) for changes in self._streamed.values())
+
+    @property
+    def in_transaction(self) -> bool:
+        """True between Begin and Commit of a non-streamed transaction."""
+        return self._open is not None
+
+    def feed(self, message: PgoutputMessage) -> Assembled | None:
+        """Consume one message; return a transaction when it commits, or a loose message."""
+        if isinstance(message, Begin):
+            self._open = Transaction(message.xid, message.final_lsn, message.final_lsn, message.commit_ts_us)
+            return None
+        if isinstance(message, Commit):
+            done = self._require_open()
+            done.commit_lsn, done.end_lsn, done.commit_ts_us = message.commit_lsn, message.end_lsn, message.commit_ts_us
+            self._open = None
+            return done
+        if isinstance(message, StreamStart):
+            self._stream_xid = message.xid
+            self._streamed.setdefault(message.xid, [])
+            return None
+        if isinstance(message, StreamStop):
+            self._stream_xid = None
+            return None
+        if isinstance(message, StreamCommit):
+            changes = self._streamed.pop(message.xid, [])
+            return Transaction(
+                message.xid,
+                message.commit_lsn,
+                message.end_lsn,
+                message.commit_ts_us,
+                [change for _, change in changes],
+            )
+        if isinstance(message, StreamAbort):
+            if message.subxid == message.xid:
+                self._streamed.pop(message.xid, None)
+            elif message.xid in self._streamed:
+                kept = [(xid, c) for xid, c in self._streamed[message.xid] if xid != message.subxid]
+                self._streamed[message.xid] = kept
+            return None
+        if isinstance(message, Origin | Type):
+            return None
+        if isinstance(message, LogicalMessage) and not message.transactional:
+            return LooseMessage(message)
+        self._add(message)
+        return None
+
+    def _add(self, change: Change) -> None:
+        if self._stream_xid is not None:
+            self._streamed[self._stream_xid].append((getattr(change, "xid", None), change))
+        elif self._open is not None:
+            self._open.changes.append(change)
+        else:
+            # pgoutput sends Relations from its change callbacks, so they too are
+            # always inside a transaction or a stream block.
+            msg = f"pgoutput {type(change).__name__} outside a transaction"
+            raise ValueError(msg)
+
+    def _require_open(self) -> Transaction:
+        if self._open is None:
+            msg = "pgoutput Commit without Begin"
+            raise ValueError(msg)
+        return self._open
