@@ -27,6 +27,7 @@ from capture.pgoutput import (
     Insert,
     LogicalMessage,
     Relation,
+    ReplicaIdentity,
     Truncate,
     TupleData,
     Update,
@@ -39,6 +40,8 @@ from log.sequence import Sequence as Seq
 RowDecoder: TypeAlias = Callable[[TupleData], list[Any]]
 #: Makes the decoder for a relation (built once per Relation message).
 RowDecoderFactory: TypeAlias = Callable[[Relation], RowDecoder]
+#: The primary-key column names of a relation from the catalog (None: no primary key).
+PrimaryKeyLookup: TypeAlias = Callable[[Relation], tuple[str, ...] | None]
 #: Finds the latest row image stored for ``(topic, key)``, or None.
 PreviousImage: TypeAlias = Callable[[str, bytes], Mapping[str, Any] | None]
 
@@ -98,6 +101,7 @@ class EventBuilder:
         *,
         excluded_columns: Sequence[str] = (),
         previous_image: PreviousImage | None = None,
+        primary_key: PrimaryKeyLookup | None = None,
         schema_versions: Mapping[str, int] | None = None,
     ) -> None:
         self._source = source
@@ -105,6 +109,7 @@ class EventBuilder:
         self._decoder_for = decoder_for
         self._excluded = set(excluded_columns)
         self._previous_image = previous_image
+        self._primary_key = primary_key
         self._tables: dict[int, _Table] = {}
         self._schema_versions = dict(schema_versions or {})
         self._schemas_seen: dict[str, bytes] = {}
@@ -121,7 +126,7 @@ class EventBuilder:
         qualified = f"{relation.namespace}.{relation.name}"
         names = [column.name for column in relation.columns]
         keep = [i for i, name in enumerate(names) if f"{qualified}.{name}" not in self._excluded]
-        key_positions = [i for i, column in enumerate(relation.columns) if column.key and i in keep]
+        key_positions = self._key_positions(relation, keep)
         previous = self._tables.get(relation.oid)
         version = self._schema_versions.get(topic, 0)
         columns = [
@@ -160,6 +165,16 @@ class EventBuilder:
         if not changed:
             return None
         return SchemaRecord(topic, orjson.dumps({**body, "version": version}))
+
+    def _key_positions(self, relation: Relation, keep: list[int]) -> list[int]:
+        # pgoutput flags replica-identity columns: with REPLICA IDENTITY FULL that is every
+        # column, but the record key is the primary key (as Debezium's), or none at all.
+        if relation.replica_identity == ReplicaIdentity.FULL:
+            names = self._primary_key(relation) if self._primary_key else None
+            if not names:
+                return []
+            return [i for i, column in enumerate(relation.columns) if column.name in names and i in keep]
+        return [i for i, column in enumerate(relation.columns) if column.key and i in keep]
 
     def build(self, txn: Transaction) -> tuple[list[OutRecord], list[SchemaRecord]]:
         """Events (with tombstones) and schema changes of one committed transaction, in order."""

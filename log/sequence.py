@@ -65,10 +65,10 @@ class Sequence:
 
     def sortable(self) -> str:
         """A fixed-width string that sorts like the sequence (the ``__hw_seq`` column)."""
-        return f"{self.commit_lsn:016x}.{self.txn_index:010d}"
+        return f"{self.commit_lsn:016x}.{self.txn_index:016x}"
 
     @classmethod
     def from_sortable(cls, text: str) -> Sequence:
         """Inverse of :meth:`sortable`."""
         lsn, _, index = text.partition(".")
-        return cls(int(lsn, 16), int(index))
+        return cls(int(lsn, 16), int(index, 16))

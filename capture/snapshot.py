@@ -1,0 +1,157 @@
+"""The initial snapshot: every row of the captured tables as ``op: r`` events.
+
+Consistency: the slot is created with ``EXPORT_SNAPSHOT`` and readers run in
+``REPEATABLE READ`` with ``SET TRANSACTION SNAPSHOT``, so they see exactly the data
+before the slot's consistent point; the stream then starts at that point. The
+exported snapshot lives only while the slot-creating connection stays idle
+(DESIGN section 8), so that connection is held, untouched, until reading ends.
+
+Speed: ``COPY (SELECT ...) TO STDOUT`` in text format (the same text the stream
+sends, so one type map decodes both), split into chunks of heap pages
+(``ctid`` ranges, a TID range scan since PG 14).
+
+Resume: a chunk is recorded in the state file only after its events are appended.
+After a crash the slot (and its consistent point) stay; the chunks not yet done are
+read with a fresh snapshot taken later. Their rows may be newer than the consistent
+point, but every change after that point is streamed afterwards and sorts later, so
+the latest image per key still converges to the source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from capture.pgoutput import TupleData
+
+#: Heap pages per chunk (8 KiB pages: about 8 MiB of table per COPY).
+CHUNK_PAGES = 1024
+#: COPY data parsed and appended at a time.
+BATCH_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Pages ``[first_page, last_page)`` of one table; ``last_page=None`` means to the end."""
+
+    schema: str
+    name: str
+    number: int
+    first_page: int
+    last_page: int | None
+
+    @property
+    def id(self) -> str:
+        """Stable identity in the state file."""
+        return f"{self.schema}.{self.name}#{self.number}"
+
+
+@dataclass
+class SnapshotState:
+    """Progress of a source's snapshot, stored as JSON beside the log."""
+
+    path: Path
+    consistent_lsn: int | None = None
+    done_chunks: set[str] = field(default_factory=set)
+    completed: bool = False
+
+    @classmethod
+    def load(cls, path: Path) -> SnapshotState:
+        """Read the state file (a missing file is a snapshot never started)."""
+        if not path.exists():
+            return cls(path)
+        data = json.loads(path.read_text())
+        return cls(path, data.get("consistent_lsn"), set(data.get("done_chunks", [])), bool(data.get("completed")))
+
+    def save(self) -> None:
+        """Write atomically (temp file, fsync, rename)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        body = {
+            "consistent_lsn": self.consistent_lsn,
+            "done_chunks": sorted(self.done_chunks),
+            "completed": self.completed,
+        }
+        with tmp.open("w") as handle:
+            json.dump(body, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(self.path)
+
+
+def plan_chunks(conn: psycopg.Connection[Any], schema: str, name: str, oid: int) -> list[Chunk]:
+    """Split a table into page-range chunks (``relpages`` is an estimate: the last chunk is open-ended)."""
+    row = conn.execute("SELECT relpages FROM pg_class WHERE oid = %s", (oid,)).fetchone()
+    pages = max(int(row[0]) if row else 0, 0)
+    chunks = []
+    first = 0
+    number = 0
+    while first + CHUNK_PAGES < pages:
+        chunks.append(Chunk(schema, name, number, first, first + CHUNK_PAGES))
+        first += CHUNK_PAGES
+        number += 1
+    chunks.append(Chunk(schema, name, number, first, None))
+    return chunks
+
+
+_UNESCAPE = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
+
+
+def _unescape(field: str) -> str:
+    # COPY text format: backslash escapes (octal/hex forms do not occur for valid UTF-8 text).
+    out = []
+    i = 0
+    while i < len(field):
+        char = field[i]
+        if char == "\\" and i + 1 < len(field):
+            out.append(_UNESCAPE.get(field[i + 1], field[i + 1]))
+            i += 2
+            continue
+        out.append(char)
+        i += 1
+    return "".join(out)
+
+
+def parse_copy_text(data: bytes) -> list[TupleData]:
+    r"""Rows of COPY text format (complete lines only) as text tuples; ``\\N`` is NULL."""
+    rows: list[TupleData] = []
+    for line in data.decode("utf-8").split("\n"):
+        if not line:
+            continue
+        rows.append(tuple(None if f == "\\N" else (_unescape(f) if "\\" in f else f) for f in line.split("\t")))
+    return rows
+
+
+def read_chunk(conn: psycopg.Connection[Any], chunk: Chunk, columns: Sequence[str]) -> Iterator[list[TupleData]]:
+    """COPY one chunk; yields batches of rows as they arrive."""
+    where = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.first_page},0)"))
+    if chunk.last_page is not None:
+        where = sql.SQL("{} AND ctid < {}::tid").format(where, sql.Literal(f"({chunk.last_page},0)"))
+    query = sql.SQL("COPY (SELECT {} FROM {}.{} WHERE {}) TO STDOUT").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+        sql.Identifier(chunk.schema),
+        sql.Identifier(chunk.name),
+        where,
+    )
+    blocks: list[bytes] = []
+    size = 0
+    with conn.cursor().copy(query) as copy:
+        for block in copy:
+            blocks.append(bytes(block))
+            size += len(block)
+            if size < BATCH_BYTES:
+                continue
+            data = b"".join(blocks)
+            cut = data.rfind(b"\n") + 1
+            blocks, size = [data[cut:]], len(data) - cut
+            yield parse_copy_text(data[:cut])
+    rest = b"".join(blocks)
+    if rest:
+        yield parse_copy_text(rest)
