@@ -11,6 +11,7 @@ below, and peeks the slot (never consuming it) with ``pg_logical_slot_peek_binar
 * ``data/pgoutput_v1_binary.jsonl``: ``proto_version 1, binary true`` up to the end of the
   all-types phase, so ``'b'`` tuple values come from a real server.
 * ``data/phases.json``: the LSN at which each workload phase ended.
+* ``data/types.json``: the non-built-in types (``load_type_registry``), for the type mapper.
 
 Each line is ``{"lsn": "0/16B3748", "xid": 731, "data": "<hex>"}``. The peek session is
 pinned as the capture agent pins its replication session (DESIGN section 8), so text
@@ -31,6 +32,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
+from capture.type_registry import load_type_registry  # noqa: E402
 from headwater.embedded_postgres import EmbeddedPostgres  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -133,6 +135,8 @@ def main() -> None:
                 conn.execute(SCHEMA)
                 conn.execute("SELECT pg_create_logical_replication_slot('rec', 'pgoutput')")
                 phases = run_workload(conn)
+                types = [pg_type.to_json() for pg_type in load_type_registry(conn)]
+                (DATA / "types.json").write_text(json.dumps(types, indent=1) + "\n")
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(PIN)
                 write(conn, "pgoutput_v2.jsonl", "'proto_version','2','streaming','on','messages','true'", None)
