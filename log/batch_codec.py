@@ -1,0 +1,174 @@
+"""The on-disk record batch of the file backend: encoding, header parsing, CRC check, decoding.
+
+A batch is one atomic append. Layout (little-endian)::
+
+    header  length u32 | crc u32 | magic 4s | attributes u16 | base_offset i64
+            | last_offset_delta u32 | record_count u32 | max_timestamp i64
+    records record_count x ( offset_delta u32 | timestamp i64 | key_len i32 | value_len i32
+                             | headers_len u32 | key | value | headers )
+    headers repeated ( name_len u16 | name utf-8 | value_len u32 | value )
+
+``length`` is the whole batch including the header. ``crc`` is CRC-32 (zlib) of the
+``length`` field followed by every byte after the ``crc`` field, so a batch whose
+length, header or records changed fails the check. A length of -1 marks a null key
+or value (a tombstone). Compaction may drop records from a batch but keeps
+``base_offset`` and ``last_offset_delta``, so offsets are never renumbered.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+from log.base import Record, StoredRecord
+
+MAGIC = b"HWB1"
+HEADER = struct.Struct("<II4sHqIIq")
+HEADER_SIZE = HEADER.size
+RECORD = struct.Struct("<Iqiii")
+RECORD_SIZE = RECORD.size
+_HEADER_NAME = struct.Struct("<H")
+_HEADER_VALUE = struct.Struct("<I")
+_NULL = -1
+#: Byte position of the magic inside a batch (resynchronisation searches for it).
+MAGIC_POSITION = 10
+#: Batches larger than this are treated as damaged rather than read into memory.
+MAX_BATCH_BYTES = 1 << 31
+
+
+class BatchHeader(NamedTuple):
+    """The fixed header of one batch."""
+
+    length: int
+    crc: int
+    base_offset: int
+    last_offset_delta: int
+    record_count: int
+    max_timestamp: int
+
+    @property
+    def last_offset(self) -> int:
+        """Offset of the batch's last record as appended (kept through compaction)."""
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        """The offset that follows this batch."""
+        return self.base_offset + self.last_offset_delta + 1
+
+
+def encode_headers(headers: Sequence[tuple[str, bytes]]) -> bytes:
+    """Encode record headers (name, value) pairs."""
+    parts: list[bytes] = []
+    for name, value in headers:
+        raw = name.encode()
+        parts += (_HEADER_NAME.pack(len(raw)), raw, _HEADER_VALUE.pack(len(value)), value)
+    return b"".join(parts)
+
+
+def decode_headers(buf: bytes | memoryview) -> tuple[tuple[str, bytes], ...]:
+    """Inverse of :func:`encode_headers`."""
+    out: list[tuple[str, bytes]] = []
+    pos, end = 0, len(buf)
+    while pos < end:
+        (name_len,) = _HEADER_NAME.unpack_from(buf, pos)
+        pos += 2
+        name = bytes(buf[pos : pos + name_len]).decode()
+        pos += name_len
+        (value_len,) = _HEADER_VALUE.unpack_from(buf, pos)
+        pos += 4
+        out.append((name, bytes(buf[pos : pos + value_len])))
+        pos += value_len
+    return tuple(out)
+
+
+def encode_batch(base_offset: int, records: Sequence[Record], now_ms: int) -> tuple[bytes, int]:
+    """Encode ``records`` as one batch starting at ``base_offset``; return it and its max timestamp.
+
+    Records without a timestamp get ``now_ms``.
+    """
+    pack = RECORD.pack
+    parts: list[bytes] = [b""]
+    append = parts.append
+    max_ts = -(1 << 63)
+    for delta, record in enumerate(records):
+        key, value, ts = record.key, record.value, record.timestamp_ms
+        if ts is None:
+            ts = now_ms
+        max_ts = max(max_ts, ts)
+        hdr = encode_headers(record.headers) if record.headers else b""
+        append(pack(delta, ts, _NULL if key is None else len(key), _NULL if value is None else len(value), len(hdr)))
+        if key:
+            append(key)
+        if value:
+            append(value)
+        if hdr:
+            append(hdr)
+    body = b"".join(parts)
+    return seal_batch(base_offset, len(records) - 1, len(records), max_ts, body), max_ts
+
+
+def seal_batch(base_offset: int, last_offset_delta: int, record_count: int, max_timestamp: int, body: bytes) -> bytes:
+    """Prefix encoded records with a header and its CRC."""
+    length = HEADER_SIZE + len(body)
+    rest = HEADER.pack(length, 0, MAGIC, 0, base_offset, last_offset_delta, record_count, max_timestamp)[8:]
+    crc = zlib.crc32(body, zlib.crc32(rest, zlib.crc32(length.to_bytes(4, "little"))))
+    return b"".join((length.to_bytes(4, "little"), crc.to_bytes(4, "little"), rest, body))
+
+
+def parse_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader | None:
+    """The header at ``pos``, or ``None`` if the bytes there cannot start a batch."""
+    if len(buf) - pos < HEADER_SIZE:
+        return None
+    length, crc, magic, _attrs, base, last_delta, count, max_ts = HEADER.unpack_from(buf, pos)
+    if magic != MAGIC or length < HEADER_SIZE or length > MAX_BATCH_BYTES or base < 0 or count > last_delta + 1:
+        return None
+    return BatchHeader(length, crc, base, last_delta, count, max_ts)
+
+
+def crc_ok(buf: bytes | memoryview, pos: int, header: BatchHeader) -> bool:
+    """Whether the batch at ``pos`` (fully inside ``buf``) matches its CRC."""
+    view = memoryview(buf)
+    crc = zlib.crc32(view[pos : pos + 4])
+    return zlib.crc32(view[pos + 8 : pos + header.length], crc) == header.crc
+
+
+def iter_records(
+    buf: bytes, pos: int, header: BatchHeader
+) -> Iterator[tuple[int, int, bytes | None, bytes | None, bytes, int]]:
+    """Yield ``(offset, timestamp, key, value, raw_headers, record_bytes)`` of a checked batch at ``pos``."""
+    unpack = RECORD.unpack_from
+    base = header.base_offset
+    p = pos + HEADER_SIZE
+    for _ in range(header.record_count):
+        delta, ts, klen, vlen, hlen = unpack(buf, p)
+        start = p
+        p += RECORD_SIZE
+        if klen >= 0:
+            key: bytes | None = buf[p : p + klen]
+            p += klen
+        else:
+            key = None
+        if vlen >= 0:
+            value: bytes | None = buf[p : p + vlen]
+            p += vlen
+        else:
+            value = None
+        raw_headers = buf[p : p + hlen] if hlen else b""
+        p += hlen
+        yield base + delta, ts, key, value, raw_headers, p - start
+
+
+def decode_records(
+    buf: bytes, pos: int, header: BatchHeader, *, topic: str, partition: int, min_offset: int
+) -> list[tuple[StoredRecord, int]]:
+    """Decode the records of a checked batch at ``pos`` with offset >= ``min_offset``, with their sizes."""
+    out: list[tuple[StoredRecord, int]] = []
+    for offset, ts, key, value, raw_headers, size in iter_records(buf, pos, header):
+        if offset < min_offset:
+            continue
+        headers = decode_headers(raw_headers) if raw_headers else ()
+        out.append((StoredRecord(topic, partition, offset, ts, key, value, headers), size))
+    return out

@@ -1,0 +1,402 @@
+"""One partition of the file backend: a directory of segments, read by many, written by one.
+
+Readers re-stat the directory and the segment they read on every call, so batches
+appended (or segments rolled, rewritten or deleted) by other processes show up
+without reopening; parsed indexes are cached per segment inode. The writer takes the
+partition's :class:`~log.writer_lock.WriterLock` at its first append, truncates a torn
+tail left by a crashed writer, and then appends each batch with one positioned write
+followed by ``fdatasync`` (``fsync="always"``) before the append is acknowledged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from log.base import AppendResult, Record, StoredRecord
+from log.batch_codec import HEADER_SIZE, BatchHeader, decode_records, encode_batch, parse_header
+from log.errors import LogUnavailableError
+from log.segment import ScanStop, Segment, list_segments, scan, segment_name
+from log.segment_index import (
+    SegmentIndex,
+    append_index_entry,
+    index_path,
+    time_index_path,
+    write_index_files,
+)
+from log.writer_lock import WriterLock
+
+logger = logging.getLogger(__name__)
+
+_NO_TIMESTAMP = -(1 << 63)
+_LISTING_RETRIES = 5
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make creations, renames and deletions inside ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_partition_directory(directory: Path) -> None:
+    """Create an empty partition: its directory and a first, empty segment at offset 0."""
+    directory.mkdir(parents=True)
+    log_path = directory / segment_name(0)
+    for path in (log_path, index_path(log_path), time_index_path(log_path)):
+        path.touch()
+
+
+@dataclass(slots=True)
+class _Writer:
+    """The open active segment of a partition whose writer lock this process holds.
+
+    Invariant: ``position`` is the end of the last whole batch in the file, and
+    ``next_offset`` the offset the next appended record gets.
+    """
+
+    segment: Segment
+    fd: int
+    index_fd: int
+    time_fd: int
+    position: int
+    next_offset: int
+
+    def close(self) -> None:
+        for fd in (self.fd, self.index_fd, self.time_fd):
+            os.close(fd)
+
+
+class Partition:
+    """Reads and appends one partition directory (thread-safe within a process)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        topic: str,
+        partition: int,
+        *,
+        fsync: bool,
+        segment_bytes: int,
+        shared_writer: bool = False,
+    ) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.partition = partition
+        self._fsync = fsync
+        self._segment_bytes = segment_bytes
+        # Shared partitions (internal topics many processes write, such as consumer
+        # offsets) take the writer lock around each append instead of holding it.
+        self._shared = shared_writer
+        self._lock = threading.RLock()
+        self._writer_lock = WriterLock(directory, topic, partition)
+        self._writer: _Writer | None = None
+        self._segments: dict[Path, Segment] = {}
+        self._listing: list[tuple[int, Path]] = []
+        self._listing_stamp: tuple[int, int] | None = None
+
+    # -- segments ---------------------------------------------------------------------
+
+    def listing(self, *, force: bool = False) -> list[tuple[int, Path]]:
+        """``(base_offset, path)`` of the partition's segments, re-listed when the directory changed."""
+        st = os.stat(self.directory)
+        stamp = (st.st_ino, st.st_mtime_ns)
+        if force or stamp != self._listing_stamp:
+            self._listing = list_segments(self.directory)
+            self._listing_stamp = stamp
+            live = {path for _, path in self._listing}
+            for path in [p for p in self._segments if p not in live]:
+                del self._segments[path]
+        return self._listing
+
+    def segment(self, base: int, path: Path, fd: int) -> Segment:
+        """The cached view of the segment open as ``fd``; a new view when the file was replaced."""
+        inode = os.fstat(fd).st_ino
+        cached = self._segments.get(path)
+        if cached is None or cached.inode != inode:
+            cached = Segment(path, base, inode, SegmentIndex.load(path))
+            self._segments[path] = cached
+        return cached
+
+    def _start(self, segment: Segment, fd: int, offset: int) -> tuple[int, int]:
+        """A verified batch boundary at or before ``offset``'s batch, and the running max timestamp there."""
+        if segment.known_end > 0 and offset >= segment.next_offset:
+            return segment.known_end, segment.running_max_ts
+        index = segment.index
+        entry = index.floor(offset)
+        while entry >= 0:
+            position = index.positions[entry]
+            header = parse_header(os.pread(fd, HEADER_SIZE, position))
+            if header is not None and header.base_offset == index.bases[entry]:
+                running = index.max_ts[entry - 1] if entry > 0 else _NO_TIMESTAMP
+                if segment.known_end < position:
+                    segment.known_end = position
+                    segment.next_offset = header.base_offset
+                    segment.running_max_ts = running
+                return position, running
+            # The index does not match this file (rewritten or torn): rebuild it by scanning.
+            segment.index = SegmentIndex()
+            segment.known_end, segment.next_offset, segment.running_max_ts = 0, segment.base, _NO_TIMESTAMP
+            break
+        return 0, _NO_TIMESTAMP
+
+    def _open(self, path: Path) -> int | None:
+        try:
+            return os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+
+    def batches(self, offset: int) -> Iterator[tuple[BatchHeader, bytes, int]]:
+        """Yield whole, valid batches whose records may include ``offset`` or later, in order.
+
+        Batches entirely before ``offset`` are skipped (within a segment, from the index).
+        """
+        for _ in range(_LISTING_RETRIES):
+            listing = self.listing()
+            if not listing:
+                return
+            bases = [base for base, _ in listing]
+            first = max(bisect_right(bases, offset) - 1, 0)
+            restart = False
+            for number in range(first, len(listing)):
+                base, path = listing[number]
+                fd = self._open(path)
+                if fd is None:
+                    # Deleted or replaced by retention or compaction: list again and go on from here.
+                    restart = True
+                    break
+                try:
+                    size = os.fstat(fd).st_size
+                    segment = self.segment(base, path, fd)
+                    position, running = self._start(segment, fd, offset)
+                    stop = ScanStop(position)
+                    active = number == len(listing) - 1
+                    for _pos, header, buf, off in scan(
+                        fd, segment, position, size, active=active, stop=stop, running_max_ts=running
+                    ):
+                        if header.next_offset <= offset:
+                            continue
+                        yield header, buf, off
+                        offset = header.next_offset
+                finally:
+                    os.close(fd)
+            if not restart:
+                return
+            self.listing(force=True)
+
+    def scan_segment(self, base: int, path: Path, *, active: bool) -> Iterator[tuple[BatchHeader, bytes, int]]:
+        """Yield every whole, valid batch of one segment from its start (for the cleaner)."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            segment = self.segment(base, path, fd)
+            stop = ScanStop(0)
+            for _pos, header, buf, off in scan(fd, segment, 0, os.fstat(fd).st_size, active=active, stop=stop):
+                yield header, buf, off
+        finally:
+            os.close(fd)
+
+    # -- reading ----------------------------------------------------------------------
+
+    def read(self, offset: int, max_records: int, max_bytes: int) -> list[StoredRecord]:
+        """Records at or after ``offset``: at most ``max_records``, about ``max_bytes``, at least one."""
+        out: list[StoredRecord] = []
+        if max_records <= 0:
+            return out
+        total = 0
+        with self._lock:
+            for header, buf, off in self.batches(offset):
+                for record, size in decode_records(
+                    buf, off, header, topic=self.topic, partition=self.partition, min_offset=offset
+                ):
+                    if out and (total + size > max_bytes):
+                        return out
+                    out.append(record)
+                    total += size
+                    if len(out) >= max_records:
+                        return out
+        return out
+
+    def end_offset(self) -> int:
+        """The offset the next appended record gets."""
+        with self._lock:
+            if self._writer is not None and not self._shared:
+                return self._writer.next_offset
+            for _ in range(_LISTING_RETRIES):
+                listing = self.listing()
+                base, path = listing[-1]
+                fd = self._open(path)
+                if fd is None:
+                    self.listing(force=True)
+                    continue
+                try:
+                    segment = self.segment(base, path, fd)
+                    position, running = self._start(segment, fd, 1 << 62)
+                    stop = ScanStop(position)
+                    for _ in scan(
+                        fd, segment, position, os.fstat(fd).st_size, active=True, stop=stop, running_max_ts=running
+                    ):
+                        pass
+                    return segment.next_offset
+                finally:
+                    os.close(fd)
+            return self.listing(force=True)[-1][0]
+
+    def offset_for_time(self, timestamp_ms: int) -> int | None:
+        """The earliest offset whose timestamp is at or after ``timestamp_ms``."""
+        with self._lock:
+            listing = self.listing()
+            for number, (base, path) in enumerate(listing):
+                fd = self._open(path)
+                if fd is None:
+                    continue
+                try:
+                    segment = self.segment(base, path, fd)
+                    entry = segment.index.before_time(timestamp_ms)
+                    position, running = 0, _NO_TIMESTAMP
+                    if entry >= 0:
+                        # Every batch before this entry's is older than the timestamp; _start
+                        # checks the entry against the file (or falls back to a full scan).
+                        position, running = self._start(segment, fd, segment.index.bases[entry])
+                    stop = ScanStop(position)
+                    active = number == len(listing) - 1
+                    for _pos, header, buf, off in scan(
+                        fd, segment, position, os.fstat(fd).st_size, active=active, stop=stop, running_max_ts=running
+                    ):
+                        if header.max_timestamp < timestamp_ms:
+                            continue
+                        for record, _size in decode_records(
+                            buf, off, header, topic=self.topic, partition=self.partition, min_offset=0
+                        ):
+                            if record.timestamp_ms >= timestamp_ms:
+                                return record.offset
+                finally:
+                    os.close(fd)
+            return None
+
+    # -- writing ----------------------------------------------------------------------
+
+    def recover_if_unlocked(self) -> None:
+        """Truncate a torn tail now if no writer holds the partition (a live writer already did)."""
+        with self._lock:
+            if self._writer is not None or not self._writer_lock.try_acquire():
+                return
+            try:
+                self._open_writer().close()
+            finally:
+                self._writer_lock.release()
+
+    def _open_writer(self) -> _Writer:
+        """Open the active segment for appending, truncating a torn tail (writer lock held)."""
+        listing = self.listing(force=True)
+        base, path = listing[-1]
+        fd = os.open(path, os.O_RDWR)
+        try:
+            segment = self.segment(base, path, fd)
+            position, running = self._start(segment, fd, 1 << 62)
+            stop = ScanStop(position)
+            size = os.fstat(fd).st_size
+            for _ in scan(fd, segment, position, size, active=True, stop=stop, running_max_ts=running):
+                pass
+            if stop.torn or stop.end < size:
+                logger.warning(
+                    "truncating torn tail of log segment %s at byte %d (%d bytes of an unacknowledged batch)",
+                    path,
+                    stop.end,
+                    size - stop.end,
+                )
+                os.ftruncate(fd, stop.end)
+                os.fsync(fd)
+                segment.index.truncate(stop.end)
+                write_index_files(path, segment.index)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+            index_fd = os.open(index_path(path), flags, 0o644)
+            time_fd = os.open(time_index_path(path), flags, 0o644)
+        except BaseException:
+            os.close(fd)
+            raise
+        return _Writer(segment, fd, index_fd, time_fd, stop.end, segment.next_offset)
+
+    def _acquire_writer(self) -> _Writer:
+        if self._writer is None:
+            self._writer_lock.acquire(announce=not self._shared, wait=self._shared)
+            try:
+                self._writer = self._open_writer()
+            except BaseException:
+                self._writer_lock.release()
+                raise
+        return self._writer
+
+    def _release_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._writer_lock.release()
+
+    def _roll(self, writer: _Writer) -> _Writer:
+        """Close the active segment and start a new one at the next offset."""
+        path = self.directory / segment_name(writer.next_offset)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        index_fd = os.open(index_path(path), flags, 0o644)
+        time_fd = os.open(time_index_path(path), flags, 0o644)
+        if self._fsync:
+            fsync_directory(self.directory)
+        writer.close()
+        segment = Segment(path, writer.next_offset, os.fstat(fd).st_ino)
+        self._segments[path] = segment
+        rolled = _Writer(segment, fd, index_fd, time_fd, 0, writer.next_offset)
+        self._writer = rolled
+        return rolled
+
+    def append(self, records: Sequence[Record]) -> AppendResult:
+        """Append one batch atomically; durable on return when fsync is on."""
+        with self._lock:
+            writer = self._acquire_writer()
+            try:
+                return self._append(writer, records)
+            finally:
+                if self._shared:
+                    self._release_writer()
+
+    def _append(self, writer: _Writer, records: Sequence[Record]) -> AppendResult:
+        base = writer.next_offset
+        if not records:
+            return AppendResult(self.topic, self.partition, base, base - 1)
+        data, max_ts = encode_batch(base, records, int(time.time() * 1000))
+        if writer.position > 0 and writer.position + len(data) > self._segment_bytes:
+            writer = self._roll(writer)
+        position = writer.position
+        try:
+            written = 0
+            view = memoryview(data)
+            while written < len(data):
+                written += os.pwrite(writer.fd, view[written:], position + written)
+            if self._fsync:
+                os.fdatasync(writer.fd)
+        except OSError as error:
+            # Unacknowledged bytes must not stay: the next append would follow a torn batch.
+            self._release_writer()
+            msg = f"cannot append to {writer.segment.path}: {error}; retry when the disk is writable"
+            raise LogUnavailableError(msg) from error
+        segment = writer.segment
+        running = max(segment.running_max_ts, max_ts)
+        if segment.index.wants(position):
+            segment.index.add(base, position, running)
+            append_index_entry(writer.index_fd, writer.time_fd, base, position, running)
+        writer.position = segment.known_end = position + len(data)
+        writer.next_offset = segment.next_offset = base + len(records)
+        segment.running_max_ts = running
+        return AppendResult(self.topic, self.partition, base, base + len(records) - 1)
+
+    def close(self) -> None:
+        """Release the writer lock and open files (idempotent)."""
+        with self._lock:
+            self._release_writer()
