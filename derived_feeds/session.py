@@ -1,0 +1,199 @@
+"""The lean local Spark session every Headwater Spark job and test runs on.
+
+Start-up is dominated by the JVM loading Spark's classes, so the session uses a
+Java class-data-sharing (CDS) archive: the first start in a fresh environment
+records the loaded classes (``-XX:ArchiveClassesAtExit``) and later starts map
+them (``-XX:SharedArchiveFile``), roughly halving JVM start-up. The archive lives
+in ``$HEADWATER_CACHE_DIR`` (default ``~/.cache/headwater``), keyed by the pyspark
+version and the Java binary. An unusable archive (corrupt, another JDK) only makes
+the JVM skip sharing, never fail (a truncated one would crash it, which is why a
+recording is adopted only after its JVM exited cleanly); delete the file to have it
+recorded again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["cds_archive_path", "spark_session", "stop_spark"]
+
+_RECORDING_SUFFIX = ".recording"
+# VerifySharedSpaces checks each region's CRC before mapping it: without it a corrupted
+# archive crashes the JVM (SIGSEGV) instead of just disabling sharing. The CRC costs
+# little next to Spark's start. Logs are off because an unusable archive is a slower
+# start, not a failure, and the notes would litter job output.
+_CDS_FLAGS = "-XX:+VerifySharedSpaces -Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def _cache_dir() -> Path:
+    configured = os.environ.get("HEADWATER_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "headwater"
+
+
+def _java_binary() -> Path | None:
+    java_home = os.environ.get("JAVA_HOME")
+    found = Path(java_home) / "bin" / "java" if java_home else None
+    if found is None or not found.exists():
+        which = shutil.which("java")
+        found = Path(which) if which else None
+    return found.resolve() if found is not None else None
+
+
+def cds_archive_path() -> Path:
+    """Where this environment's CDS archive lives (it need not exist yet)."""
+    import pyspark
+
+    java = _java_binary()
+    identity = f"{java}:{java.stat().st_mtime_ns}" if java is not None else "no-java"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
+    return _cache_dir() / f"spark-cds-{pyspark.__version__}-{digest}.jsa"
+
+
+def _drop_abandoned_recordings(archive: Path) -> None:
+    """Delete recordings whose process is gone: they were never confirmed complete."""
+    for recording in archive.parent.glob(f"{archive.name}.*{_RECORDING_SUFFIX}"):
+        pid_text = recording.name.removeprefix(f"{archive.name}.").removesuffix(_RECORDING_SUFFIX)
+        if not (pid_text.isdigit() and _alive(int(pid_text))):
+            recording.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _cds_java_options() -> str:
+    """``-XX`` options to use the CDS archive, or to record it when it does not exist yet."""
+    archive = cds_archive_path()
+    try:
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        _drop_abandoned_recordings(archive)
+    except OSError:
+        return ""  # no writable cache: start without sharing rather than fail
+    if archive.exists():
+        return f"-XX:SharedArchiveFile={archive} {_CDS_FLAGS}"
+    # Recorded under a per-process name and promoted only after the JVM exited cleanly
+    # (stop_spark, or at interpreter exit), so no start ever maps a half-written archive.
+    recording = archive.with_name(f"{archive.name}.{os.getpid()}{_RECORDING_SUFFIX}")
+    atexit.register(_finish_recording)
+    return f"-XX:ArchiveClassesAtExit={recording} {_CDS_FLAGS}"
+
+
+def spark_session(
+    app_name: str = "headwater",
+    *,
+    local_dir: Path | None = None,
+    extra_conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Return a lean ``local[2]`` session (no UI, 2 shuffle partitions, UTC, Arrow, loopback only).
+
+    ``local_dir`` holds Spark's scratch files and the default warehouse; ``extra_conf``
+    overrides any setting, ``spark.driver.extraJavaOptions`` included (appended to the
+    CDS options). If a session already runs in this process it is returned as is:
+    JVM-level settings cannot change without :func:`stop_spark`.
+    """
+    from pyspark.sql import SparkSession
+
+    # The JVM reads these at launch; Python workers must be this interpreter (same packages).
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+    conf: dict[str, str] = {
+        "spark.master": "local[2]",
+        "spark.app.name": app_name,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.memory": "1g",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.default.parallelism": "2",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
+        "spark.python.worker.reuse": "true",
+    }
+    if local_dir is not None:
+        local_dir.mkdir(parents=True, exist_ok=True)
+        conf["spark.local.dir"] = str(local_dir / "tmp")
+        conf["spark.sql.warehouse.dir"] = str(local_dir / "warehouse")
+    extra = dict(extra_conf or {})
+    java_options = " ".join(filter(None, [_cds_java_options(), extra.pop("spark.driver.extraJavaOptions", "")]))
+    if java_options:
+        conf["spark.driver.extraJavaOptions"] = java_options
+    conf.update(extra)
+
+    builder: Any = SparkSession.builder
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session: SparkSession = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+def stop_spark(session: SparkSession) -> None:
+    """Stop ``session`` and its JVM, keeping the CDS archive the JVM records at exit, if any."""
+    session.stop()
+    _stop_jvm()
+
+
+def _stop_jvm() -> None:
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    proc = getattr(gateway, "proc", None)
+    with contextlib.suppress(Exception):
+        gateway.shutdown()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if proc is None:
+        return
+    # EOF on its stdin makes pyspark's gateway JVM call System.exit, which writes a pending
+    # archive (about 10 s once); only a clean exit proves the archive complete.
+    with contextlib.suppress(OSError):
+        proc.stdin.close()
+    try:
+        clean = proc.wait(timeout=120) == 0
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        clean = False
+    _promote_recording(clean=clean)
+
+
+def _promote_recording(*, clean: bool) -> None:
+    archive = cds_archive_path()
+    recording = archive.with_name(f"{archive.name}.{os.getpid()}{_RECORDING_SUFFIX}")
+    with contextlib.suppress(OSError):
+        if clean and recording.exists() and recording.stat().st_size > 0 and not archive.exists():
+            recording.replace(archive)
+        else:
+            recording.unlink(missing_ok=True)
+
+
+def _finish_recording() -> None:
+    """At interpreter exit: stop a JVM still recording, so its archive is complete before promotion."""
+    with contextlib.suppress(Exception):
+        _stop_jvm()
