@@ -22,23 +22,43 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
+from psycopg import sql
 
-from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, RowDecoderFactory, SchemaRecord
-from capture.pgoutput import LogicalMessage, PgoutputDecoder, Relation
+from capture.errors import SlotError
+from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, RowDecoder, RowDecoderFactory, SchemaRecord
+from capture.pgoutput import UNCHANGED_TOAST, LogicalMessage, PgoutputDecoder, Relation, TupleData
 from capture.position import ResumePoint
 from capture.replication_protocol import PrimaryKeepalive, XLogData
+from capture.slot import create_slot, drop_slot, slot_status
+from capture.snapshot import Chunk, SnapshotState, plan_chunks, read_chunk
 from capture.stream import ReplicationLostError, ReplicationStream, StreamOptions, pinned_options
 from capture.transactions import LooseMessage, Transaction, TransactionAssembler
-from headwater.config import LogConfig, SourceConfig
+from headwater.config import LogConfig, SourceConfig, TypesConfig
 from log.base import SCHEMAS_TOPIC, Log, Record, TopicPartition, TopicSpec, append_keyed
 from log.partitioner import partition_for
 from log.sequence import Lsn
+from log.sequence import Sequence as Seq
 
 logger = logging.getLogger(__name__)
+
+
+class SnapshotProgress(Protocol):
+    """Receives snapshot progress (the CLI shows a rich progress bar)."""
+
+    def start(self, total_rows: int) -> None:
+        """Reading starts; ``total_rows`` is the catalog's estimate."""
+
+    def advance(self, rows: int) -> None:
+        """``rows`` more rows were read."""
+
+    def finish(self) -> None:
+        """Reading ended."""
+
 
 CAUGHT_UP_PREFIX = f"{INTERNAL_MESSAGE_PREFIX}caught_up"
 HEARTBEAT_PREFIX = f"{INTERNAL_MESSAGE_PREFIX}heartbeat"
@@ -77,9 +97,13 @@ class CaptureAgent:
         log_config: LogConfig,
         decoder_for: Callable[[psycopg.Connection[Any]], RowDecoderFactory],
         *,
+        state_dir: Path,
         settings: AgentSettings | None = None,
+        progress: SnapshotProgress | None = None,
     ) -> None:
         self.name = name
+        self.state_dir = state_dir
+        self.progress = progress
         self.source = source
         self.log = log
         self.log_config = log_config
@@ -123,9 +147,12 @@ class CaptureAgent:
                 db,
                 self._make_decoder_factory(sql_conn),
                 excluded_columns=self.source.columns.exclude,
+                primary_key=primary_key_lookup(sql_conn),
             )
             self._seed_schemas(builder)
             resume = ResumePoint.load(self.log, self._source_topics())
+            if not self._prepare_slot_and_snapshot(sql_conn, builder, resume):
+                return self.stats
             marker = self._emit_marker(sql_conn, CAUGHT_UP_PREFIX) if until_caught_up else None
             backoff = iter(self.settings.reconnect_backoff_s)
             while not self._stop.is_set():
@@ -190,6 +217,104 @@ class CaptureAgent:
         finally:
             stream.close()
 
+    # -- snapshot ----------------------------------------------------------------------
+
+    def _prepare_slot_and_snapshot(
+        self, sql_conn: psycopg.Connection[Any], builder: EventBuilder, resume: ResumePoint
+    ) -> bool:
+        """Make sure the slot exists and the snapshot the mode asks for is done; False: stop after."""
+        mode = self.source.snapshot
+        state = SnapshotState.load(self.state_dir / "snapshot.json")
+        slot = slot_status(sql_conn, self.slot)
+        wants = mode in ("initial", "initial_only", "when_needed") and not state.completed
+        if mode == "when_needed" and slot is None:
+            wants, state = True, SnapshotState(state.path)
+        if not wants:
+            if slot is None:
+                if mode != "never" and state.completed:
+                    msg = (
+                        f"replication slot {self.slot!r} of source {self.name!r} is gone, so changes since the "
+                        f"last run may be missing; run 'headwater source resync {self.name}' to re-snapshot"
+                    )
+                    raise SlotError(msg, source=self.name, slot=self.slot)
+                create_slot(sql_conn, self.slot, source=self.name)
+            return mode != "initial_only"
+        if state.consistent_lsn is None or slot is None:
+            # Nothing was streamed from this slot yet (no snapshot finished), so recreating it
+            # with an exported snapshot loses nothing.
+            if slot is not None:
+                drop_slot(sql_conn, self.slot, source=self.name)
+            repl = psycopg.connect(self._dsn, autocommit=True, replication="database", options=pinned_options())
+            try:
+                row = repl.execute(
+                    sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT").format(
+                        sql.Identifier(self.slot)
+                    )
+                ).fetchone()
+                assert row is not None
+                state = SnapshotState(state.path, consistent_lsn=Lsn.parse(row[1]).value)
+                state.save()
+                self._read_snapshot(builder, resume, state, exported=str(row[2]))
+            finally:
+                repl.close()
+        else:
+            self._read_snapshot(builder, resume, state, exported=None)
+        state.completed = True
+        state.save()
+        return mode != "initial_only"
+
+    def _read_snapshot(
+        self, builder: EventBuilder, resume: ResumePoint, state: SnapshotState, *, exported: str | None
+    ) -> None:
+        reader = psycopg.connect(self._dsn, options=pinned_options())
+        try:
+            reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            if exported is not None:
+                reader.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(exported)))
+            tables = reader.execute(
+                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2",
+                (self.publication,),
+            ).fetchall()
+            plan: list[tuple[int, Relation, list[Chunk]]] = []
+            total_rows = 0
+            for schema, table in tables:
+                relation = relation_from_catalog(
+                    reader, f"{sql.Identifier(schema).as_string(reader)}.{sql.Identifier(table).as_string(reader)}"
+                )
+                schema_record = builder.relation(relation)
+                if schema_record is not None:
+                    self._pending_schemas.append(schema_record)
+                chunks = plan_chunks(reader, schema, table, relation.oid)
+                plan.append((relation.oid, relation, chunks))
+                estimate = reader.execute("SELECT reltuples FROM pg_class WHERE oid = %s", (relation.oid,)).fetchone()
+                total_rows += max(int(estimate[0]) if estimate else 0, 0)
+            if self.progress:
+                self.progress.start(total_rows)
+            consistent = state.consistent_lsn or 0
+            for table_no, (oid, relation, chunks) in enumerate(plan):
+                columns = [c.name for c in relation.columns]
+                for chunk in chunks:
+                    if chunk.id in state.done_chunks:
+                        continue
+                    # txn_index is unique per (table, chunk, row): chunks resume independently.
+                    next_index = (table_no << 40) | (chunk.number << 24)
+                    for rows in read_chunk(reader, chunk, columns):
+                        records = builder.snapshot_records(oid, rows, Seq(consistent, next_index))
+                        next_index += len(rows)
+                        self._pending.extend(records)
+                        self.stats.events += len(records)
+                        if self.progress:
+                            self.progress.advance(len(rows))
+                    self._flush(resume, None)
+                    state.done_chunks.add(chunk.id)
+                    state.save()
+            self._flush(resume, None)
+            reader.rollback()
+        finally:
+            reader.close()
+            if self.progress:
+                self.progress.finish()
+
     def _add_transaction(self, builder: EventBuilder, txn: Transaction) -> None:
         records, schemas = builder.build(txn)
         self._pending.extend(records)
@@ -211,7 +336,7 @@ class CaptureAgent:
             stream.send_status(message.lsn)
         return marker is not None and message.prefix == CAUGHT_UP_PREFIX and message.content.decode() == marker
 
-    def _flush(self, resume: ResumePoint, stream: ReplicationStream) -> None:
+    def _flush(self, resume: ResumePoint, stream: ReplicationStream | None) -> None:
         """Append pending records (skipping those the log holds), then acknowledge."""
         if self._pending_schemas:
             self._ensure_topic(SCHEMAS_TOPIC)
@@ -231,7 +356,7 @@ class CaptureAgent:
             resume.advance(where, records[-1].sequence)
             self.stats.records_written += len(records)
         self._pending.clear()
-        if self._pending_end is not None:
+        if self._pending_end is not None and stream is not None:
             # Acknowledged only after the appends above returned (fsynced): a restart
             # resumes at or before this LSN.
             stream.send_status(self._pending_end)
@@ -297,6 +422,44 @@ class CaptureAgent:
         except psycopg.OperationalError as exc:
             raise ReplicationLostError.from_psycopg(exc, slot=self.slot, dsn=self._dsn) from None
         return token
+
+
+def typemap_decoders(modes: TypesConfig) -> Callable[[psycopg.Connection[Any]], RowDecoderFactory]:
+    """Row decoders from :mod:`capture.typemap`, with the database's types loaded once per connection."""
+    from capture.type_registry import load_type_registry
+    from capture.typemap import RowConverter
+
+    def for_connection(conn: psycopg.Connection[Any]) -> RowDecoderFactory:
+        registry = load_type_registry(conn)
+
+        def decoder_for(relation: Relation) -> RowDecoder:
+            converter = RowConverter(relation.columns, modes, registry)
+            names = converter.names
+
+            def decode(row: TupleData) -> list[Any]:
+                # RowConverter leaves unchanged-TOAST columns out; the event builder fills them.
+                values = converter.convert(row)
+                return [values.get(name, UNCHANGED_TOAST) for name in names]
+
+            return decode
+
+        return decoder_for
+
+    return for_connection
+
+
+def primary_key_lookup(conn: psycopg.Connection[Any]) -> Callable[[Relation], tuple[str, ...] | None]:
+    """Primary-key column names by relation oid, from the catalog."""
+
+    def lookup(relation: Relation) -> tuple[str, ...] | None:
+        rows = conn.execute(
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+            "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s AND i.indisprimary ORDER BY a.attnum",
+            (relation.oid,),
+        ).fetchall()
+        return tuple(r[0] for r in rows) or None
+
+    return lookup
 
 
 def relation_from_catalog(conn: psycopg.Connection[Any], qualified: str) -> Relation:
