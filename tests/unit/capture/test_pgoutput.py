@@ -228,8 +228,11 @@ def test_proto2_streamed_blocks_carry_the_xid(v2: list[PgoutputMessage]) -> None
         for index in range(start + 1, stop):
             message = v2[index]
             assert isinstance(message, Relation | Insert)
-            # the top-level xid, or a subtransaction's for changes made inside a savepoint
-            assert message.xid == rows[index].xid
+            # The peek's xid column is the top-level transaction; the message carries the xid of the
+            # (sub)transaction that made the change: a subtransaction's xid comes after its parent's.
+            assert rows[index].xid == stream_start.xid
+            assert message.xid is not None
+            assert message.xid >= stream_start.xid
     first_segments = [m for m in v2 if isinstance(m, StreamStart) and m.first_segment]
     assert len(first_segments) == 2  # one per streamed top-level transaction
 
@@ -287,8 +290,8 @@ def test_memoryview_input() -> None:
 
 
 def test_message_type_enum_matches_wire_bytes() -> None:
-    assert MessageType.INSERT == ord("I")
-    assert MessageType.STREAM_COMMIT == ord("c")
+    assert ord("I") == MessageType.INSERT
+    assert ord("c") == MessageType.STREAM_COMMIT
 
 
 # -- replication protocol frames ------------------------------------------------------------
