@@ -1,0 +1,404 @@
+"""Apply planned SCD actions to Delta tables with deltalake (delta-rs), exactly once per micro-batch.
+
+Contract (DESIGN sections 6 and 7):
+
+* One micro-batch = one ``batch_id`` (Spark's ``foreachBatch`` id, stable across replays
+  of the same batch). Its commit carries the Delta app transaction
+  ``(app_id=<table>, version=<batch_id>)``; before planning, a batch whose id is at or
+  below ``transaction_version(<table>)`` is skipped. delta-rs records app transactions
+  but does not enforce them, so the check here is the whole guarantee; it assumes one
+  writer per table (the Spark driver).
+* SCD1: one MERGE on the table per batch. Deletes also go to a tombstone table under
+  ``<table>/_hw_tombstones`` (the ``_`` prefix hides it from Delta readers and vacuum),
+  committed *before* the main MERGE with the same app transaction: a crash in between
+  replays the batch, and both MERGEs are idempotent (they only apply newer sequences).
+* SCD2: one MERGE keyed by ``(keys, __START_AT)`` inserts, replaces (closes) and removes
+  versions, and closes versions open across a truncate.
+* Schema: a new batch column is added (``merge_schema``); a table column missing from
+  the batch stays and is null in rows the batch writes; a batch column whose type cannot
+  be cast safely to the table's raises :class:`SchemaMismatchError` before anything is
+  committed (delta-rs' own MERGE would silently cast, e.g. int to string).
+
+deltalake's Rust runtime panics in a forked child (DESIGN 8): call these functions from
+the process that imported deltalake, or from a process started with ``spawn``; never
+from a ``fork``-started multiprocessing worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from headwater.config import TableConfig
+from warehouse_loader.changes import DELETE_OP, END_AT, OP, SEQ, START_AT, TRUNCATE_OP
+from warehouse_loader.errors import ChangeBatchError, SchemaMismatchError, WarehouseWriteError
+from warehouse_loader.scd import (
+    Scd1Actions,
+    plan_scd1,
+    plan_scd2,
+    quote,
+    scd2_window,
+)
+
+TOMBSTONES_DIR = "_hw_tombstones"
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What one ``write_*`` call did. ``skipped``: the batch was already committed."""
+
+    table: str
+    batch_id: int
+    skipped: bool
+    version: int | None = None
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+
+
+def write_batch(
+    path: Path, changes: pa.Table, *, table: str, batch_id: int, keys: Sequence[str], config: TableConfig
+) -> WriteResult:
+    """Apply one micro-batch of changes to the warehouse table ``table`` stored at ``path``.
+
+    ``changes`` follows :mod:`warehouse_loader.changes`; ``keys`` are the table's key
+    columns (the feed's ``key`` or the source's replica identity).
+    """
+    sequence_by = config.sequence_by or SEQ
+    if config.mode == "scd2":
+        return write_scd2(
+            path,
+            changes,
+            table=table,
+            batch_id=batch_id,
+            keys=keys,
+            track_history_columns=config.track_history_columns,
+            sequence_by=sequence_by,
+        )
+    return write_scd1(path, changes, table=table, batch_id=batch_id, keys=keys, sequence_by=sequence_by)
+
+
+def committed_batch(path: Path, table: str) -> int | None:
+    """The highest batch id committed to the table at ``path``, or None (absent table, no batch)."""
+    target = _open(path)
+    return None if target is None else _txn_version(target, table)
+
+
+def _open(path: Path) -> DeltaTable | None:
+    return DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None
+
+
+def _txn_version(target: DeltaTable, app_id: str) -> int | None:
+    version = target.transaction_version(app_id)
+    return None if version is None else int(version)
+
+
+def _already(target: DeltaTable | None, table: str, batch_id: int) -> bool:
+    if target is None:
+        return False
+    done = _txn_version(target, table)
+    return done is not None and done >= batch_id
+
+
+def _commit(table: str, batch_id: int) -> CommitProperties:
+    return CommitProperties(
+        app_transactions=[Transaction(app_id=table, version=batch_id)],
+        custom_metadata={"headwater.batch_id": str(batch_id)},
+    )
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _family(kind: pa.DataType) -> str:
+    """Types within one family cast into each other when the values fit (checked, never silently)."""
+    checks = (
+        ("int", pa.types.is_integer),
+        ("float", pa.types.is_floating),
+        ("string", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)),
+        ("binary", lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)),
+        ("timestamp", pa.types.is_timestamp),
+        ("date", pa.types.is_date),
+        ("decimal", pa.types.is_decimal),
+    )
+    for name, check in checks:
+        if check(kind):
+            return name
+    return str(kind)
+
+
+def _reconcile(table: str, target: pa.Schema | None, batch: pa.Table) -> tuple[pa.Table, bool]:
+    """Fit ``batch`` to the table's schema; returns the batch and whether it adds columns.
+
+    Null-typed columns (no value seen yet) carry no type and are dropped unless the table
+    has the column; they are added when a batch brings a typed value.
+    """
+    adds = False
+    for field in batch.schema:
+        name = field.name
+        if target is None or name not in target.names:
+            if pa.types.is_null(field.type):
+                batch = batch.drop_columns([name])
+            else:
+                adds = target is not None
+            continue
+        want = target.field(name).type
+        if field.type == want:
+            continue
+        if not (pa.types.is_null(field.type) or _family(field.type) == _family(want)):
+            raise SchemaMismatchError(table, name, str(want), str(field.type))
+        try:
+            column = batch.column(name).cast(want)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise SchemaMismatchError(table, name, str(want), str(field.type)) from None
+        batch = batch.set_column(batch.schema.get_field_index(name), pa.field(name, want), column)
+    if target is not None:
+        for field in target:
+            if field.name not in batch.column_names:
+                batch = batch.append_column(field, pa.nulls(batch.num_rows, field.type))
+    return batch, adds
+
+
+def _schema(target: DeltaTable) -> pa.Schema:
+    return target.to_pyarrow_dataset().schema
+
+
+def _literal(value: Any) -> str:
+    """A sequence value as a SQL literal for a MERGE predicate (strings and integers)."""
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    msg = f"truncate needs a string or integer sequence column, got {type(value).__name__}"
+    raise ChangeBatchError(msg)
+
+
+def _on(keys: Sequence[str]) -> str:
+    return " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
+
+
+def _metrics(table: str, batch_id: int, target: DeltaTable, before: int, stats: dict[str, Any]) -> WriteResult:
+    if target.version() == before:
+        # delta-rs commits nothing for a MERGE that changes no row (a replayed or all-stale
+        # batch); record the batch anyway, with an empty append carrying the app transaction.
+        empty = _schema(target).empty_table()
+        write_deltalake(target, empty, mode="append", commit_properties=_commit(table, batch_id))
+        target.update_incremental()
+    return WriteResult(
+        table=table,
+        batch_id=batch_id,
+        skipped=False,
+        version=target.version(),
+        inserted=int(stats.get("num_target_rows_inserted", 0)),
+        updated=int(stats.get("num_target_rows_updated", 0)),
+        deleted=int(stats.get("num_target_rows_deleted", 0)),
+    )
+
+
+def _select_rows(dataset: Any, sql: str, **tables: pa.Table) -> pa.Table:
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        con.register("target", dataset)
+        for name, table in tables.items():
+            con.register(name, table)
+        return con.sql(sql).to_arrow_table()
+    finally:
+        con.close()
+
+
+# --------------------------------------------------------------------------- SCD type 1
+
+
+def write_scd1(
+    path: Path, changes: pa.Table, *, table: str, batch_id: int, keys: Sequence[str], sequence_by: str = SEQ
+) -> WriteResult:
+    """Apply one micro-batch to an SCD1 table: tombstones first, then one MERGE (see module doc)."""
+    target = _open(path)
+    if _already(target, table, batch_id):
+        return WriteResult(table=table, batch_id=batch_id, skipped=True, version=target.version() if target else None)
+    side_path = path / TOMBSTONES_DIR
+    side = _open(side_path)
+    tombstones, watermark = _read_tombstones(side, changes, keys, sequence_by)
+    actions = plan_scd1(changes, keys, tombstones=tombstones, truncated_through=watermark, sequence_by=sequence_by)
+    rows, adds = _reconcile(table, None if target is None else _schema(target), actions.rows)
+    needs_side = actions.deletes.num_rows > 0 or actions.truncate_at is not None
+    if tombstones is not None and tombstones.num_rows and actions.upserts.num_rows:
+        needs_side = True
+    try:
+        if needs_side and not _already(side, table, batch_id):
+            _write_tombstones(side_path, side, actions, keys=keys, table=table, batch_id=batch_id)
+        return _merge_scd1(path, target, rows, adds=adds, actions=actions, keys=keys, table=table, batch_id=batch_id)
+    except (CommitFailedError, OSError) as exc:
+        raise WarehouseWriteError(table, batch_id, str(exc).splitlines()[0]) from exc
+
+
+def _read_tombstones(
+    side: DeltaTable | None, changes: pa.Table, keys: Sequence[str], sequence_by: str
+) -> tuple[pa.Table | None, Any]:
+    """Tombstones of the batch's keys and the truncate watermark (highest truncate applied)."""
+    if side is None:
+        return None, None
+    seq = quote(sequence_by)
+    batch_keys = changes.select(list(keys))
+    on = " AND ".join(f"t.{quote(k)} = b.{quote(k)}" for k in keys)
+    dataset = side.to_pyarrow_dataset()
+    tombs = _select_rows(
+        dataset,
+        f"SELECT {', '.join('t.' + quote(k) for k in keys)}, t.{seq} FROM target t "
+        f"WHERE t.{quote(OP)} = 'd' AND EXISTS (SELECT 1 FROM batch b WHERE {on})",
+        batch=batch_keys,
+    )
+    mark = _select_rows(dataset, f"SELECT max({seq}) AS m FROM target WHERE {quote(OP)} = '{TRUNCATE_OP}'")
+    return tombs, mark.column("m")[0].as_py()
+
+
+def _write_tombstones(
+    side_path: Path, side: DeltaTable | None, actions: Scd1Actions, *, keys: Sequence[str], table: str, batch_id: int
+) -> None:
+    seq = quote(actions.sequence_by)
+    marks = actions.rows.select([*keys, actions.sequence_by, OP])
+    if actions.truncate_at is not None:
+        truncate_row = {name: [None] for name in keys} | {actions.sequence_by: [actions.truncate_at], OP: ["t"]}
+        marks = pa.concat_tables([marks, pa.table(truncate_row, schema=marks.schema)])
+    if side is None:
+        first = marks.filter(pc.is_in(marks.column(OP), pa.array([DELETE_OP, TRUNCATE_OP])))
+        write_deltalake(str(side_path), first, commit_properties=_commit(table, batch_id))
+        return
+    merge = side.merge(
+        marks,
+        " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys),
+        source_alias="s",
+        target_alias="t",
+        commit_properties=_commit(table, batch_id),
+    )
+    merge = (
+        merge.when_matched_update(
+            {actions.sequence_by: f"s.{seq}"}, predicate=f"s.{quote(OP)} = 'd' AND s.{seq} > t.{seq}"
+        )
+        .when_matched_delete(predicate=f"s.{quote(OP)} <> 'd' AND s.{seq} > t.{seq}")
+        .when_not_matched_insert_all(predicate=f"s.{quote(OP)} IN ('d', 't')")
+    )
+    if actions.truncate_at is not None:
+        merge = merge.when_not_matched_by_source_delete(predicate=f"t.{seq} < {_literal(actions.truncate_at)}")
+    merge.execute()
+
+
+def _merge_scd1(
+    path: Path,
+    target: DeltaTable | None,
+    rows: pa.Table,
+    *,
+    adds: bool,
+    actions: Scd1Actions,
+    keys: Sequence[str],
+    table: str,
+    batch_id: int,
+) -> WriteResult:
+    op, seq = quote(OP), quote(actions.sequence_by)
+    if target is None:
+        upserts = rows.filter(pc.not_equal(rows.column(OP), DELETE_OP))
+        write_deltalake(str(path), upserts, commit_properties=_commit(table, batch_id))
+        created = DeltaTable(str(path))
+        return WriteResult(table, batch_id, skipped=False, version=created.version(), inserted=upserts.num_rows)
+    merge = target.merge(
+        rows,
+        _on(keys),
+        source_alias="s",
+        target_alias="t",
+        merge_schema=adds,
+        streamed_exec=False,
+        commit_properties=_commit(table, batch_id),
+    )
+    merge = (
+        merge.when_matched_update_all(predicate=f"s.{op} <> 'd' AND s.{seq} > t.{seq}")
+        .when_matched_delete(predicate=f"s.{op} = 'd' AND s.{seq} > t.{seq}")
+        .when_not_matched_insert_all(predicate=f"s.{op} <> 'd'")
+    )
+    if actions.truncate_at is not None:
+        merge = merge.when_not_matched_by_source_delete(predicate=f"t.{seq} < {_literal(actions.truncate_at)}")
+    before = target.version()
+    stats = merge.execute()
+    return _metrics(table, batch_id, target, before, stats)
+
+
+# --------------------------------------------------------------------------- SCD type 2
+
+
+def write_scd2(
+    path: Path,
+    changes: pa.Table,
+    *,
+    table: str,
+    batch_id: int,
+    keys: Sequence[str],
+    track_history_columns: Sequence[str] | None = None,
+    sequence_by: str = SEQ,
+) -> WriteResult:
+    """Apply one micro-batch to an SCD2 table with one MERGE on ``(keys, __START_AT)``."""
+    target = _open(path)
+    if _already(target, table, batch_id):
+        return WriteResult(table=table, batch_id=batch_id, skipped=True, version=target.version() if target else None)
+    existing = None
+    if target is not None:
+        window = scd2_window(changes, keys, sequence_by)
+        on = " AND ".join(f"t.{quote(k)} = w.{quote(k)}" for k in keys)
+        existing = _select_rows(
+            target.to_pyarrow_dataset(),
+            f"SELECT t.* FROM target t JOIN win w ON {on} "
+            f"WHERE t.{quote(END_AT)} IS NULL OR t.{quote(END_AT)} >= w.__min_seq",
+            win=window,
+        )
+    actions = plan_scd2(changes, keys, existing, track_history_columns=track_history_columns, sequence_by=sequence_by)
+    versions, adds = _reconcile(table, None if target is None else _schema(target), actions.versions)
+    try:
+        if target is None:
+            write_deltalake(str(path), versions, commit_properties=_commit(table, batch_id))
+            created = DeltaTable(str(path))
+            return WriteResult(table, batch_id, skipped=False, version=created.version(), inserted=versions.num_rows)
+        # Removed versions ride in the same source with a null __hw_op (a real version always has one).
+        removed = pa.Table.from_arrays(
+            [
+                actions.removed.column(f.name).cast(f.type)
+                if f.name in actions.removed.column_names
+                else pa.nulls(actions.removed.num_rows, f.type)
+                for f in versions.schema
+            ],
+            schema=versions.schema,
+        )
+        source = pa.concat_tables([versions, removed])
+        sa, ea, op = quote(START_AT), quote(END_AT), quote(OP)
+        merge = target.merge(
+            source,
+            f"{_on(keys)} AND t.{sa} = s.{sa}",
+            source_alias="s",
+            target_alias="t",
+            merge_schema=adds,
+            streamed_exec=False,
+            commit_properties=_commit(table, batch_id),
+        )
+        merge = (
+            merge.when_matched_delete(predicate=f"s.{op} IS NULL")
+            .when_matched_update_all(predicate=f"s.{op} IS NOT NULL")
+            .when_not_matched_insert_all(predicate=f"s.{op} IS NOT NULL")
+        )
+        if actions.truncates:
+            # The first truncate after a version's start closes it.
+            whens = " ".join(f"WHEN t.{sa} < {_literal(v)} THEN {_literal(v)}" for v in actions.truncates)
+            merge = merge.when_not_matched_by_source_update(
+                {END_AT: f"CASE {whens} ELSE t.{ea} END"},
+                predicate=f"t.{ea} IS NULL AND t.{sa} < {_literal(actions.truncates[-1])}",
+            )
+        before = target.version()
+        stats = merge.execute()
+        return _metrics(table, batch_id, target, before, stats)
+    except (CommitFailedError, OSError) as exc:
+        raise WarehouseWriteError(table, batch_id, str(exc).splitlines()[0]) from exc
