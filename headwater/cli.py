@@ -89,9 +89,10 @@ def init_command(directory: Path, project: str | None) -> None:
 
 def _register_commands() -> None:
     # Each area's commands live in headwater/commands/<area>.py and attach to `cli`.
-    from headwater.commands import source
+    from headwater.commands import capture, log, source
 
-    source.register(cli)
+    for module in (source, capture, log):
+        module.register(cli)
 
 
 _register_commands()

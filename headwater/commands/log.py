@@ -77,7 +77,7 @@ def topics_command(context: Context, as_json: bool) -> None:
     """List topics with partitions, cleanup policy and end offsets."""
     log = open_log(context.config())
     try:
-        rows = []
+        rows: list[dict[str, Any]] = []
         for name in log.list_topics():
             spec = log.describe_topic(name)
             ends = end_offsets(log, name)

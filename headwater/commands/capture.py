@@ -1,0 +1,136 @@
+"""``headwater capture``: stream registered sources into the log."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+
+from capture.agent import CaptureAgent, CaptureStats, typemap_decoders
+from capture.errors import UnknownSourceError
+from headwater.cli import Context, config_option, pass_context
+from headwater.config import ProjectConfig
+from log.factory import open_log
+
+
+class RichSnapshotProgress:
+    """Snapshot progress as a rich bar with rows/s and ETA."""
+
+    def __init__(self, source: str, console: Console) -> None:
+        self._source = source
+        self._progress = Progress(
+            TextColumn("snapshot {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self._task: TaskID | None = None
+        self._started = 0.0
+
+    def start(self, total_rows: int) -> None:
+        """Show the bar."""
+        self._progress.start()
+        self._task = self._progress.add_task(self._source, total=max(total_rows, 1), rate="")
+        self._started = time.monotonic()
+
+    def advance(self, rows: int) -> None:
+        """Move the bar."""
+        if self._task is not None:
+            self._progress.advance(self._task, rows)
+            done = self._progress.tasks[0].completed
+            rate = done / max(time.monotonic() - self._started, 1e-6)
+            self._progress.update(self._task, rate=f"{rate:,.0f} rows/s")
+
+    def finish(self) -> None:
+        """Complete and stop the bar."""
+        if self._task is not None:
+            task = self._progress.tasks[0]
+            self._progress.update(self._task, total=max(task.completed, 1))
+        self._progress.stop()
+
+
+def run_capture(config: ProjectConfig, names: tuple[str, ...], *, until_caught_up: bool) -> dict[str, CaptureStats]:
+    """Run one agent per source (threads), until caught up or until stopped."""
+    selected = names or tuple(config.sources)
+    for name in selected:
+        if name not in config.sources:
+            msg = (
+                f"no source named {name!r}; known: {', '.join(config.sources) or 'none'} (see 'headwater source list')"
+            )
+            raise UnknownSourceError(msg, source=name)
+    console = Console(stderr=True)
+    log = open_log(config)
+    agents = [
+        CaptureAgent(
+            name,
+            config.sources[name],
+            log,
+            config.log,
+            typemap_decoders(config.sources[name].types),
+            state_dir=config.home_dir / "capture" / name,
+            progress=RichSnapshotProgress(name, console) if console.is_terminal else None,
+        )
+        for name in selected
+    ]
+    errors: list[BaseException] = []
+    results: dict[str, CaptureStats] = {}
+
+    def run(agent: CaptureAgent) -> None:
+        try:
+            results[agent.name] = agent.run(until_caught_up=until_caught_up)
+        except BaseException as exc:  # re-raised in the main thread
+            errors.append(exc)
+            for other in agents:
+                other.stop()
+
+    threads = [threading.Thread(target=run, args=(agent,), name=f"capture-{agent.name}") for agent in agents]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)
+    except KeyboardInterrupt:
+        for agent in agents:
+            agent.stop()
+        for thread in threads:
+            thread.join()
+    finally:
+        log.close()
+    if errors:
+        raise errors[0]
+    return results
+
+
+@click.command("capture")
+@click.argument("names", nargs=-1)
+@config_option
+@click.option("--until-caught-up", is_flag=True, help="Capture everything committed before start, then exit 0.")
+@click.option("--follow", is_flag=True, help="Keep streaming until Ctrl-C / SIGTERM.")
+@pass_context
+def capture_command(context: Context, names: tuple[str, ...], until_caught_up: bool, follow: bool) -> None:
+    """Stream registered sources (all by default) into the log."""
+    if until_caught_up == follow:
+        msg = "pass exactly one of --until-caught-up or --follow"
+        raise click.UsageError(msg)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    config = context.config()
+    results = run_capture(config, names, until_caught_up=until_caught_up)
+    for name, stats in results.items():
+        click.echo(
+            f"{name}: {stats.transactions} transactions, {stats.events} events, "
+            f"{stats.records_written} records written, {stats.records_skipped} already in the log, "
+            f"acknowledged {stats.acked_lsn}"
+        )
+
+
+def register(cli: click.Group) -> None:
+    """Attach the ``capture`` command."""
+    cli.add_command(capture_command)
