@@ -383,7 +383,8 @@ def find_problems(facts: SourceFacts, request: CaptureRequest) -> list[Problem]:
         if request.schemas is not None:
             targets = "ALL TABLES IN SCHEMA " + ", ".join(_ident(s) for s in request.schemas)
         else:
-            targets = ", ".join(t.name.identifier.as_string(None) for t in facts.tables if t.kind in ("r", "p")) or "..."
+            listed = [t.name.identifier.as_string(None) for t in facts.tables if t.kind in ("r", "p")]
+            targets = ", ".join(listed) or "..."
         problems.append(
             Problem(
                 "least_privilege",

@@ -31,6 +31,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.tokens import CommentToken
 
 from capture import publication as pub
 from capture import slot as slots
@@ -91,7 +92,7 @@ def connect(dsn: str, *, source: str | None = None) -> psycopg.Connection[Any]:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         detail = scrub_secrets(first_line.removeprefix("connection failed: "), secrets)
         lowered = detail.lower()
-        if isinstance(exc, psycopg.ProgrammingError):
+        if isinstance(exc, psycopg.ProgrammingError) or "connection option" in lowered:
             msg = f"invalid DSN {shown}: {detail}; fix the connection string"
             raise InvalidDsnError(msg, source=source) from None
         if any(marker in lowered for marker in _AUTH_FAILURES) and "does not exist" not in lowered:
@@ -186,6 +187,49 @@ def _sources_map(document: CommentedMap) -> CommentedMap:
     # `headwater init` writes `sources: {}`; entries read better in block style.
     sources.fa.set_block_style()
     return sources
+
+
+def _comment_slots(node: Any) -> list[tuple[list[Any], int]]:
+    """Where ruamel may keep the comment after ``node``'s last line: each block level's last key or item."""
+    places: list[tuple[list[Any], int]] = []
+    while isinstance(node, (CommentedMap, CommentedSeq)) and len(node) and not node.fa.flow_style():
+        last: Any = list(node.keys())[-1] if isinstance(node, CommentedMap) else len(node) - 1
+        slots = node.ca.items.setdefault(last, [None, None, None, None])
+        places.append((slots, 2 if isinstance(node, CommentedMap) else 0))
+        node = node[last]
+    return places
+
+
+def _detach_trailing_comment(node: Any) -> CommentToken | None:
+    """Remove and return the full-line comments and blank lines that follow ``node`` (not its end-of-line comment).
+
+    ruamel attaches the comment lines between a mapping entry and the next top-level
+    key to the entry's deepest last element; deleting the entry would delete them.
+    """
+    held = [(slots, index) for slots, index in _comment_slots(node) if slots[index] is not None]
+    if not held:
+        return None
+    slots, index = held[-1]
+    token = slots[index]
+    own, newline, rest = token.value.partition("\n")
+    if not newline or not rest:
+        return None
+    token.value = own + newline
+    return CommentToken(rest, token.start_mark, token.end_mark)
+
+
+def _attach_trailing_comment(node: Any, comment: CommentToken) -> bool:
+    """Put ``comment`` after ``node``'s last line; False when ``node`` has no element to carry it."""
+    places = _comment_slots(node)
+    if not places:
+        return False
+    slots, index = places[-1]
+    if slots[index] is None:
+        # A comment that does not start with its own end-of-line would join the last line.
+        slots[index] = CommentToken("\n" + comment.value, comment.start_mark, comment.end_mark)
+    else:
+        slots[index].value += comment.value
+    return True
 
 
 def _flow_list(items: Sequence[str]) -> CommentedSeq:
@@ -468,7 +512,13 @@ def remove_source(config_path: Path, name: str) -> Removal:
                 f"{pub.as_text(sql.Identifier(publication))}"
             )
     sources = document["sources"]
+    trailing = _detach_trailing_comment(sources[name]) if list(sources.keys())[-1] == name else None
     del sources[name]
+    if trailing is not None and not _attach_trailing_comment(sources, trailing):
+        sources.fa.set_flow_style()  # `sources: {}`, as `headwater init` writes it
+        document.ca.items.setdefault("sources", [None, None, None, None])[2] = CommentToken(
+            "\n" + trailing.value, trailing.start_mark, trailing.end_mark
+        )
     text = _render(document)
     _validate(text, config_path)
     _write_atomically(config_path, text)
