@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
+import orjson
 import psycopg
 from psycopg import sql
 
@@ -148,6 +149,7 @@ class CaptureAgent:
                 self._make_decoder_factory(sql_conn),
                 excluded_columns=self.source.columns.exclude,
                 primary_key=primary_key_lookup(sql_conn),
+                previous_image=self._previous_image,
             )
             self._seed_schemas(builder)
             resume = ResumePoint.load(self.log, self._source_topics())
@@ -365,6 +367,23 @@ class CaptureAgent:
 
     # -- helpers -----------------------------------------------------------------------
 
+    def _previous_image(self, topic: str, key: bytes) -> dict[str, Any] | None:
+        """The key's latest stored after-image, scanning its partition backwards (rare: cache miss)."""
+        if topic not in self.log.list_topics():
+            return None
+        partition = partition_for(key, self._partitions(topic))
+        end = self.log.end_offset(topic, partition)
+        start = self.log.beginning_offset(topic, partition)
+        step = 1024
+        while end > start:
+            first = max(start, end - step)
+            for record in reversed(self.log.read(topic, partition, first, max_records=end - first)):
+                if record.key == key:
+                    value = orjson.loads(record.value) if record.value is not None else None
+                    return value.get("after") if value else None
+            end = first
+        return None
+
     def _partitions(self, topic: str) -> int:
         return self.log.describe_topic(topic).partitions
 
@@ -389,8 +408,6 @@ class CaptureAgent:
     def _seed_schemas(self, builder: EventBuilder) -> None:
         if SCHEMAS_TOPIC not in self.log.list_topics():
             return
-        import orjson
-
         latest: dict[str, bytes] = {}
         for partition in range(self._partitions(SCHEMAS_TOPIC)):
             offset = self.log.beginning_offset(SCHEMAS_TOPIC, partition)

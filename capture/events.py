@@ -15,6 +15,7 @@ Invariants:
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -102,6 +103,7 @@ class EventBuilder:
         excluded_columns: Sequence[str] = (),
         previous_image: PreviousImage | None = None,
         primary_key: PrimaryKeyLookup | None = None,
+        image_cache_size: int = 100_000,
         schema_versions: Mapping[str, int] | None = None,
     ) -> None:
         self._source = source
@@ -114,6 +116,10 @@ class EventBuilder:
         self._schema_versions = dict(schema_versions or {})
         self._schemas_seen: dict[str, bytes] = {}
         self._last_commit_lsn: int | None = None
+        # Latest after-image per (topic, key), for filling unchanged TOAST values without
+        # reading the log back; bounded, the log lookup covers what fell out.
+        self._images: OrderedDict[tuple[str, bytes], dict[str, Any]] = OrderedDict()
+        self._images_max = image_cache_size
 
     def known_schema(self, topic: str, value: bytes, version: int) -> None:
         """Seed the last published schema of ``topic`` (read back from ``_headwater.schemas``)."""
@@ -284,6 +290,7 @@ class EventBuilder:
         if isinstance(change, Insert):
             after = self._image(table, change.new)
             key = self._key(table, after)
+            self._remember(table.topic, key, after)
             event = ChangeEvent(
                 Op.CREATE, self._source_info(table, txn, index, None), None, after, txn.commit_ts_us, txn_block
             )
@@ -298,6 +305,9 @@ class EventBuilder:
             new_key = self._key(table, after)
             if any(value is UNCHANGED_TOAST for value in after.values()):
                 after = self._fill_toast(table, after, before, old_key or new_key)
+            if old_key is not None and old_key != new_key:
+                self._remember(table.topic, old_key, None)
+            self._remember(table.topic, new_key, after)
             if old_key is not None and new_key is not None and old_key != new_key:
                 # A primary-key change is a delete of the old key and a create of the new
                 # one (as Debezium emits it), so compaction and SCD1 drop the old key.
@@ -316,6 +326,7 @@ class EventBuilder:
         # Delete: with REPLICA IDENTITY FULL the whole old row, else only the key columns.
         before_image = self._key_only_image(table, change.old) if change.old_is_key else self._image(table, change.old)
         key = self._key(table, before_image)
+        self._remember(table.topic, key, None)
         event = ChangeEvent(
             Op.DELETE, self._source_info(table, txn, index, None), before_image, None, txn.commit_ts_us, txn_block
         )
@@ -323,6 +334,18 @@ class EventBuilder:
             OutRecord(table.topic, key, encode_value(event), sequence),
             OutRecord(table.topic, key, None, sequence),
         ]
+
+    def _remember(self, topic: str, key: bytes | None, after: dict[str, Any] | None) -> None:
+        if key is None or self._images_max <= 0:
+            return
+        slot = (topic, key)
+        if after is None:
+            self._images.pop(slot, None)
+            return
+        self._images[slot] = after
+        self._images.move_to_end(slot)
+        if len(self._images) > self._images_max:
+            self._images.popitem(last=False)
 
     def _image(self, table: _Table, row: TupleData) -> dict[str, Any]:
         values = table.decode(row)
@@ -350,7 +373,9 @@ class EventBuilder:
     ) -> dict[str, Any]:
         previous: Mapping[str, Any] | None = before
         if previous is None or any(previous.get(n) is UNCHANGED_TOAST for n in after):
-            looked_up = self._previous_image(table.topic, key) if self._previous_image and key else None
+            looked_up: Mapping[str, Any] | None = self._images.get((table.topic, key)) if key else None
+            if looked_up is None and self._previous_image and key:
+                looked_up = self._previous_image(table.topic, key)
             previous = looked_up if looked_up is not None else previous
         filled = dict(after)
         for name, value in after.items():
