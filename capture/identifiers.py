@@ -49,6 +49,9 @@ def _split_outside_quotes(text: str, separator: str, what: str) -> list[str]:
 
 def _parse_part(part: str, text: str, what: str) -> str:
     stripped = part.strip()
+    if not stripped:
+        msg = f"{what} {text!r} has an empty name part"
+        raise InvalidIdentifierError(msg)
     if len(stripped) >= 2 and stripped.startswith('"') and stripped.endswith('"'):
         inner = stripped[1:-1]
         if '"' in inner.replace('""', ""):
