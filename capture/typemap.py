@@ -442,8 +442,11 @@ def _timestamptz_converter(typmod: int) -> Converter:
     def convert(text: str) -> str:
         if text in ("infinity", "-infinity"):
             return text
+        era = ""
+        if text.endswith(" BC"):  # the era follows the offset: "0044-03-15 12:00:00+00 BC"
+            text, era = text[:-3], " BC"
         rest, offset = _split_offset(text)
-        return _format_utc(_parse_timestamp_us(rest) - offset * 1_000_000, width)
+        return _format_utc(_parse_timestamp_us(rest + era) - offset * 1_000_000, width)
 
     return convert
 
