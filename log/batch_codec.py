@@ -33,7 +33,7 @@ _HEADER_NAME = struct.Struct("<H")
 _HEADER_VALUE = struct.Struct("<I")
 _NULL = -1
 #: Byte position of the magic inside a batch (resynchronisation searches for it).
-MAGIC_POSITION = 10
+MAGIC_POSITION = 8
 #: Batches larger than this are treated as damaged rather than read into memory.
 MAX_BATCH_BYTES = 1 << 31
 

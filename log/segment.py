@@ -106,6 +106,17 @@ def scan(
     pos = start
     retried_at = -1
     index = segment.index
+
+    def note(here: int, header: BatchHeader) -> None:
+        nonlocal running_max_ts
+        running_max_ts = max(running_max_ts, header.max_timestamp)
+        if index.wants(here):
+            index.add(header.base_offset, here, running_max_ts)
+        if here == segment.known_end:
+            segment.known_end = here + header.length
+            segment.next_offset = header.next_offset
+            segment.running_max_ts = running_max_ts
+
     while pos < size:
         buf = os.pread(fd, min(_READ_CHUNK, size - pos), pos)
         off = 0
@@ -120,52 +131,32 @@ def scan(
             if not crc_ok(buf, off, header):
                 damaged = True
                 break
-            here = pos + off
-            running_max_ts = max(running_max_ts, header.max_timestamp)
-            if index.wants(here):
-                index.add(header.base_offset, here, running_max_ts)
-            if here == segment.known_end:
-                segment.known_end = here + header.length
-                segment.next_offset = header.next_offset
-                segment.running_max_ts = running_max_ts
-            yield here, header, buf, off
+            note(pos + off, header)
+            yield pos + off, header, buf, off
             off += header.length
         pos += off
         if pos >= size:
             break
         if not damaged and off == 0:
-            # One batch larger than a chunk, or the tail is still being written.
-            head = parse_header(os.pread(fd, HEADER_SIZE, pos))
-            if head is not None and pos + head.length > size:
-                damaged = not active
-                if active:
-                    stop.torn = True
-                    break
-            elif head is not None:
-                whole = os.pread(fd, head.length, pos)
-                if crc_ok(whole, 0, head):
-                    buf = whole
-                    continue_pos = pos
-                    # Re-enter the loop with the big batch already read.
-                    running_max_ts = max(running_max_ts, head.max_timestamp)
-                    if index.wants(continue_pos):
-                        index.add(head.base_offset, continue_pos, running_max_ts)
-                    if continue_pos == segment.known_end:
-                        segment.known_end = continue_pos + head.length
-                        segment.next_offset = head.next_offset
-                        segment.running_max_ts = running_max_ts
-                    yield continue_pos, head, whole, 0
-                    pos += head.length
-                    continue
-                damaged = True
-            else:
-                damaged = True
+            # The batch at ``pos`` is larger than a chunk, or runs past the end of the file:
+            # still being written, torn by a crash, or a damaged length field.
+            header = parse_header(os.pread(fd, HEADER_SIZE, pos))
+            whole = b""
+            if header is not None and pos + header.length <= size:
+                whole = os.pread(fd, header.length, pos)
+            if header is not None and whole and crc_ok(whole, 0, header):
+                note(pos, header)
+                yield pos, header, whole, 0
+                pos += header.length
+                continue
+            damaged = True
         if not damaged:
             continue
         if retried_at != pos:
             # A writer may have truncated a torn tail and rewritten it while we read: look again.
             retried_at = pos
             continue
+        # Only damage, never an in-flight or torn append, can have a valid batch after it.
         following = _valid_batch_after(fd, pos, size)
         if following is not None or not active:
             detail = (

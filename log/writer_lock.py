@@ -18,7 +18,7 @@ from log.errors import WriterLockedError
 
 LOCK_NAME = "writer.lock"
 #: A competing process may hold the lock for a moment to repair a torn tail; wait that out.
-_CONTENDED_WAIT_S = 1.0
+_CONTENDED_WAIT_S = 0.3
 
 
 def _describe_self() -> str:
