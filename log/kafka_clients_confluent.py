@@ -37,7 +37,7 @@ from log.kafka_clients import (
 _LINGER_MS = 60_000
 _POLL_SLICE_S = 0.15
 _FETCH_MAX_WAIT_MS = 50
-_UNKNOWN_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+_LOCAL_UNKNOWN = {KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 
 _T = TypeVar("_T")
 
@@ -86,7 +86,12 @@ class ConfluentClient:
         except LogError:
             raise
         except (KafkaException, FutureTimeoutError, BufferError, OSError) as exc:
-            if topic is not None and _code(exc) in _UNKNOWN_TOPIC:
+            code = _code(exc)
+            if topic is not None and code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise UnknownTopicError(topic) from exc
+            if topic is not None and code in _LOCAL_UNKNOWN and topic not in self.topics():
+                # librdkafka says "unknown partition" also when it merely has no
+                # metadata (broker down); only the cluster's metadata can tell.
                 raise UnknownTopicError(topic) from exc
             raise unavailable(self.settings, action, _reason(exc)) from exc
 

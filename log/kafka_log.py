@@ -38,7 +38,7 @@ from log.base import (
     TopicSpec,
     validate_topic_name,
 )
-from log.errors import LogError, UnknownPartitionError, UnknownTopicError
+from log.errors import InvalidTopicNameError, LogError, UnknownPartitionError, UnknownTopicError
 from log.kafka_clients import (
     EARLIEST,
     LATEST,
@@ -49,6 +49,7 @@ from log.kafka_clients import (
     estimated_batch_bytes,
     open_client,
 )
+from log.topic_errors import TopicExistsError
 
 BrokerKind = Literal["auto", "kafka", "tansu"]
 
@@ -67,14 +68,6 @@ _MANAGED = frozenset(
     }
 )
 _SCAN_CHUNK = 10_000
-
-
-class TopicExistsError(LogError, PermanentError):
-    """``create_topic(..., exist_ok=False)`` found the topic already there."""
-
-    def __init__(self, topic: str) -> None:
-        super().__init__(f"topic {topic!r} already exists; delete it first or create it with exist_ok")
-        self.topic = topic
 
 
 class BatchTooLargeError(LogError, PermanentError):
@@ -146,11 +139,14 @@ class KafkaLog:
     # -- topics --------------------------------------------------------------------
 
     def create_topic(self, spec: TopicSpec, *, exist_ok: bool = True) -> None:
-        """Create a topic with its cleanup configs; with ``exist_ok`` an existing one is left as it is."""
-        validate_topic_name(spec.name, internal=spec.name.startswith("_headwater."))
+        """Create a topic with its cleanup configs; with ``exist_ok`` an existing one is left as it is.
+
+        Internal names (``_headwater.*``) are accepted here, as by the file backend;
+        user-facing layers reject them.
+        """
+        validate_topic_name(spec.name, internal=True)
         if spec.partitions < 1:
-            msg = f"topic {spec.name!r} needs at least one partition, not {spec.partitions}"
-            raise ValueError(msg)
+            raise InvalidTopicNameError(spec.name, f"a topic needs at least one partition, not {spec.partitions}")
         created = self._client.create_topic(spec.name, spec.partitions, self._topic_configs(spec))
         if not created and not exist_ok:
             raise TopicExistsError(spec.name)
@@ -228,11 +224,14 @@ class KafkaLog:
     # -- records -------------------------------------------------------------------
 
     def append(self, topic: str, partition: int, records: Sequence[Record]) -> AppendResult:
-        """Produce ``records`` as one record batch to one partition, acks=all; return their offsets."""
-        if not records:
-            msg = f"{topic}/{partition}: append needs at least one record"
-            raise ValueError(msg)
+        """Produce ``records`` as one record batch to one partition, acks=all; return their offsets.
+
+        An empty batch writes nothing and returns ``end .. end - 1``, as the file backend does.
+        """
         self._check_partition(topic, partition)
+        if not records:
+            end = self.end_offset(topic, partition)
+            return AppendResult(topic=topic, partition=partition, base_offset=end, last_offset=end - 1)
         size = estimated_batch_bytes(records)
         if len(records) > MAX_BATCH_RECORDS or size > self.max_batch_bytes:
             raise BatchTooLargeError(topic, partition, len(records), size, self.max_batch_bytes)
