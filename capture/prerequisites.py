@@ -273,7 +273,6 @@ def _slot_problems(facts: SourceFacts, request: CaptureRequest) -> list[Problem]
 def _publication_problems(facts: SourceFacts, request: CaptureRequest) -> list[Problem]:
     existing = facts.publication
     name = request.publication
-    create = pub.as_text(pub.create_statement(name, tables=request.tables, schemas=request.schemas))
     if existing is None:
         reasons: list[str] = []
         if not facts.is_superuser:
@@ -286,6 +285,7 @@ def _publication_problems(facts: SourceFacts, request: CaptureRequest) -> list[P
                 reasons.append("ownership of " + ", ".join(not_owned))
         if not reasons:
             return []
+        create = pub.as_text(pub.create_statement(name, tables=request.tables, schemas=request.schemas))
         return [
             Problem(
                 "publication_rights",

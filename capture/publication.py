@@ -19,8 +19,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from capture.errors import PublicationError
-from capture.identifiers import TableName, quote_part
+from capture.errors import InvalidIdentifierError, PublicationError
+from capture.identifiers import MAX_IDENTIFIER_BYTES, TableName, quote_part
 
 #: The operations a capture publication must publish; anything less loses changes silently.
 REQUIRED_OPERATIONS = frozenset({"insert", "update", "delete", "truncate"})
@@ -29,6 +29,14 @@ REQUIRED_OPERATIONS = frozenset({"insert", "update", "delete", "truncate"})
 def default_publication_name(source: str) -> str:
     """``headwater_<source>``."""
     return f"headwater_{source.lower()}"
+
+
+def validate_publication_name(name: str) -> str:
+    """Return ``name`` if Postgres accepts it verbatim as a publication name (it is taken literally, not parsed)."""
+    if not name or len(name.encode()) > MAX_IDENTIFIER_BYTES:
+        msg = f"invalid publication name {name!r}: give 1 to {MAX_IDENTIFIER_BYTES} bytes"
+        raise InvalidIdentifierError(msg, publication=name)
+    return name
 
 
 def ownership_marker(source: str) -> str:

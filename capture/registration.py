@@ -49,7 +49,7 @@ from capture.errors import (
     safe_dsn,
     scrub_secrets,
 )
-from capture.identifiers import parse_schemas, parse_tables, quote_part, split_qualified
+from capture.identifiers import parse_schemas, parse_tables, quote_part
 from capture.prerequisites import CaptureRequest, Problem, check_source, fatal
 from capture.publication import PublicationInfo
 from capture.slot import SlotStatus
@@ -382,9 +382,12 @@ def add_source(
         raise CaptureError(msg, source=name)
     parsed_tables = parse_tables(tuple(tables)) if tables is not None else None
     parsed_schemas = parse_schemas(tuple(schemas)) if schemas is not None else None
+    if not (parsed_tables or parsed_schemas):
+        msg = "--tables or --schemas lists no name; give at least one, e.g. --tables public.customers"
+        raise CaptureError(msg, source=name)
     slot_name = slots.validate_slot_name(slot) if slot else slots.default_slot_name(name)
     publication_name = publication or pub.default_publication_name(name)
-    split_qualified(publication_name, what="publication")  # reject an empty or unbalanced-quote name early
+    pub.validate_publication_name(publication_name)
 
     entry = CommentedMap()
     entry["dsn"] = dsn
