@@ -196,9 +196,11 @@ class EventBuilder:
                 continue
             if isinstance(change, LogicalMessage) and change.prefix.startswith(INTERNAL_MESSAGE_PREFIX):
                 continue
-            for record in self._events(change, txn, index, per_table):
-                out.append(record)
-            index += 1
+            records = self._events(change, txn, index, per_table)
+            out.extend(records)
+            # Each event takes its own txn_index (a key change or a multi-table truncate
+            # makes several); a tombstone shares its delete's.
+            index += max(1, len({r.sequence for r in records}))
         self._last_commit_lsn = txn.commit_lsn.value
         return out, schemas
 
@@ -277,11 +279,13 @@ class EventBuilder:
             return [OutRecord(message_topic(self._source), key, encode_value(event), sequence)]
         if isinstance(change, Truncate):
             records = []
-            for oid in change.relation_oids:
+            for offset, oid in enumerate(change.relation_oids):
                 table = self._tables[oid]
-                source = self._source_info(table, txn, index, None)
+                source = self._source_info(table, txn, index + offset, None)
                 event = ChangeEvent(op=Op.TRUNCATE, source=source, ts_us=txn.commit_ts_us)
-                records.append(OutRecord(table.topic, None, encode_value(event), sequence))
+                records.append(
+                    OutRecord(table.topic, None, encode_value(event), Seq(txn.commit_lsn.value, index + offset))
+                )
             return records
         table = self._tables[change.relation_oid]
         order = per_table.get(table.topic, 0) + 1
@@ -311,13 +315,14 @@ class EventBuilder:
             if old_key is not None and new_key is not None and old_key != new_key:
                 # A primary-key change is a delete of the old key and a create of the new
                 # one (as Debezium emits it), so compaction and SCD1 drop the old key.
-                source = self._source_info(table, txn, index, None)
-                delete = ChangeEvent(Op.DELETE, source, before, None, txn.commit_ts_us, txn_block)
-                create = ChangeEvent(Op.CREATE, source, None, after, txn.commit_ts_us, txn_block)
+                delete_source = self._source_info(table, txn, index, None)
+                create_source = self._source_info(table, txn, index + 1, None)
+                delete = ChangeEvent(Op.DELETE, delete_source, before, None, txn.commit_ts_us, txn_block)
+                create = ChangeEvent(Op.CREATE, create_source, None, after, txn.commit_ts_us, txn_block)
                 return [
                     OutRecord(table.topic, old_key, encode_value(delete), sequence),
                     OutRecord(table.topic, old_key, None, sequence),
-                    OutRecord(table.topic, new_key, encode_value(create), sequence),
+                    OutRecord(table.topic, new_key, encode_value(create), Seq(txn.commit_lsn.value, index + 1)),
                 ]
             event = ChangeEvent(
                 Op.UPDATE, self._source_info(table, txn, index, None), before, after, txn.commit_ts_us, txn_block
