@@ -106,8 +106,15 @@ class KafkaClient(Protocol):
         """Write ``records`` as one record batch (acks=all, idempotent); return (base, last) offsets."""
         ...
 
-    def fetch(self, topic: str, partition: int, offset: int, max_records: int, wait_s: float) -> list[StoredRecord]:
-        """Records at or after ``offset``, waiting at most ``wait_s`` for the first; ``[]`` at the end."""
+    def fetch(
+        self, topic: str, partition: int, offset: int, max_records: int, wait_s: float
+    ) -> list[StoredRecord] | None:
+        """Records at or after ``offset``, waiting at most ``wait_s`` for the first.
+
+        ``[]`` when a fetch response's high watermark shows ``offset`` is the end;
+        ``None`` when nothing arrived in time and the end is not confirmed (a slow
+        or unreachable broker): the caller asks ListOffsets, which raises if down.
+        """
         ...
 
     def list_offset(self, topic: str, partition: int, spec: int) -> int | None:

@@ -242,7 +242,7 @@ class ConfluentClient:
                 offsets.append(int(msg.offset() or 0))
 
         try:
-            with self._guard("append", topic):
+            with self._guard("append, the batch may or may not be in the log", topic):
                 for r in records:
                     producer.produce(
                         topic,
@@ -255,7 +255,11 @@ class ConfluentClient:
                     )
                 left = producer.flush(self.settings.timeout_s)
                 if left:
-                    raise unavailable(self.settings, "append", f"{left} records not acknowledged in time")
+                    raise unavailable(
+                        self.settings,
+                        "append",
+                        f"{left} records not acknowledged in time, the batch may or may not be in the log",
+                    )
                 if errors:
                     raise KafkaException(errors[0])
         except LogError:
@@ -271,8 +275,10 @@ class ConfluentClient:
             producer.purge(in_queue=True, in_flight=True, blocking=False)
             producer.poll(0)
 
-    def fetch(self, topic: str, partition: int, offset: int, max_records: int, wait_s: float) -> list[StoredRecord]:
-        """Records at or after ``offset``, waiting at most ``wait_s``; ``[]`` at the end."""
+    def fetch(
+        self, topic: str, partition: int, offset: int, max_records: int, wait_s: float
+    ) -> list[StoredRecord] | None:
+        """Records at or after ``offset``, waiting at most ``wait_s``; ``[]`` at the end, ``None`` if unsure."""
         reader = self._reader_client()
         deadline = time.monotonic() + wait_s
         with self._guard("read", topic):
@@ -286,8 +292,10 @@ class ConfluentClient:
                     # The high watermark of the latest fetch response (correct even on
                     # tansu, whose ListOffsets is not) says whether more is coming.
                     _, high = reader.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
-                    if (high >= 0 and high <= offset) or left <= 0:
+                    if 0 <= high <= offset:
                         return []
+                    if left <= 0:
+                        return None
                     continue
                 error = first.error()
                 if error is not None:

@@ -182,7 +182,7 @@ class KafkaPythonClient:
         """Write ``records`` as one record batch; return (base, last) offsets."""
         producer = self._producer_client()
         try:
-            with self._guard("append", topic):
+            with self._guard("append, the batch may or may not be in the log", topic):
                 futures = [
                     producer.send(
                         topic,
@@ -210,11 +210,20 @@ class KafkaPythonClient:
     def _discard_producer(self) -> None:
         if self._producer is not None:
             producer, self._producer = self._producer, None
+            # close() flushes first, which fails while records are queued, and then
+            # leaves the producer open (its __del__ retries noisily). Force-closing
+            # the sender thread aborts the queued batches so they never reach the log.
+            sender = getattr(producer, "_sender", None)
+            if sender is not None:
+                sender.force_close()
+                sender.join(self.settings.timeout_s)
             with suppress(kerrors.KafkaError, OSError):
                 producer.close(timeout=0)
 
-    def fetch(self, topic: str, partition: int, offset: int, max_records: int, wait_s: float) -> list[StoredRecord]:
-        """Records at or after ``offset``, waiting at most ``wait_s``; ``[]`` at the end."""
+    def fetch(
+        self, topic: str, partition: int, offset: int, max_records: int, wait_s: float
+    ) -> list[StoredRecord] | None:
+        """Records at or after ``offset``, waiting at most ``wait_s``; ``[]`` at the end, ``None`` if unsure."""
         reader = self._reader_client()
         tp = TopicPartition(topic, partition)
         deadline = time.monotonic() + wait_s
@@ -255,8 +264,10 @@ class KafkaPythonClient:
                 # The high watermark of the latest fetch response (correct even on
                 # tansu, whose ListOffsets is not) says whether more is coming.
                 highwater = reader.highwater(tp)
-                if (highwater is not None and highwater <= offset) or left <= 0:
+                if highwater is not None and highwater <= offset:
                     return []
+                if left <= 0:
+                    return None
 
     def list_offset(self, topic: str, partition: int, spec: int) -> int | None:
         """ListOffsets for EARLIEST, LATEST or a timestamp (ms)."""

@@ -259,7 +259,7 @@ class KafkaLog:
         if pending is not None and pending[:3] == (topic, partition, offset):
             fetched = pending[3]
         else:
-            fetched = self._client.fetch(topic, partition, offset, max_records, self._read_wait_s)
+            fetched = self._fetch(topic, partition, offset, max_records)
         self._pending = None
         taken: list[StoredRecord] = []
         size = 0
@@ -271,6 +271,16 @@ class KafkaLog:
         if len(taken) < len(fetched):
             self._pending = (topic, partition, taken[-1].offset + 1, fetched[len(taken) :])
         return taken
+
+    def _fetch(self, topic: str, partition: int, offset: int, max_records: int) -> list[StoredRecord]:
+        fetched = self._client.fetch(topic, partition, offset, max_records, self._read_wait_s)
+        if fetched is None:
+            # Nothing arrived and no fetch response confirmed the end: ask the broker
+            # (this raises LogUnavailableError if it is gone) before calling it the end.
+            if offset >= self.end_offset(topic, partition):
+                return []
+            fetched = self._client.fetch(topic, partition, offset, max_records, self._read_wait_s)
+        return fetched or []
 
     def beginning_offset(self, topic: str, partition: int) -> int:
         """The lowest offset still held."""
@@ -309,7 +319,7 @@ class KafkaLog:
         # only (later timestamps get "none"), so scan the records instead: linear in
         # the partition, acceptable for the test broker.
         position = self.beginning_offset(topic, partition)
-        while records := self._client.fetch(topic, partition, position, _SCAN_CHUNK, self._read_wait_s):
+        while records := self._fetch(topic, partition, position, _SCAN_CHUNK):
             for record in records:
                 if record.timestamp_ms >= timestamp_ms:
                     return record.offset

@@ -203,6 +203,7 @@ def test_broker_down_is_a_transient_one_line_error(client: str, topic_name: str,
         for call in (
             lambda: log.append(topic_name, 0, records(5)),
             lambda: log.end_offset(topic_name, 0),
+            lambda: log.read(topic_name, 0, 0),
             lambda: log.list_topics(),
         ):
             started = time.monotonic()
