@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 _NO_TIMESTAMP = -(1 << 63)
 _LISTING_RETRIES = 5
+_RECENT_CHANGE_NS = 1_000_000_000
 
 
 def fsync_directory(directory: Path) -> None:
@@ -109,7 +110,10 @@ class Partition:
         """``(base_offset, path)`` of the partition's segments, re-listed when the directory changed."""
         st = os.stat(self.directory)
         stamp = (st.st_ino, st.st_mtime_ns)
-        if force or stamp != self._listing_stamp:
+        # Directory times tick coarsely (a few ms): a change in the same tick as our last
+        # listing leaves the stamp unchanged, so a recently changed directory is re-listed.
+        recent = time.time_ns() - st.st_mtime_ns < _RECENT_CHANGE_NS
+        if force or recent or stamp != self._listing_stamp:
             self._listing = list_segments(self.directory)
             self._listing_stamp = stamp
             live = {path for _, path in self._listing}
