@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,21 +35,22 @@ PW_VAR = "HW_TEST_SOURCE_PW"
 
 
 def private_dir(prefix: str) -> Path:
-    # Not pytest's tmp_path: concurrent pytest sessions prune each other's basetemp, data dirs included.
+    # Not under pytest's basetemp: each new pytest session chmods /tmp/pytest-of-<user> to 0700,
+    # and then the server (running as nobody) can no longer reach its data directory.
     return Path(tempfile.mkdtemp(prefix=f"hw-{prefix}-"))
 
 
-@pytest.fixture(scope="session")
-def server(request: pytest.FixtureRequest) -> EmbeddedPostgres:
-    """The session's Postgres: the harness ``pg_server`` when it exists, else one started here."""
-    try:
-        return request.getfixturevalue("pg_server")  # type: ignore[no-any-return]
-    except pytest.FixtureLookupError:
-        directory = private_dir("pg-registration")
-        pg = EmbeddedPostgres(directory / "data", timezone="Pacific/Chatham")
-        pg.start()
-        request.addfinalizer(lambda: (pg.stop(), shutil.rmtree(directory, ignore_errors=True)))
-        return pg
+@pytest.fixture
+def server(pg_server: EmbeddedPostgres) -> EmbeddedPostgres:
+    """The harness's session Postgres (tests/conftest.py)."""
+    # Workaround until the harness keeps its data dir outside pytest's basetemp: every new
+    # pytest session on this machine chmods /tmp/pytest-of-<user> back to 0700, after which
+    # the server (running as nobody) cannot reach its data directory and PANICs.
+    for parent in pg_server.data_dir.parents:
+        mode = parent.stat().st_mode
+        if os.geteuid() == 0 and not mode & stat.S_IXOTH:
+            parent.chmod(mode | stat.S_IXOTH)
+    return pg_server
 
 
 @pytest.fixture(scope="module")
@@ -122,21 +124,21 @@ class Source:
 
 
 @pytest.fixture
-def source(server: EmbeddedPostgres, tmp_path: Path) -> Iterator[Source]:
-    suffix = uuid.uuid4().hex[:10]
-    db = f"reg_{suffix}"
+def source(server: EmbeddedPostgres, tmp_path: Path, unique_name: Callable[[str], str]) -> Iterator[Source]:
+    db = unique_name("reg")
     server.create_database(db)
     config = init_project(tmp_path, "regtest")
     with config.open("a") as handle:
         handle.write("# a comment the user wrote, which must survive every edit\n")
-    yield Source(server, db, f"src_{suffix}", config)
+    # Slots are cluster-wide: a unique source name gives a unique default slot headwater_<source>.
+    yield Source(server, db, unique_name("src"), config)
     server.drop_database(db)
 
 
 @pytest.fixture
-def role(source: Source) -> Iterator[tuple[str, str]]:
+def role(source: Source, unique_name: Callable[[str], str]) -> Iterator[tuple[str, str]]:
     """A fresh login role (cluster-wide, so uniquely named) with a password; dropped afterwards."""
-    name, password = f"cap_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    name, password = unique_name("cap"), uuid.uuid4().hex
     source.sql(sql.SQL("CREATE ROLE {} WITH LOGIN PASSWORD {}").format(sql.Identifier(name), sql.Literal(password)))
     yield name, password
     source.server.drop_database(source.db)  # the role owns nothing then; the fixture's own drop is a no-op
@@ -292,11 +294,13 @@ def test_remove_without_yes_and_without_terminal_refuses(source: Source) -> None
 # -- each prerequisite failure: exit != 0, one line, nothing created ---------------------------
 
 
-def test_wal_level_not_logical(replica_server: EmbeddedPostgres, tmp_path: Path) -> None:
-    db = f"reg_{uuid.uuid4().hex[:10]}"
+def test_wal_level_not_logical(
+    replica_server: EmbeddedPostgres, tmp_path: Path, unique_name: Callable[[str], str]
+) -> None:
+    db = unique_name("reg")
     replica_server.create_database(db)
     replica_server.execute("CREATE TABLE t (id int PRIMARY KEY)", dbname=db)
-    src = Source(replica_server, db, f"src_{uuid.uuid4().hex[:8]}", init_project(tmp_path, "walproj"))
+    src = Source(replica_server, db, unique_name("src"), init_project(tmp_path, "walproj"))
     line = one_line_error(src.add("--tables", "public.t"))
     assert "wal_level is replica" in line
     assert "set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart" in line
