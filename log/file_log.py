@@ -50,11 +50,11 @@ def _now_ms() -> int:
 
 
 class _OpenTopic:
-    """A topic as this process opened it; a recreated topic (new directory inode) is a new one."""
+    """A topic as this process opened it; a recreated topic (new directory identity) is a new one."""
 
-    def __init__(self, spec: TopicSpec, inode: int) -> None:
+    def __init__(self, spec: TopicSpec, identity: tuple[int, int]) -> None:
         self.spec = spec
-        self.inode = inode
+        self.identity = identity
         self.partitions: dict[int, Partition] = {}
 
     def close(self) -> None:
@@ -99,19 +99,22 @@ class FileLog:
     def _open_topic(self, name: str) -> _OpenTopic:
         directory = topic_directory(self.root, name)
         try:
-            inode = os.stat(directory).st_ino
+            st = os.stat(directory)
         except FileNotFoundError:
-            inode = -1
+            st = None
+        # Inode numbers are reused; the change time (set when the topic was renamed into
+        # place) tells a recreated topic from the one this process opened.
+        identity = (st.st_ino, st.st_ctime_ns) if st is not None else (-1, -1)
         with self._lock:
             opened = self._topics.get(name)
-            if opened is not None and opened.inode == inode:
+            if opened is not None and opened.identity == identity:
                 return opened
             if opened is not None:
                 opened.close()
                 del self._topics[name]
-            if inode < 0:
+            if st is None:
                 raise UnknownTopicError(name)
-            opened = _OpenTopic(read_spec(self.root, name), inode)
+            opened = _OpenTopic(read_spec(self.root, name), identity)
             self._topics[name] = opened
             return opened
 

@@ -121,13 +121,22 @@ class Partition:
                 del self._segments[path]
         return self._listing
 
-    def segment(self, base: int, path: Path, fd: int) -> Segment:
+    def segment(self, base: int, path: Path, fd: int, *, active: bool = True) -> Segment:
         """The cached view of the segment open as ``fd``; a new view when the file was replaced."""
-        inode = os.fstat(fd).st_ino
+        st = os.fstat(fd)
         cached = self._segments.get(path)
-        if cached is None or cached.inode != inode:
-            cached = Segment(path, base, inode, SegmentIndex.load(path))
+        # A rewrite of a closed segment may reuse the old inode number, so a closed
+        # segment's view also needs an unchanged modification time (closed segments
+        # change only by replacement), and any view a file at least as long as it knows.
+        if (
+            cached is None
+            or cached.inode != st.st_ino
+            or st.st_size < cached.known_end
+            or (not active and cached.mtime_ns != st.st_mtime_ns)
+        ):
+            cached = Segment(path, base, st.st_ino, SegmentIndex.load(path))
             self._segments[path] = cached
+        cached.mtime_ns = st.st_mtime_ns
         return cached
 
     def _start(self, segment: Segment, fd: int, offset: int) -> tuple[int, int]:
@@ -179,10 +188,10 @@ class Partition:
                     break
                 try:
                     size = os.fstat(fd).st_size
-                    segment = self.segment(base, path, fd)
+                    active = number == len(listing) - 1
+                    segment = self.segment(base, path, fd, active=active)
                     position, running = self._start(segment, fd, offset)
                     stop = ScanStop(position)
-                    active = number == len(listing) - 1
                     for _pos, header, buf, off in scan(
                         fd, segment, position, size, active=active, stop=stop, running_max_ts=running
                     ):
@@ -200,7 +209,7 @@ class Partition:
         """Yield every whole, valid batch of one segment from its start (for the cleaner)."""
         fd = os.open(path, os.O_RDONLY)
         try:
-            segment = self.segment(base, path, fd)
+            segment = self.segment(base, path, fd, active=active)
             stop = ScanStop(0)
             for _pos, header, buf, off in scan(fd, segment, 0, os.fstat(fd).st_size, active=active, stop=stop):
                 yield header, buf, off
@@ -262,7 +271,8 @@ class Partition:
                 if fd is None:
                     continue
                 try:
-                    segment = self.segment(base, path, fd)
+                    active = number == len(listing) - 1
+                    segment = self.segment(base, path, fd, active=active)
                     entry = segment.index.before_time(timestamp_ms)
                     position, running = 0, _NO_TIMESTAMP
                     if entry >= 0:
@@ -270,7 +280,6 @@ class Partition:
                         # checks the entry against the file (or falls back to a full scan).
                         position, running = self._start(segment, fd, segment.index.bases[entry])
                     stop = ScanStop(position)
-                    active = number == len(listing) - 1
                     for _pos, header, buf, off in scan(
                         fd, segment, position, os.fstat(fd).st_size, active=active, stop=stop, running_max_ts=running
                     ):

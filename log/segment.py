@@ -60,6 +60,7 @@ class Segment:
     known_end: int = 0
     next_offset: int = -1
     running_max_ts: int = _NO_TIMESTAMP
+    mtime_ns: int = 0
 
     def __post_init__(self) -> None:
         if self.next_offset < 0:
