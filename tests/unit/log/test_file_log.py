@@ -185,3 +185,16 @@ def test_close_is_idempotent(file_log, topic):
     file_log.close()
     file_log.close()
     assert len(file_log.read(topic, 0, 0)) == 1
+
+
+def test_topic_recreated_by_another_instance_is_seen_as_new(file_log, topic, tmp_path):
+    file_log.append(topic, 0, records(5))
+    other = FileLog(tmp_path / "log")
+    try:
+        other.delete_topic(topic)
+        other.create_topic(TopicSpec(topic, partitions=1))
+        assert file_log.describe_topic(topic).partitions == 1
+        assert file_log.append(topic, 0, records(2)).base_offset == 0
+        assert [r.offset for r in other.read(topic, 0, 0)] == [0, 1]
+    finally:
+        other.close()
