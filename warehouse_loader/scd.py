@@ -16,7 +16,8 @@ https://docs.databricks.com/aws/en/ldp/cdc):
   change is placed at its sequence position: it splits the enclosing version. With
   ``track_history_columns`` (Databricks ``track_history_column_list``), a change that
   alters only untracked columns updates the version in place instead of opening one.
-  An update that changes no tracked column does not open a version either.
+  Without it every change opens a version (even one repeating the values), which keeps
+  every boundary so late changes are placed exactly.
 * Truncate in SCD2 (Databricks supports truncates for SCD1 only): every version open at
   the truncate is closed at its sequence, as if each key were deleted there.
 
@@ -56,12 +57,20 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+_DATABASE: duckdb.DuckDBPyConnection | None = None
+
+
 @contextmanager
 def _duck(**tables: pa.Table) -> Iterator[duckdb.DuckDBPyConnection]:
-    # A private in-memory database per call: no shared state between batches or threads.
-    con = duckdb.connect(":memory:")
+    # One in-memory database per process (opening one costs ~20 ms); each call gets its own
+    # connection, whose registered tables and temp tables are private to it, so calls
+    # from several threads do not see each other. Timestamps need no session time zone:
+    # results are cast back to the input's Arrow types.
+    global _DATABASE  # noqa: PLW0603
+    if _DATABASE is None:
+        _DATABASE = duckdb.connect(":memory:")
+    con = _DATABASE.cursor()
     try:
-        con.execute("SET TimeZone = 'UTC'")
         for name, table in tables.items():
             con.register(name, table)
         yield con
@@ -347,7 +356,11 @@ def plan_scd2(
     ch_vals = ", ".join((f"c.{quote(v)}" if v in live.column_names else f"NULL AS {quote(v)}") for v in values)
     null_vals = ", ".join(f"NULL AS {quote(v)}" for v in values)
     lags = "".join(f", lag({quote(t)}) OVER w AS __p{i}" for i, t in enumerate(tracked))
-    differs = " OR ".join(f"{quote(t)} IS DISTINCT FROM __p{i}" for i, t in enumerate(tracked)) or "false"
+    # Tracking every column: each change opens a version, even one that repeats the values,
+    # so no change is folded away and a late change can always be placed exactly.
+    differs = "true"
+    if track_history_columns is not None:
+        differs = " OR ".join(f"{quote(t)} IS DISTINCT FROM __p{i}" for i, t in enumerate(tracked)) or "false"
     out_names = out_schema.names
     compare = [n for n in out_names if n not in (*keys, START_AT) and n in existing.column_names]
     changed = " OR ".join(f"v.{quote(n)} IS DISTINCT FROM o.{quote(n)}" for n in compare) or "false"

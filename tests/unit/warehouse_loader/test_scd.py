@@ -1,0 +1,292 @@
+"""SCD1/SCD2 planning against the Databricks AUTO CDC worked example and random change streams.
+
+The example rows and expected tables are copied from "Example: SCD type 1 and SCD type 2
+processing with CDF source data" in https://docs.databricks.com/aws/en/ldp/cdc
+(``operation``/``sequenceNum`` map to ``__hw_op``/the sequence column).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from log.sequence import Sequence
+from warehouse_loader.changes import COMMIT_TS, END_AT, OP, SEQ, START_AT, check_changes
+from warehouse_loader.errors import ChangeBatchError
+from warehouse_loader.scd import (
+    Scd1State,
+    apply_scd1,
+    apply_scd2,
+    empty_tombstones,
+    plan_scd1,
+    plan_scd2,
+)
+
+KEYS = ["userId"]
+_OPS = {"INSERT": "c", "UPDATE": "u", "DELETE": "d", "TRUNCATE": "t"}
+
+# userId, name, city, operation, sequenceNum -- verbatim from the documentation.
+DOC_INPUT = [
+    (124, "Raul", "Oaxaca", "INSERT", 1),
+    (123, "Isabel", "Monterrey", "INSERT", 1),
+    (125, "Mercedes", "Tijuana", "INSERT", 2),
+    (126, "Lily", "Cancun", "INSERT", 2),
+    (123, None, None, "DELETE", 6),
+    (125, "Mercedes", "Guadalajara", "UPDATE", 6),
+    (125, "Mercedes", "Mexicali", "UPDATE", 5),
+    (123, "Isabel", "Chihuahua", "UPDATE", 5),
+]
+DOC_TRUNCATE = (None, None, None, "TRUNCATE", 3)
+
+
+def seq(n: int) -> str:
+    return Sequence(n, 0).sortable()
+
+
+def changes(rows: list[tuple[Any, ...]]) -> pa.Table:
+    return pa.table(
+        {
+            "userId": pa.array([r[0] for r in rows], pa.int64()),
+            "name": pa.array([r[1] for r in rows], pa.string()),
+            "city": pa.array([r[2] for r in rows], pa.string()),
+            SEQ: pa.array([seq(r[4]) for r in rows], pa.string()),
+            OP: pa.array([_OPS.get(r[3], r[3]) for r in rows], pa.string()),
+            COMMIT_TS: pa.array([r[4] * 1_000_000 for r in rows], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+        }
+    )
+
+
+def scd1_table(state: Scd1State) -> list[tuple[Any, ...]]:
+    return sorted((r["userId"], r["name"], r["city"]) for r in state.rows.to_pylist())
+
+
+def scd2_table(rows: pa.Table) -> list[tuple[Any, ...]]:
+    def num(value: str | None) -> int | None:
+        return None if value is None else Sequence.from_sortable(value).commit_lsn
+
+    versions = [(r["userId"], r["name"], r["city"], num(r[START_AT]), num(r[END_AT])) for r in rows.to_pylist()]
+    return sorted(versions, key=lambda v: (v[0], v[3]))
+
+
+def empty1(batch: pa.Table) -> Scd1State:
+    return Scd1State(rows=batch.slice(0, 0), tombstones=empty_tombstones(batch, KEYS))
+
+
+def run_scd1(batches: list[pa.Table]) -> Scd1State:
+    state = empty1(batches[0])
+    for batch in batches:
+        actions = plan_scd1(batch, KEYS, tombstones=state.tombstones, truncated_through=state.truncated_through)
+        state = apply_scd1(state, actions, KEYS)
+    return state
+
+
+def run_scd2(batches: list[pa.Table], tracked: list[str] | None = None) -> pa.Table:
+    rows: pa.Table | None = None
+    for batch in batches:
+        actions = plan_scd2(batch, KEYS, rows, track_history_columns=tracked)
+        rows = actions.versions if rows is None else apply_scd2(rows, actions, KEYS)
+    assert rows is not None
+    return rows
+
+
+# ----------------------------------------------------------------------- the documented example
+
+
+def test_doc_scd1() -> None:
+    assert scd1_table(run_scd1([changes(DOC_INPUT)])) == [
+        (124, "Raul", "Oaxaca"),
+        (125, "Mercedes", "Guadalajara"),
+        (126, "Lily", "Cancun"),
+    ]
+
+
+def test_doc_scd1_with_truncate() -> None:
+    # "records 124 and 126 are truncated because of the TRUNCATE operation at sequenceNum=3"
+    assert scd1_table(run_scd1([changes([*DOC_INPUT, DOC_TRUNCATE])])) == [(125, "Mercedes", "Guadalajara")]
+
+
+def test_doc_scd2() -> None:
+    assert scd2_table(run_scd2([changes(DOC_INPUT)])) == [
+        (123, "Isabel", "Monterrey", 1, 5),
+        (123, "Isabel", "Chihuahua", 5, 6),
+        (124, "Raul", "Oaxaca", 1, None),
+        (125, "Mercedes", "Tijuana", 2, 5),
+        (125, "Mercedes", "Mexicali", 5, 6),
+        (125, "Mercedes", "Guadalajara", 6, None),
+        (126, "Lily", "Cancun", 2, None),
+    ]
+
+
+def test_doc_scd2_untracked_city() -> None:
+    # Databricks: track_history_except_column_list = ["city"]; here the positive list.
+    assert scd2_table(run_scd2([changes(DOC_INPUT)], tracked=["name"])) == [
+        (123, "Isabel", "Chihuahua", 1, 6),
+        (124, "Raul", "Oaxaca", 1, None),
+        (125, "Mercedes", "Guadalajara", 2, None),
+        (126, "Lily", "Cancun", 2, None),
+    ]
+
+
+@pytest.mark.parametrize("split", [[8], [4, 2, 2], [1] * 8, [6, 2]])
+def test_doc_example_is_independent_of_micro_batching(split: list[int]) -> None:
+    batches, start = [], 0
+    for size in split:
+        batches.append(changes(DOC_INPUT[start : start + size]))
+        start += size
+    one = [changes(DOC_INPUT)]
+    assert scd1_table(run_scd1(batches)) == scd1_table(run_scd1(one))
+    assert scd2_table(run_scd2(batches)) == scd2_table(run_scd2(one))
+    assert scd2_table(run_scd2(batches, ["name"])) == scd2_table(run_scd2(one, ["name"]))
+
+
+# ----------------------------------------------------------------------- out of order, duplicates
+
+
+def test_scd1_late_older_update_does_not_overwrite_newer_row() -> None:
+    state = run_scd1([changes([(1, "new", "x", "u", 9)]), changes([(1, "old", "y", "u", 4)])])
+    assert scd1_table(state) == [(1, "new", "x")]
+
+
+def test_scd1_late_update_does_not_resurrect_a_deleted_key() -> None:
+    state = run_scd1([changes([(1, "a", "x", "c", 1), (1, None, None, "d", 5)]), changes([(1, "b", "y", "u", 3)])])
+    assert scd1_table(state) == []
+
+
+def test_scd1_late_change_older_than_a_truncate_is_dropped() -> None:
+    state = run_scd1([changes([(None, None, None, "t", 5)]), changes([(7, "late", "z", "c", 2)])])
+    assert scd1_table(state) == []
+
+
+def test_scd1_batch_has_one_row_per_key() -> None:
+    batch = changes([(1, "a", "x", "c", 1), (1, "b", "x", "u", 3), (1, "b", "x", "u", 3), (2, "c", "y", "c", 2)])
+    actions = plan_scd1(batch, KEYS)
+    assert sorted(actions.rows.column("userId").to_pylist()) == [1, 2]
+    assert actions.upserts.num_rows == 2 and actions.deletes.num_rows == 0
+
+
+def test_scd1_duplicate_delivery_is_idempotent() -> None:
+    batch = changes(DOC_INPUT)
+    assert scd1_table(run_scd1([batch, batch, batch])) == scd1_table(run_scd1([batch]))
+
+
+def test_scd2_late_event_splits_the_enclosing_version() -> None:
+    rows = run_scd2([changes([(1, "a", "x", "c", 1), (1, "c", "x", "u", 9)]), changes([(1, "b", "x", "u", 5)])])
+    assert scd2_table(rows) == [(1, "a", "x", 1, 5), (1, "b", "x", 5, 9), (1, "c", "x", 9, None)]
+
+
+def test_scd2_late_event_after_a_delete_stays_closed() -> None:
+    rows = run_scd2([changes([(1, "a", "x", "c", 1), (1, None, None, "d", 9)]), changes([(1, "b", "x", "u", 5)])])
+    assert scd2_table(rows) == [(1, "a", "x", 1, 5), (1, "b", "x", 5, 9)]
+
+
+def test_scd2_untracked_change_updates_current_version_in_place() -> None:
+    rows = run_scd2([changes([(1, "a", "x", "c", 1)]), changes([(1, "a", "y", "u", 2)])], tracked=["name"])
+    assert scd2_table(rows) == [(1, "a", "y", 1, None)]
+    assert rows.column(SEQ).to_pylist() == [seq(2)]
+
+
+def test_scd2_duplicate_delivery_changes_nothing() -> None:
+    first = run_scd2([changes(DOC_INPUT)])
+    actions = plan_scd2(changes(DOC_INPUT), KEYS, first)
+    assert actions.versions.num_rows == 0 and actions.removed.num_rows == 0
+
+
+def test_scd2_truncate_closes_open_versions() -> None:
+    rows = run_scd2([changes([(1, "a", "x", "c", 1), (2, "b", "y", "c", 2)]), changes([(None, None, None, "t", 4)])])
+    assert scd2_table(rows) == [(1, "a", "x", 1, 4), (2, "b", "y", 2, 4)]
+
+
+def test_contract_violations_are_clear_errors() -> None:
+    with pytest.raises(ChangeBatchError, match="lacks column"):
+        check_changes(changes(DOC_INPUT).drop_columns([OP]), KEYS)
+    with pytest.raises(ChangeBatchError, match="op code"):
+        check_changes(changes([(1, "a", "x", "m", 1)]), KEYS)
+    with pytest.raises(ChangeBatchError, match="track_history_columns"):
+        plan_scd2(changes(DOC_INPUT), KEYS, track_history_columns=["nope"])
+
+
+# ----------------------------------------------------------------------- property: batching never matters
+
+event = st.tuples(
+    st.integers(1, 4),
+    st.sampled_from(["c", "u", "u", "d"]),
+    st.sampled_from(["a", "b"]),
+    st.sampled_from(["x", "y"]),
+)
+
+
+def stream(draw_events: list[tuple[Any, ...]], truncates: bool) -> list[tuple[Any, ...]]:
+    rows = []
+    for n, (key, op, name, city) in enumerate(draw_events, start=1):
+        if truncates and key == 4 and op == "d":
+            rows.append((None, None, None, "t", n))
+        elif op == "d":
+            rows.append((key, None, None, "d", n))
+        else:
+            rows.append((key, name, city, op, n))
+    return rows
+
+
+def deliveries(rows: list[tuple[Any, ...]], rnd: random.Random, shuffle: bool) -> list[pa.Table]:
+    delivered = list(rows)
+    if shuffle:
+        rnd.shuffle(delivered)
+    batches: list[list[tuple[Any, ...]]] = []
+    while delivered:
+        size = rnd.randint(1, max(1, len(delivered)))
+        batches.append(delivered[:size])
+        delivered = delivered[size:]
+    # Replays: a whole earlier batch again, and stray duplicates of earlier events.
+    for _ in range(rnd.randint(0, 2)):
+        at = rnd.randrange(len(batches) + 1)
+        batches.insert(at, list(rnd.choice(batches)))
+    seen = [r for b in batches for r in b]
+    batches.append(rnd.sample(seen, k=min(len(seen), rnd.randint(0, 3))) or [seen[0]])
+    return [changes(b) for b in batches]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(event, min_size=1, max_size=25), st.randoms(use_true_random=False))
+def test_scd1_any_batching_and_replay_equals_one_sorted_batch(events: list[Any], rnd: random.Random) -> None:
+    rows = stream(events, truncates=True)
+    one = run_scd1([changes(sorted(rows, key=lambda r: r[4]))])
+    assert scd1_table(run_scd1(deliveries(rows, rnd, shuffle=True))) == scd1_table(one)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(event, min_size=1, max_size=25), st.randoms(use_true_random=False))
+def test_scd2_any_batching_and_replay_equals_one_sorted_batch(events: list[Any], rnd: random.Random) -> None:
+    # Shuffled delivery, except that no key's delete arrives before all its earlier changes
+    # (known gap, see test_scd2_delete_arriving_before_the_insert_is_remembered).
+    rows = stream(events, truncates=False)
+    rnd.shuffle(rows)
+    first_upsert: dict[int, int] = {}
+    for n, row in enumerate(rows):
+        if row[3] != "d":
+            first_upsert.setdefault(row[0], n)
+    rows = [r for n, r in enumerate(rows) if r[3] != "d" or first_upsert.get(r[0], len(rows)) < n]
+    if not rows:
+        return
+    one = run_scd2([changes(sorted(rows, key=lambda r: r[4]))])
+    assert scd2_table(run_scd2(deliveries(rows, rnd, shuffle=False))) == scd2_table(one)
+
+
+@pytest.mark.xfail(reason="SCD2 keeps no tombstone for a delete that closes nothing yet", strict=True)
+def test_scd2_delete_arriving_before_the_insert_is_remembered() -> None:
+    rows = run_scd2([changes([(2, None, None, "d", 7)]), changes([(2, "a", "x", "c", 2)])])
+    assert scd2_table(rows) == [(2, "a", "x", 2, 7)]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(event, min_size=1, max_size=25), st.randoms(use_true_random=False))
+def test_scd2_tracked_subset_in_order_batching_and_replay(events: list[Any], rnd: random.Random) -> None:
+    # Out-of-order *tracked* changes inside a version that absorbed untracked ones cannot be
+    # rebuilt exactly (see plan_scd2), so this property holds for in-order delivery + replays.
+    rows = stream(events, truncates=False)
+    one = run_scd2([changes(rows)], tracked=["name"])
+    assert scd2_table(run_scd2(deliveries(rows, rnd, shuffle=False), tracked=["name"])) == scd2_table(one)

@@ -1,0 +1,125 @@
+"""Read-only SQL over warehouse tables: DuckDB over each Delta table's Arrow dataset (DESIGN 7).
+
+Each table is registered under its warehouse name as a view over
+``DeltaTable(path).to_pyarrow_dataset()`` (the table's current version; nothing is
+copied up front, DuckDB pushes projections and filters into the scan). After
+registration the connection drops external access and locks its configuration, so a
+query cannot write files, attach databases or load extensions.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Mapping
+from datetime import date, datetime, time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Literal
+
+import duckdb
+import orjson
+import pyarrow as pa  # type: ignore[import-untyped]
+from deltalake import DeltaTable
+
+from warehouse_loader.errors import QueryError, UnknownTableError
+
+OutputFormat = Literal["table", "json", "csv"]
+
+_MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist", re.IGNORECASE)
+
+
+def run_query(sql: str, tables: Mapping[str, Path]) -> pa.Table:
+    """Run ``sql`` over the Delta tables in ``tables`` (name → path) and return the result.
+
+    A name whose path holds no Delta table yet (never loaded) is not registered; a query
+    naming it, or any unknown name, raises :class:`UnknownTableError` listing the tables
+    that can be queried.
+    """
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        loaded: list[str] = []
+        for name, path in tables.items():
+            if DeltaTable.is_deltatable(str(path)):
+                con.register(name, DeltaTable(str(path)).to_pyarrow_dataset())
+                loaded.append(name)
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+        try:
+            return con.sql(sql).to_arrow_table()
+        except duckdb.CatalogException as exc:
+            match = _MISSING_TABLE.search(str(exc))
+            if match:
+                raise UnknownTableError(match.group(1).strip("\"'"), loaded) from None
+            raise QueryError(_one_line(exc)) from None
+        except duckdb.Error as exc:
+            raise QueryError(_one_line(exc)) from None
+    finally:
+        con.close()
+
+
+def _one_line(exc: Exception) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"query failed: {first}"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    msg = f"cannot encode {type(value).__name__} as JSON"
+    raise TypeError(msg)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def to_json(result: pa.Table) -> str:
+    """One JSON array of row objects (column name → value), as ``headwater query --format json``."""
+    option = orjson.OPT_NAIVE_UTC | orjson.OPT_UTC_Z | orjson.OPT_NON_STR_KEYS
+    return orjson.dumps(result.to_pylist(), default=_json_default, option=option).decode()
+
+
+def to_csv(result: pa.Table) -> str:
+    """CSV with a header row; nulls are empty fields, timestamps ISO 8601."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(result.column_names)
+    for row in result.to_pylist():
+        writer.writerow([_text(row[name]) for name in result.column_names])
+    return buffer.getvalue()
+
+
+def to_text_table(result: pa.Table) -> str:
+    """An aligned plain-text table with the row count (for a terminal)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    grid = Table(show_lines=False)
+    for name in result.column_names:
+        grid.add_column(name, overflow="fold")
+    for row in result.to_pylist():
+        grid.add_row(*(_text(row[name]) if row[name] is not None else "NULL" for name in result.column_names))
+    console = Console(file=io.StringIO(), width=200, color_system=None, record=True)
+    console.print(grid)
+    plural = "" if result.num_rows == 1 else "s"
+    return console.export_text().rstrip("\n") + f"\n({result.num_rows} row{plural})"
+
+
+def format_result(result: pa.Table, fmt: OutputFormat) -> str:
+    """Render a query result as ``table``, ``json`` or ``csv`` text."""
+    if fmt == "json":
+        return to_json(result)
+    if fmt == "csv":
+        return to_csv(result)
+    return to_text_table(result)
