@@ -394,11 +394,14 @@ class Partition:
                 written += os.pwrite(writer.fd, view[written:], position + written)
             if self._fsync:
                 os.fdatasync(writer.fd)
-        except OSError as error:
-            # Unacknowledged bytes must not stay: the next append would follow a torn batch.
+        except BaseException as error:
+            # Part of the batch may be on disk: drop the writer so the next append
+            # re-opens it, truncating the torn tail before writing after it.
             self._release_writer()
-            msg = f"cannot append to {writer.segment.path}: {error}; retry when the disk is writable"
-            raise LogUnavailableError(msg) from error
+            if isinstance(error, OSError):
+                msg = f"cannot append to {writer.segment.path}: {error}; retry when the disk is writable"
+                raise LogUnavailableError(msg) from error
+            raise
         segment = writer.segment
         running = max(segment.running_max_ts, max_ts)
         if segment.index.wants(position):
