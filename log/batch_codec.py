@@ -27,6 +27,8 @@ from log.base import Record, StoredRecord
 MAGIC = b"HWB1"
 HEADER = struct.Struct("<II4sHqIIq")
 HEADER_SIZE = HEADER.size
+HEADER_CRC = struct.Struct("<I")
+_HEADER_PLACEHOLDER = bytes(HEADER_SIZE)
 RECORD = struct.Struct("<Iqiii")
 RECORD_SIZE = RECORD.size
 _HEADER_NAME = struct.Struct("<H")
@@ -84,13 +86,13 @@ def decode_headers(buf: bytes | memoryview) -> tuple[tuple[str, bytes], ...]:
     return tuple(out)
 
 
-def encode_batch(base_offset: int, records: Sequence[Record], now_ms: int) -> tuple[bytes, int]:
+def encode_batch(base_offset: int, records: Sequence[Record], now_ms: int) -> tuple[bytearray, int]:
     """Encode ``records`` as one batch starting at ``base_offset``; return it and its max timestamp.
 
     Records without a timestamp get ``now_ms``.
     """
     pack = RECORD.pack
-    parts: list[bytes] = [b""]
+    parts: list[bytes] = []
     append = parts.append
     max_ts = -(1 << 63)
     for delta, record in enumerate(records):
@@ -106,16 +108,18 @@ def encode_batch(base_offset: int, records: Sequence[Record], now_ms: int) -> tu
             append(value)
         if hdr:
             append(hdr)
-    body = b"".join(parts)
-    return seal_batch(base_offset, len(records) - 1, len(records), max_ts, body), max_ts
+    return seal_batch(base_offset, len(records) - 1, len(records), max_ts, parts), max_ts
 
 
-def seal_batch(base_offset: int, last_offset_delta: int, record_count: int, max_timestamp: int, body: bytes) -> bytes:
-    """Prefix encoded records with a header and its CRC."""
-    length = HEADER_SIZE + len(body)
-    rest = HEADER.pack(length, 0, MAGIC, 0, base_offset, last_offset_delta, record_count, max_timestamp)[8:]
-    crc = zlib.crc32(body, zlib.crc32(rest, zlib.crc32(length.to_bytes(4, "little"))))
-    return b"".join((length.to_bytes(4, "little"), crc.to_bytes(4, "little"), rest, body))
+def seal_batch(
+    base_offset: int, last_offset_delta: int, record_count: int, max_timestamp: int, records: Sequence[bytes]
+) -> bytearray:
+    """Join encoded records behind a header and its CRC (one copy of the records)."""
+    batch = bytearray().join((_HEADER_PLACEHOLDER, *records))
+    HEADER.pack_into(batch, 0, len(batch), 0, MAGIC, 0, base_offset, last_offset_delta, record_count, max_timestamp)
+    view = memoryview(batch)
+    HEADER_CRC.pack_into(batch, 4, zlib.crc32(view[8:], zlib.crc32(view[:4])))
+    return batch
 
 
 def parse_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader | None:

@@ -191,7 +191,7 @@ def _rewrite_segment(
     """Rewrite one closed segment without superseded records; return its records and bytes after."""
     unpack = RECORD.unpack_from
     record_size = RECORD.size
-    parts: list[bytes] = []
+    parts: list[bytes | bytearray] = []
     index = SegmentIndex()
     position = 0
     running = _NO_TIMESTAMP
@@ -217,6 +217,7 @@ def _rewrite_segment(
             if keep:
                 kept.append(buf[start:p])
                 max_ts = max(max_ts, ts)
+        batch: bytes | bytearray
         if len(kept) == header.record_count:
             batch = buf[off : off + header.length]
             max_ts = header.max_timestamp
@@ -224,7 +225,7 @@ def _rewrite_segment(
             changed = True
             if not kept:
                 continue
-            batch = seal_batch(first, header.last_offset_delta, len(kept), max_ts, b"".join(kept))
+            batch = seal_batch(first, header.last_offset_delta, len(kept), max_ts, kept)
         running = max(running, max_ts)
         if index.wants(position):
             index.add(first, position, running)
@@ -237,7 +238,7 @@ def _rewrite_segment(
     return kept_total, position
 
 
-def _swap(directory: Path, path: Path, parts: list[bytes], index: SegmentIndex) -> None:
+def _swap(directory: Path, path: Path, parts: list[bytes | bytearray], index: SegmentIndex) -> None:
     """Replace segment ``path`` by ``parts`` atomically (or delete it when nothing is left)."""
     if not parts:
         _delete_segment(path)

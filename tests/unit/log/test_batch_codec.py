@@ -78,7 +78,7 @@ def test_parse_header_rejects_short_and_foreign_bytes():
 
 def test_sealed_sparse_batch_keeps_offset_span():
     # Compaction re-seals surviving records under the original base and last offset.
-    data = seal_batch(100, 9, 0, 5, b"")
+    data = seal_batch(100, 9, 0, 5, [])
     header = parse_header(data)
     assert (header.base_offset, header.last_offset, header.next_offset, header.record_count) == (100, 109, 110, 0)
     assert crc_ok(data, 0, header)
