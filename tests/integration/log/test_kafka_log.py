@@ -195,7 +195,7 @@ def test_compaction_is_the_brokers(kafka_log: KafkaLog, topic_name: str) -> None
 def test_broker_down_is_a_transient_one_line_error(client: str, topic_name: str, start_tansu: Any) -> None:
     broker = start_tansu()
     config = KafkaConfig(bootstrap_servers=broker.bootstrap_servers, client=client)  # type: ignore[arg-type]
-    with KafkaLog(config, timeout_s=3.0, read_wait_s=1.0) as log:
+    with KafkaLog(config, timeout_s=2.0, read_wait_s=1.0) as log:
         log.create_topic(TopicSpec(topic_name, partitions=1))
         log.append(topic_name, 0, records(5))
         assert len(log.read(topic_name, 0, 0)) == 5
