@@ -349,6 +349,8 @@ def write_scd2(
         return WriteResult(table=table, batch_id=batch_id, skipped=True, version=target.version() if target else None)
     existing = None
     if target is not None:
+        # Check types before planning: planning unifies the batch with existing versions.
+        _reconcile(table, _schema(target), changes)
         window = scd2_window(changes, keys, sequence_by)
         on = " AND ".join(f"t.{quote(k)} = w.{quote(k)}" for k in keys)
         existing = _select_rows(

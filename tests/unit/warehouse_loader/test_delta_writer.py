@@ -1,0 +1,153 @@
+"""The Delta writer against real Delta tables in tmp_path (deltalake is a library: no service)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_scd import DOC_INPUT, DOC_TRUNCATE, KEYS, changes, scd2_table
+
+from headwater.config import TableConfig
+from warehouse_loader.changes import SEQ
+from warehouse_loader.delta_writer import TOMBSTONES_DIR, committed_batch, write_batch, write_scd1, write_scd2
+from warehouse_loader.errors import SchemaMismatchError
+
+SCD1 = TableConfig.model_validate({"from": "users_feed", "mode": "scd1"})
+SCD2 = TableConfig.model_validate({"from": "users_feed", "mode": "scd2"})
+
+
+def rows1(path: Path) -> list[tuple[Any, ...]]:
+    return sorted((r["userId"], r["name"], r["city"]) for r in DeltaTable(str(path)).to_pyarrow_table().to_pylist())
+
+
+def batches(split: list[int]) -> list[pa.Table]:
+    out, start = [], 0
+    for size in split:
+        out.append(changes(DOC_INPUT[start : start + size]))
+        start += size
+    return out
+
+
+def test_scd1_doc_example_in_three_batches(tmp_path: Path) -> None:
+    path = tmp_path / "users"
+    for batch_id, batch in enumerate(batches([4, 2, 2])):
+        result = write_batch(path, batch, table="users", batch_id=batch_id, keys=KEYS, config=SCD1)
+        assert not result.skipped
+    assert rows1(path) == [(124, "Raul", "Oaxaca"), (125, "Mercedes", "Guadalajara"), (126, "Lily", "Cancun")]
+    assert committed_batch(path, "users") == 2
+    # The late update of 123 (seq 5) did not resurrect it: its delete (seq 6) left a tombstone.
+    assert DeltaTable(str(path / TOMBSTONES_DIR)).to_pyarrow_table().column("userId").to_pylist() == [123]
+
+
+def test_scd1_replayed_batch_is_skipped_and_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "users"
+    first = batches([4])[0]
+    write_scd1(path, first, table="users", batch_id=0, keys=KEYS)
+    version = DeltaTable(str(path)).version()
+    # Same batch id, different content: the recorded app transaction wins.
+    replay = write_scd1(path, changes([(124, "X", "Y", "u", 99)]), table="users", batch_id=0, keys=KEYS)
+    assert replay.skipped
+    assert DeltaTable(str(path)).version() == version
+    assert (124, "Raul", "Oaxaca") in rows1(path)
+
+
+def test_a_batch_that_changes_nothing_is_still_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "users"
+    write_scd1(path, changes([(1, "new", "x", "u", 9)]), table="users", batch_id=0, keys=KEYS)
+    result = write_scd1(path, changes([(1, "old", "y", "u", 4)]), table="users", batch_id=1, keys=KEYS)
+    assert not result.skipped and committed_batch(path, "users") == 1
+    assert rows1(path) == [(1, "new", "x")]
+
+
+def test_scd1_truncate_removes_older_rows(tmp_path: Path) -> None:
+    path = tmp_path / "users"
+    write_scd1(path, changes(DOC_INPUT), table="users", batch_id=0, keys=KEYS)
+    write_scd1(path, changes([DOC_TRUNCATE]), table="users", batch_id=1, keys=KEYS)
+    assert rows1(path) == [(125, "Mercedes", "Guadalajara")]
+    # A late insert older than the truncate stays out.
+    write_scd1(path, changes([(127, "Late", "Puebla", "c", 2)]), table="users", batch_id=2, keys=KEYS)
+    assert rows1(path) == [(125, "Mercedes", "Guadalajara")]
+
+
+def test_scd2_doc_example_in_three_batches(tmp_path: Path) -> None:
+    path = tmp_path / "users_hist"
+    for batch_id, batch in enumerate(batches([4, 2, 2])):
+        write_batch(path, batch, table="users_hist", batch_id=batch_id, keys=KEYS, config=SCD2)
+    assert scd2_table(DeltaTable(str(path)).to_pyarrow_table()) == [
+        (123, "Isabel", "Monterrey", 1, 5),
+        (123, "Isabel", "Chihuahua", 5, 6),
+        (124, "Raul", "Oaxaca", 1, None),
+        (125, "Mercedes", "Tijuana", 2, 5),
+        (125, "Mercedes", "Mexicali", 5, 6),
+        (125, "Mercedes", "Guadalajara", 6, None),
+        (126, "Lily", "Cancun", 2, None),
+    ]
+    assert write_scd2(path, changes(DOC_INPUT), table="users_hist", batch_id=1, keys=KEYS).skipped
+
+
+def test_scd2_untracked_column_and_truncate(tmp_path: Path) -> None:
+    path = tmp_path / "users_hist"
+    config = TableConfig.model_validate({"from": "f", "mode": "scd2", "track_history_columns": ["name"]})
+    for batch_id, batch in enumerate(batches([4, 2, 2])):
+        write_batch(path, batch, table="h", batch_id=batch_id, keys=KEYS, config=config)
+    assert scd2_table(DeltaTable(str(path)).to_pyarrow_table()) == [
+        (123, "Isabel", "Chihuahua", 1, 6),
+        (124, "Raul", "Oaxaca", 1, None),
+        (125, "Mercedes", "Guadalajara", 2, None),
+        (126, "Lily", "Cancun", 2, None),
+    ]
+    write_batch(path, changes([(None, None, None, "t", 8)]), table="h", batch_id=3, keys=KEYS, config=config)
+    assert [v[4] for v in scd2_table(DeltaTable(str(path)).to_pyarrow_table())] == [6, 8, 8, 8]
+
+
+def test_schema_evolution_added_and_dropped_columns(tmp_path: Path) -> None:
+    path = tmp_path / "users"
+    write_scd1(path, changes([(1, "a", "x", "c", 1)]), table="users", batch_id=0, keys=KEYS)
+    added = changes([(2, "b", "y", "c", 2)]).append_column("email", pa.array(["b@example.com"]))
+    write_scd1(path, added, table="users", batch_id=1, keys=KEYS)
+    dropped = changes([(3, "c", "z", "c", 3)]).drop_columns(["city"])
+    write_scd1(path, dropped, table="users", batch_id=2, keys=KEYS)
+    table = DeltaTable(str(path)).to_pyarrow_table()
+    by_id = {r["userId"]: r for r in table.to_pylist()}
+    assert "email" in table.column_names and "city" in table.column_names
+    assert by_id[1]["email"] is None and by_id[2]["email"] == "b@example.com"
+    assert by_id[3]["city"] is None and by_id[1]["city"] == "x"
+
+
+def test_incompatible_type_change_raises_and_leaves_the_table_alone(tmp_path: Path) -> None:
+    path = tmp_path / "users"
+    write_scd1(path, changes([(1, "a", "x", "c", 1)]), table="users", batch_id=0, keys=KEYS)
+    version = DeltaTable(str(path)).version()
+    bad = changes([(2, "b", "y", "c", 2)]).set_column(2, "city", pa.array([42], pa.int64()))
+    with pytest.raises(SchemaMismatchError) as info:
+        write_scd1(path, bad, table="users", batch_id=1, keys=KEYS)
+    message = str(info.value)
+    assert "\n" not in message and "'city'" in message and "nothing was written" in message
+    assert DeltaTable(str(path)).version() == version
+    assert committed_batch(path, "users") == 0
+
+
+def test_scd2_incompatible_type_change_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "h"
+    write_scd2(path, changes([(1, "a", "x", "c", 1)]), table="h", batch_id=0, keys=KEYS)
+    version = DeltaTable(str(path)).version()
+    bad = changes([(1, "b", "y", "u", 2)]).set_column(1, "name", pa.array([1.5]))
+    with pytest.raises(SchemaMismatchError):
+        write_scd2(path, bad, table="h", batch_id=1, keys=KEYS)
+    assert DeltaTable(str(path)).version() == version
+
+
+def test_widening_integer_column_is_cast(tmp_path: Path) -> None:
+    path = tmp_path / "users"
+    write_scd1(path, changes([(1, "a", "x", "c", 1)]), table="users", batch_id=0, keys=KEYS)
+    narrow = changes([(2, "b", "y", "c", 2)])
+    narrow = narrow.set_column(0, "userId", narrow.column("userId").cast(pa.int32()))
+    write_scd1(path, narrow, table="users", batch_id=1, keys=KEYS)
+    assert DeltaTable(str(path)).to_pyarrow_table().schema.field("userId").type == pa.int64()
+    assert SEQ in DeltaTable(str(path)).to_pyarrow_table().column_names
