@@ -140,14 +140,28 @@ def crc_ok(buf: bytes | memoryview, pos: int, header: BatchHeader) -> bool:
 
 
 def decode_records(
-    buf: bytes, pos: int, header: BatchHeader, *, topic: str, partition: int, min_offset: int
-) -> list[tuple[StoredRecord, int]]:
-    """Decode the records of a checked batch at ``pos`` with offset >= ``min_offset``, with their sizes."""
+    buf: bytes,
+    pos: int,
+    header: BatchHeader,
+    *,
+    topic: str,
+    partition: int,
+    min_offset: int,
+    out: list[StoredRecord],
+    max_records: int,
+    max_bytes: int,
+) -> int:
+    """Append the checked batch's records with offset >= ``min_offset`` to ``out``; return their bytes.
+
+    Stops early, returning -1, once ``out`` holds ``max_records`` or the next record would
+    take the bytes past ``max_bytes`` (a non-empty ``out`` only: a read returns at least one).
+    """
     # The hot path of every read: one unpack and two slices per record, no generator.
     unpack = RECORD.unpack_from
     base = header.base_offset
-    out: list[tuple[StoredRecord, int]] = []
     append = out.append
+    used = 0
+    room = max_records - len(out)
     p = pos + HEADER_SIZE
     for _ in range(header.record_count):
         delta, ts, klen, vlen, hlen = unpack(buf, p)
@@ -165,6 +179,13 @@ def decode_records(
         if hlen:
             headers = decode_headers(buf[p : p + hlen])
             p += hlen
-        if base + delta >= min_offset:
-            append((StoredRecord(topic, partition, base + delta, ts, key, value, headers), p - start))
-    return out
+        if base + delta < min_offset:
+            continue
+        used += p - start
+        if used > max_bytes and out:
+            return -1
+        append(StoredRecord(topic, partition, base + delta, ts, key, value, headers))
+        room -= 1
+        if room <= 0:
+            return -1
+    return used

@@ -223,18 +223,23 @@ class Partition:
         out: list[StoredRecord] = []
         if max_records <= 0:
             return out
-        total = 0
+        budget = max_bytes
         with self._lock:
             for header, buf, off in self.batches(offset):
-                for record, size in decode_records(
-                    buf, off, header, topic=self.topic, partition=self.partition, min_offset=offset
-                ):
-                    if out and (total + size > max_bytes):
-                        return out
-                    out.append(record)
-                    total += size
-                    if len(out) >= max_records:
-                        return out
+                used = decode_records(
+                    buf,
+                    off,
+                    header,
+                    topic=self.topic,
+                    partition=self.partition,
+                    min_offset=offset,
+                    out=out,
+                    max_records=max_records,
+                    max_bytes=budget,
+                )
+                if used < 0:
+                    break
+                budget -= used
         return out
 
     def end_offset(self) -> int:
@@ -285,9 +290,19 @@ class Partition:
                     ):
                         if header.max_timestamp < timestamp_ms:
                             continue
-                        for record, _size in decode_records(
-                            buf, off, header, topic=self.topic, partition=self.partition, min_offset=0
-                        ):
+                        decoded: list[StoredRecord] = []
+                        decode_records(
+                            buf,
+                            off,
+                            header,
+                            topic=self.topic,
+                            partition=self.partition,
+                            min_offset=0,
+                            out=decoded,
+                            max_records=header.record_count,
+                            max_bytes=1 << 62,
+                        )
+                        for record in decoded:
                             if record.timestamp_ms >= timestamp_ms:
                                 return record.offset
                 finally:

@@ -19,7 +19,11 @@ def decode(data, min_offset=0):
     header = parse_header(data)
     assert header is not None
     assert crc_ok(data, 0, header)
-    return [r for r, _size in decode_records(data, 0, header, topic="t", partition=2, min_offset=min_offset)]
+    out = []
+    decode_records(
+        data, 0, header, topic="t", partition=2, min_offset=min_offset, out=out, max_records=100, max_bytes=1 << 30
+    )
+    return out
 
 
 def test_round_trip_keeps_keys_values_headers_and_timestamps():
@@ -82,3 +86,25 @@ def test_sealed_sparse_batch_keeps_offset_span():
     header = parse_header(data)
     assert (header.base_offset, header.last_offset, header.next_offset, header.record_count) == (100, 109, 110, 0)
     assert crc_ok(data, 0, header)
+
+
+def test_decode_stops_at_record_and_byte_budgets_but_returns_at_least_one():
+    data, _ = encode_batch(0, [Record(b"k", b"x" * 100) for _ in range(10)], now_ms=1)
+    header = parse_header(data)
+    out = []
+    assert (
+        decode_records(data, 0, header, topic="t", partition=0, min_offset=0, out=out, max_records=3, max_bytes=10**6)
+        == -1
+    )
+    assert len(out) == 3
+    out = []
+    assert (
+        decode_records(data, 0, header, topic="t", partition=0, min_offset=0, out=out, max_records=99, max_bytes=1)
+        == -1
+    )
+    assert len(out) == 1
+    out = []
+    used = decode_records(
+        data, 0, header, topic="t", partition=0, min_offset=8, out=out, max_records=99, max_bytes=10**6
+    )
+    assert [r.offset for r in out] == [8, 9] and used > 200
