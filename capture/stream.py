@@ -31,6 +31,8 @@ PINNED_SETTINGS = {
     "IntervalStyle": "postgres",
     "extra_float_digits": "3",
     "bytea_output": "hex",
+    # money text ($1,234.56) depends on the locale; the type map expects the C locale form.
+    "lc_monetary": "C",
 }
 
 
