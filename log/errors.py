@@ -40,7 +40,7 @@ class CorruptLogError(LogError, PermanentError):
     def __init__(self, path: str, position: int, detail: str) -> None:
         super().__init__(
             f"corrupt log segment {path} at byte {position}: {detail}; "
-            "restore the file from a replica or backup, or truncate it there with 'headwater log repair'"
+            "restore the file from a backup, or rebuild the topic from its source (re-snapshot)"
         )
         self.path = path
         self.position = position
