@@ -140,7 +140,9 @@ class EventBuilder:
                 "name": relation.columns[i].name,
                 "type_oid": relation.columns[i].type_oid,
                 "typmod": relation.columns[i].atttypmod,
-                "key": relation.columns[i].key,
+                # The record key's columns (the primary key), not pgoutput's replica-identity
+                # flags, which mark every column under REPLICA IDENTITY FULL.
+                "key": i in key_positions,
             }
             for i in keep
         ]
