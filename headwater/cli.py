@@ -89,9 +89,9 @@ def init_command(directory: Path, project: str | None) -> None:
 
 def _register_commands() -> None:
     # Each area's commands live in headwater/commands/<area>.py and attach to `cli`.
-    from headwater.commands import capture, log, source
+    from headwater.commands import capture, log, source, warehouse
 
-    for module in (source, capture, log):
+    for module in (source, capture, log, warehouse):
         module.register(cli)
 
 
