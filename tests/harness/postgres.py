@@ -37,7 +37,14 @@ def start_pg_server(
         # fsync off: tests never survive a machine crash, and durability costs seconds per test run.
         # Not synchronous_commit=off: logical decoding reads only flushed WAL, so a committed
         # change would reach a slot up to wal_writer_delay later and tests would race.
-        settings={"fsync": "off", "full_page_writes": "off", **(settings or {})},
+        # Many slots: tests that do not drop their databases leave slots behind until session end.
+        settings={
+            "fsync": "off",
+            "full_page_writes": "off",
+            "max_replication_slots": "64",
+            "max_wal_senders": "64",
+            **(settings or {}),
+        },
     )
 
     def stop() -> None:
