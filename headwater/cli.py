@@ -31,9 +31,13 @@ class Context:
     config_path: str | None
     debug: bool
 
-    def config(self) -> ProjectConfig:
-        """Load and validate the project config (found as DESIGN section 2 says)."""
-        return load_config(self.config_path)
+    def config(self, *, needs_sources: bool = True) -> ProjectConfig:
+        """Load and validate the project config (found as DESIGN section 2 says).
+
+        Commands that never connect to a source pass ``needs_sources=False`` so an unset
+        password variable does not stop them.
+        """
+        return load_config(self.config_path, strict_env=needs_sources)
 
 
 pass_context = click.make_pass_decorator(Context)
@@ -89,9 +93,9 @@ def init_command(directory: Path, project: str | None) -> None:
 
 def _register_commands() -> None:
     # Each area's commands live in headwater/commands/<area>.py and attach to `cli`.
-    from headwater.commands import capture, log, source, warehouse
+    from headwater.commands import capture, demo, log, source, warehouse
 
-    for module in (source, capture, log, warehouse):
+    for module in (source, capture, log, warehouse, demo):
         module.register(cli)
 
 
@@ -117,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130
+    except Exception as exc:  # a bug, not bad input: still one line unless --debug
+        if debug:
+            traceback.print_exc()
+        detail = " ".join(str(exc).split())
+        click.echo(f"error: unexpected {type(exc).__name__}: {detail} (rerun with --debug for the traceback)", err=True)
+        return EXIT_ERROR
     return 0
 
 

@@ -196,21 +196,23 @@ def find_config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     return Path.cwd() / DEFAULT_CONFIG_NAME
 
 
-def _interpolate(node: Any, path: str, source: Path, env: Mapping[str, str]) -> Any:
+def _interpolate(node: Any, path: str, source: Path, env: Mapping[str, str], strict: bool = True) -> Any:
     if isinstance(node, str):
 
         def replace(match: re.Match[str]) -> str:
             name = match.group(1)
             if name not in env:
+                if not strict:
+                    return match.group(0)  # left as written; only commands that use it need it
                 msg = f"{source}: {path}: environment variable {name} is not set; export it or edit the file"
                 raise ConfigError(msg, path=str(source), field=path)
             return env[name]
 
         return _ENV_REF.sub(replace, node)
     if isinstance(node, dict):
-        return {k: _interpolate(v, f"{path}.{k}" if path else str(k), source, env) for k, v in node.items()}
+        return {k: _interpolate(v, f"{path}.{k}" if path else str(k), source, env, strict) for k, v in node.items()}
     if isinstance(node, list):
-        return [_interpolate(v, f"{path}[{i}]", source, env) for i, v in enumerate(node)]
+        return [_interpolate(v, f"{path}[{i}]", source, env, strict) for i, v in enumerate(node)]
     return node
 
 
@@ -240,14 +242,20 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return "".join(parts).replace("from_", "from")
 
 
-def parse_config(raw: Any, source: Path, env: Mapping[str, str] | None = None) -> ProjectConfig:
-    """Validate an already-parsed YAML document; errors name ``source`` and the field path."""
+def parse_config(
+    raw: Any, source: Path, env: Mapping[str, str] | None = None, *, strict_env: bool = True
+) -> ProjectConfig:
+    """Validate an already-parsed YAML document; errors name ``source`` and the field path.
+
+    With ``strict_env=False`` an unset ``${VAR}`` stays as written instead of failing, for
+    commands that never connect to a source (``log``, ``query``).
+    """
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         msg = f"{source}: the file must hold a mapping of keys (project, log, sources, ...)"
         raise ConfigError(msg, path=str(source))
-    data = _interpolate(raw, "", source, os.environ if env is None else env)
+    data = _interpolate(raw, "", source, os.environ if env is None else env, strict_env)
     try:
         config = ProjectConfig.model_validate(data)
     except ValidationError as exc:
@@ -259,8 +267,8 @@ def parse_config(raw: Any, source: Path, env: Mapping[str, str] | None = None) -
     return config.model_copy(update={"config_path": source.resolve()})
 
 
-def load_config(explicit: str | os.PathLike[str] | None = None) -> ProjectConfig:
-    """Find, read, interpolate and validate ``headwater.yaml``."""
+def load_config(explicit: str | os.PathLike[str] | None = None, *, strict_env: bool = True) -> ProjectConfig:
+    """Find, read, interpolate and validate ``headwater.yaml`` (see :func:`parse_config`)."""
     path = find_config_path(explicit)
     if not path.is_file():
         msg = f"{path}: no such config file; run 'headwater init' or pass --config"
@@ -273,4 +281,4 @@ def load_config(explicit: str | os.PathLike[str] | None = None) -> ProjectConfig
         problem = getattr(exc, "problem", None) or "malformed YAML"
         msg = f"{path}: invalid YAML{where}: {problem}; fix the file and retry"
         raise ConfigError(msg, path=str(path)) from None
-    return parse_config(raw, path)
+    return parse_config(raw, path, strict_env=strict_env)

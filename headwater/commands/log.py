@@ -75,7 +75,7 @@ def log_group() -> None:
 @pass_context
 def topics_command(context: Context, as_json: bool) -> None:
     """List topics with partitions, cleanup policy and end offsets."""
-    log = open_log(context.config())
+    log = open_log(context.config(needs_sources=False))
     try:
         rows: list[dict[str, Any]] = []
         for name in log.list_topics():
@@ -111,7 +111,7 @@ def topics_command(context: Context, as_json: bool) -> None:
 @pass_context
 def tail_command(context: Context, topic: str, from_beginning: bool, limit: int | None, as_json: bool) -> None:
     """Print records of TOPIC."""
-    log = open_log(context.config())
+    log = open_log(context.config(needs_sources=False))
     out = sys.stdout.buffer
     try:
         for record in tail_records(log, topic, from_beginning=from_beginning, limit=limit):
@@ -133,7 +133,7 @@ def tail_command(context: Context, topic: str, from_beginning: bool, limit: int 
 @pass_context
 def compact_command(context: Context, topic: str) -> None:
     """Run compaction (or retention) on TOPIC now."""
-    log = open_log(context.config())
+    log = open_log(context.config(needs_sources=False))
     try:
         result = log.compact(topic)
     finally:

@@ -32,7 +32,7 @@ def warehouse_paths(config: ProjectConfig) -> dict[str, Path]:
 @pass_context
 def query_command(context: Context, sql: str, fmt: OutputFormat) -> None:
     """Run read-only SQL over warehouse tables (DuckDB; tables by their warehouse name)."""
-    result = run_query(sql, warehouse_paths(context.config()))
+    result = run_query(sql, warehouse_paths(context.config(needs_sources=False)))
     text = format_result(result, fmt)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 

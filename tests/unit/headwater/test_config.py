@@ -148,3 +148,9 @@ def test_init_template_is_valid_and_refuses_overwrite(tmp_path):
     assert (tmp_path / "My-Project" / ".headwater").is_dir()
     with pytest.raises(ConfigError, match="already exists"):
         init_project(tmp_path / "My-Project")
+
+
+def test_non_strict_env_leaves_reference_for_commands_without_sources(tmp_path, monkeypatch):
+    monkeypatch.delenv("SHOP_PW", raising=False)
+    config = load_config(write(tmp_path, SAMPLE), strict_env=False)
+    assert config.sources["shop"].dsn.get_secret_value() == "postgresql://capture:${SHOP_PW}@localhost:5432/shop"

@@ -1,0 +1,42 @@
+"""``headwater demo``: embedded Postgres + sample shop workload + the pipeline stages that exist."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from headwater.config import load_config
+from headwater.demo import PASSWORD_VAR, DemoSettings, run_demo
+
+
+def _capture_stage(config_path: Path) -> str:
+    from headwater.commands.capture import run_capture
+
+    config = load_config(config_path)
+    stats = run_capture(config, ("shop",), until_caught_up=True)["shop"]
+    return (
+        f"captured until caught up: {stats.events} events in {stats.transactions} transactions "
+        f"({stats.records_written} log records incl. tombstones)"
+    )
+
+
+@click.command("demo")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path), default="headwater-demo")
+@click.option("--small", is_flag=True, help="A smaller workload (what CI runs).")
+def demo_command(directory: Path, small: bool) -> None:
+    """Run the sample shop through the pipeline in DIRECTORY (wiped first)."""
+    settings = DemoSettings(customers=300, orders=600, big_transaction_rows=3_000) if small else DemoSettings()
+    result = run_demo(directory, settings, say=lambda line: click.echo(f"- {line}"), capture=_capture_stage)
+    config = result.config_path
+    click.echo("")
+    click.echo("done. Postgres was stopped; the log and config remain in " + str(result.directory))
+    click.echo("try next:")
+    click.echo(f"  headwater --config {config} log topics")
+    click.echo(f"  headwater --config {config} log tail shop.public.orders --limit 5 --json")
+    click.echo(f"  (commands that reach the database need {PASSWORD_VAR} and the demo Postgres running)")
+
+
+def register(cli: click.Group) -> None:
+    """Attach the ``demo`` command."""
+    cli.add_command(demo_command)
