@@ -282,6 +282,13 @@ def _split_offset(text: str) -> tuple[str, int]:
 
 def _parse_timestamp_us(text: str) -> int:
     """``YYYY-MM-DD HH:MM:SS[.ffffff][ BC]`` (no offset) -> microseconds since epoch."""
+    if len(text) >= 19 and text[10] == " " and text[4] == "-" and text[-1].isdigit():
+        # The common form (AD, four-digit year), sliced by position: one call per captured value.
+        fraction = text[20:26]
+        micros = int(fraction.ljust(6, "0")) if fraction else 0
+        days = _days_from_civil(int(text[0:4]), int(text[5:7]), int(text[8:10]))
+        seconds = (int(text[11:13]) * 60 + int(text[14:16])) * 60 + int(text[17:19])
+        return days * _MICROS_PER_DAY + seconds * 1_000_000 + micros
     bc = text.endswith(" BC")
     if bc:
         text = text[:-3]
@@ -440,6 +447,12 @@ def _timestamptz_converter(typmod: int) -> Converter:
     width = 6 if typmod < 0 else typmod
 
     def convert(text: str) -> str:
+        if text[-3:] == "+00" and text[10:11] == " " and text[4:5] == "-":
+            # Already UTC (capture sessions pin TimeZone=UTC), AD, four-digit year: only the
+            # separator, the fraction's width and the zone designator differ.
+            fraction = text[20:-3]
+            tail = "." + fraction.ljust(6, "0")[:width] if width else ""
+            return f"{text[:10]}T{text[11:19]}{tail}Z"
         if text in ("infinity", "-infinity"):
             return text
         era = ""
