@@ -20,12 +20,20 @@ started here is stopped at session end, also when the session fails or gets SIGT
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from harness.names import NameFactory
+from hypothesis import settings
+
+# CI (CI=true) runs hypothesis derandomized and without the example database, so a
+# failure there reproduces exactly on any machine; locally it keeps searching randomly.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+settings.register_profile("dev", deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
 
