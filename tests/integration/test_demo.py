@@ -42,3 +42,21 @@ def test_demo_runs_twice_and_captures_the_workload(tmp_path):
     # The generated password lives only in the environment: the config holds the reference.
     config_text = (tmp_path / "demo" / "headwater.yaml").read_text()
     assert "postgresql://capture:${HEADWATER_DEMO_PASSWORD}@127.0.0.1:" in config_text
+
+
+def test_status_after_demo_reports_unreachable_source_without_failing(tmp_path):
+    assert run("demo", "--small", "demo", cwd=tmp_path).returncode == 0
+    # The demo stopped its Postgres: status still answers, with the reason per source.
+    result = subprocess.run(
+        [sys.executable, "-m", "headwater", "--config", "demo/headwater.yaml", "status", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "HEADWATER_DEMO_PASSWORD": "not-the-password"},
+    )
+    assert result.returncode == 0, result.stderr
+    status = orjson.loads(result.stdout)
+    assert "cannot reach PostgreSQL" in status["sources"][0]["error"]
+    assert "not-the-password" not in result.stdout + result.stderr
+    assert {t["topic"] for t in status["topics"]} >= {"shop.public.customers", "_headwater.schemas"}

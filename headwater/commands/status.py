@@ -1,0 +1,63 @@
+"""``headwater status``: slots, WAL retained, log ends, lag and table freshness."""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from headwater.cli import Context, config_option, pass_context, print_json
+from headwater.status import pipeline_status
+from log.factory import open_log
+
+
+@click.command("status")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_context
+def status_command(context: Context, as_json: bool) -> None:
+    """Show the health of every source, topic and warehouse table."""
+    config = context.config()
+    log = open_log(config)
+    try:
+        status = pipeline_status(config, log)
+    finally:
+        log.close()
+    if as_json:
+        print_json(status)
+        return
+    console = Console()
+    sources = Table("source", "slot", "active", "confirmed flush", "WAL retained", "note", title="sources")
+    for row in status["sources"]:
+        retained = row.get("wal_retained_bytes")
+        sources.add_row(
+            row["source"],
+            row["slot"],
+            str(row.get("active", "-")),
+            row.get("confirmed_flush_lsn") or "-",
+            f"{retained:,} B" if isinstance(retained, int) else "-",
+            row.get("error", ""),
+        )
+    console.print(sources)
+    topics = Table("topic", "records", "end offsets", title="topics")
+    for row in status["topics"]:
+        topics.add_row(row["topic"], f"{row['records']:,}", " ".join(f"{p}:{o}" for p, o in row["end_offsets"].items()))
+    console.print(topics)
+    tables = Table("table", "from", "mode", "state", "last commit", "freshness", "lag", title="warehouse")
+    for row in status["tables"]:
+        freshness = row.get("freshness_s")
+        tables.add_row(
+            row["table"],
+            row["from"],
+            row["mode"],
+            row["state"],
+            row.get("last_commit", "-"),
+            f"{freshness:.1f} s" if freshness is not None else "-",
+            str(row.get("lag", "-")),
+        )
+    console.print(tables)
+
+
+def register(cli: click.Group) -> None:
+    """Attach the ``status`` command."""
+    cli.add_command(status_command)

@@ -1,0 +1,96 @@
+"""``headwater status``: one picture of the pipeline's health, gathered read-only.
+
+Per source: slot active, confirmed flush LSN, WAL the slot retains. Per topic: end
+offsets. Per warehouse table: last committed change, freshness, and lag (records the
+table's loader has not yet committed past, from its consumer group
+``headwater.load.<table>``). A source that cannot be reached is reported, not fatal.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from headwater.config import ProjectConfig
+from headwater.errors import HeadwaterError
+from log.base import Log, end_offsets, lag
+
+#: Consumer group under which the loader of warehouse table ``name`` commits its progress.
+LOAD_GROUP_PREFIX = "headwater.load."
+
+
+def source_status(config: ProjectConfig) -> list[dict[str, Any]]:
+    """Slot state of every registered source (password never included)."""
+    from capture.registration import connect
+    from capture.slot import slot_status
+
+    rows: list[dict[str, Any]] = []
+    for name, source in config.sources.items():
+        slot_name = source.slot or f"headwater_{name}"
+        row: dict[str, Any] = {"source": name, "dsn": source.dsn_redacted, "slot": slot_name}
+        try:
+            with connect(source.dsn.get_secret_value(), source=name) as conn:
+                status = slot_status(conn, slot_name)
+        except HeadwaterError as exc:
+            row["error"] = str(exc)
+            rows.append(row)
+            continue
+        if status is None:
+            row["error"] = f"slot {slot_name} does not exist; run 'headwater source resync {name}'"
+        else:
+            row.update(
+                active=status.active,
+                confirmed_flush_lsn=str(status.confirmed_flush_lsn) if status.confirmed_flush_lsn else None,
+                wal_retained_bytes=status.wal_retained_bytes,
+                wal_status=status.wal_status,
+            )
+        rows.append(row)
+    return rows
+
+
+def topic_status(log: Log) -> list[dict[str, Any]]:
+    """End offsets per partition of every topic."""
+    rows = []
+    for topic in log.list_topics():
+        ends = end_offsets(log, topic)
+        rows.append(
+            {"topic": topic, "end_offsets": {str(p): o for p, o in ends.items()}, "records": sum(ends.values())}
+        )
+    return rows
+
+
+def table_status(config: ProjectConfig, log: Log, now_s: float | None = None) -> list[dict[str, Any]]:
+    """Last commit time, freshness and lag of every warehouse table."""
+    from deltalake import DeltaTable
+
+    now_s = time.time() if now_s is None else now_s
+    topics = set(log.list_topics())
+    rows = []
+    for name, table in config.warehouse.tables.items():
+        row: dict[str, Any] = {"table": name, "from": table.from_, "mode": table.mode}
+        path = config.home_dir / "warehouse" / name
+        if not (path / "_delta_log").is_dir():
+            row["state"] = "not loaded yet"
+        else:
+            data = DeltaTable(str(path)).to_pyarrow_dataset().to_table(columns=["__hw_commit_ts"])
+            latest = data.column("__hw_commit_ts").to_pylist()
+            stamps = [t for t in latest if t is not None]
+            if stamps:
+                last = max(stamps)
+                row["last_commit"] = last.isoformat()
+                row["freshness_s"] = round(now_s - last.timestamp(), 3)
+            row["state"] = "loaded"
+        if table.from_ in topics:
+            per_partition = lag(log, LOAD_GROUP_PREFIX + name, table.from_)
+            row["lag"] = sum(per_partition.values())
+        rows.append(row)
+    return rows
+
+
+def pipeline_status(config: ProjectConfig, log: Log) -> dict[str, Any]:
+    """Everything ``headwater status`` shows."""
+    return {
+        "sources": source_status(config),
+        "topics": topic_status(log),
+        "tables": table_status(config, log),
+    }
