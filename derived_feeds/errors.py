@@ -55,3 +55,7 @@ class UndecodableValueError(DerivedFeedsError, PermanentError):
         self.partition = partition
         self.offset = offset
         self.column = column
+
+
+class ChangeFrameError(DerivedFeedsError, PermanentError):
+    """A log-source DataFrame cannot be turned into a warehouse change batch."""

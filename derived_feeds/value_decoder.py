@@ -196,7 +196,9 @@ def _clamped_ints(values: Sequence[Any], low: int, high: int, expected: str) -> 
     except _ARROW_ERRORS:
         numbers = _per_value(values, _to_int, pa.int64(), expected)
     low_scalar, high_scalar = pa.scalar(low, pa.int64()), pa.scalar(high, pa.int64())
-    return pc.max_element_wise(pc.min_element_wise(numbers, high_scalar), low_scalar)
+    # skip_nulls=False: a null stays null instead of taking the bound.
+    lowered = pc.min_element_wise(numbers, high_scalar, skip_nulls=False)
+    return pc.max_element_wise(lowered, low_scalar, skip_nulls=False)
 
 
 def _dates(values: Sequence[Any], logical: LogicalType, target: pa.DataType) -> pa.Array:
