@@ -34,11 +34,12 @@ from capture.errors import SlotError
 from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, RowDecoder, RowDecoderFactory, SchemaRecord
 from capture.pgoutput import UNCHANGED_TOAST, LogicalMessage, PgoutputDecoder, Relation, TupleData
 from capture.position import ResumePoint
-from capture.replication_protocol import PrimaryKeepalive, XLogData
+from capture.quarantine import is_quarantine_topic
+from capture.replication_protocol import XLogData
 from capture.slot import create_slot, drop_slot, slot_status
 from capture.snapshot import Chunk, SnapshotState, plan_chunks, read_chunk
 from capture.stream import ReplicationLostError, ReplicationStream, StreamOptions, pinned_options
-from capture.transactions import LooseMessage, Transaction, TransactionAssembler
+from capture.transactions import Transaction, TransactionAssembler
 from headwater.config import LogConfig, SourceConfig, TypesConfig
 from log.base import SCHEMAS_TOPIC, Log, Record, TopicPartition, TopicSpec, append_keyed
 from log.partitioner import partition_for
@@ -112,7 +113,7 @@ class CaptureAgent:
         self.stats = CaptureStats()
         self._make_decoder_factory = decoder_for
         self._stop = threading.Event()
-        self._known_topics: set[str] = set()
+        self._partition_counts: dict[str, int] = {}
         self._pending: list[OutRecord] = []
         self._pending_schemas: list[SchemaRecord] = []
         self._pending_end: Lsn | None = None
@@ -142,39 +143,58 @@ class CaptureAgent:
         """Stream until stopped, or until everything committed before the call is in the log."""
         sql_conn = self._connect_sql()
         try:
-            db = str(sql_conn.info.dbname)
-            builder = EventBuilder(
-                self.name,
-                db,
-                self._make_decoder_factory(sql_conn),
-                excluded_columns=self.source.columns.exclude,
-                primary_key=primary_key_lookup(sql_conn),
-                previous_image=self._previous_image,
-            )
-            self._seed_schemas(builder)
+            builder = self._new_builder(sql_conn)
             resume = ResumePoint.load(self.log, self._source_topics())
             if not self._prepare_slot_and_snapshot(sql_conn, builder, resume):
                 return self.stats
             marker = self._emit_marker(sql_conn, CAUGHT_UP_PREFIX) if until_caught_up else None
-            backoff = iter(self.settings.reconnect_backoff_s)
+            failures = 0
             while not self._stop.is_set():
                 try:
+                    acked_before = self.stats.acked_lsn
                     if self._stream(sql_conn, builder, resume, marker):
                         break
                 except ReplicationLostError as exc:
-                    delay = next(backoff, self.settings.reconnect_backoff_s[-1])
+                    # Resume point: everything acknowledged is in the log, and the slot re-sends
+                    # from the acknowledged LSN. What was pending is dropped and rebuilt from the
+                    # re-sent WAL by a fresh builder (its schema and TOAST caches may be ahead of
+                    # the log), and ResumePoint skips whatever did reach the log.
+                    failures = 0 if self.stats.acked_lsn > acked_before else failures + 1
+                    backoff = self.settings.reconnect_backoff_s
+                    delay = backoff[min(max(failures - 1, 0), len(backoff) - 1)]
                     self.stats.reconnects += 1
                     logger.warning("%s; retrying in %.1fs", exc, delay)
                     self._pending.clear()
                     self._pending_schemas.clear()
                     self._pending_end = None
-                    resume = ResumePoint.load(self.log, self._source_topics())
                     if self._stop.wait(delay):
                         break
-                    sql_conn = self._reconnect_sql(sql_conn)
+                    try:
+                        sql_conn = self._reconnect_sql(sql_conn)
+                        builder = self._new_builder(sql_conn)
+                    except ReplicationLostError as again:
+                        logger.warning("%s", again)
+                        continue
+                    resume = ResumePoint.load(self.log, self._source_topics())
             return self.stats
         finally:
             sql_conn.close()
+
+    def _new_builder(self, sql_conn: psycopg.Connection[Any]) -> EventBuilder:
+        """An event builder with the schemas already published to the log."""
+        try:
+            builder = EventBuilder(
+                self.name,
+                str(sql_conn.info.dbname),
+                self._make_decoder_factory(sql_conn),
+                excluded_columns=self.source.columns.exclude,
+                primary_key=primary_key_lookup(sql_conn),
+                previous_image=self._previous_image,
+            )
+        except psycopg.OperationalError as exc:
+            raise ReplicationLostError.from_psycopg(exc, slot=self.slot, dsn=self._dsn) from None
+        self._seed_schemas(builder)
+        return builder
 
     def _stream(
         self,
@@ -189,23 +209,25 @@ class CaptureAgent:
         assembler = TransactionAssembler()
         stream.start(Lsn(0))
         last_heartbeat = time.monotonic()
+        max_batch = self.settings.max_batch_records
+        decode, feed = decoder.decode, assembler.feed
         try:
             while not self._stop.is_set():
                 for frame in stream.frames(self.settings.poll_timeout_s):
-                    if isinstance(frame, PrimaryKeepalive):
-                        if frame.reply_requested:
-                            stream.send_status(self.stats.acked_lsn)
-                        continue
-                    assert isinstance(frame, XLogData)
-                    done = assembler.feed(decoder.decode(frame.payload))
-                    if isinstance(done, Transaction):
-                        self._add_transaction(builder, done)
-                    elif isinstance(done, LooseMessage):
-                        caught_up = self._on_loose_message(done.message, marker, resume, stream)
-                        if caught_up:
+                    if isinstance(frame, XLogData):
+                        done = feed(decode(frame.payload), frame.wal_start.value)
+                        if done is None:
+                            continue
+                        if isinstance(done, Transaction):
+                            self._add_transaction(builder, done)
+                            if len(self._pending) >= max_batch:
+                                self._flush(resume, stream)
+                            if self._stop.is_set():
+                                break  # at a transaction boundary: flush and acknowledge below
+                        elif self._on_loose_message(done.message, marker, resume, stream):
                             return True
-                    if len(self._pending) >= self.settings.max_batch_records:
-                        self._flush(resume, stream)
+                    elif frame.reply_requested:
+                        stream.send_status(self.stats.acked_lsn)
                 if self._pending_end is not None:
                     self._flush(resume, stream)
                 now = time.monotonic()
@@ -305,6 +327,8 @@ class CaptureAgent:
                         next_index += len(rows)
                         self._pending.extend(records)
                         self.stats.events += len(records)
+                        if len(self._pending) >= self.settings.max_batch_records:
+                            self._flush(resume, None)
                         if self.progress:
                             self.progress.advance(len(rows))
                     self._flush(resume, None)
@@ -323,7 +347,7 @@ class CaptureAgent:
         self._pending_schemas.extend(schemas)
         self._pending_end = txn.end_lsn
         self.stats.transactions += 1
-        self.stats.events += sum(1 for r in records if r.value is not None)
+        self.stats.events += len(records) - sum(1 for r in records if r.value is None)
 
     def _on_loose_message(
         self, message: LogicalMessage, marker: str | None, resume: ResumePoint, stream: ReplicationStream
@@ -345,19 +369,32 @@ class CaptureAgent:
             # Schemas go first: a reader never meets an event whose columns it cannot know.
             append_keyed(self.log, SCHEMAS_TOPIC, [Record(s.topic.encode(), s.value) for s in self._pending_schemas])
             self._pending_schemas.clear()
-        groups: dict[TopicPartition, list[OutRecord]] = {}
-        for record in self._pending:
-            self._ensure_topic(record.topic)
-            where = TopicPartition(record.topic, partition_for(record.key, self._partitions(record.topic)))
-            if resume.already_stored(where, record.sequence):
+        pending = self._pending
+        # Pending records are in sequence order, so when the log holds nothing at or past the
+        # first one (always, except right after a restart) no record needs the skip check.
+        check = bool(pending) and resume.may_hold(pending[0].commit_lsn, pending[0].txn_index)
+        groups: dict[str, list[list[OutRecord]]] = {}
+        partitions = self._partition_counts
+        for record in pending:
+            topic = record.topic
+            buckets = groups.get(topic)
+            if buckets is None:
+                count = partitions.get(topic) or self._ensure_topic(topic)
+                buckets = groups[topic] = [[] for _ in range(count)]
+            partition = 0 if record.key is None or len(buckets) == 1 else partition_for(record.key, len(buckets))
+            if check and resume.already_stored(TopicPartition(topic, partition), record.sequence):
                 self.stats.records_skipped += 1
                 continue
-            groups.setdefault(where, []).append(record)
-        for where, records in groups.items():
-            self.log.append(where.topic, where.partition, [Record(r.key, r.value) for r in records])
-            resume.advance(where, records[-1].sequence)
-            self.stats.records_written += len(records)
-        self._pending.clear()
+            buckets[partition].append(record)
+        for topic, buckets in groups.items():
+            for partition, records in enumerate(buckets):
+                if not records:
+                    continue
+                self.log.append(topic, partition, [Record(r.key, r.value, r.headers) for r in records])
+                last = records[-1]
+                resume.advance_to(TopicPartition(topic, partition), last.commit_lsn, last.txn_index)
+                self.stats.records_written += len(records)
+        pending.clear()
         if self._pending_end is not None and stream is not None:
             # Acknowledged only after the appends above returned (fsynced): a restart
             # resumes at or before this LSN.
@@ -385,21 +422,27 @@ class CaptureAgent:
         return None
 
     def _partitions(self, topic: str) -> int:
-        return self.log.describe_topic(topic).partitions
+        count = self._partition_counts.get(topic)
+        if count is None:
+            count = self._partition_counts[topic] = self.log.describe_topic(topic).partitions
+        return count
 
-    def _ensure_topic(self, topic: str) -> None:
-        if topic in self._known_topics:
-            return
+    def _ensure_topic(self, topic: str) -> int:
+        """Create ``topic`` unless it exists; return its partition count (cached: topics never shrink)."""
+        count = self._partition_counts.get(topic)
+        if count is not None:
+            return count
         cfg = self.log_config
         spec = TopicSpec(
             name=topic,
             partitions=1 if topic == SCHEMAS_TOPIC else cfg.partitions,
-            compacted=True,
+            # Quarantine keeps every bad record; table topics keep the latest image per key.
+            compacted=not is_quarantine_topic(topic),
             min_compaction_lag_ms=cfg.min_compaction_lag_s * 1000,
             delete_retention_ms=cfg.delete_retention_s * 1000,
         )
         self.log.create_topic(spec, exist_ok=True)
-        self._known_topics.add(topic)
+        return self._partitions(topic)
 
     def _source_topics(self) -> Iterable[str]:
         prefix = f"{self.name}."
@@ -452,11 +495,14 @@ def typemap_decoders(modes: TypesConfig) -> Callable[[psycopg.Connection[Any]], 
         def decoder_for(relation: Relation) -> RowDecoder:
             converter = RowConverter(relation.columns, modes, registry)
             names = converter.names
+            convert = converter.convert
 
-            def decode(row: TupleData) -> list[Any]:
+            def decode(row: TupleData) -> dict[str, Any]:
                 # RowConverter leaves unchanged-TOAST columns out; the event builder fills them.
-                values = converter.convert(row)
-                return [values.get(name, UNCHANGED_TOAST) for name in names]
+                values = convert(row)
+                if len(values) == len(names):
+                    return values
+                return {name: values.get(name, UNCHANGED_TOAST) for name in names}
 
             return decode
 

@@ -10,15 +10,22 @@ Invariants:
 * A delete is followed by a tombstone with the same key (for compaction).
 * An unchanged TOASTed value never leaves this module as a placeholder: it is filled
   from the old row image (REPLICA IDENTITY FULL) or the key's previous image.
+* A change whose values cannot be converted becomes one record in
+  ``<topic>.quarantine`` (raw values, reason in a header) at the ``txn_index`` the
+  event would have had, so capture goes on and resumes over it like any other record.
+
+Speed: insert/update/delete/snapshot values are assembled from JSON pieces encoded
+once per table and transaction (:class:`_Pieces`), byte for byte what
+:func:`log.envelope.encode_value` prints for the same event (``tests/unit/capture/test_events.py``
+holds the two together); rare events (truncate, message) go through ``encode_value``.
 """
 
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 import orjson
 
@@ -33,12 +40,15 @@ from capture.pgoutput import (
     TupleData,
     Update,
 )
+from capture.quarantine import error_headers, quarantine_topic, quarantine_value, raw_values
 from capture.transactions import Transaction
-from log.envelope import ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_key, encode_value, transaction_block
+from capture.typemap import TypeMappingError
+from log.envelope import CONNECTOR, EVENT_VERSION, ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value
 from log.sequence import Sequence as Seq
 
-#: Decodes one tuple (text-format values) into JSON values, column by column.
-RowDecoder: TypeAlias = Callable[[TupleData], list[Any]]
+#: Decodes one tuple (text-format values) into a JSON row image: every column, in column
+#: order; columns whose TOASTed value was not sent hold :data:`UNCHANGED_TOAST`.
+RowDecoder: TypeAlias = Callable[[TupleData], dict[str, Any]]
 #: Makes the decoder for a relation (built once per Relation message).
 RowDecoderFactory: TypeAlias = Callable[[Relation], RowDecoder]
 #: The primary-key column names of a relation from the catalog (None: no primary key).
@@ -61,14 +71,20 @@ def message_topic(source: str) -> str:
     return f"{source}.message"
 
 
-@dataclass(frozen=True, slots=True)
-class OutRecord:
-    """One record for the log. ``value=None`` is a tombstone; ``sequence`` orders it."""
+class OutRecord(NamedTuple):
+    """One record for the log. ``value=None`` is a tombstone; ``(commit_lsn, txn_index)`` orders it."""
 
     topic: str
     key: bytes | None
     value: bytes | None
-    sequence: Seq
+    commit_lsn: int
+    txn_index: int
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+    @property
+    def sequence(self) -> Seq:
+        """The record's position in the source's total order."""
+        return Seq(self.commit_lsn, self.txn_index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,16 +95,73 @@ class SchemaRecord:
     value: bytes
 
 
+class BadRecordError(ValueError):
+    """A change could not become an event (its record goes to quarantine instead)."""
+
+
+class UnresolvedToastError(BadRecordError):
+    """An unchanged TOASTed value could not be recovered (no previous image for the key)."""
+
+    def __init__(self, topic: str, column: str) -> None:
+        super().__init__(
+            f"{topic}: column {column!r} is an unchanged TOAST value and no previous row image is known; "
+            "set REPLICA IDENTITY FULL on the table or re-snapshot it"
+        )
+        self.topic = topic
+        self.column = column
+
+
+#: Errors that send one change to quarantine instead of stopping capture.
+QUARANTINED_ERRORS = (TypeMappingError, BadRecordError)
+
+_CHANGE_VALUE = b'{"before":%b,"after":%b%b%d%b%d%b%d%b%d,"data_collection_order":%d}}'
+_NULL = b"null"
+
+
+def _j(value: object) -> bytes:
+    return orjson.dumps(value)
+
+
 @dataclass
 class _Table:
     relation: Relation
     topic: str
     names: list[str]
-    keep: list[int]  # column positions not excluded by config
-    key_positions: list[int]
+    keep_names: list[str] | None  # None: every column is kept (no exclusions)
+    key_names: list[str]
+    single_key_prefix: bytes | None  # b'{"id":' when the key is one column
     decode: RowDecoder
     version: int
-    has_key: bool
+    name_json: bytes  # JSON pieces of the source block that never change for the table
+    schema_json: bytes
+    table_json: bytes
+
+
+class _Pieces:
+    """The parts of a transaction's event values that are the same for every event of one table."""
+
+    __slots__ = ("op_blocks", "post", "pre", "table_mid")
+
+    def __init__(self, table: _Table, db_json: bytes, txn: Transaction, last_commit_lsn: int | None) -> None:
+        ts_us = txn.commit_ts_us
+        last = _NULL if last_commit_lsn is None else b'\\"%d\\"' % last_commit_lsn
+        self.pre = (
+            b',"source":{"version":%b,"connector":%b,"name":%b,"ts_ms":%d,"ts_us":%d,"snapshot":"false",'
+            b'"db":%b,"sequence":"[%b,\\"'
+            % (_j(EVENT_VERSION), _j(CONNECTOR), table.name_json, ts_us // 1000, ts_us, db_json, last)
+        )
+        self.table_mid = b'\\"]","schema":%b,"table":%b,"txId":%d,"lsn":' % (
+            table.schema_json,
+            table.table_json,
+            txn.xid,
+        )
+        self.post = b',"xmin":null,"commit_lsn":%d,"txn_index":' % txn.commit_lsn.value
+        block = b'},"op":"%%s","ts_ms":%d,"ts_us":%d,"transaction":{"id":%b,"total_order":' % (
+            ts_us // 1000,
+            ts_us,
+            _j(f"{txn.xid}:{txn.commit_lsn.value}"),
+        )
+        self.op_blocks = {op: block % op.value.encode() for op in (Op.CREATE, Op.UPDATE, Op.DELETE)}
 
 
 class EventBuilder:
@@ -108,6 +181,7 @@ class EventBuilder:
     ) -> None:
         self._source = source
         self._db = db
+        self._db_json = _j(db)
         self._decoder_for = decoder_for
         self._excluded = set(excluded_columns)
         self._previous_image = previous_image
@@ -117,8 +191,8 @@ class EventBuilder:
         self._schemas_seen: dict[str, bytes] = {}
         self._last_commit_lsn: int | None = None
         # Latest after-image per (topic, key), for filling unchanged TOAST values without
-        # reading the log back; bounded, the log lookup covers what fell out.
-        self._images: OrderedDict[tuple[str, bytes], dict[str, Any]] = OrderedDict()
+        # reading the log back; bounded (oldest entry out first), the log lookup covers what fell out.
+        self._images: dict[tuple[str, bytes], dict[str, Any]] = {}
         self._images_max = image_cache_size
 
     def known_schema(self, topic: str, value: bytes, version: int) -> None:
@@ -133,16 +207,13 @@ class EventBuilder:
         names = [column.name for column in relation.columns]
         keep = [i for i, name in enumerate(names) if f"{qualified}.{name}" not in self._excluded]
         key_positions = self._key_positions(relation, keep)
-        previous = self._tables.get(relation.oid)
         version = self._schema_versions.get(topic, 0)
         columns = [
             {
                 "name": relation.columns[i].name,
                 "type_oid": relation.columns[i].type_oid,
                 "typmod": relation.columns[i].atttypmod,
-                # The record key's columns (the primary key), not pgoutput's replica-identity
-                # flags, which mark every column under REPLICA IDENTITY FULL.
-                "key": i in key_positions,
+                "key": relation.columns[i].key,
             }
             for i in keep
         ]
@@ -159,17 +230,20 @@ class EventBuilder:
             version += 1
             self._schema_versions[topic] = version
             self._schemas_seen[topic] = fingerprint
+        key_names = [names[i] for i in key_positions]
         self._tables[relation.oid] = _Table(
             relation=relation,
             topic=topic,
             names=names,
-            keep=keep,
-            key_positions=key_positions,
+            keep_names=None if len(keep) == len(names) else [names[i] for i in keep],
+            key_names=key_names,
+            single_key_prefix=b"{%b:" % _j(key_names[0]) if len(key_names) == 1 else None,
             decode=self._decoder_for(relation),
             version=version,
-            has_key=bool(key_positions),
+            name_json=_j(self._source),
+            schema_json=_j(relation.namespace),
+            table_json=_j(relation.name),
         )
-        del previous
         if not changed:
             return None
         return SchemaRecord(topic, orjson.dumps({**body, "version": version}))
@@ -190,19 +264,26 @@ class EventBuilder:
         schemas: list[SchemaRecord] = []
         index = 0
         per_table: dict[str, int] = {}
-        for change in txn.changes:
+        pieces: dict[int, _Pieces] = {}
+        lsns = txn.lsns
+        for position, change in enumerate(txn.changes):
+            lsn = lsns[position] if position < len(lsns) else 0
             if isinstance(change, Relation):
                 schema = self.relation(change)
                 if schema is not None:
                     schemas.append(schema)
+                pieces.pop(change.oid, None)
                 continue
             if isinstance(change, LogicalMessage) and change.prefix.startswith(INTERNAL_MESSAGE_PREFIX):
                 continue
-            records = self._events(change, txn, index, per_table)
+            try:
+                records = self._events(change, txn, index, lsn, per_table=per_table, pieces_by_table=pieces)
+            except QUARANTINED_ERRORS as exc:
+                records = [self._quarantined(change, txn, index, lsn, exc)]
             out.extend(records)
             # Each event takes its own txn_index (a key change or a multi-table truncate
             # makes several); a tombstone shares its delete's.
-            index += max(1, len({r.sequence for r in records}))
+            index += max(1, records[-1].txn_index - index + 1) if records else 1
         self._last_commit_lsn = txn.commit_lsn.value
         return out, schemas
 
@@ -221,25 +302,46 @@ class EventBuilder:
         streamed after it; ``txn_index`` numbers them from ``sequence_start.txn_index``.
         """
         table = self._tables[relation_oid]
-        lsn, first = sequence_start.commit_lsn, sequence_start.txn_index
-        out: list[OutRecord] = []
-        for i, row in enumerate(rows):
-            after = self._image(table, row)
-            source = SourceInfo(
-                name=self._source,
-                db=self._db,
-                schema=table.relation.namespace,
-                table=table.relation.name,
-                tx_id=None,
-                lsn=lsn,
-                commit_lsn=lsn,
-                txn_index=first + i,
-                ts_us=ts_us,
-                snapshot=marker,
-                last_commit_lsn=None,
+        lsn, index = sequence_start.commit_lsn, sequence_start.txn_index
+        head = b'{"before":null,"after":'
+        pre = (
+            b',"source":{"version":%b,"connector":%b,"name":%b,"ts_ms":%d,"ts_us":%d,"snapshot":%b,'
+            b'"db":%b,"sequence":"[null,\\"%d\\"]","schema":%b,"table":%b,"txId":null,"lsn":%d,"xmin":null,'
+            b'"commit_lsn":%d,"txn_index":'
+            % (
+                _j(EVENT_VERSION),
+                _j(CONNECTOR),
+                table.name_json,
+                ts_us // 1000,
+                ts_us,
+                _j(marker.value),
+                self._db_json,
+                lsn,
+                table.schema_json,
+                table.table_json,
+                lsn,
+                lsn,
             )
-            event = ChangeEvent(Op.READ, source, None, after, ts_us)
-            out.append(OutRecord(table.topic, self._key(table, after), encode_value(event), Seq(lsn, first + i)))
+        )
+        tail = b'},"op":"r","ts_ms":%d,"ts_us":%d,"transaction":null}' % (ts_us // 1000, ts_us)
+        topic = table.topic
+        decode, keep, key_of = table.decode, table.keep_names, self._key
+        out: list[OutRecord] = []
+        append = out.append
+        for row in rows:
+            try:
+                after = decode(row)
+                if keep is not None:
+                    after = {name: after[name] for name in keep}
+                value = b"%b%b%b%d%b" % (head, orjson.dumps(after), pre, index, tail)
+                append(OutRecord(topic, key_of(table, after), value, lsn, index))
+            except QUARANTINED_ERRORS as exc:
+                source = SourceInfo(
+                    self._source, self._db, table.relation.namespace, table.relation.name, None, lsn, lsn, index,
+                    ts_us, marker,
+                )  # fmt: skip
+                append(self._quarantine_record(table, Op.READ, source.to_json(), before=None, after=row, exc=exc))
+            index += 1
         return out
 
     def topic_of(self, relation_oid: int) -> str:
@@ -266,9 +368,12 @@ class EventBuilder:
         change: Insert | Update | Delete | Truncate | LogicalMessage,
         txn: Transaction,
         index: int,
+        lsn: int,
+        *,
         per_table: dict[str, int],
+        pieces_by_table: dict[int, _Pieces],
     ) -> list[OutRecord]:
-        sequence = Seq(txn.commit_lsn.value, index)
+        commit = txn.commit_lsn.value
         if isinstance(change, LogicalMessage):
             source = self._source_info(None, txn, index, change.lsn.value)
             event = ChangeEvent(
@@ -277,99 +382,148 @@ class EventBuilder:
                 ts_us=txn.commit_ts_us,
                 message={"prefix": change.prefix, "content": change.content.hex()},
             )
-            key = encode_key({"prefix": change.prefix})
-            return [OutRecord(message_topic(self._source), key, encode_value(event), sequence)]
+            prefix_key = orjson.dumps({"prefix": change.prefix})
+            return [OutRecord(message_topic(self._source), prefix_key, encode_value(event), commit, index)]
         if isinstance(change, Truncate):
             records = []
             for offset, oid in enumerate(change.relation_oids):
                 table = self._tables[oid]
-                source = self._source_info(table, txn, index + offset, None)
+                source = self._source_info(table, txn, index + offset, lsn)
                 event = ChangeEvent(op=Op.TRUNCATE, source=source, ts_us=txn.commit_ts_us)
-                records.append(
-                    OutRecord(table.topic, None, encode_value(event), Seq(txn.commit_lsn.value, index + offset))
-                )
+                records.append(OutRecord(table.topic, None, encode_value(event), commit, index + offset))
             return records
         table = self._tables[change.relation_oid]
-        order = per_table.get(table.topic, 0) + 1
-        per_table[table.topic] = order
-        txn_block = transaction_block(txn.xid, txn.commit_lsn, index + 1, order)
+        topic = table.topic
+        order = per_table.get(topic, 0) + 1
+        per_table[topic] = order
+        pieces = pieces_by_table.get(change.relation_oid)
+        if pieces is None:
+            pieces = pieces_by_table[change.relation_oid] = _Pieces(table, self._db_json, txn, self._last_commit_lsn)
         if isinstance(change, Insert):
             after = self._image(table, change.new)
             key = self._key(table, after)
-            self._remember(table.topic, key, after)
-            event = ChangeEvent(
-                Op.CREATE, self._source_info(table, txn, index, None), None, after, txn.commit_ts_us, txn_block
-            )
-            return [OutRecord(table.topic, key, encode_value(event), sequence)]
+            self._remember(topic, key, after)
+            value = self._value(pieces, Op.CREATE, _NULL, orjson.dumps(after), lsn=lsn, index=index, order=order)
+            return [OutRecord(topic, key, value, commit, index)]
         if isinstance(change, Update):
             before = self._image(table, change.old) if change.old is not None and not change.old_is_key else None
             after = self._image(table, change.new)
             if change.old is not None and change.old_is_key:
-                old_key = self._key_from_key_tuple(table, change.old)
+                old_key = self._key(table, self._key_only_image(table, change.old))
             else:
                 old_key = self._key(table, before) if before is not None else None
             new_key = self._key(table, after)
-            if any(value is UNCHANGED_TOAST for value in after.values()):
+            if UNCHANGED_TOAST in after.values():
                 after = self._fill_toast(table, after, before, old_key or new_key)
             if old_key is not None and old_key != new_key:
-                self._remember(table.topic, old_key, None)
-            self._remember(table.topic, new_key, after)
+                self._remember(topic, old_key, None)
+            self._remember(topic, new_key, after)
+            before_json = _NULL if before is None else orjson.dumps(before)
+            after_json = orjson.dumps(after)
             if old_key is not None and new_key is not None and old_key != new_key:
                 # A primary-key change is a delete of the old key and a create of the new
                 # one (as Debezium emits it), so compaction and SCD1 drop the old key.
-                delete_source = self._source_info(table, txn, index, None)
-                create_source = self._source_info(table, txn, index + 1, None)
-                delete = ChangeEvent(Op.DELETE, delete_source, before, None, txn.commit_ts_us, txn_block)
-                create = ChangeEvent(Op.CREATE, create_source, None, after, txn.commit_ts_us, txn_block)
+                delete = self._value(pieces, Op.DELETE, before_json, _NULL, lsn=lsn, index=index, order=order)
+                create = self._value(pieces, Op.CREATE, _NULL, after_json, lsn=lsn, index=index + 1, order=order)
                 return [
-                    OutRecord(table.topic, old_key, encode_value(delete), sequence),
-                    OutRecord(table.topic, old_key, None, sequence),
-                    OutRecord(table.topic, new_key, encode_value(create), Seq(txn.commit_lsn.value, index + 1)),
+                    OutRecord(topic, old_key, delete, commit, index),
+                    OutRecord(topic, old_key, None, commit, index),
+                    OutRecord(topic, new_key, create, commit, index + 1),
                 ]
-            event = ChangeEvent(
-                Op.UPDATE, self._source_info(table, txn, index, None), before, after, txn.commit_ts_us, txn_block
-            )
-            return [OutRecord(table.topic, new_key, encode_value(event), sequence)]
+            value = self._value(pieces, Op.UPDATE, before_json, after_json, lsn=lsn, index=index, order=order)
+            return [OutRecord(topic, new_key, value, commit, index)]
         # Delete: with REPLICA IDENTITY FULL the whole old row, else only the key columns.
         before_image = self._key_only_image(table, change.old) if change.old_is_key else self._image(table, change.old)
         key = self._key(table, before_image)
-        self._remember(table.topic, key, None)
-        event = ChangeEvent(
-            Op.DELETE, self._source_info(table, txn, index, None), before_image, None, txn.commit_ts_us, txn_block
+        self._remember(topic, key, None)
+        value = self._value(pieces, Op.DELETE, orjson.dumps(before_image), _NULL, lsn=lsn, index=index, order=order)
+        return [OutRecord(topic, key, value, commit, index), OutRecord(topic, key, None, commit, index)]
+
+    @staticmethod
+    def _value(pieces: _Pieces, op: Op, before: bytes, after: bytes, *, lsn: int, index: int, order: int) -> bytes:
+        # Equal to encode_value(ChangeEvent(...)) with source.lsn = lsn and
+        # transaction.total_order = index + 1 (tests/unit/capture/test_events.py).
+        return _CHANGE_VALUE % (
+            before,
+            after,
+            pieces.pre,
+            lsn,
+            pieces.table_mid,
+            lsn,
+            pieces.post,
+            index,
+            pieces.op_blocks[op],
+            index + 1,
+            order,
         )
-        return [
-            OutRecord(table.topic, key, encode_value(event), sequence),
-            OutRecord(table.topic, key, None, sequence),
-        ]
+
+    def _quarantined(
+        self,
+        change: Insert | Update | Delete | Truncate | LogicalMessage,
+        txn: Transaction,
+        index: int,
+        lsn: int,
+        exc: Exception,
+    ) -> OutRecord:
+        assert isinstance(change, Insert | Update | Delete), "only row changes are converted"
+        table = self._tables[change.relation_oid]
+        source = self._source_info(table, txn, index, lsn).to_json()
+        if isinstance(change, Insert):
+            return self._quarantine_record(table, Op.CREATE, source, before=None, after=change.new, exc=exc)
+        if isinstance(change, Update):
+            return self._quarantine_record(table, Op.UPDATE, source, before=change.old, after=change.new, exc=exc)
+        return self._quarantine_record(table, Op.DELETE, source, before=change.old, after=None, exc=exc)
+
+    def _quarantine_record(
+        self,
+        table: _Table,
+        op: Op,
+        source: Mapping[str, object],
+        *,
+        before: TupleData | None,
+        after: TupleData | None,
+        exc: Exception,
+    ) -> OutRecord:
+        error = f"{table.topic}: {exc}"
+        raw_after = raw_values(table.names, after)
+        raw_before = raw_values(table.names, before)
+        image = raw_after if raw_after is not None else raw_before
+        key = None
+        if image is not None and table.key_names and all(name in image for name in table.key_names):
+            key = orjson.dumps({name: image[name] for name in table.key_names})
+        value = quarantine_value(op=op.value, source=source, before=raw_before, after=raw_after, error=error)
+        commit, index = int(str(source["commit_lsn"])), int(str(source["txn_index"]))
+        return OutRecord(quarantine_topic(table.topic), key, value, commit, index, error_headers(error))
 
     def _remember(self, topic: str, key: bytes | None, after: dict[str, Any] | None) -> None:
         if key is None or self._images_max <= 0:
             return
+        images = self._images
         slot = (topic, key)
+        images.pop(slot, None)
         if after is None:
-            self._images.pop(slot, None)
             return
-        self._images[slot] = after
-        self._images.move_to_end(slot)
-        if len(self._images) > self._images_max:
-            self._images.popitem(last=False)
+        images[slot] = after
+        if len(images) > self._images_max:
+            del images[next(iter(images))]
 
     def _image(self, table: _Table, row: TupleData) -> dict[str, Any]:
         values = table.decode(row)
-        return {table.names[i]: values[i] for i in table.keep}
+        keep = table.keep_names
+        return values if keep is None else {name: values[name] for name in keep}
 
     def _key_only_image(self, table: _Table, row: TupleData) -> dict[str, Any]:
         # In a key tuple, non-key columns are sent as NULL; keep only the key columns.
         values = table.decode(row)
-        return {table.names[i]: values[i] for i in table.key_positions}
-
-    def _key_from_key_tuple(self, table: _Table, row: TupleData) -> bytes | None:
-        return self._key(table, self._key_only_image(table, row))
+        return {name: values[name] for name in table.key_names}
 
     def _key(self, table: _Table, image: Mapping[str, Any] | None) -> bytes | None:
-        if image is None or not table.has_key:
+        if image is None or not table.key_names:
             return None
-        return encode_key({table.names[i]: image[table.names[i]] for i in table.key_positions})
+        prefix = table.single_key_prefix
+        if prefix is not None:
+            return b"%b%b}" % (prefix, orjson.dumps(image[table.key_names[0]]))
+        return orjson.dumps({name: image[name] for name in table.key_names})
 
     def _fill_toast(
         self,
@@ -391,18 +545,6 @@ class EventBuilder:
                     raise UnresolvedToastError(table.topic, name)
                 filled[name] = previous[name]
         return filled
-
-
-class UnresolvedToastError(ValueError):
-    """An unchanged TOASTed value could not be recovered (no previous image for the key)."""
-
-    def __init__(self, topic: str, column: str) -> None:
-        super().__init__(
-            f"{topic}: column {column!r} is an unchanged TOAST value and no previous row image is known; "
-            "set REPLICA IDENTITY FULL on the table or re-snapshot it"
-        )
-        self.topic = topic
-        self.column = column
 
 
 def _schema_fingerprint(value: bytes) -> bytes:

@@ -53,7 +53,8 @@ class ResumePoint:
     """Per-partition high-water sequences, loaded once at start and advanced on append."""
 
     def __init__(self, last: dict[TopicPartition, Sequence]) -> None:
-        self._last = dict(last)
+        self._last = {where: (s.commit_lsn, s.txn_index) for where, s in last.items()}
+        self._highest = max(self._last.values(), default=None)
 
     @classmethod
     def load(cls, log: Log, topics: Iterable[str]) -> ResumePoint:
@@ -69,17 +70,33 @@ class ResumePoint:
                     last[TopicPartition(topic, partition)] = sequence
         return cls(last)
 
+    def may_hold(self, commit_lsn: int, txn_index: int) -> bool:
+        """False when no partition holds ``(commit_lsn, txn_index)`` or anything after it.
+
+        Events leave the agent in sequence order, so once this is False for the first
+        pending event, no later one needs :meth:`already_stored` (the per-record check
+        only runs right after a restart).
+        """
+        return self._highest is not None and (commit_lsn, txn_index) <= self._highest
+
     def already_stored(self, where: TopicPartition, sequence: Sequence) -> bool:
         """True when ``where`` already holds ``sequence`` (so writing it again would duplicate)."""
         held = self._last.get(where)
-        return held is not None and sequence <= held
+        return held is not None and (sequence.commit_lsn, sequence.txn_index) <= held
 
     def advance(self, where: TopicPartition, sequence: Sequence) -> None:
         """Record that ``sequence`` is now durable in ``where``."""
+        self.advance_to(where, sequence.commit_lsn, sequence.txn_index)
+
+    def advance_to(self, where: TopicPartition, commit_lsn: int, txn_index: int) -> None:
+        """Record that ``(commit_lsn, txn_index)`` is now durable in ``where``."""
+        at = (commit_lsn, txn_index)
         held = self._last.get(where)
-        if held is None or held < sequence:
-            self._last[where] = sequence
+        if held is None or held < at:
+            self._last[where] = at
+            if self._highest is None or self._highest < at:
+                self._highest = at
 
     def highest(self) -> Sequence | None:
         """The highest sequence stored anywhere (the snapshot/stream boundary check uses it)."""
-        return max(self._last.values(), default=None)
+        return None if self._highest is None else Sequence(*self._highest)

@@ -8,12 +8,15 @@ this module, so an aborted transaction never reaches the log.
 
 Non-transactional logical messages (heartbeats among them) are delivered on their
 own, outside any transaction.
+
+Each change keeps the WAL position it was sent at (the XLogData ``wal_start``), which
+becomes the event's ``source.lsn``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
 from capture.pgoutput import (
     Begin,
@@ -39,13 +42,17 @@ Change: TypeAlias = Insert | Update | Delete | Truncate | LogicalMessage | Relat
 
 @dataclass
 class Transaction:
-    """A committed transaction: its changes in order, and the Relations seen inside it."""
+    """A committed transaction: its changes in order, and the Relations seen inside it.
+
+    ``lsns[i]`` is the WAL position of ``changes[i]`` (0 where it is not known).
+    """
 
     xid: int
     commit_lsn: Lsn
     end_lsn: Lsn
     commit_ts_us: int
     changes: list[Change] = field(default_factory=list)
+    lsns: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,8 @@ class LooseMessage:
 
 
 Assembled: TypeAlias = Transaction | LooseMessage
+
+_CHANGE_TYPES = frozenset({Insert, Update, Delete, Truncate, Relation, LogicalMessage})
 
 
 class TransactionAssembler:
@@ -68,8 +77,8 @@ class TransactionAssembler:
 
     def __init__(self) -> None:
         self._open: Transaction | None = None
-        # Streamed transactions by top-level xid: (xid of the (sub)transaction, change).
-        self._streamed: dict[int, list[tuple[int | None, Change]]] = {}
+        # Streamed transactions by top-level xid: (xid of the (sub)transaction, change, lsn).
+        self._streamed: dict[int, list[tuple[int | None, Change, int]]] = {}
         self._stream_xid: int | None = None
 
     @property
@@ -82,8 +91,13 @@ class TransactionAssembler:
         """True between Begin and Commit of a non-streamed transaction."""
         return self._open is not None
 
-    def feed(self, message: PgoutputMessage) -> Assembled | None:
-        """Consume one message; return a transaction when it commits, or a loose message."""
+    def feed(self, message: PgoutputMessage, lsn: int = 0) -> Assembled | None:
+        """Consume one message sent at WAL position ``lsn``; return a committed transaction or a loose message."""
+        if type(message) in _CHANGE_TYPES:  # the common case first: one set lookup per change
+            if isinstance(message, LogicalMessage) and not message.transactional:
+                return LooseMessage(message)
+            self._add(cast(Change, message), lsn)
+            return None
         if isinstance(message, Begin):
             self._open = Transaction(message.xid, message.final_lsn, message.final_lsn, message.commit_ts_us)
             return None
@@ -106,27 +120,33 @@ class TransactionAssembler:
                 message.commit_lsn,
                 message.end_lsn,
                 message.commit_ts_us,
-                [change for _, change in changes],
+                [change for _, change, _ in changes],
+                [at for _, _, at in changes],
             )
         if isinstance(message, StreamAbort):
             if message.subxid == message.xid:
                 self._streamed.pop(message.xid, None)
             elif message.xid in self._streamed:
-                kept = [(xid, c) for xid, c in self._streamed[message.xid] if xid != message.subxid]
+                # Relations stay: pgoutput counts a Relation sent inside a streamed transaction
+                # as sent for the whole transaction and does not send it again.
+                kept = [
+                    entry
+                    for entry in self._streamed[message.xid]
+                    if entry[0] != message.subxid or isinstance(entry[1], Relation)
+                ]
                 self._streamed[message.xid] = kept
             return None
         if isinstance(message, Origin | Type):
             return None
-        if isinstance(message, LogicalMessage) and not message.transactional:
-            return LooseMessage(message)
-        self._add(message)
-        return None
+        msg = f"unexpected pgoutput message {message!r}"
+        raise ValueError(msg)
 
-    def _add(self, change: Change) -> None:
+    def _add(self, change: Change, lsn: int) -> None:
         if self._stream_xid is not None:
-            self._streamed[self._stream_xid].append((getattr(change, "xid", None), change))
+            self._streamed[self._stream_xid].append((change.xid, change, lsn))
         elif self._open is not None:
             self._open.changes.append(change)
+            self._open.lsns.append(lsn)
         else:
             # pgoutput sends Relations from its change callbacks, so they too are
             # always inside a transaction or a stream block.

@@ -1,0 +1,314 @@
+"""Capture benchmark: the agent against pg_recvlogical and COPY on the same data, and commit-to-log latency.
+
+Starts its own PostgreSQL (embedded, ``wal_level=logical``) and measures, in one run:
+
+(a) streaming: ``--changes`` row changes (half inserts, half updates, in transactions of
+    ``--txn-rows`` rows) decoded twice from the same WAL: by the capture agent into the
+    durable file log (fsync per append), and by ``pg_recvlogical`` (pgoutput, proto_version
+    2, same publication, a slot created at the same point) into ``/dev/null`` up to the same
+    end LSN. Both run alone, one after the other.
+(b) snapshot: the agent's initial snapshot of the table (into the file log) vs
+    ``psql -c 'COPY t TO STDOUT' > /dev/null``.
+(c) latency: a writer commits ``--rate`` changes/s (batches every 10 ms) stamping
+    ``clock_timestamp()`` into each row while the agent follows; a reader tails the log and
+    measures stamp-to-visible-in-the-log per event (p50/p99).
+
+The last line printed is ``capture streaming: <changes/s> (pg_recvlogical: <changes/s>, ratio <r>)``.
+
+    .venv/bin/python bench/capture_bench.py [--changes N] [--latency-seconds S] [--profile FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import orjson
+import psycopg
+
+from capture.agent import CaptureAgent, typemap_decoders
+from headwater.config import LogConfig, SourceConfig
+from headwater.embedded_postgres import find_postgres_bin
+from log.file_log import FileLog
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = "bench"
+PUBLICATION = "headwater_bench"
+
+
+def client_bin_dir() -> Path:
+    """The directory holding ``psql`` and ``pg_recvlogical`` (beside the server binaries)."""
+    for candidate in (find_postgres_bin(), *sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)):
+        if (candidate / "pg_recvlogical").exists() and (candidate / "psql").exists():
+            return candidate
+    msg = "psql and pg_recvlogical not found; install the PostgreSQL client binaries"
+    raise SystemExit(msg)
+
+
+def start_server() -> tuple[Any, Any]:
+    """The embedded server the integration tests use, in UTC."""
+    from harness.postgres import start_pg_server
+
+    return start_pg_server(timezone="UTC")
+
+
+def agent(dsn: str, home: Path, log: FileLog, *, slot: str, snapshot: str, heartbeat_s: float = 10.0) -> CaptureAgent:
+    """An agent on ``slot`` writing to ``log`` (3 partitions, fsync per append)."""
+    source = SourceConfig(
+        dsn=dsn,
+        tables=("public.t",),
+        snapshot=snapshot,
+        slot=slot,
+        publication=PUBLICATION,
+        heartbeat_interval_s=heartbeat_s,
+    )
+    return CaptureAgent(
+        SOURCE, source, log, LogConfig(partitions=3), typemap_decoders(source.types), state_dir=home / "state"
+    )
+
+
+def timed(label: str, fn: Any, profile: str | None = None) -> float:
+    """Run ``fn`` (optionally under cProfile) and return the wall time."""
+    started = time.perf_counter()
+    if profile:
+        profiler = cProfile.Profile()
+        profiler.runcall(fn)
+        profiler.dump_stats(profile)
+    else:
+        fn()
+    elapsed = time.perf_counter() - started
+    print(f"  {label}: {elapsed:.2f} s", file=sys.stderr)
+    return elapsed
+
+
+def bench_snapshot(dsn: str, rows: int, work: Path, bin_dir: Path) -> tuple[float, float]:
+    """Rows/s of the agent's initial snapshot and of ``COPY t TO STDOUT`` into /dev/null."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO t SELECT g, g %% 1000, 'label ' || g, now() FROM generate_series(1, %s) g", (rows,))
+        conn.execute("VACUUM ANALYZE t")
+    with open(os.devnull, "wb") as sink:
+        started = time.perf_counter()
+        subprocess.run([str(bin_dir / "psql"), dsn, "-c", "COPY t TO STDOUT"], stdout=sink, check=True)
+        copy_s = time.perf_counter() - started
+    home = work / "snapshot"
+    log = FileLog(home / "log")
+    try:
+        agent_s = timed(
+            "agent snapshot",
+            lambda: agent(dsn, home, log, slot="snap", snapshot="initial_only").run(until_caught_up=True),
+        )
+    finally:
+        log.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot('snap')")
+    shutil.rmtree(home, ignore_errors=True)
+    return rows / agent_s, rows / copy_s
+
+
+def bench_streaming(
+    dsn: str, rows: int, changes: int, txn_rows: int, work: Path, bin_dir: Path, profile: str | None
+) -> tuple[float, float]:
+    """Changes/s of the agent (into the durable file log) and of pg_recvlogical on the same WAL."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for slot in ("agent_slot", "recv_slot"):
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        inserts = changes // 2
+        for first in range(rows + 1, rows + inserts + 1, txn_rows):
+            last = min(first + txn_rows - 1, rows + inserts)
+            conn.execute(
+                "INSERT INTO t SELECT g, g %% 1000, 'label ' || g, now() FROM generate_series(%s, %s) g", (first, last)
+            )
+        updates = changes - inserts
+        for first in range(1, updates + 1, txn_rows):
+            last = min(first + txn_rows - 1, updates)
+            conn.execute("UPDATE t SET n = n + 1 WHERE id BETWEEN %s AND %s", (first, last))
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        end_lsn = str(row[0])
+    started = time.perf_counter()
+    subprocess.run(
+        [
+            str(bin_dir / "pg_recvlogical"),
+            "-d",
+            dsn,
+            "--slot",
+            "recv_slot",
+            "--start",
+            "-o",
+            "proto_version=2",
+            "-o",
+            f"publication_names={PUBLICATION}",
+            "-o",
+            "streaming=on",
+            "--endpos",
+            end_lsn,
+            "-f",
+            "/dev/null",
+            "--no-loop",
+        ],
+        check=True,
+    )
+    recv_s = time.perf_counter() - started
+    print(f"  pg_recvlogical: {recv_s:.2f} s", file=sys.stderr)
+    home = work / "stream"
+    log = FileLog(home / "log")
+    try:
+        capture = agent(dsn, home, log, slot="agent_slot", snapshot="never")
+        agent_s = timed("agent streaming", lambda: capture.run(until_caught_up=True), profile)
+        written = capture.stats.events
+    finally:
+        log.close()
+    if written != changes:
+        print(f"  WARNING: agent wrote {written} events, expected {changes}", file=sys.stderr)
+    shutil.rmtree(home, ignore_errors=True)
+    return changes / agent_s, changes / recv_s
+
+
+def bench_latency(dsn: str, rate: int, seconds: float, work: Path) -> tuple[float, float, int]:
+    """p50/p99 milliseconds from a row's clock_timestamp() to its event being readable in the log."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE lat (id bigserial PRIMARY KEY, ts_us bigint NOT NULL)")
+        conn.execute(f"ALTER PUBLICATION {PUBLICATION} ADD TABLE lat")
+    home = work / "latency"
+    (home / "log").mkdir(parents=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _FOLLOWER, dsn, str(home)],
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
+    )
+    topic = f"{SOURCE}.public.lat"
+    log = FileLog(home / "log")
+    latencies: list[float] = []
+    stop = threading.Event()
+    batch = max(rate // 100, 1)
+
+    def write() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            tick = time.monotonic()
+            while not stop.is_set():
+                conn.execute(
+                    "INSERT INTO lat (ts_us) SELECT (extract(epoch FROM clock_timestamp()) * 1e6)::bigint "
+                    "FROM generate_series(1, %s)",
+                    (batch,),
+                )
+                tick += 0.01
+                time.sleep(max(0.0, tick - time.monotonic()))
+
+    try:
+        while topic not in log.list_topics():  # the follower is up once it has written its first event
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("INSERT INTO lat (ts_us) VALUES (0)")
+            time.sleep(0.5)
+        partitions = log.describe_topic(topic).partitions
+        offsets = {p: log.end_offset(topic, p) for p in range(partitions)}
+        writer = threading.Thread(target=write)
+        writer.start()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline + 1.0:
+            if time.monotonic() >= deadline:
+                stop.set()
+            for partition in range(partitions):
+                records = log.read(topic, partition, offsets[partition])
+                if not records:
+                    continue
+                now_us = time.time_ns() // 1000
+                offsets[partition] = records[-1].offset + 1
+                for record in records:
+                    if record.value is not None:
+                        latencies.append((now_us - orjson.loads(record.value)["after"]["ts_us"]) / 1000)
+            time.sleep(0.002)
+        writer.join()
+    finally:
+        stop.set()
+        worker.terminate()
+        worker.wait(timeout=60)
+        log.close()
+    latencies.sort()
+    return statistics.median(latencies), latencies[int(len(latencies) * 0.99)], len(latencies)
+
+
+_FOLLOWER = """
+import sys
+from pathlib import Path
+from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
+from headwater.config import LogConfig, SourceConfig
+from log.file_log import FileLog
+dsn, home = sys.argv[1], Path(sys.argv[2])
+source = SourceConfig(dsn=dsn, tables=("public.lat",), snapshot="never", slot="lat_slot",
+                      publication="headwater_bench", heartbeat_interval_s=1)
+log = FileLog(home / "log")
+agent = CaptureAgent("bench", source, log, LogConfig(partitions=3), typemap_decoders(source.types),
+                     state_dir=home / "state")
+agent.install_signal_handlers()
+agent.run(until_caught_up=False)
+log.close()
+"""
+
+
+def main() -> None:
+    """Run the three measurements and print one line each; the streaming line last."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--changes", type=int, default=1_000_000, help="streamed changes (half inserts, half updates)")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows in the snapshotted table")
+    parser.add_argument("--txn-rows", type=int, default=10_000, help="rows per workload transaction")
+    parser.add_argument("--rate", type=int, default=5_000, help="latency writer: changes per second")
+    parser.add_argument("--latency-seconds", type=float, default=15.0)
+    parser.add_argument("--profile", help="write a cProfile of the agent's streaming run here")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: snapshot,latency")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    bin_dir = client_bin_dir()
+    server, stop_server = start_server()
+    work = Path(tempfile.mkdtemp(prefix="hw-capture-bench-"))
+    try:
+        dsn = server.create_database("bench")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "CREATE TABLE t (id bigint PRIMARY KEY, n int NOT NULL, label text NOT NULL, "
+                "created timestamptz NOT NULL)"
+            )
+            conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE t")
+        if "snapshot" not in skip:
+            agent_rate, copy_rate = bench_snapshot(dsn, args.rows, work, bin_dir)
+            ratio = agent_rate / copy_rate
+            print(f"capture snapshot: {agent_rate:,.0f} rows/s (COPY: {copy_rate:,.0f} rows/s, ratio {ratio:.2f})")
+        else:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(
+                    "INSERT INTO t SELECT g, g %% 1000, 'label ' || g, now() FROM generate_series(1, %s) g",
+                    (args.rows,),
+                )
+        if "latency" not in skip:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("SELECT pg_create_logical_replication_slot('lat_slot', 'pgoutput')")
+            p50, p99, count = bench_latency(dsn, args.rate, args.latency_seconds, work)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("SELECT pg_drop_replication_slot('lat_slot')")
+                conn.execute(f"ALTER PUBLICATION {PUBLICATION} DROP TABLE lat")
+            print(f"capture latency at {args.rate:,} changes/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms ({count:,} events)")
+        agent_rate, recv_rate = bench_streaming(
+            dsn, args.rows, args.changes, args.txn_rows, work, bin_dir, args.profile
+        )
+        print(
+            f"capture streaming: {agent_rate:,.0f} changes/s "
+            f"(pg_recvlogical: {recv_rate:,.0f} changes/s, ratio {agent_rate / recv_rate:.2f})"
+        )
+    finally:
+        stop_server()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

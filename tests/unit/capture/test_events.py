@@ -1,0 +1,228 @@
+"""EventBuilder: pre-encoded event values equal log.envelope's encoding; quarantine; TOAST; txn_index."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from capture.events import EventBuilder, OutRecord
+from capture.pgoutput import (
+    UNCHANGED_TOAST,
+    Delete,
+    Insert,
+    LogicalMessage,
+    Relation,
+    RelationColumn,
+    ReplicaIdentity,
+    Truncate,
+    TruncateOption,
+    TupleData,
+    Update,
+)
+from capture.quarantine import ERROR_HEADER
+from capture.transactions import Transaction
+from capture.typemap import UnrepresentableValueError
+from log.envelope import ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value, transaction_block
+from log.sequence import Lsn
+from log.sequence import Sequence as Seq
+
+NAMES = ("id", 'la"bel', "prïce")
+
+
+def relation(identity: ReplicaIdentity = ReplicaIdentity.DEFAULT, oid: int = 7) -> Relation:
+    return Relation(
+        oid,
+        'sch"ema',
+        "tåble",
+        identity,
+        (
+            RelationColumn(True, "id", 23, -1),
+            RelationColumn(False, 'la"bel', 25, -1),
+            RelationColumn(False, "prïce", 1700, -1),
+        ),
+    )
+
+
+def decoder_for(rel: Relation):
+    def decode(row: TupleData) -> dict:
+        out = {}
+        for column, value in zip(rel.columns, row, strict=True):
+            if value is UNCHANGED_TOAST:
+                out[column.name] = UNCHANGED_TOAST
+            elif value == "NaN":
+                raise UnrepresentableValueError("numeric NaN in precise mode", column=column.name)
+            elif value is None:
+                out[column.name] = None
+            else:
+                out[column.name] = int(value) if column.type_oid == 23 else value
+        return out
+
+    return decode
+
+
+def builder() -> EventBuilder:
+    return EventBuilder("s\\rc", 'd"b', decoder_for, primary_key=lambda _rel: ("id",))
+
+
+def txn(changes: list, xid: int = 42, commit: int = 0x1_0000_0100) -> Transaction:
+    return Transaction(
+        xid, Lsn(commit), Lsn(commit + 8), 1_700_000_000_123_456, changes, [1000 + i for i in range(len(changes))]
+    )
+
+
+def value_of(op: Op, t: Transaction, *, index: int, lsn: int, before, after, last=None, order=1, total=None) -> bytes:
+    source = SourceInfo(
+        name="s\\rc",
+        db='d"b',
+        schema='sch"ema',
+        table="tåble",
+        tx_id=t.xid,
+        lsn=lsn,
+        commit_lsn=t.commit_lsn.value,
+        txn_index=index,
+        ts_us=t.commit_ts_us,
+        last_commit_lsn=last,
+    )
+    block = transaction_block(t.xid, t.commit_lsn, index + 1 if total is None else total, order)
+    return encode_value(ChangeEvent(op, source, before, after, t.commit_ts_us, block))
+
+
+def test_change_values_equal_the_envelope_encoding() -> None:
+    rel = relation()
+    b = builder()
+    first = txn([rel, Insert(7, ("1", 'a "quoted" \\ label', "1.50"))], commit=0x100)
+    records, schemas = b.build(first)
+    assert len(schemas) == 1
+    assert records == [
+        OutRecord(
+            "s_rc.sch_ema.t_ble",
+            b'{"id":1}',
+            value_of(
+                Op.CREATE,
+                first,
+                index=0,
+                lsn=1001,
+                before=None,
+                after={"id": 1, 'la"bel': 'a "quoted" \\ label', "prïce": "1.50"},
+            ),
+            0x100,
+            0,
+        )
+    ]
+    second = txn(
+        [
+            Update(7, None, ("1", "x", "2")),
+            Update(7, ("1", None, None), ("5", "y", "3"), old_is_key=True),
+            Delete(7, ("5", None, None), old_is_key=True),
+            Insert(7, ("9", None, None)),
+        ],
+        xid=43,
+        commit=0x200,
+    )
+    records, _ = b.build(second)
+    topic = "s_rc.sch_ema.t_ble"
+    row_x = {"id": 1, 'la"bel': "x", "prïce": "2"}
+    row_y = {"id": 5, 'la"bel': "y", "prïce": "3"}
+    assert [(r.key, r.txn_index) for r in records] == [
+        (b'{"id":1}', 0),
+        (b'{"id":1}', 1),
+        (b'{"id":1}', 1),
+        (b'{"id":5}', 2),
+        (b'{"id":5}', 3),
+        (b'{"id":5}', 3),
+        (b'{"id":9}', 4),
+    ]
+    assert all(r.topic == topic and r.commit_lsn == 0x200 for r in records)
+    assert records[0].value == value_of(Op.UPDATE, second, index=0, lsn=1000, before=None, after=row_x, last=0x100)
+    assert records[1].value == value_of(
+        Op.DELETE, second, index=1, lsn=1001, before=None, after=None, last=0x100, order=2
+    )
+    assert records[2].value is None
+    assert records[3].value == value_of(
+        Op.CREATE, second, index=2, lsn=1001, before=None, after=row_y, last=0x100, order=2
+    )
+    assert records[4].value == value_of(
+        Op.DELETE, second, index=3, lsn=1002, before={"id": 5}, after=None, last=0x100, order=3
+    )
+    assert records[5].value is None
+    assert orjson.loads(records[6].value)["source"]["sequence"] == f'["{0x100}","1003"]'
+
+
+def test_full_identity_before_image_and_primary_key() -> None:
+    rel = relation(ReplicaIdentity.FULL)
+    b = builder()
+    t = txn([rel, Update(7, ("1", "old", "1"), ("1", "new", "1")), Delete(7, ("1", "new", "1"), old_is_key=False)])
+    records, _ = b.build(t)
+    update = orjson.loads(records[0].value)
+    assert records[0].key == b'{"id":1}'
+    assert update["before"] == {"id": 1, 'la"bel': "old", "prïce": "1"}
+    assert orjson.loads(records[1].value)["before"] == {"id": 1, 'la"bel': "new", "prïce": "1"}
+    assert records[0].value == value_of(
+        Op.UPDATE, t, index=0, lsn=1001, before=update["before"], after={"id": 1, 'la"bel': "new", "prïce": "1"}
+    )
+
+
+def test_snapshot_values_equal_the_envelope_encoding() -> None:
+    b = builder()
+    b.relation(relation())
+    records = b.snapshot_records(7, [("1", "a", "1"), ("2", None, "NaN")], Seq(0x300, 10))
+    source = SourceInfo("s\\rc", 'd"b', 'sch"ema', "tåble", None, 0x300, 0x300, 10, 0, SnapshotMarker.TRUE)
+    event = ChangeEvent(Op.READ, source, None, {"id": 1, 'la"bel': "a", "prïce": "1"}, 0)
+    assert records[0] == OutRecord("s_rc.sch_ema.t_ble", b'{"id":1}', encode_value(event), 0x300, 10)
+    quarantined = records[1]
+    assert quarantined.topic == "s_rc.sch_ema.t_ble.quarantine"
+    assert (quarantined.commit_lsn, quarantined.txn_index) == (0x300, 11)
+    assert orjson.loads(quarantined.value)["after_raw"] == {"id": "2", 'la"bel': None, "prïce": "NaN"}
+
+
+def test_unconvertible_value_is_quarantined_in_place() -> None:
+    b = builder()
+    t = txn([relation(), Insert(7, ("1", "a", "NaN")), Insert(7, ("2", "b", "1"))])
+    records, _ = b.build(t)
+    bad, good = records
+    assert bad.topic.endswith(".quarantine")
+    assert bad.key == b'{"id":"1"}'
+    assert dict(bad.headers)[ERROR_HEADER].decode().endswith("numeric NaN in precise mode")
+    body = orjson.loads(bad.value)
+    assert body["op"] == "c"
+    assert body["after_raw"] == {"id": "1", 'la"bel': "a", "prïce": "NaN"}
+    assert (body["source"]["commit_lsn"], body["source"]["txn_index"]) == (t.commit_lsn.value, 0)
+    assert good.txn_index == 1
+    assert orjson.loads(good.value)["after"]["id"] == 2
+
+
+def test_unchanged_toast_filled_from_the_cache_or_quarantined() -> None:
+    b = builder()
+    b.build(txn([relation(), Insert(7, ("1", "big", "1"))], commit=0x100))
+    records, _ = b.build(
+        txn([Update(7, None, ("1", UNCHANGED_TOAST, "2")), Update(7, None, ("8", UNCHANGED_TOAST, "2"))])
+    )
+    assert orjson.loads(records[0].value)["after"][NAMES[1]] == "big"
+    assert records[1].topic.endswith(".quarantine")
+    assert "unchanged TOAST" in dict(records[1].headers)[ERROR_HEADER].decode()
+
+
+def test_truncate_and_message_take_their_own_indexes() -> None:
+    b = builder()
+    t = txn(
+        [
+            relation(),
+            relation(oid=8),
+            Truncate(TruncateOption.NONE, (7, 8)),
+            LogicalMessage(True, Lsn(5), "app", b"hi"),
+            LogicalMessage(True, Lsn(6), "headwater.heartbeat", b"x"),
+        ]
+    )
+    records, _ = b.build(t)
+    assert [(r.key, r.txn_index) for r in records] == [(None, 0), (None, 1), (b'{"prefix":"app"}', 2)]
+    assert orjson.loads(records[0].value)["op"] == "t"
+    assert orjson.loads(records[2].value)["message"] == {"prefix": "app", "content": "6869"}
+
+
+@pytest.mark.parametrize("excluded", [(), ('sch"ema.tåble.prïce',)])
+def test_excluded_columns_never_leave(excluded: tuple[str, ...]) -> None:
+    b = EventBuilder("src", "db", decoder_for, excluded_columns=excluded)
+    records, schemas = b.build(txn([relation(), Insert(7, ("1", "a", "1"))]))
+    after = orjson.loads(records[0].value)["after"]
+    assert ("prïce" in after) == (not excluded)
+    assert ("prïce" in schemas[0].value.decode()) == (not excluded)
