@@ -1,9 +1,10 @@
-"""``headwater query``: SQL over the warehouse tables, by name."""
+"""``headwater load`` and ``headwater query``: materialise and query warehouse tables."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -37,6 +38,43 @@ def query_command(context: Context, sql: str, fmt: OutputFormat) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
+@click.command("load")
+@click.argument("tables", nargs=-1)
+@config_option
+@click.option("--available-now", is_flag=True, help="Load everything in the log now, then exit 0.")
+@click.option("--follow", is_flag=True, help="Keep loading as the log grows, until Ctrl-C.")
+@pass_context
+def load_command(context: Context, tables: tuple[str, ...], available_now: bool, follow: bool) -> None:
+    """Materialise warehouse tables (all by default) from the log with Spark."""
+    if available_now == follow:
+        msg = "pass exactly one of --available-now or --follow"
+        raise click.UsageError(msg)
+    from derived_feeds.session import spark_session
+    from log.factory import open_log
+    from warehouse_loader.load_job import run_loads
+
+    config = context.config(needs_sources=False)
+    log = open_log(config)
+    spark = spark_session("headwater-load", local_dir=config.home_dir / "spark")
+    try:
+        queries = run_loads(spark, config, log, tables, available_now=available_now)
+        if follow:
+            click.echo(f"loading {', '.join(q.name or '?' for q in queries)}; Ctrl-C to stop")
+            try:
+                spark.streams.awaitAnyTermination()
+            except KeyboardInterrupt:
+                for query in queries:
+                    query.stop()
+        for query in queries:
+            progress: dict[str, Any] = dict(query.lastProgress or {})
+            click.echo(
+                f"{query.name}: last batch {progress.get('batchId', '-')}, rows {progress.get('numInputRows', 0)}"
+            )
+    finally:
+        log.close()
+
+
 def register(cli: click.Group) -> None:
     """Attach the warehouse commands."""
     cli.add_command(query_command)
+    cli.add_command(load_command)

@@ -1,0 +1,138 @@
+"""The Spark job that keeps one warehouse table up to date from the log.
+
+``headwater_log`` (streaming) → ``foreachBatch`` on the driver → the change batch →
+:func:`warehouse_loader.delta_writer.write_batch` (one MERGE, Delta app transaction
+``(table, batch_id)``). Spark keeps the source offsets in its checkpoint
+(``<home>/checkpoints/load/<table>``); a batch replayed after a crash between the Delta
+commit and the checkpoint is skipped by the writer, so the table is exact.
+
+After each batch the loader commits its position to consumer group
+``headwater.load.<table>``, so ``headwater status`` can show its lag on any backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from headwater.config import ProjectConfig, TableConfig
+from headwater.errors import PermanentError
+from headwater.status import LOAD_GROUP_PREFIX
+from log.base import SCHEMAS_TOPIC, Log, TopicPartition
+from warehouse_loader.errors import WarehouseError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+
+class UnknownWarehouseTableError(WarehouseError, PermanentError):
+    """A table name that ``warehouse.tables`` does not define."""
+
+
+class TableKeyError(WarehouseError, PermanentError):
+    """The key of a warehouse table cannot be determined."""
+
+
+def table_path(config: ProjectConfig, name: str) -> Path:
+    """Where the Delta table ``name`` lives."""
+    return config.home_dir / "warehouse" / name
+
+
+def checkpoint_path(config: ProjectConfig, name: str) -> Path:
+    """Spark's checkpoint of the load of ``name``."""
+    return config.home_dir / "checkpoints" / "load" / name
+
+
+def table_keys(config: ProjectConfig, log: Log, table: TableConfig) -> tuple[str, ...]:
+    """The key columns: a feed's ``key``, or the source table's primary key from ``_headwater.schemas``."""
+    feed = config.feeds.get(table.from_)
+    if feed is not None:
+        return feed.key
+    latest: dict[str, Any] | None = None
+    if SCHEMAS_TOPIC in log.list_topics():
+        for partition in range(log.describe_topic(SCHEMAS_TOPIC).partitions):
+            offset = log.beginning_offset(SCHEMAS_TOPIC, partition)
+            while records := log.read(SCHEMAS_TOPIC, partition, offset):
+                for record in records:
+                    if record.key == table.from_.encode() and record.value is not None:
+                        latest = orjson.loads(record.value)
+                offset = records[-1].offset + 1
+    if latest is None:
+        msg = f"no schema is recorded for topic {table.from_!r} yet; run 'headwater capture' first"
+        raise TableKeyError(msg)
+    keys = tuple(column["name"] for column in latest["columns"] if column.get("key"))
+    if not keys:
+        msg = f"topic {table.from_!r} has no primary key, so it cannot be loaded as {table.mode}; add a key"
+        raise TableKeyError(msg)
+    return keys
+
+
+def _commit_progress(log: Log, name: str, topic: str, batch: DataFrame) -> None:
+    from pyspark.sql import functions as F
+
+    rows = batch.groupBy("partition").agg(F.max("offset").alias("last")).collect()
+    if rows:
+        offsets = {TopicPartition(topic, int(row["partition"])): int(row["last"]) + 1 for row in rows}
+        log.commit(LOAD_GROUP_PREFIX + name, offsets)
+
+
+def start_load(
+    spark: SparkSession,
+    config: ProjectConfig,
+    log: Log,
+    name: str,
+    *,
+    available_now: bool,
+    max_records_per_batch: int = 200_000,
+    processing_interval: str = "1 second",
+) -> StreamingQuery:
+    """Start the streaming load of warehouse table ``name`` (returns the running query)."""
+    from derived_feeds.changes_frame import change_batch
+    from derived_feeds.log_source import register_log_source
+    from warehouse_loader.delta_writer import write_batch
+
+    if name not in config.warehouse.tables:
+        known = ", ".join(config.warehouse.tables) or "none"
+        msg = f"no warehouse table named {name!r}; known: {known} (see warehouse.tables in headwater.yaml)"
+        raise UnknownWarehouseTableError(msg)
+    table = config.warehouse.tables[name]
+    keys = table_keys(config, log, table)
+    path = table_path(config, name)
+    register_log_source(spark)
+    events = (
+        spark.readStream.format("headwater_log")
+        .option("config", str(config.config_path))
+        .option("topic", table.from_)
+        .option("maxRecordsPerBatch", str(max_records_per_batch))
+        .load()
+    )
+
+    def apply(batch: DataFrame, batch_id: int) -> None:
+        changes = change_batch(batch, keys)
+        if changes.num_rows:
+            write_batch(path, changes, table=name, batch_id=batch_id, keys=keys, config=table)
+        _commit_progress(log, name, table.from_, batch)
+
+    writer = events.writeStream.queryName(f"load_{name}").foreachBatch(apply)
+    writer = writer.option("checkpointLocation", str(checkpoint_path(config, name)))
+    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_interval)
+    return writer.start()
+
+
+def run_loads(
+    spark: SparkSession, config: ProjectConfig, log: Log, names: Sequence[str], *, available_now: bool
+) -> list[StreamingQuery]:
+    """Start the loads of ``names`` (all tables when empty); with ``available_now`` wait for them."""
+    selected = list(names) or list(config.warehouse.tables)
+    queries = [start_load(spark, config, log, name, available_now=available_now) for name in selected]
+    if available_now:
+        for query in queries:
+            query.awaitTermination()
+            error = query.exception()
+            if error is not None:
+                raise error
+    return queries
