@@ -49,7 +49,7 @@ def load_command(context: Context, tables: tuple[str, ...], available_now: bool,
     if available_now == follow:
         msg = "pass exactly one of --available-now or --follow"
         raise click.UsageError(msg)
-    from derived_feeds.session import spark_session
+    from derived_feeds.session import spark_session, stop_spark
     from log.factory import open_log
     from warehouse_loader.load_job import run_loads
 
@@ -72,6 +72,7 @@ def load_command(context: Context, tables: tuple[str, ...], available_now: bool,
             )
     finally:
         log.close()
+        stop_spark(spark)
 
 
 def register(cli: click.Group) -> None:
