@@ -191,9 +191,12 @@ class EventBuilder:
         self._schemas_seen: dict[str, bytes] = {}
         self._last_commit_lsn: int | None = None
         # Latest after-image per (topic, key), for filling unchanged TOAST values without
-        # reading the log back; bounded (oldest entry out first), the log lookup covers what fell out.
+        # reading the log back. Two generations bound it to ``image_cache_size`` entries at O(1)
+        # per change: when the young one is half full it becomes the old one and the old one goes;
+        # the log lookup covers what fell out.
         self._images: dict[tuple[str, bytes], dict[str, Any]] = {}
-        self._images_max = image_cache_size
+        self._old_images: dict[tuple[str, bytes], dict[str, Any]] = {}
+        self._images_half = image_cache_size // 2
 
     def known_schema(self, topic: str, value: bytes, version: int) -> None:
         """Seed the last published schema of ``topic`` (read back from ``_headwater.schemas``)."""
@@ -423,7 +426,11 @@ class EventBuilder:
             if old_key is not None and new_key is not None and old_key != new_key:
                 # A primary-key change is a delete of the old key and a create of the new
                 # one (as Debezium emits it), so compaction and SCD1 drop the old key.
-                delete = self._value(pieces, Op.DELETE, before_json, _NULL, lsn=lsn, index=index, order=order)
+                # Under REPLICA IDENTITY DEFAULT only the old key columns are sent; the delete
+                # still carries them in ``before`` so every consumer can find the old row.
+                old_image = before if before is not None else self._key_only_image(table, change.old or ())
+                delete_before = orjson.dumps(old_image)
+                delete = self._value(pieces, Op.DELETE, delete_before, _NULL, lsn=lsn, index=index, order=order)
                 create = self._value(pieces, Op.CREATE, _NULL, after_json, lsn=lsn, index=index + 1, order=order)
                 return [
                     OutRecord(topic, old_key, delete, commit, index),
@@ -496,16 +503,22 @@ class EventBuilder:
         return OutRecord(quarantine_topic(table.topic), key, value, commit, index, error_headers(error))
 
     def _remember(self, topic: str, key: bytes | None, after: dict[str, Any] | None) -> None:
-        if key is None or self._images_max <= 0:
+        if key is None or self._images_half <= 0:
+            return
+        slot = (topic, key)
+        if after is None:
+            self._images.pop(slot, None)
+            self._old_images.pop(slot, None)
             return
         images = self._images
-        slot = (topic, key)
-        images.pop(slot, None)
-        if after is None:
-            return
         images[slot] = after
-        if len(images) > self._images_max:
-            del images[next(iter(images))]
+        if len(images) >= self._images_half:
+            self._old_images, self._images = images, {}
+
+    def _remembered(self, topic: str, key: bytes) -> dict[str, Any] | None:
+        slot = (topic, key)
+        image = self._images.get(slot)
+        return image if image is not None else self._old_images.get(slot)
 
     def _image(self, table: _Table, row: TupleData) -> dict[str, Any]:
         values = table.decode(row)
@@ -534,7 +547,7 @@ class EventBuilder:
     ) -> dict[str, Any]:
         previous: Mapping[str, Any] | None = before
         if previous is None or any(previous.get(n) is UNCHANGED_TOAST for n in after):
-            looked_up: Mapping[str, Any] | None = self._images.get((table.topic, key)) if key else None
+            looked_up: Mapping[str, Any] | None = self._remembered(table.topic, key) if key else None
             if looked_up is None and self._previous_image and key:
                 looked_up = self._previous_image(table.topic, key)
             previous = looked_up if looked_up is not None else previous

@@ -135,7 +135,7 @@ def test_change_values_equal_the_envelope_encoding() -> None:
     assert all(r.topic == topic and r.commit_lsn == 0x200 for r in records)
     assert records[0].value == value_of(Op.UPDATE, second, index=0, lsn=1000, before=None, after=row_x, last=0x100)
     assert records[1].value == value_of(
-        Op.DELETE, second, index=1, lsn=1001, before=None, after=None, last=0x100, order=2
+        Op.DELETE, second, index=1, lsn=1001, before={"id": 1}, after=None, last=0x100, order=2
     )
     assert records[2].value is None
     assert records[3].value == value_of(
