@@ -18,7 +18,10 @@ unconstrained numeric / variable       String by default (exact); Decimal(38,10)
                                        half-even; a value over 28 integer digits fails)
 bytes (base64 / hex), bits             Binary
 date (days)                            Date (±infinity, years outside 1..9999 clamped)
-time_ms / time_us                      Time(3) / Time(6) (24:00:00 -> 23:59:59.999999)
+time_ms / time_us                      Long: microseconds past midnight (both precisions;
+                                       24:00:00 -> 86399999999). Spark 4.3's TIME type is
+                                       off unless spark.sql.timeType.enabled, and
+                                       delta-rs cannot store it
 timestamp_ms / timestamp_us            TimestampNTZ (clamped to years 1..9999)
 timestamptz_string                     Timestamp (UTC; ±infinity clamped to years 1..9999)
 timetz_string                          String ("HH:MM:SS[.f]Z", already in UTC)
@@ -61,7 +64,6 @@ from pyspark.sql.types import (
     StructType,
     TimestampNTZType,
     TimestampType,
-    TimeType,
 )
 
 from capture.typemap import LogicalKind, LogicalType, logical_type
@@ -109,8 +111,8 @@ _SIMPLE: Mapping[LogicalKind, DataType] = {
     LogicalKind.BYTES_HEX: BinaryType(),
     LogicalKind.BITS: BinaryType(),
     LogicalKind.DATE: DateType(),
-    LogicalKind.TIME_MS: TimeType(3),
-    LogicalKind.TIME_US: TimeType(6),
+    LogicalKind.TIME_MS: LongType(),
+    LogicalKind.TIME_US: LongType(),
     LogicalKind.TIMESTAMP_MS: TimestampNTZType(),
     LogicalKind.TIMESTAMP_US: TimestampNTZType(),
     LogicalKind.TIMESTAMPTZ_STRING: TimestampType(),

@@ -210,8 +210,10 @@ def _times(values: Sequence[Any], logical: LogicalType, target: pa.DataType) -> 
     # 24:00:00 is a valid Postgres time; Arrow/Spark times stop one tick before it.
     per_us = 1000 if logical.kind is LogicalKind.TIME_MS else 1
     ticks = _clamped_ints(values, 0, _DAY_US // per_us - 1, "time of day")
-    nanos = pc.multiply(ticks, pa.scalar(per_us * 1000, pa.int64()))
-    return nanos.cast(target)
+    micros = pc.multiply(ticks, pa.scalar(per_us, pa.int64())) if per_us != 1 else ticks
+    if pa.types.is_integer(target):  # the default Spark type: microseconds past midnight
+        return micros.cast(target)
+    return pc.multiply(micros, pa.scalar(1000, pa.int64())).cast(pa.time64("ns")).cast(target)
 
 
 def _timestamps(values: Sequence[Any], logical: LogicalType, target: pa.DataType) -> pa.Array:

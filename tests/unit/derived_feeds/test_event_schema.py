@@ -18,7 +18,6 @@ from pyspark.sql.types import (
     StructType,
     TimestampNTZType,
     TimestampType,
-    TimeType,
 )
 
 from capture.typemap import LogicalKind as K
@@ -48,8 +47,8 @@ from headwater.config import TypesConfig
         (L(K.BYTES_HEX), BinaryType()),
         (L(K.BITS), BinaryType()),
         (L(K.DATE), DateType()),
-        (L(K.TIME_MS), TimeType(3)),
-        (L(K.TIME_US), TimeType(6)),
+        (L(K.TIME_MS), LongType()),
+        (L(K.TIME_US), LongType()),
         (L(K.TIMESTAMP_MS), TimestampNTZType()),
         (L(K.TIMESTAMP_US), TimestampNTZType()),
         (L(K.TIMESTAMPTZ_STRING), TimestampType()),

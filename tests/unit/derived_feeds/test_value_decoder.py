@@ -83,6 +83,9 @@ def test_times():
     assert us == [dt.time(1, 2, 3, 1), dt.time(23, 59, 59, 999_999), None]
     ms = decode_values([3_723_004], L(K.TIME_MS), pa.time64("ns")).to_pylist()
     assert ms == [dt.time(1, 2, 3, 4000)]
+    # The default Spark type (Long): microseconds past midnight for both precisions.
+    assert decode_values([3_723_004, None], L(K.TIME_MS), pa.int64()).to_pylist() == [3_723_004_000, None]
+    assert decode_values([86_400_000_000], L(K.TIME_US), pa.int64()).to_pylist() == [86_399_999_999]
 
 
 def test_local_timestamps():
