@@ -35,10 +35,9 @@ from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, Row
 from capture.pgoutput import UNCHANGED_TOAST, LogicalMessage, PgoutputDecoder, Relation, TupleData
 from capture.position import ResumePoint
 from capture.quarantine import is_quarantine_topic
-from capture.replication_protocol import XLogData
 from capture.slot import create_slot, drop_slot, slot_status
 from capture.snapshot import Chunk, SnapshotState, plan_chunks, read_chunk
-from capture.stream import ReplicationLostError, ReplicationStream, StreamOptions, pinned_options
+from capture.stream import ReplicationLostError, ReplicationStream, StreamOptions, WalMessage, pinned_options
 from capture.transactions import Transaction, TransactionAssembler
 from headwater.config import LogConfig, SourceConfig, TypesConfig
 from log.base import SCHEMAS_TOPIC, Log, Record, TopicPartition, TopicSpec, append_keyed
@@ -214,8 +213,8 @@ class CaptureAgent:
         try:
             while not self._stop.is_set():
                 for frame in stream.frames(self.settings.poll_timeout_s):
-                    if isinstance(frame, XLogData):
-                        done = feed(decode(frame.payload), frame.wal_start.value)
+                    if isinstance(frame, WalMessage):
+                        done = feed(decode(frame.payload), frame.wal_start)
                         if done is None:
                             continue
                         if isinstance(done, Transaction):
@@ -495,7 +494,7 @@ def typemap_decoders(modes: TypesConfig) -> Callable[[psycopg.Connection[Any]], 
         def decoder_for(relation: Relation) -> RowDecoder:
             converter = RowConverter(relation.columns, modes, registry)
             names = converter.names
-            convert = converter.convert
+            convert = converter.convert_text  # the stream and COPY send text, never binary
 
             def decode(row: TupleData) -> dict[str, Any]:
                 # RowConverter leaves unchanged-TOAST columns out; the event builder fills them.

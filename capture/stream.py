@@ -11,15 +11,17 @@ send heartbeats and status updates while the server is quiet.
 from __future__ import annotations
 
 import select
+import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import psycopg
 from psycopg import pq, sql
 
 from capture.errors import CaptureError, dsn_secrets, scrub_secrets
-from capture.replication_protocol import CopyDataFrame, decode_copy_data, encode_standby_status
+from capture.replication_protocol import FrameType, PrimaryKeepalive, decode_copy_data, encode_standby_status
 from headwater.errors import TransientError
 from log.sequence import Lsn
 
@@ -44,6 +46,18 @@ class ReplicationLostError(CaptureError, TransientError):
         """Wrap a driver error, scrubbing any password libpq may have quoted."""
         detail = scrub_secrets(str(exc), dsn_secrets(dsn)) if dsn else " ".join(str(exc).split())
         return cls(f"replication connection for slot {slot!r} lost: {detail}; reconnecting", slot=slot)
+
+
+class WalMessage(NamedTuple):
+    """The payload of one XLogData frame (one pgoutput message) and the WAL position it was sent at."""
+
+    wal_start: int
+    payload: bytes
+
+
+_WAL_START = struct.Struct(">Q")
+#: 'w', wal_start, wal_end, send time.
+_XLOG_HEADER_BYTES = 1 + 8 + 8 + 8
 
 
 def pinned_options() -> str:
@@ -113,14 +127,25 @@ class ReplicationStream:
             msg = f"START_REPLICATION on slot {opts.slot!r} failed: {message}"
             raise ReplicationLostError(msg, slot=opts.slot)
 
-    def frames(self, timeout_s: float) -> Iterator[CopyDataFrame]:
-        """Yield frames already received or arriving within ``timeout_s``; stop when quiet."""
+    def frames(self, timeout_s: float) -> Iterator[WalMessage | PrimaryKeepalive]:
+        """Yield frames already received or arriving within ``timeout_s``; stop when quiet.
+
+        XLogData frames come as :class:`WalMessage` (the hot path: one per change, so no
+        value objects are built for their header), keepalives as :class:`PrimaryKeepalive`.
+        """
         pgconn = self._require().pgconn
         waited = False
+        xlog = FrameType.XLOG_DATA.value
+        unpack_start = _WAL_START.unpack_from
         while True:
             nbytes, data = pgconn.get_copy_data(1)
             if nbytes > 0:
-                yield decode_copy_data(data)
+                if data[0] == xlog:
+                    yield WalMessage(unpack_start(data, 1)[0], bytes(data[_XLOG_HEADER_BYTES:]))
+                    continue
+                frame = decode_copy_data(data)
+                if isinstance(frame, PrimaryKeepalive):
+                    yield frame
                 continue
             if nbytes < 0:
                 msg = f"replication stream on slot {self._options.slot!r} ended by the server; reconnecting"

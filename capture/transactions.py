@@ -64,7 +64,7 @@ class LooseMessage:
 
 Assembled: TypeAlias = Transaction | LooseMessage
 
-_CHANGE_TYPES = frozenset({Insert, Update, Delete, Truncate, Relation, LogicalMessage})
+_ROW_CHANGES = frozenset({Insert, Update, Delete})
 
 
 class TransactionAssembler:
@@ -93,10 +93,12 @@ class TransactionAssembler:
 
     def feed(self, message: PgoutputMessage, lsn: int = 0) -> Assembled | None:
         """Consume one message sent at WAL position ``lsn``; return a committed transaction or a loose message."""
-        if type(message) in _CHANGE_TYPES:  # the common case first: one set lookup per change
-            if isinstance(message, LogicalMessage) and not message.transactional:
-                return LooseMessage(message)
-            self._add(cast(Change, message), lsn)
+        if type(message) in _ROW_CHANGES:  # the common case first: one set lookup per change
+            if self._stream_xid is None and self._open is not None:
+                self._open.changes.append(message)  # type: ignore[arg-type]
+                self._open.lsns.append(lsn)
+            else:
+                self._add(cast(Change, message), lsn)
             return None
         if isinstance(message, Begin):
             self._open = Transaction(message.xid, message.final_lsn, message.final_lsn, message.commit_ts_us)
@@ -137,6 +139,11 @@ class TransactionAssembler:
                 self._streamed[message.xid] = kept
             return None
         if isinstance(message, Origin | Type):
+            return None
+        if isinstance(message, LogicalMessage) and not message.transactional:
+            return LooseMessage(message)
+        if isinstance(message, Truncate | Relation | LogicalMessage):
+            self._add(message, lsn)
             return None
         msg = f"unexpected pgoutput message {message!r}"
         raise ValueError(msg)

@@ -783,6 +783,22 @@ class RowConverter:
                 raise TypeMappingError(msg, column=name)
         return row
 
+    def convert_text(self, values: Sequence[TupleValue]) -> dict[str, Any]:
+        """:meth:`convert` for tuples of a text-mode stream (every value ``str``, ``None`` or unchanged TOAST).
+
+        The hot path of capture: one comprehension when no value is an unchanged TOAST;
+        otherwise, and on any conversion error, :meth:`convert` gives the result or the error.
+        """
+        if UNCHANGED_TOAST not in values and len(values) == len(self._plan):
+            try:
+                return {
+                    name: None if value is None else converter(value)  # type: ignore[arg-type]
+                    for (name, converter), value in zip(self._plan, values, strict=True)
+                }
+            except (TypeMappingError, ValueError, TypeError, IndexError, ArithmeticError):
+                pass  # convert() raises the error with the column's name
+        return self.convert(values)
+
     def unchanged(self, values: Sequence[TupleValue]) -> tuple[str, ...]:
         """Names of the columns whose TOASTed value was not sent (unchanged)."""
         return tuple(name for (name, _), value in zip(self._plan, values, strict=True) if value is UNCHANGED_TOAST)
