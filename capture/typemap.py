@@ -743,6 +743,13 @@ def _temporal_converter(type_oid: int, typmod: int, mode: str) -> tuple[Converte
     return _timestamp_micros, LogicalType(LogicalKind.TIMESTAMP_US)
 
 
+def _null_or_not_text(value: TupleValue) -> None:
+    if value is None:
+        return None
+    msg = "not a text value"  # unchanged TOAST or binary: RowConverter.convert handles both
+    raise TypeError(msg)
+
+
 class RowConverter:
     """Converts the tuples of one Relation; build it when the Relation message arrives.
 
@@ -789,14 +796,14 @@ class RowConverter:
         The hot path of capture: one comprehension when no value is an unchanged TOAST;
         otherwise, and on any conversion error, :meth:`convert` gives the result or the error.
         """
-        if UNCHANGED_TOAST not in values and len(values) == len(self._plan):
+        if len(values) == len(self._plan):
             try:
                 return {
-                    name: None if value is None else converter(value)  # type: ignore[arg-type]
+                    name: converter(value) if value.__class__ is str else _null_or_not_text(value)  # type: ignore[arg-type]
                     for (name, converter), value in zip(self._plan, values, strict=True)
                 }
             except (TypeMappingError, ValueError, TypeError, IndexError, ArithmeticError):
-                pass  # convert() raises the error with the column's name
+                pass  # convert() gives the result without unchanged TOAST, or the error naming the column
         return self.convert(values)
 
     def unchanged(self, values: Sequence[TupleValue]) -> tuple[str, ...]:
