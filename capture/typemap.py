@@ -743,7 +743,7 @@ def _temporal_converter(type_oid: int, typmod: int, mode: str) -> tuple[Converte
     return _timestamp_micros, LogicalType(LogicalKind.TIMESTAMP_US)
 
 
-def _null_or_not_text(value: TupleValue) -> None:
+def _null_or_not_text(value: TupleValue) -> Any:
     if value is None:
         return None
     msg = "not a text value"  # unchanged TOAST or binary: RowConverter.convert handles both
