@@ -46,6 +46,7 @@ from log.file_log import FileLog
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "bench"
+_INSERT_RANGE = "INSERT INTO t SELECT g, g %% 1000, 'label ' || g, now() FROM generate_series(%s::bigint, %s::bigint) g"
 PUBLICATION = "headwater_bench"
 
 
@@ -128,9 +129,7 @@ def bench_streaming(
         inserts = changes // 2
         for first in range(rows + 1, rows + inserts + 1, txn_rows):
             last = min(first + txn_rows - 1, rows + inserts)
-            conn.execute(
-                "INSERT INTO t SELECT g, g %% 1000, 'label ' || g, now() FROM generate_series(%s, %s) g", (first, last)
-            )
+            conn.execute(_INSERT_RANGE, (first, last))
         updates = changes - inserts
         for first in range(1, updates + 1, txn_rows):
             last = min(first + txn_rows - 1, updates)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
+from types import FrameType
 
 import click
 from rich.console import Console
@@ -91,18 +93,22 @@ def run_capture(config: ProjectConfig, names: tuple[str, ...], *, until_caught_u
                 other.stop()
 
     threads = [threading.Thread(target=run, args=(agent,), name=f"capture-{agent.name}") for agent in agents]
+
+    def stop_all(_signum: int, _frame: FrameType | None) -> None:
+        # Each agent finishes the transaction in hand, appends and acknowledges it, then returns.
+        for agent in agents:
+            agent.stop()
+
+    previous = {sig: signal.signal(sig, stop_all) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for thread in threads:
             thread.start()
         for thread in threads:
             while thread.is_alive():
                 thread.join(0.2)
-    except KeyboardInterrupt:
-        for agent in agents:
-            agent.stop()
-        for thread in threads:
-            thread.join()
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         log.close()
     if errors:
         raise errors[0]
