@@ -268,9 +268,9 @@ class EventBuilder:
         index = 0
         per_table: dict[str, int] = {}
         pieces: dict[int, _Pieces] = {}
-        lsns = txn.lsns
-        for position, change in enumerate(txn.changes):
-            lsn = lsns[position] if position < len(lsns) else 0
+        changes = txn.changes
+        lsns = txn.lsns if len(txn.lsns) == len(changes) else [0] * len(changes)  # 0: position not known
+        for change, lsn in zip(changes, lsns, strict=True):
             if isinstance(change, Relation):
                 schema = self.relation(change)
                 if schema is not None:
