@@ -1,0 +1,62 @@
+"""Which assets a ``headwater.yaml`` defines and how they connect (pure: config in, keys out).
+
+* a captured table's raw topic ``<source>.<schema>.<table>`` -> key ``[source, schema, table]``
+  (group ``sources``; one capture per source materialises all of its tables);
+* a feed -> ``["feeds", name]`` (group ``feeds``), upstream its ``from``;
+* a warehouse table -> ``["warehouse", name]`` (group ``warehouse``), upstream its ``from``.
+
+Tables of a source configured by ``schemas:`` are known only once captured, so they
+come from the ``from:`` references of feeds and tables (a topic nothing reads needs no
+asset for lineage).
+"""
+
+from __future__ import annotations
+
+import re
+
+from dagster import AssetKey
+
+from headwater.config import ProjectConfig
+
+SOURCES_GROUP = "sources"
+FEEDS_GROUP = "feeds"
+WAREHOUSE_GROUP = "warehouse"
+
+
+def _part(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", text)
+
+
+def topic_key(topic: str) -> AssetKey:
+    """``shop.public.customers`` -> ``AssetKey(["shop", "public", "customers"])``."""
+    return AssetKey([_part(p) for p in topic.split(".")])
+
+
+def feed_key(name: str) -> AssetKey:
+    """The asset key of feed ``name``."""
+    return AssetKey(["feeds", _part(name)])
+
+
+def warehouse_key(name: str) -> AssetKey:
+    """The asset key of warehouse table ``name``."""
+    return AssetKey(["warehouse", _part(name)])
+
+
+def _qualified(table: str) -> str:
+    return table if "." in table else f"public.{table}"
+
+
+def source_topics(config: ProjectConfig) -> dict[str, list[str]]:
+    """Source name -> the raw topics it writes that the config knows of (sorted)."""
+    references = {f.from_ for f in config.feeds.values()} | {t.from_ for t in config.warehouse.tables.values()}
+    topics: dict[str, list[str]] = {}
+    for name, source in config.sources.items():
+        known = {f"{name}.{_qualified(t)}" for t in source.tables or ()}
+        known |= {ref for ref in references if ref.startswith(f"{name}.") and ref not in config.feeds}
+        topics[name] = sorted(known)
+    return topics
+
+
+def upstream_key(config: ProjectConfig, name: str) -> AssetKey:
+    """The asset a feed or table reads: a feed by name, else a raw topic."""
+    return feed_key(name) if name in config.feeds else topic_key(name)
