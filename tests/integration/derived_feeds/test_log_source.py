@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import threading
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -277,7 +276,6 @@ def test_processing_time_trigger_picks_up_appends(spark, unique_name, tmp_path):
         while query.lastProgress is None and time.monotonic() < deadline:
             time.sleep(0.2)  # the first batch fixes the start at the then-current ends
         append(config, topic, range(5, 12))
-        threading.Event().wait(0)  # the appends above are durable; the trigger polls
         while ids_of(seen) != list(range(5, 12)) and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
