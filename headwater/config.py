@@ -7,6 +7,7 @@ DSN and Kafka passwords are :class:`pydantic.SecretStr`: ``repr``/``str`` never 
 
 from __future__ import annotations
 
+import graphlib
 import os
 import re
 from collections.abc import Mapping
@@ -138,6 +139,8 @@ class FeedConfig(_Model):
     sql: str
     key: tuple[str, ...]
     expectations: tuple[ExpectationConfig, ...] = ()
+    #: Tables joined in the SQL: view name -> topic or feed, read as its latest value per key.
+    lookups: dict[str, str] = {}
 
 
 class TableConfig(_Model):
@@ -264,7 +267,27 @@ def parse_config(
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         msg = f"{source}: {field}: {_describe(dict(first))}{more}"
         raise ConfigError(msg, path=str(source), field=field) from None
+    _check_feed_graph(config, source)
     return config.model_copy(update={"config_path": source.resolve()})
+
+
+def _check_feed_graph(config: ProjectConfig, source: Path) -> None:
+    """Feeds read feeds (``from``, ``lookups``) as a DAG: a cycle is an error naming it."""
+    graph = {
+        name: [up for up in (feed.from_, *feed.lookups.values()) if up in config.feeds]
+        for name, feed in config.feeds.items()
+    }
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        cycle: list[str] = exc.args[1]
+        name, upstream = cycle[-1], cycle[-2]
+        field = "from" if config.feeds[name].from_ == upstream else "lookups"
+        msg = (
+            f"{source}: feeds.{name}.{field}: feeds form a cycle ({' <- '.join(reversed(cycle))}); "
+            "a feed may only read raw topics or feeds upstream of it"
+        )
+        raise ConfigError(msg, path=str(source), field=f"feeds.{name}.{field}") from None
 
 
 def load_config(explicit: str | os.PathLike[str] | None = None, *, strict_env: bool = True) -> ProjectConfig:

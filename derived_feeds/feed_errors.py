@@ -1,0 +1,34 @@
+"""Errors of derived feeds: configuration found wrong at start, expectations that stop a feed."""
+
+from __future__ import annotations
+
+from derived_feeds.errors import DerivedFeedsError
+from headwater.errors import PermanentError
+
+
+class FeedConfigError(DerivedFeedsError, PermanentError):
+    """A feed's spec cannot run (unknown feed, column, expectation or argument); found before any batch."""
+
+    def __init__(self, feed: str, field: str, message: str) -> None:
+        super().__init__(f"headwater.yaml: feeds.{feed}.{field}: {message}")
+        self.feed = feed
+        self.field = field
+
+
+class FeedExpectationError(DerivedFeedsError, PermanentError):
+    """An expectation with ``action: fail`` failed: the feed stops before writing the batch."""
+
+    def __init__(self, feed: str, expectation: str, column: str | None, sample: str, failed: int) -> None:
+        on = f" on column {column!r}" if column else ""
+        super().__init__(
+            f"feed {feed}: expectation {expectation}{on} failed for {failed} row(s), e.g. value {sample}; "
+            "nothing of this micro-batch was written: fix the data or set the expectation's action to warn or drop"
+        )
+        self.feed = feed
+        self.expectation = expectation
+        self.column = column
+        self.sample = sample
+
+
+class FeedVersionError(DerivedFeedsError, PermanentError):
+    """A version pointer or reprocess request that cannot be honoured."""

@@ -1,0 +1,206 @@
+"""A feed micro-batch onto the log: records, quarantine, expectation counts, and an idempotent append.
+
+Exactly once: Spark's checkpoint replays a micro-batch whose commit it did not record, so
+every record of micro-batch ``b`` carries the header ``headwater.feed.batch`` =
+``<run>:<b>`` (``run``: an id kept beside the checkpoint, new with a new checkpoint).
+Before appending to a partition the writer reads that partition's last record: if it
+already carries this run's marker for ``b`` or a later batch, the partition's share was
+appended before the crash and is skipped. One append per partition is atomic, so a
+partition holds all of a batch's records or none of them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+from derived_feeds.expectations import ERROR_HEADER, EXPECTATION_HEADER, Check
+from derived_feeds.feed_errors import FeedExpectationError
+from log.base import Log, Record
+from log.envelope import Op
+from log.partitioner import partition_for
+
+#: Header marking the micro-batch a record was written by.
+BATCH_HEADER = "headwater.feed.batch"
+_RUN_FILE = "feed_run.json"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMarker:
+    """``(run, batch_id)`` of one micro-batch of one checkpoint."""
+
+    run: str
+    batch_id: int
+
+    def header(self) -> tuple[str, bytes]:
+        """The header every record of the batch carries."""
+        return (BATCH_HEADER, f"{self.run}:{self.batch_id}".encode())
+
+    def covers(self, headers: Iterable[tuple[str, bytes]]) -> bool:
+        """True when a record with ``headers`` was written by this run at this batch or later."""
+        for name, value in headers:
+            if name == BATCH_HEADER:
+                run, _, batch = value.decode().rpartition(":")
+                return run == self.run and batch.isdigit() and int(batch) >= self.batch_id
+        return False
+
+
+def checkpoint_run(checkpoint: Path) -> str:
+    """The run id kept beside ``checkpoint`` (created on first use; gone with the checkpoint)."""
+    path = checkpoint / _RUN_FILE
+    try:
+        return str(orjson.loads(path.read_bytes())["run"])
+    except FileNotFoundError:
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        run = uuid.uuid4().hex[:16]
+        path.write_bytes(orjson.dumps({"run": run}))
+        return run
+
+
+@dataclass
+class CheckCount:
+    """Rows of one micro-batch that met / failed one expectation."""
+
+    check: Check
+    passed: int = 0
+    failed: int = 0
+
+
+@dataclass
+class PlannedBatch:
+    """What one micro-batch writes: feed records, quarantine records, and expectation counts."""
+
+    records: list[Record] = field(default_factory=list)
+    quarantine: list[Record] = field(default_factory=list)
+    counts: list[CheckCount] = field(default_factory=list)
+    upserts: int = 0
+    deletes: int = 0
+
+
+def _sample(value: bytes, column: str) -> str:
+    after = orjson.loads(value).get("after") or {}
+    return orjson.dumps(after.get(column)).decode()
+
+
+def plan_batch(feed: str, table: pa.Table, checks: Sequence[Check], marker: BatchMarker) -> PlannedBatch:
+    """Turn the encoded batch (``key``, ``op``, ``value``, ``dropped_value``, check flags) into records.
+
+    Raises :class:`FeedExpectationError` when a ``fail`` expectation fails (nothing is written).
+    """
+    plan = PlannedBatch()
+    rows = table.num_rows
+    ops = table.column("op")
+    upsert = pc.fill_null(pc.not_equal(ops, Op.DELETE.value), False)
+    flags: dict[int, Any] = {}
+    for check in checks:
+        ok = pc.fill_null(table.column(check.flag), True)
+        failing = pc.and_(pc.invert(ok), upsert)
+        failed = pc.sum(failing).as_py() or 0
+        evaluated = pc.sum(upsert).as_py() or 0
+        plan.counts.append(CheckCount(check, evaluated - failed, failed))
+        flags[check.index] = failing
+        if check.action == "fail" and failed and (evaluated - failed) < check.mostly * evaluated:
+            first = pc.index(failing, True).as_py()
+            value = table.column("value")[first].as_py().encode()
+            raise FeedExpectationError(feed, check.expectation, check.column, _sample(value, check.column), failed)
+    keys = [None if k is None else k.encode() for k in table.column("key").to_pylist()]
+    values = [v.encode() for v in table.column("value").to_pylist()]
+    op_list = ops.to_pylist()
+    header = (marker.header(),)
+    drop_checks = [c for c in checks if c.action == "drop"]
+    dropped_rows: dict[int, Check] = {}
+    for check in drop_checks:
+        failing = flags[check.index]
+        if pc.any(failing).as_py():
+            for index in pc.indices_nonzero(failing).to_pylist():
+                dropped_rows.setdefault(index, check)
+    records = plan.records
+    if not dropped_rows:
+        for key, value, op in zip(keys, values, op_list, strict=True):
+            records.append(Record(key, value, header))
+            if op == Op.DELETE.value:
+                records.append(Record(key, None, header))
+        plan.deletes = op_list.count(Op.DELETE.value)
+        plan.upserts = rows - plan.deletes
+        return plan
+    dropped_values = table.column("dropped_value").to_pylist()
+    for index, (key, upsert_value, upsert_op) in enumerate(zip(keys, values, op_list, strict=True)):
+        value, op = upsert_value, upsert_op
+        dropped_by = dropped_rows.get(index)
+        if dropped_by is not None:
+            reason = f"{dropped_by.describe()} failed: {dropped_by.column} = {_sample(value, dropped_by.column)}"
+            headers = (
+                marker.header(),
+                (EXPECTATION_HEADER, dropped_by.expectation.encode()),
+                (ERROR_HEADER, reason.encode()),
+            )
+            plan.quarantine.append(Record(key, value, headers))
+            value, op = dropped_values[index].encode(), Op.DELETE.value
+        records.append(Record(key, value, header))
+        if op == Op.DELETE.value:
+            records.append(Record(key, None, header))
+            plan.deletes += 1
+        else:
+            plan.upserts += 1
+    return plan
+
+
+def append_once(log: Log, topic: str, records: Sequence[Record], marker: BatchMarker) -> int:
+    """Append ``records`` routed by key, skipping partitions that already hold this batch; records written."""
+    if not records:
+        return 0
+    partitions = log.describe_topic(topic).partitions
+    by_partition: dict[int, list[Record]] = {}
+    for record in records:
+        by_partition.setdefault(partition_for(record.key, partitions), []).append(record)
+    written = 0
+    for partition, batch in sorted(by_partition.items()):
+        if _already_appended(log, topic, partition, marker):
+            continue
+        log.append(topic, partition, batch)
+        written += len(batch)
+    return written
+
+
+def _already_appended(log: Log, topic: str, partition: int, marker: BatchMarker) -> bool:
+    end = log.end_offset(topic, partition)
+    if end <= log.beginning_offset(topic, partition):
+        return False
+    last = log.read(topic, partition, end - 1, max_records=1)
+    return bool(last) and marker.covers(last[-1].headers)
+
+
+def record_quality(home: Path, feed: str, topic: str, marker: BatchMarker, counts: Sequence[CheckCount]) -> None:
+    """Append this batch's expectation counts to ``<home>/quality/feeds.jsonl`` (one JSON object per check)."""
+    if not counts:
+        return
+    path = home / "quality" / "feeds.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC).isoformat()
+    lines = [
+        orjson.dumps(
+            {
+                "feed": feed,
+                "topic": topic,
+                "run": marker.run,
+                "batch_id": marker.batch_id,
+                "at": now,
+                "expectation": c.check.expectation,
+                "column": c.check.column,
+                "action": c.check.action,
+                "passed": c.passed,
+                "failed": c.failed,
+            }
+        )
+        for c in counts
+    ]
+    with path.open("ab") as handle:
+        handle.write(b"\n".join(lines) + b"\n")
