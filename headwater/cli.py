@@ -97,6 +97,9 @@ def _register_commands() -> None:
 
     for module in (source, capture, log, warehouse, quality, status, ui, demo):
         module.register(cli)
+    from headwater.commands import feeds  # feeds run, reprocess
+
+    feeds.register(cli)
 
 
 _register_commands()

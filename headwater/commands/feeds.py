@@ -1,0 +1,58 @@
+"""``headwater feeds run``: keep derived feeds up to date with Spark (upstream feeds first)."""
+
+from __future__ import annotations
+
+import click
+
+from headwater.cli import Context, config_option, pass_context
+
+
+@click.group("feeds")
+def feeds_group() -> None:
+    """Derived feeds: SQL over the current row images of a topic or feed."""
+
+
+@feeds_group.command("run")
+@click.argument("feeds", nargs=-1)
+@config_option
+@click.option("--available-now", is_flag=True, help="Process everything in the log now (DAG order), then exit 0.")
+@click.option("--follow", is_flag=True, help="Keep every feed up to date as the log grows, until Ctrl-C.")
+@pass_context
+def run_command(context: Context, feeds: tuple[str, ...], available_now: bool, follow: bool) -> None:
+    """Run FEEDS (all by default) in DAG order."""
+    if available_now == follow:
+        msg = "pass exactly one of --available-now or --follow"
+        raise click.UsageError(msg)
+    from derived_feeds.feed_job import run_feeds
+    from derived_feeds.session import spark_session, stop_spark
+    from log.factory import open_log
+
+    config = context.config(needs_sources=False)
+    log = open_log(config)
+    spark = spark_session("headwater-feeds", local_dir=config.home_dir / "spark")
+    try:
+        started = run_feeds(spark, config, log, feeds, available_now=available_now)
+        if follow:
+            click.echo(f"running {', '.join(plan.spec.name for _, plan in started)}; Ctrl-C to stop")
+            try:
+                spark.streams.awaitAnyTermination()
+            except KeyboardInterrupt:
+                for query, _ in started:
+                    query.stop()
+            for _, plan in started:
+                if plan.error is not None:
+                    raise plan.error
+        for _, plan in started:
+            stats = plan.stats
+            click.echo(
+                f"{plan.spec.name} -> {plan.spec.topic}: {stats['batches']} batch(es), {stats['upserts']} upserts, "
+                f"{stats['deletes']} deletes, {stats['dropped']} quarantined"
+            )
+    finally:
+        log.close()
+        stop_spark(spark)
+
+
+def register(cli: click.Group) -> None:
+    """Attach the feeds commands."""
+    cli.add_command(feeds_group)
