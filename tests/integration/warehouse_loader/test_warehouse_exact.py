@@ -1,0 +1,423 @@
+"""The warehouse is exact: real Postgres -> capture agent -> file log -> Spark load -> Delta.
+
+A seeded random workload (so a failure reproduces) runs against a table with a composite
+key and typed columns; capture and load alternate over several rounds, each load in several
+micro-batches restarting from its checkpoint. SCD1 must equal the source row for row over
+every column; SCD2 must hold exactly the versions the log's changes define. A crash between
+the Delta commit and Spark's checkpoint must replay the batch without applying it twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import random
+import subprocess
+import sys
+from decimal import Decimal
+from pathlib import Path
+
+import orjson
+import yaml
+from psycopg.types.json import Jsonb
+
+from capture.agent import CaptureAgent, typemap_decoders
+from headwater.config import load_config
+from headwater.scaffold import init_project
+from log.factory import open_log
+from log.sequence import Sequence
+from warehouse_loader import delta_writer
+from warehouse_loader.delta_writer import TOMBSTONES_DIR, committed_batch
+from warehouse_loader.load_job import checkpoint_path, start_load, table_path
+from warehouse_loader.query import run_query
+
+UTC = dt.UTC
+COLUMNS = "region, id, price, seen, doc, nums, meta, feeling"
+SCHEMA = """
+CREATE TYPE mood AS ENUM ('calm', 'glad', 'cross');
+CREATE TABLE items (
+    region int, id int, price numeric(12,2), seen timestamptz, doc text, nums int[], meta jsonb, feeling mood,
+    PRIMARY KEY (region, id)
+);
+ALTER TABLE items ALTER COLUMN doc SET STORAGE EXTERNAL;
+"""
+SCD1, SCD2 = "cur", "hist"
+
+
+# ----------------------------------------------------------------------------- source and workload
+
+
+class Workload:
+    """Random changes to ``items``; ``live`` mirrors the keys the table holds."""
+
+    def __init__(self, conn, seed: int) -> None:
+        self.conn = conn
+        self.rng = random.Random(seed)
+        self.live: set[tuple[int, int]] = set()
+        self.gone: set[tuple[int, int]] = set()
+        self.next_id = 1
+
+    def values(self) -> tuple:
+        rng = self.rng
+        price = None if rng.random() < 0.1 else Decimal(rng.randint(-(10**11), 10**11)) / 100
+        seen = None
+        if rng.random() < 0.9:
+            micros = rng.randint(0, 40 * 365 * 86400 * 10**6)
+            seen = dt.datetime(1990, 1, 1, tzinfo=UTC) + dt.timedelta(microseconds=micros)
+        nums = None
+        if rng.random() < 0.9:
+            nums = [rng.choice([None, rng.randint(-(2**31), 2**31 - 1)]) for _ in range(rng.randint(0, 4))]
+        meta = None
+        if rng.random() < 0.85:
+            meta = Jsonb({"n": rng.randint(0, 10**6), "tags": ["é", str(rng.random())], "x": {"f": 1.5, "z": None}})
+        feeling = rng.choice([None, "calm", "glad", "cross"])
+        return price, seen, nums, meta, feeling
+
+    def doc(self) -> str | None:
+        roll = self.rng.random()
+        if roll < 0.4:
+            return self.rng.randbytes(6000).hex()  # 12 kB, stored out of line (EXTERNAL: TOAST, no compression)
+        return None if roll < 0.55 else f"short {self.rng.random()}"
+
+    def insert(self, key: tuple[int, int]) -> None:
+        price, seen, nums, meta, feeling = self.values()
+        self.conn.execute(
+            "INSERT INTO items VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            (*key, price, seen, self.doc(), nums, meta, feeling),
+        )
+        self.live.add(key)
+        self.gone.discard(key)
+
+    def new_key(self) -> tuple[int, int]:
+        self.next_id += 1
+        return self.rng.randint(1, 3), self.next_id
+
+    def pick(self) -> tuple[int, int]:
+        return self.rng.choice(sorted(self.live))
+
+    def change(self) -> None:
+        """One random change; updates of other columns leave a TOASTed ``doc`` unchanged (not sent)."""
+        rng = self.rng
+        roll = rng.random()
+        if not self.live or roll < 0.3:
+            self.insert(self.new_key())
+        elif roll < 0.35 and self.gone:
+            self.insert(rng.choice(sorted(self.gone)))  # a deleted key comes back
+        elif roll < 0.62:
+            price, seen, nums, meta, feeling = self.values()
+            self.conn.execute(
+                "UPDATE items SET price = %s, seen = %s, nums = %s, meta = %s, feeling = %s"
+                " WHERE region = %s AND id = %s",
+                (price, seen, nums, meta, feeling, *self.pick()),
+            )
+        elif roll < 0.72:
+            self.conn.execute("UPDATE items SET doc = %s WHERE region = %s AND id = %s", (self.doc(), *self.pick()))
+        elif roll < 0.82:
+            old, new = self.pick(), self.new_key()
+            self.conn.execute("UPDATE items SET region = %s, id = %s WHERE region = %s AND id = %s", (*new, *old))
+            self.live.discard(old)
+            self.gone.add(old)
+            self.live.add(new)
+        else:
+            key = self.pick()
+            self.conn.execute("DELETE FROM items WHERE region = %s AND id = %s", key)
+            self.live.discard(key)
+            self.gone.add(key)
+
+    def transactions(self, count: int) -> None:
+        for _ in range(count):
+            with self.conn.transaction():
+                for _ in range(self.rng.randint(1, 4)):
+                    self.change()
+
+    def truncate(self) -> None:
+        self.conn.execute("TRUNCATE items")
+        self.gone |= self.live
+        self.live.clear()
+
+
+def make_project(pg_database, unique_name, tmp_path: Path, initial_rows: int, seed: int):
+    """Source table with ``initial_rows`` (captured by the snapshot), publication, config; returns config, workload."""
+    name = unique_name("src")
+    conn = pg_database.connect()
+    conn.execute(SCHEMA)
+    workload = Workload(conn, seed)
+    with conn.transaction():
+        for _ in range(initial_rows):
+            workload.insert(workload.new_key())
+    conn.execute(f"CREATE PUBLICATION headwater_{name} FOR TABLE items")
+    topic = f"{name}.public.items"
+    path = tmp_path / "headwater.yaml"
+    document = {
+        "project": "exact",
+        "home": str(tmp_path / "home"),
+        "log": {"partitions": 3, "file": {"fsync": "never"}},
+        "sources": {name: {"dsn": pg_database.dsn, "tables": ["public.items"], "heartbeat_interval_s": 1}},
+        "warehouse": {"tables": {SCD1: {"from": topic, "mode": "scd1"}, SCD2: {"from": topic, "mode": "scd2"}}},
+    }
+    path.write_text(yaml.safe_dump(document))
+    return load_config(path), workload
+
+
+def capture(config) -> None:
+    """Run the real capture agent until everything committed so far is in the log."""
+    log = open_log(config)
+    try:
+        for name, source in config.sources.items():
+            agent = CaptureAgent(
+                name,
+                source,
+                log,
+                config.log,
+                typemap_decoders(source.types),
+                state_dir=config.home_dir / "capture" / name,
+            )
+            agent.run(until_caught_up=True)
+    finally:
+        log.close()
+
+
+def load(spark, config, names=(SCD1, SCD2), max_records: int = 100) -> dict[str, BaseException | None]:
+    """One ``availableNow`` load of each table (concurrently); the error each ended with."""
+    log = open_log(config)
+    try:
+        queries = {
+            name: start_load(spark, config, log, name, available_now=True, max_records_per_batch=max_records)
+            for name in names
+        }
+        errors = {}
+        for name, query in queries.items():
+            try:
+                query.awaitTermination()
+            except Exception as exc:  # the injected crash, as Spark reports it
+                errors[name] = exc
+            else:
+                errors[name] = query.exception()
+        return errors
+    finally:
+        log.close()
+
+
+def batches(config, name: str, kind: str) -> set[int]:
+    """Batch ids in the load's Spark checkpoint: ``offsets`` (planned) or ``commits`` (done)."""
+    folder = checkpoint_path(config, name) / kind
+    return {int(p.name) for p in folder.iterdir() if p.name.isdigit()} if folder.exists() else set()
+
+
+# ----------------------------------------------------------------------------- the checks
+
+
+def canonical(row: tuple) -> str:
+    """One text per row, the same for a Postgres row and a warehouse row with equal values."""
+    region, id_, price, seen, doc, nums, meta, feeling = row
+    assert seen is None or seen.tzinfo is not None, f"naive timestamp {seen!r}"
+    if isinstance(meta, str):
+        meta = orjson.loads(meta)
+    return repr(
+        (
+            region,
+            id_,
+            None if price is None else str(price),  # keeps the scale: 12.30 stays 12.30
+            None if seen is None else seen.astimezone(UTC).isoformat(),
+            None if doc is None else (len(doc), hashlib.sha1(doc.encode()).hexdigest()[:16]),
+            None if nums is None else tuple(nums),
+            None if meta is None else orjson.dumps(meta, option=orjson.OPT_SORT_KEYS).decode(),
+            feeling,
+        )
+    )
+
+
+def source_rows(pg_database) -> list[str]:
+    rows = pg_database.execute("SELECT region, id, price, seen, doc, nums, meta, feeling::text FROM items")
+    return sorted(canonical(r) for r in rows)
+
+
+def warehouse_rows(config, sql: str) -> list[str]:
+    tables = {name: table_path(config, name) for name in config.warehouse.tables}
+    result = run_query(sql, tables)
+    return sorted(canonical(tuple(row.values())) for row in result.to_pylist())
+
+
+def assert_scd1_exact(config, pg_database) -> None:
+    expected, actual = source_rows(pg_database), warehouse_rows(config, f"SELECT {COLUMNS} FROM {SCD1}")
+    missing, extra = sorted(set(expected) - set(actual)), sorted(set(actual) - set(expected))
+    assert (len(actual), missing[:3], extra[:3]) == (len(expected), [], [])
+
+
+def expected_versions(config) -> set[tuple]:
+    """``(region, id, __START_AT, __END_AT)`` of every SCD2 version the log's changes define.
+
+    Every c/u/r change opens a version (all columns are tracked); it ends at the key's next
+    change (u/d, or the delete half of a key change) or at the first truncate after it.
+    """
+    topic = config.warehouse.tables[SCD2].from_
+    log = open_log(config)
+    by_key: dict[tuple[int, int], list[tuple[str, str]]] = {}
+    truncates: set[str] = set()
+    try:
+        for partition in range(log.describe_topic(topic).partitions):
+            offset = log.beginning_offset(topic, partition)
+            while records := log.read(topic, partition, offset):
+                offset = records[-1].offset + 1
+                for record in records:
+                    if record.value is None:
+                        continue  # tombstone
+                    event = orjson.loads(record.value)
+                    seq = Sequence(event["source"]["commit_lsn"], event["source"]["txn_index"]).sortable()
+                    if event["op"] == "t":
+                        truncates.add(seq)
+                    else:
+                        key = orjson.loads(record.key)
+                        by_key.setdefault((key["region"], key["id"]), []).append((seq, event["op"]))
+    finally:
+        log.close()
+    versions = set()
+    for key, changes in by_key.items():
+        changes.sort()
+        for i, (seq, op) in enumerate(changes):
+            if op == "d":
+                continue
+            ends = [s for s in truncates if s > seq] + ([changes[i + 1][0]] if i + 1 < len(changes) else [])
+            versions.add((*key, seq, min(ends, default=None)))
+    return versions
+
+
+def assert_scd2_exact(config, pg_database) -> None:
+    tables = {SCD2: table_path(config, SCD2)}
+    rows = run_query(f'SELECT region, id, "__START_AT", "__END_AT", "__hw_seq" FROM {SCD2}', tables).to_pylist()
+    actual = {(r["region"], r["id"], r["__START_AT"], r["__END_AT"]) for r in rows}
+    assert len(actual) == len(rows), "two versions of one key start at the same sequence"
+    assert all(r["__hw_seq"] == r["__START_AT"] for r in rows), "a version absorbed a later change"
+    expected = expected_versions(config)
+    assert (len(actual), sorted(expected - actual)[:3], sorted(actual - expected)[:3]) == (len(expected), [], [])
+    current = warehouse_rows(config, f'SELECT {COLUMNS} FROM {SCD2} WHERE "__END_AT" IS NULL')
+    assert current == source_rows(pg_database), "current versions differ from the source"
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def test_random_workload_loads_exactly(spark, pg_database, unique_name, tmp_path):
+    config, workload = make_project(pg_database, unique_name, tmp_path, initial_rows=120, seed=20240611)
+    done = {SCD1: 0, SCD2: 0}
+    for round_no in range(3):
+        if round_no == 1:
+            workload.truncate()
+        workload.transactions(70)
+        capture(config)
+        if round_no == 2:
+            workload.transactions(30)  # two captures before one load
+            capture(config)
+        errors = load(spark, config)
+        assert errors == {SCD1: None, SCD2: None}
+        for name in (SCD1, SCD2):
+            now = len(batches(config, name, "commits"))
+            assert now - done[name] >= 2, f"round {round_no} of {name} ran in {now - done[name]} micro-batch(es)"
+            done[name] = now
+        assert_scd1_exact(config, pg_database)
+    assert len(workload.live) > 30  # the final state is not trivial
+    assert_scd2_exact(config, pg_database)
+
+
+class InjectedCrash(RuntimeError):
+    """Raised by a test hook inside ``foreachBatch``: the process dies before Spark's checkpoint."""
+
+
+def test_crash_after_delta_commit_replays_the_batch_once(spark, pg_database, unique_name, tmp_path, monkeypatch):
+    config, workload = make_project(pg_database, unique_name, tmp_path, initial_rows=60, seed=77)
+    workload.transactions(60)
+    capture(config)
+    workload.transactions(60)
+    capture(config)
+    real_write, real_tombstones = delta_writer.write_batch, delta_writer._write_tombstones
+    writes: list[tuple[str, int, bool]] = []
+
+    def write_batch(path, changes, *, table, batch_id, **kwargs):
+        result = real_write(path, changes, table=table, batch_id=batch_id, **kwargs)
+        writes.append((table, batch_id, result.skipped))
+        if batch_id == 1 and crash_after_commit:
+            raise InjectedCrash(f"after the Delta commit of batch {batch_id}")
+        return result
+
+    # 1. Both tables die right after batch 1 is committed to Delta, before Spark's checkpoint.
+    crash_after_commit = True
+    monkeypatch.setattr(delta_writer, "write_batch", write_batch)  # start_load binds it at start
+    errors = load(spark, config, max_records=60)
+    assert all(errors.values()), errors
+    for name in (SCD1, SCD2):
+        assert committed_batch(table_path(config, name), name) == 1
+        assert 1 in batches(config, name, "offsets") and 1 not in batches(config, name, "commits")
+
+    # 2. Restart: batch 1 is replayed and skipped. SCD1 then dies between its tombstone commit
+    #    and its main MERGE (the first later batch with deletes).
+    crash_after_commit = False
+    between: list[int] = []
+
+    def write_tombstones(side_path, side, actions, *, keys, table, batch_id):
+        real_tombstones(side_path, side, actions, keys=keys, table=table, batch_id=batch_id)
+        if batch_id >= 2 and not between:
+            between.append(batch_id)
+            raise InjectedCrash(f"between the tombstone commit and the MERGE of batch {batch_id}")
+
+    monkeypatch.setattr(delta_writer, "_write_tombstones", write_tombstones)
+    errors = load(spark, config, max_records=60)
+    assert errors[SCD2] is None and errors[SCD1] is not None
+    assert (SCD1, 1, True) in writes and (SCD2, 1, True) in writes, "batch 1 was not replayed, or applied twice"
+    [crashed] = between
+    assert committed_batch(table_path(config, SCD1) / TOMBSTONES_DIR, SCD1) == crashed
+    assert committed_batch(table_path(config, SCD1), SCD1) == crashed - 1
+    assert crashed not in batches(config, SCD1, "commits")
+
+    # 3. Restart again: the half-written batch is replayed and completed.
+    monkeypatch.setattr(delta_writer, "_write_tombstones", real_tombstones)
+    assert load(spark, config, names=(SCD1,), max_records=60) == {SCD1: None}
+    assert (SCD1, crashed, False) in writes
+    assert len(batches(config, SCD1, "commits")) > crashed
+    assert_scd1_exact(config, pg_database)
+    assert_scd2_exact(config, pg_database)
+
+
+def headwater(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "headwater", "--config", str(project / "headwater.yaml"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
+    )
+    assert result.returncode == 0, f"headwater {' '.join(args)}: {result.stderr[-2000:]}"
+    return result
+
+
+def test_cli_load_and_query(pg_database, unique_name, tmp_path):
+    pg_database.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, name text, amount numeric(8,2));"
+        "INSERT INTO t VALUES (1, 'one', 1.10), (2, 'two', 2.20), (3, 'three', 3.30)"
+    )
+    project = tmp_path / "project"
+    config_file = init_project(project, "cli")
+    name = unique_name("cli")
+    headwater(project, "source", "add", name, "--dsn", pg_database.dsn, "--tables", "public.t", "--yes")
+    document = yaml.safe_load(config_file.read_text())
+    topic = f"{name}.public.t"
+    document["warehouse"] = {"tables": {"t_cur": {"from": topic}, "t_hist": {"from": topic, "mode": "scd2"}}}
+    config_file.write_text(yaml.safe_dump(document))
+    headwater(project, "capture", name, "--until-caught-up")  # the snapshot
+    pg_database.execute("UPDATE t SET amount = 2.25 WHERE id = 2")
+    pg_database.execute("DELETE FROM t WHERE id = 3")
+    pg_database.execute("INSERT INTO t VALUES (4, 'four', NULL)")
+    headwater(project, "capture", name, "--until-caught-up")
+    loaded = headwater(project, "load", "--available-now")
+    assert "load_t_cur" in loaded.stdout and "load_t_hist" in loaded.stdout
+    sql = (
+        "SELECT c.id, c.name, c.amount, (SELECT count(*) FROM t_hist h WHERE h.id = c.id) AS versions "
+        "FROM t_cur c ORDER BY c.id"
+    )
+    rows = orjson.loads(headwater(project, "query", sql, "--format", "json").stdout)
+    assert rows == [
+        {"id": 1, "name": "one", "amount": "1.10", "versions": 1},
+        {"id": 2, "name": "two", "amount": "2.25", "versions": 2},
+        {"id": 4, "name": "four", "amount": None, "versions": 1},
+    ]
