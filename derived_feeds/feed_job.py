@@ -138,12 +138,11 @@ def _commit_progress(log: Log, group: str, batch: DataFrame) -> None:
 
 
 def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarker) -> None:
-    """One micro-batch: compute, check, encode, append exactly once, record counts and progress."""
+    """One micro-batch of a plain feed: compute, check, encode, append exactly once, record counts."""
     spec = plan.spec
     spark = batch.sparkSession
     changes = compute_feed(spark, batch, spec.config.sql, spec.key)
     _write(plan, log, changes, marker)
-    _commit_progress(log, spec.group, batch)
 
 
 def _write(plan: FeedPlan, log: Log, changes: DataFrame, marker: BatchMarker) -> None:
@@ -188,7 +187,13 @@ def start_feed(
 
     def apply(batch: DataFrame, batch_id: int) -> None:
         try:
-            process_batch(plan, log, batch, BatchMarker(run, batch_id))
+            if spec.lookup_topics:
+                from derived_feeds.enrichment import process_enriched_batch
+
+                process_enriched_batch(plan, log, batch, BatchMarker(run, batch_id), _write)
+            else:
+                process_batch(plan, log, batch, BatchMarker(run, batch_id))
+            _commit_progress(log, spec.group, batch)
         except HeadwaterError as exc:
             plan.error = exc
             raise

@@ -11,6 +11,7 @@ from capture.agent import CaptureAgent, typemap_decoders
 from derived_feeds.feed_job import run_feeds
 from derived_feeds.log_source import register_log_source
 from headwater.config import LogConfig, load_config
+from log.base import end_offsets
 from log.factory import open_log
 
 # ----------------------------------------------------------------------------- helpers
@@ -56,12 +57,21 @@ def run(spark, config_path: Path, *names: str) -> None:
         log.close()
 
 
-def records(config_path: Path, topic: str) -> list:
+def ends(config_path: Path, topic: str) -> dict[int, int]:
+    log = open_log(load_config(config_path))
+    try:
+        return end_offsets(log, topic)
+    finally:
+        log.close()
+
+
+def records(config_path: Path, topic: str, since: dict[int, int] | None = None) -> list:
+    """Every record of ``topic`` (partition by partition), or those at or after the offsets ``since``."""
     log = open_log(load_config(config_path))
     try:
         out = []
         for partition in range(log.describe_topic(topic).partitions):
-            offset = 0
+            offset = (since or {}).get(partition, 0)
             while batch := log.read(topic, partition, offset):
                 out.extend(batch)
                 offset = batch[-1].offset + 1
@@ -185,3 +195,71 @@ def test_chained_feeds_propagate_changes_deletes_and_quarantine(spark, pg_databa
     sources = {r["commit_lsn"] for r in frame.where("op IN ('c', 'u', 'r')").collect()}
     raw = spark.read.format("headwater_log").option("config", str(config)).option("topic", f"{name}.public.customers")
     assert sources <= {r["commit_lsn"] for r in raw.load().collect()}, "feed events keep the source sequence"
+
+
+SHOP = """
+CREATE TABLE customers (id int PRIMARY KEY, country text);
+CREATE TABLE orders (id int PRIMARY KEY, customer_id int, amount int);
+INSERT INTO customers VALUES (1, 'PT'), (2, 'DE'), (3, 'MX');
+INSERT INTO orders VALUES (10, 1, 100), (11, 2, 110), (12, 1, 120), (13, 3, 130);
+"""
+ENRICHED_SQL = (
+    "SELECT o.id, o.amount, c.country FROM source o LEFT JOIN customers c ON o.customer_id = c.id WHERE o.amount > 0"
+)
+
+
+def expected_enriched(db) -> dict:
+    rows = db.execute(ENRICHED_SQL.replace("source o", "orders o"))
+    return {i: {"id": i, "amount": a, "country": c} for i, a, c in rows}
+
+
+def test_enrichment_is_correct_after_updates_on_both_sides(spark, pg_database, unique_name, tmp_path):
+    name = unique_name("shop")
+    pg_database.execute(SHOP)
+    pg_database.execute(f"CREATE PUBLICATION headwater_{name} FOR TABLE customers, orders")
+    feeds = {
+        "orders_enriched": {
+            "from": f"{name}.public.orders",
+            "lookups": {"customers": f"{name}.public.customers"},
+            "sql": ENRICHED_SQL,
+            "key": ["id"],
+        }
+    }
+    config = write_config(tmp_path, name, pg_database.dsn, ["public.customers", "public.orders"], feeds)
+    capture(pg_database, name, config)
+    run(spark, config)
+    assert fold(config, "orders_enriched") == expected_enriched(pg_database)
+    emitted_first = len(records(config, "orders_enriched"))
+    assert emitted_first == 4
+
+    # Table side: a customer moves, one is deleted; stream side: an order changes customer, one is
+    # deleted, one arrives, one leaves the filter.
+    pg_database.execute("UPDATE customers SET country = 'ES' WHERE id = 1")
+    pg_database.execute("DELETE FROM customers WHERE id = 3")
+    pg_database.execute("UPDATE orders SET customer_id = 1 WHERE id = 11")
+    pg_database.execute("DELETE FROM orders WHERE id = 12")
+    pg_database.execute("INSERT INTO orders VALUES (14, 2, 140), (15, 9, 150)")
+    pg_database.execute("UPDATE orders SET amount = -1 WHERE id = 10")
+    capture(pg_database, name, config)
+    run(spark, config)
+    assert fold(config, "orders_enriched") == expected_enriched(pg_database)
+
+    # Only a lookup change: the affected enriched row is re-emitted, the others are not.
+    before = ends(config, "orders_enriched")
+    pg_database.execute("UPDATE customers SET country = 'FR' WHERE id = 2")
+    capture(pg_database, name, config)
+    run(spark, config)
+    assert fold(config, "orders_enriched") == expected_enriched(pg_database)
+    new = records(config, "orders_enriched", since=before)
+    assert sorted(orjson.loads(r.key)["id"] for r in new) == [14], "only the order of customer 2 changed"
+
+    # Per key, sequences never go backwards, so SCD1 sinks (newest sequence wins) apply re-emitted rows.
+    last: dict = {}
+    for record in records(config, "orders_enriched"):
+        if record.value is None:
+            continue
+        source = orjson.loads(record.value)["source"]
+        position = (source["commit_lsn"], source["txn_index"])
+        key = orjson.loads(record.key)["id"]
+        assert position >= last.get(key, (0, 0))
+        last[key] = position
