@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
+from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.types import StructType
 
 from derived_feeds import event_schema as cols
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 DEFAULT_MAX_RECORDS = 200_000
+#: One progress listener per Spark session (``--follow``; ``availableNow`` commits when the query ends).
+_committers: dict[int, ProgressCommitter] = {}
 
 
 @dataclass
@@ -54,6 +57,7 @@ class FeedPlan:
     lookup_structs: dict[str, StructType]
     output: StructType
     checks: list[Check]
+    log: Log
     #: The Headwater error that stopped a micro-batch (Spark re-raises it wrapped; this keeps the original).
     error: Exception | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"batches": 0, "upserts": 0, "deletes": 0, "dropped": 0})
@@ -100,7 +104,7 @@ def plan_feed(spark: SparkSession, config: ProjectConfig, log: Log, spec: FeedSp
     checks = compile_checks(spec.name, spec.config.expectations, output)
     _create_topics(config, log, spec)
     _write_schema(log, spec, output)
-    return FeedPlan(spec, source, lookups, output, checks)
+    return FeedPlan(spec, source, lookups, output, checks, log)
 
 
 def _create_topics(config: ProjectConfig, log: Log, spec: FeedSpec) -> None:
@@ -128,13 +132,44 @@ def _write_schema(log: Log, spec: FeedSpec, output: StructType) -> None:
     append_keyed(log, SCHEMAS_TOPIC, [Record(spec.topic.encode(), orjson.dumps(value))])
 
 
-def _commit_progress(log: Log, group: str, batch: DataFrame) -> None:
-    from pyspark.sql import functions as F
+def commit_progress(log: Log, group: str, progress: Any) -> None:
+    """Commit a query progress' ``endOffset`` (``{"<topic>": {"<partition>": next}}``) to consumer group ``group``.
 
-    rows = batch.groupBy(cols.TOPIC, cols.PARTITION).agg(F.max(cols.OFFSET).alias("last")).collect()
-    if rows:
-        offsets = {TopicPartition(row[cols.TOPIC], int(row[cols.PARTITION])): int(row["last"]) + 1 for row in rows}
-        log.commit(group, offsets)
+    Spark's own progress report is the position: no extra pass over the micro-batch.
+    """
+    sources = progress["sources"] if isinstance(progress, dict) else progress.sources
+    if not sources:
+        return
+    end = sources[0]["endOffset"] if isinstance(sources[0], dict) else sources[0].endOffset
+    if isinstance(end, str):
+        end = orjson.loads(end)
+    if not end:
+        return
+    offsets = {TopicPartition(t, int(p)): int(n) for t, parts in end.items() for p, n in parts.items()}
+    log.commit(group, offsets)
+
+
+class ProgressCommitter(StreamingQueryListener):
+    """Commits each feed query's position after every micro-batch (for ``headwater status`` lag)."""
+
+    def __init__(self, log: Log) -> None:
+        self.log = log
+        self.groups: dict[str, str] = {}
+
+    def onQueryStarted(self, event: Any) -> None:
+        """Nothing to do."""
+
+    def onQueryProgress(self, event: Any) -> None:
+        """Commit the batch's end offsets of a feed query."""
+        group = self.groups.get(event.progress.name or "")
+        if group is not None and event.progress.numInputRows:
+            commit_progress(self.log, group, event.progress)
+
+    def onQueryIdle(self, event: Any) -> None:
+        """Nothing to do."""
+
+    def onQueryTerminated(self, event: Any) -> None:
+        """Nothing to do."""
 
 
 def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarker) -> None:
@@ -193,12 +228,18 @@ def start_feed(
                 process_enriched_batch(plan, log, batch, BatchMarker(run, batch_id), _write)
             else:
                 process_batch(plan, log, batch, BatchMarker(run, batch_id))
-            _commit_progress(log, spec.group, batch)
         except HeadwaterError as exc:
             plan.error = exc
             raise
 
-    writer = reader.load().writeStream.queryName(f"feed_{spec.name}").foreachBatch(apply)
+    query_name = f"feed_{spec.name}"
+    if not available_now:
+        committer = _committers.get(id(spark))
+        if committer is None:
+            committer = _committers[id(spark)] = ProgressCommitter(log)
+            spark.streams.addListener(committer)
+        committer.groups[query_name] = spec.group
+    writer = reader.load().writeStream.queryName(query_name).foreachBatch(apply)
     writer = writer.option("checkpointLocation", str(spec.checkpoint / "spark"))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_interval)
     return writer.start(), plan
@@ -248,4 +289,6 @@ def await_query(query: StreamingQuery, plan: FeedPlan, timeout_s: int | None = N
         if plan.error is not None:
             raise plan.error from None
         raise RuntimeError(str(query.exception()))
+    if ended and query.lastProgress:
+        commit_progress(plan.log, plan.spec.group, query.lastProgress)
     return ended
