@@ -2,7 +2,7 @@
 
 ``dagster dev`` ignores SIGTERM for 40+ s (DESIGN 8), so it is not used: the webserver and
 the daemon are started directly, each in its own process group (with the code servers
-they spawn), and stopped by signalling those groups: SIGTERM, then SIGKILL after a
+they spawn), and stopped by signalling those groups: SIGINT, then SIGKILL after a
 short grace. Ctrl-C reaches only this process (the children are in other sessions),
 so stopping is always ours and prompt.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,10 +88,10 @@ class UiProcesses:
     url: str
 
     def stop(self, grace_s: float = _STOP_GRACE_S) -> None:
-        """Stop both process groups: SIGTERM, then SIGKILL whatever is left after ``grace_s``."""
+        """Stop both process groups: SIGINT (as Ctrl-C would), then SIGKILL what is left after ``grace_s``."""
         processes = [self.webserver, self.daemon]
         for process in processes:
-            _signal_group(process, signal.SIGTERM)
+            _signal_group(process, signal.SIGINT)
         deadline = time.monotonic() + grace_s
         for process in processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -106,6 +107,16 @@ def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
         os.killpg(process.pid, signum)
 
 
+def _dagster_command(script: str) -> list[str]:
+    """A Dagster console script of this interpreter's environment (``.venv/bin/<script>``), else on PATH."""
+    beside = Path(sys.executable).parent / script
+    found = str(beside) if beside.exists() else shutil.which(script)
+    if found is None:
+        msg = f"{script} is not installed in this environment; run 'make venv'"
+        raise UiError(msg)
+    return [found]
+
+
 def start_ui(config: ProjectConfig, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> UiProcesses:
     """Start the webserver (``host:port``) and the daemon for ``config``'s project; return at once."""
     home = prepare_dagster_home(config)
@@ -113,14 +124,14 @@ def start_ui(config: ProjectConfig, *, host: str = DEFAULT_HOST, port: int = DEF
     workspace = str(home / "workspace.yaml")
     cwd = str(config.home_dir.parent if config.config_path is None else config.config_path.parent)
     webserver = subprocess.Popen(
-        [sys.executable, "-m", "dagster_webserver", "-h", host, "-p", str(port), "-w", workspace],
+        [*_dagster_command("dagster-webserver"), "-h", host, "-p", str(port), "-w", workspace],
         env=env,
         cwd=cwd,
         start_new_session=True,
     )
     try:
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "dagster", "daemon", "run", "-w", workspace],
+            [*_dagster_command("dagster-daemon"), "run", "-w", workspace],
             env=env,
             cwd=cwd,
             start_new_session=True,
@@ -158,15 +169,21 @@ def _check_alive(processes: UiProcesses) -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+def _interrupt_on_signals() -> Iterator[None]:
     def interrupt(_signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    # SIGINT gets Python's handler even when we were started ignoring it (a background job):
+    # children inherit an ignored signal but not a handler, so they get SIGINT's default too.
+    previous = {
+        signal.SIGTERM: signal.signal(signal.SIGTERM, interrupt),
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def run_ui(
@@ -177,7 +194,7 @@ def run_ui(
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serve the UI until Ctrl-C/SIGTERM (returns) or until a child dies (:class:`UiError`); children always stopped."""
-    with _sigterm_as_interrupt():
+    with _interrupt_on_signals():
         processes = start_ui(config, host=host, port=port)
         try:
             wait_until_ready(processes)

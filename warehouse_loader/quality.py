@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, time
@@ -53,6 +54,27 @@ class BlockingExpectationFailedError(WarehouseError, PermanentError):
             "see the quality report and fix the data or the suite"
         )
         self.failed = tuple(failed)
+
+
+def import_gx() -> Any:
+    """Import Great Expectations safely in any process.
+
+    GX imports ``pyspark.sql.connect``, whose package init calls ``sys.exit(0)`` when
+    ``__main__`` has neither ``__spec__`` nor ``__file__`` (it takes that for its doctest
+    runner): exactly the case of ``python -c`` and of spawned workers such as Dagster's
+    run processes, which then vanish with exit code 0. During the import only, ``__main__``
+    gets a placeholder ``__file__``.
+    """
+    main = sys.modules.get("__main__")
+    patched = main is not None and getattr(main, "__spec__", None) is None and not hasattr(main, "__file__")
+    if patched:
+        main.__file__ = "<headwater>"  # type: ignore[union-attr]
+    try:
+        import great_expectations as gx
+    finally:
+        if patched:
+            del main.__file__  # type: ignore[union-attr]
+    return gx
 
 
 def quality_dir(config: ProjectConfig) -> Path:
@@ -104,7 +126,7 @@ def build_expectations(
     An unknown name or a bad argument raises :class:`QualityConfigError`, one line naming
     the file, the table and the entry.
     """
-    import great_expectations as gx
+    gx = import_gx()
     from great_expectations.exceptions.exceptions import GreatExpectationsError
     from great_expectations.expectations.expectation import Expectation
 
@@ -313,7 +335,7 @@ class _Validator:
     """An ephemeral GX context (no analytics, no progress bars) holding one suite per table."""
 
     def __init__(self, data_docs_dir: Path | None) -> None:
-        import great_expectations as gx
+        gx = import_gx()
         from great_expectations.data_context.types.base import (
             DataContextConfig,
             InMemoryStoreBackendDefaults,
