@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from headwater.cli import Context, config_option, pass_context
+from headwater.cli_context import Context, config_option, pass_context
 
 
 @click.group("feeds")
@@ -54,5 +54,8 @@ def run_command(context: Context, feeds: tuple[str, ...], available_now: bool, f
 
 
 def register(cli: click.Group) -> None:
-    """Attach the feeds commands."""
+    """Attach the feeds commands and ``reprocess``."""
+    from headwater.commands.reprocess import reprocess_command
+
     cli.add_command(feeds_group)
+    cli.add_command(reprocess_command)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -350,3 +352,66 @@ def test_restart_from_checkpoint_mid_stream_appends_nothing_twice(spark, unique_
     assert sorted(events_of(config_path, "labels"), key=str) == sorted(expected, key=str), "every change once"
     assert all(dict(r.headers)["headwater.feed.batch"] for r in feed)
     assert fold(config_path, "labels")[3] == {"id": 3, "label": "V3"}
+
+
+# ----------------------------------------------------------------------------- reprocess
+
+
+def test_reprocess_with_changed_sql_switches_readers_atomically(spark, unique_name, tmp_path):
+    from derived_feeds.reprocess import drop_old, reprocess
+    from derived_feeds.versions import resolve_topic
+
+    topic = unique_name("raw")
+    old_sql = "SELECT id, upper(label) AS label FROM source"
+    config_path = plain_config(tmp_path, {"labels": {"from": topic, "sql": old_sql, "key": ["id"]}})
+    raw_topic(config_path, topic)
+    append_rows(config_path, topic, range(0, 60))
+    run(spark, config_path)
+    old = {i: {"id": i, "label": f"N{i}"} for i in range(60)}
+    assert fold(config_path, "labels") == old
+
+    new_sql = "SELECT id, concat(label, '!') AS label FROM source WHERE id < 40"
+    config_path = plain_config(tmp_path, {"labels": {"from": topic, "sql": new_sql, "key": ["id"]}})
+    new = {i: {"id": i, "label": f"n{i}!"} for i in range(40)}
+
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def reader() -> None:  # a concurrent reader resolving the version pointer once per read
+        while not stop.is_set():
+            state = fold(config_path, resolve_topic(load_config(config_path), "labels"))
+            seen.append("old" if state == old else "new" if state == new else f"mix: {sorted(state)[:5]}")
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    config = load_config(config_path)
+    log = open_log(config)
+    steps: list[tuple[int, int]] = []
+    try:
+        version = reprocess(spark, config, log, "labels", progress=lambda done, total: steps.append((done, total)))
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join()
+        log.close()
+
+    assert version.number == 2 and version.topic == "labels.v2"
+    assert resolve_topic(load_config(config_path), "labels") == "labels.v2"
+    assert fold(config_path, "labels.v2") == new
+    assert seen and set(seen) <= {"old", "new"}, f"readers saw a mix: {set(seen) - {'old', 'new'}}"
+    assert seen[-1] == "new" and "old" in seen
+    assert steps[-1] == (60, 60)
+    assert fold(config_path, "labels") == old, "the old version stays until dropped"
+
+    # The next run continues version 2 from its own checkpoint.
+    append_rows(config_path, topic, range(60, 62))
+    append_rows(config_path, topic, range(0, 1), op=Op.UPDATE, label="w")
+    run(spark, config_path)
+    assert fold(config_path, "labels.v2") == {**new, 0: {"id": 0, "label": "w0!"}}
+
+    log = open_log(load_config(config_path))
+    try:
+        assert drop_old(load_config(config_path), log, "labels") == ["labels"]
+        assert "labels" not in log.list_topics()
+    finally:
+        log.close()

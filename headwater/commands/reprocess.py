@@ -1,0 +1,44 @@
+"""``headwater reprocess NAME``: rebuild a feed or warehouse table as a new version, then switch readers."""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from headwater.cli_context import Context, config_option, pass_context
+
+
+@click.command("reprocess")
+@click.argument("name")
+@config_option
+@click.option("--drop-old", is_flag=True, help="After switching, delete the previous versions (topics or tables).")
+@pass_context
+def reprocess_command(context: Context, name: str, drop_old: bool) -> None:
+    """Rebuild feed or table NAME from offset 0 as version N+1; switch readers when it has caught up."""
+    from derived_feeds.reprocess import drop_old as drop_versions
+    from derived_feeds.reprocess import next_version, reprocess
+    from derived_feeds.session import spark_session, stop_spark
+    from log.factory import open_log
+
+    config = context.config(needs_sources=False)
+    target = next_version(config, name)  # fails fast on an unknown name, before Spark starts
+    log = open_log(config)
+    spark = spark_session("headwater-reprocess", local_dir=config.home_dir / "spark")
+    console = Console(stderr=True)
+    try:
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task(f"{name} v{target.number}: catching up", total=None)
+
+            def show(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            version = reprocess(spark, config, log, name, progress=show)
+        click.echo(f"{name}: version {version.number} ({version.target}) is current")
+        if drop_old:
+            for dropped in drop_versions(config, log, name):
+                click.echo(f"dropped {dropped}")
+    finally:
+        log.close()
+        stop_spark(spark)
