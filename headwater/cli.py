@@ -8,72 +8,24 @@ from __future__ import annotations
 
 import sys
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import click
-import orjson
 
 from headwater import __version__
-from headwater.config import ProjectConfig, load_config
+from headwater.cli_context import Context, config_option, pass_context, print_json, root_config_option
 from headwater.errors import HeadwaterError
 from headwater.scaffold import init_project
+
+__all__ = ["Context", "cli", "config_option", "main", "pass_context", "print_json"]
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 
 
-@dataclass
-class Context:
-    """Options shared by every command."""
-
-    config_path: str | None
-    debug: bool
-
-    def config(self, *, needs_sources: bool = True) -> ProjectConfig:
-        """Load and validate the project config (found as DESIGN section 2 says).
-
-        Commands that never connect to a source pass ``needs_sources=False`` so an unset
-        password variable does not stop them.
-        """
-        return load_config(self.config_path, strict_env=needs_sources)
-
-
-pass_context = click.make_pass_decorator(Context)
-_config_option = click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Path to headwater.yaml (default: $HEADWATER_CONFIG, else ./headwater.yaml).",
-)
-
-
-def _config_override(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
-    # `--config` is accepted both before and after the subcommand name.
-    if value is not None:
-        ctx.find_object(Context).config_path = value  # type: ignore[union-attr]
-
-
-config_option = click.option(
-    "--config",
-    type=click.Path(dir_okay=False),
-    expose_value=False,
-    callback=_config_override,
-    help="Path to headwater.yaml.",
-)
-
-
-def print_json(value: Any) -> None:
-    """Write ``value`` as indented JSON to stdout."""
-    sys.stdout.buffer.write(orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n")
-    sys.stdout.flush()
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="headwater")
-@_config_option
+@root_config_option
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None, debug: bool) -> None:

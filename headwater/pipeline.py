@@ -51,7 +51,7 @@ class RunSummary:
 
 def run_until_caught_up(config: ProjectConfig, say: Callable[[str], None]) -> RunSummary:
     """Capture, then feeds, then loads, each until everything available is processed."""
-    from headwater.commands.capture import run_capture
+    from capture.runner import run_capture
 
     summary = RunSummary()
     if config.sources:

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
-from types import FrameType
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from capture.agent import CaptureAgent, CaptureStats, typemap_decoders
-from capture.errors import UnknownSourceError
-from headwater.cli import Context, config_option, pass_context
-from headwater.config import ProjectConfig
-from log.factory import open_log
+from capture.agent import SnapshotProgress
+from capture.runner import ProgressFactory, run_capture
+from headwater.cli_context import Context, config_option, pass_context
 
 
 class RichSnapshotProgress:
@@ -58,61 +53,11 @@ class RichSnapshotProgress:
         self._progress.stop()
 
 
-def run_capture(config: ProjectConfig, names: tuple[str, ...], *, until_caught_up: bool) -> dict[str, CaptureStats]:
-    """Run one agent per source (threads), until caught up or until stopped."""
-    selected = names or tuple(config.sources)
-    for name in selected:
-        if name not in config.sources:
-            msg = (
-                f"no source named {name!r}; known: {', '.join(config.sources) or 'none'} (see 'headwater source list')"
-            )
-            raise UnknownSourceError(msg, source=name)
-    console = Console(stderr=True)
-    log = open_log(config)
-    agents = [
-        CaptureAgent(
-            name,
-            config.sources[name],
-            log,
-            config.log,
-            typemap_decoders(config.sources[name].types),
-            state_dir=config.home_dir / "capture" / name,
-            progress=RichSnapshotProgress(name, console) if console.is_terminal else None,
-        )
-        for name in selected
-    ]
-    errors: list[BaseException] = []
-    results: dict[str, CaptureStats] = {}
+def _progress_for(console: Console) -> ProgressFactory:
+    def make(name: str) -> SnapshotProgress | None:
+        return RichSnapshotProgress(name, console) if console.is_terminal else None
 
-    def run(agent: CaptureAgent) -> None:
-        try:
-            results[agent.name] = agent.run(until_caught_up=until_caught_up)
-        except BaseException as exc:  # re-raised in the main thread
-            errors.append(exc)
-            for other in agents:
-                other.stop()
-
-    threads = [threading.Thread(target=run, args=(agent,), name=f"capture-{agent.name}") for agent in agents]
-
-    def stop_all(_signum: int, _frame: FrameType | None) -> None:
-        # Each agent finishes the transaction in hand, appends and acknowledges it, then returns.
-        for agent in agents:
-            agent.stop()
-
-    previous = {sig: signal.signal(sig, stop_all) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(0.2)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        log.close()
-    if errors:
-        raise errors[0]
-    return results
+    return make
 
 
 @click.command("capture")
@@ -128,13 +73,16 @@ def capture_command(context: Context, names: tuple[str, ...], until_caught_up: b
         raise click.UsageError(msg)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     config = context.config()
-    results = run_capture(config, names, until_caught_up=until_caught_up)
+    results = run_capture(config, names, until_caught_up=until_caught_up, progress=_progress_for(Console(stderr=True)))
     for name, stats in results.items():
         click.echo(
             f"{name}: {stats.transactions} transactions, {stats.events} events, "
             f"{stats.records_written} records written, {stats.records_skipped} already in the log, "
             f"acknowledged {stats.acked_lsn}"
         )
+
+
+__all__ = ["RichSnapshotProgress", "capture_command", "register", "run_capture"]
 
 
 def register(cli: click.Group) -> None:

@@ -11,7 +11,7 @@ from headwater.demo import PASSWORD_VAR, DemoSettings, run_demo
 
 
 def _capture_stage(config_path: Path) -> str:
-    from headwater.commands.capture import run_capture
+    from capture.runner import run_capture
 
     config = load_config(config_path)
     stats = run_capture(config, ("shop",), until_caught_up=True)["shop"]

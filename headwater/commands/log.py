@@ -11,7 +11,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from headwater.cli import Context, config_option, pass_context, print_json
+from headwater.cli_context import Context, config_option, pass_context, print_json
 from log.base import Log, StoredRecord, end_offsets
 from log.factory import open_log
 

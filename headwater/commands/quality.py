@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from headwater.cli import Context, config_option, pass_context
+from headwater.cli_context import Context, config_option, pass_context
 from log.factory import open_log
 from warehouse_loader.quality import (
     BlockingExpectationFailedError,

@@ -7,7 +7,7 @@ from types import FrameType
 
 import click
 
-from headwater.cli import Context, config_option, pass_context
+from headwater.cli_context import Context, config_option, pass_context
 from headwater.pipeline import Supervisor, follow_stages, run_until_caught_up
 
 

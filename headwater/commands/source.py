@@ -15,7 +15,7 @@ from rich.table import Table
 from capture.errors import ConfirmationRequiredError
 from capture.identifiers import split_list
 from capture.registration import add_source, removal_text, remove_source, show_source
-from headwater.cli import Context, config_option, pass_context, print_json
+from headwater.cli_context import Context, config_option, pass_context, print_json
 from headwater.config import find_config_path
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from dagster_project.ui import DEFAULT_HOST, DEFAULT_PORT, dagster_home, run_ui
-from headwater.cli import Context, config_option, pass_context
+from headwater.cli_context import Context, config_option, pass_context
 
 
 @click.command("ui")

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from headwater.cli import Context, config_option, pass_context
+from headwater.cli_context import Context, config_option, pass_context
 from headwater.config import ProjectConfig
 from warehouse_loader.query import OutputFormat, format_result, run_query
 
