@@ -27,6 +27,10 @@ prereqs:
 	@if [ -z "$(PG_BIN)" ] || [ ! -x "$(PG_BIN)/initdb" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq postgresql-15; \
 	  else echo "PostgreSQL server binaries are required: install them (Debian: apt-get install postgresql-15)"; exit 1; fi; fi
+	@# Chromium is only for the UI browser test, which skips with the reason when it is absent.
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "note: could not install chromium; the browser test will skip"; \
+	  else echo "note: install chromium (Debian: apt-get install chromium) to run the UI browser test"; fi; fi
 
 demo: venv prereqs
 	$(VENV)/bin/headwater demo
