@@ -13,7 +13,12 @@ Contract (DESIGN sections 6 and 7):
   committed *before* the main MERGE with the same app transaction: a crash in between
   replays the batch, and both MERGEs are idempotent (they only apply newer sequences).
 * SCD2: one MERGE keyed by ``(keys, __START_AT)`` inserts, replaces (closes) and removes
-  versions, and closes versions open across a truncate.
+  versions; a truncate's closings are planned versions like any other (the writer loads
+  the versions spanning it, for every key). Deletes that close no version and truncates
+  are appended to ``<table>/_hw_tombstones`` (rows ``keys, sequence, __hw_op`` with ``d``,
+  or null keys and ``t``), append-only, before the MERGE and with the same app
+  transaction; a replay after a crash in between skips the append and plans the same
+  versions (remembered deletes are deduplicated with the batch's own).
 * Schema: a new batch column is added (``merge_schema``); a table column missing from
   the batch stays and is null in rows the batch writes; a batch column whose type cannot
   be cast safely to the table's raises :class:`SchemaMismatchError` before anything is
@@ -39,13 +44,17 @@ from deltalake.exceptions import CommitFailedError
 
 from headwater.config import TableConfig
 from warehouse_loader.changes import DELETE_OP, END_AT, OP, SEQ, START_AT, TRUNCATE_OP
-from warehouse_loader.errors import ChangeBatchError, SchemaMismatchError, WarehouseWriteError
+from warehouse_loader.errors import SchemaMismatchError, WarehouseWriteError
 from warehouse_loader.scd import (
     Scd1Actions,
+    Scd2Actions,
     plan_scd1,
     plan_scd2,
     quote,
+    scd2_truncate_span,
     scd2_window,
+    sql_literal,
+    truncate_sequences,
 )
 
 TOMBSTONES_DIR = "_hw_tombstones"
@@ -171,16 +180,6 @@ def _schema(target: DeltaTable) -> pa.Schema:
     return target.to_pyarrow_dataset().schema
 
 
-def _literal(value: Any) -> str:
-    """A sequence value as a SQL literal for a MERGE predicate (strings and integers)."""
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    msg = f"truncate needs a string or integer sequence column, got {type(value).__name__}"
-    raise ChangeBatchError(msg)
-
-
 def _on(keys: Sequence[str]) -> str:
     return " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
 
@@ -288,7 +287,7 @@ def _write_tombstones(
         .when_not_matched_insert_all(predicate=f"s.{quote(OP)} IN ('d', 't')")
     )
     if actions.truncate_at is not None:
-        merge = merge.when_not_matched_by_source_delete(predicate=f"t.{seq} < {_literal(actions.truncate_at)}")
+        merge = merge.when_not_matched_by_source_delete(predicate=f"t.{seq} < {sql_literal(actions.truncate_at)}")
     merge.execute()
 
 
@@ -324,7 +323,7 @@ def _merge_scd1(
         .when_not_matched_insert_all(predicate=f"s.{op} <> 'd'")
     )
     if actions.truncate_at is not None:
-        merge = merge.when_not_matched_by_source_delete(predicate=f"t.{seq} < {_literal(actions.truncate_at)}")
+        merge = merge.when_not_matched_by_source_delete(predicate=f"t.{seq} < {sql_literal(actions.truncate_at)}")
     before = target.version()
     stats = merge.execute()
     return _metrics(table, batch_id, target, before, stats)
@@ -343,25 +342,46 @@ def write_scd2(
     track_history_columns: Sequence[str] | None = None,
     sequence_by: str = SEQ,
 ) -> WriteResult:
-    """Apply one micro-batch to an SCD2 table with one MERGE on ``(keys, __START_AT)``."""
+    """Apply one micro-batch to an SCD2 table: new tombstones first, then one MERGE on ``(keys, __START_AT)``."""
     target = _open(path)
     if _already(target, table, batch_id):
         return WriteResult(table=table, batch_id=batch_id, skipped=True, version=target.version() if target else None)
+    side_path = path / TOMBSTONES_DIR
+    side = _open(side_path)
     existing = None
+    spanning = None
     if target is not None:
         # Check types before planning: planning unifies the batch with existing versions.
         _reconcile(table, _schema(target), changes)
-        window = scd2_window(changes, keys, sequence_by)
-        on = " AND ".join(f"t.{quote(k)} = w.{quote(k)}" for k in keys)
+        truncates = truncate_sequences(changes, sequence_by)
+        if truncates:
+            spanning = _select_rows(
+                target.to_pyarrow_dataset(),
+                f"SELECT {', '.join('t.' + quote(k) for k in keys)}, t.{quote(START_AT)}, t.{quote(END_AT)} "
+                f"FROM target t WHERE {scd2_truncate_span(truncates, 't')}",
+            )
+    window = scd2_window(changes, keys, sequence_by, spanning)
+    if target is not None:
         existing = _select_rows(
             target.to_pyarrow_dataset(),
-            f"SELECT t.* FROM target t JOIN win w ON {on} "
+            f"SELECT t.* FROM target t JOIN win w ON {_on_window(keys)} "
             f"WHERE t.{quote(END_AT)} IS NULL OR t.{quote(END_AT)} >= w.__min_seq",
             win=window,
         )
-    actions = plan_scd2(changes, keys, existing, track_history_columns=track_history_columns, sequence_by=sequence_by)
+    tombstones, remembered = _read_scd2_tombstones(side, window, keys, sequence_by)
+    actions = plan_scd2(
+        changes,
+        keys,
+        existing,
+        tombstones=tombstones,
+        truncates=remembered,
+        track_history_columns=track_history_columns,
+        sequence_by=sequence_by,
+    )
     versions, adds = _reconcile(table, None if target is None else _schema(target), actions.versions)
     try:
+        if (actions.tombstones.num_rows or actions.truncates) and not _already(side, table, batch_id):
+            _append_scd2_tombstones(side_path, side, actions, keys=keys, table=table, batch_id=batch_id)
         if target is None:
             write_deltalake(str(path), versions, commit_properties=_commit(table, batch_id))
             created = DeltaTable(str(path))
@@ -377,7 +397,7 @@ def write_scd2(
             schema=versions.schema,
         )
         source = pa.concat_tables([versions, removed])
-        sa, ea, op = quote(START_AT), quote(END_AT), quote(OP)
+        sa, op = quote(START_AT), quote(OP)
         merge = target.merge(
             source,
             f"{_on(keys)} AND t.{sa} = s.{sa}",
@@ -392,15 +412,51 @@ def write_scd2(
             .when_matched_update_all(predicate=f"s.{op} IS NOT NULL")
             .when_not_matched_insert_all(predicate=f"s.{op} IS NOT NULL")
         )
-        if actions.truncates:
-            # The first truncate after a version's start closes it.
-            whens = " ".join(f"WHEN t.{sa} < {_literal(v)} THEN {_literal(v)}" for v in actions.truncates)
-            merge = merge.when_not_matched_by_source_update(
-                {END_AT: f"CASE {whens} ELSE t.{ea} END"},
-                predicate=f"t.{ea} IS NULL AND t.{sa} < {_literal(actions.truncates[-1])}",
-            )
         before = target.version()
         stats = merge.execute()
         return _metrics(table, batch_id, target, before, stats)
     except (CommitFailedError, OSError) as exc:
         raise WarehouseWriteError(table, batch_id, str(exc).splitlines()[0]) from exc
+
+
+def _on_window(keys: Sequence[str]) -> str:
+    return " AND ".join(f"t.{quote(k)} = w.{quote(k)}" for k in keys)
+
+
+def _read_scd2_tombstones(
+    side: DeltaTable | None, window: pa.Table, keys: Sequence[str], sequence_by: str
+) -> tuple[pa.Table | None, tuple[Any, ...]]:
+    """Remembered deletes of the window's keys from their ``__min_seq`` on, and every remembered truncate."""
+    if side is None:
+        return None, ()
+    seq = quote(sequence_by)
+    dataset = side.to_pyarrow_dataset()
+    tombs = _select_rows(
+        dataset,
+        f"SELECT {', '.join('t.' + quote(k) for k in keys)}, t.{seq} FROM target t JOIN win w ON {_on_window(keys)} "
+        f"WHERE t.{quote(OP)} = '{DELETE_OP}' AND t.{seq} >= w.__min_seq",
+        win=window,
+    )
+    truncs = _select_rows(dataset, f"SELECT DISTINCT {seq} AS v FROM target WHERE {quote(OP)} = '{TRUNCATE_OP}'")
+    return tombs, tuple(sorted(truncs.column("v").to_pylist()))
+
+
+def _append_scd2_tombstones(
+    side_path: Path, side: DeltaTable | None, actions: Scd2Actions, *, keys: Sequence[str], table: str, batch_id: int
+) -> None:
+    """Append the batch's new tombstones and truncates (the plan leaves out what is already remembered).
+
+    Committed before the main MERGE with the same app transaction: after a crash in
+    between, the replay skips this append and plans with these rows already remembered,
+    which yields the same versions (remembered deletes are deduplicated with the batch's).
+    """
+    tombs = actions.tombstones
+    marks = tombs.append_column(OP, pa.array([DELETE_OP] * tombs.num_rows, pa.string()))
+    if actions.truncates:
+        count = len(actions.truncates)
+        truncate_rows = {name: pa.nulls(count, marks.schema.field(name).type) for name in keys}
+        truncate_rows[actions.sequence_by] = pa.array(actions.truncates, marks.schema.field(actions.sequence_by).type)
+        truncate_rows[OP] = pa.array([TRUNCATE_OP] * count, pa.string())
+        marks = pa.concat_tables([marks, pa.table(truncate_rows, schema=marks.schema)])
+    marks, _ = _reconcile(table, None if side is None else _schema(side), marks)
+    write_deltalake(str(side_path), marks, mode="append", commit_properties=_commit(table, batch_id))

@@ -17,9 +17,14 @@ https://docs.databricks.com/aws/en/ldp/cdc):
   ``track_history_columns`` (Databricks ``track_history_column_list``), a change that
   alters only untracked columns updates the version in place instead of opening one.
   Without it every change opens a version (even one repeating the values), which keeps
-  every boundary so late changes are placed exactly.
-* Truncate in SCD2 (Databricks supports truncates for SCD1 only): every version open at
-  the truncate is closed at its sequence, as if each key were deleted there.
+  every boundary so late changes are placed exactly. A delete that closes no version (it
+  arrived before the key's older changes, or a late delete now precedes it) is kept as a
+  *tombstone* (keys + sequence, the same layout as SCD1's), so a late older change opens
+  a version that it closes; tombstones are never forgotten, a redundant one is harmless.
+* Truncate in SCD2 (Databricks supports truncates for SCD1 only): every version spanning
+  the truncate is closed at its sequence, as if each key were deleted there, whatever the
+  arrival order; truncates are remembered, so a late change older than one opens a
+  version already closed at it.
 
 Everything here is vectorised with DuckDB over Arrow (no per-row Python); the functions
 never touch storage. The Delta writer (``delta_writer``) feeds them the slice of the
@@ -252,39 +257,103 @@ def apply_scd1(state: Scd1State, actions: Scd1Actions, keys: Sequence[str]) -> S
 
 
 @dataclass(frozen=True, slots=True)
+class Scd2State:
+    """An SCD2 table as data: its versions, the deletes it remembers and the truncates applied.
+
+    ``tombstones`` (keys + sequence) holds every delete that closed no version when it was
+    planned (it arrived before the key's older changes, or a late change left it behind
+    another delete): the versions cannot show it, yet it bounds a version that a later,
+    older change opens. ``truncates``: the sequences of every truncate applied.
+    """
+
+    rows: pa.Table
+    tombstones: pa.Table
+    truncates: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Scd2Actions:
     """What one micro-batch does to an SCD2 table, keyed by ``(keys, __START_AT)``.
 
     ``versions``: full version rows to insert, or to replace the row with the same key
     and ``__START_AT`` (a closing is a replaced row whose ``__END_AT`` is now set).
     ``removed``: keys + ``__START_AT`` of versions that no longer exist (a late change
-    moved a boundary). ``truncates``: sequences at which every version still open and
-    started before it is closed, for keys this batch did not touch.
+    moved a boundary). ``tombstones``: keys + sequence of deletes to remember from now on
+    (see :class:`Scd2State`); none is ever forgotten, a remembered delete that a later
+    batch turns into a version's end is merely redundant. ``truncates``: the batch's
+    truncate sequences not remembered yet. Versions a truncate closes are in
+    ``versions`` like any other closing, for every key (not only the batch's).
     """
 
     versions: pa.Table
     removed: pa.Table
+    tombstones: pa.Table
     truncates: tuple[Any, ...] = ()
     sequence_by: str = SEQ
 
 
-def scd2_window(changes: pa.Table, keys: Sequence[str], sequence_by: str = SEQ) -> pa.Table:
-    """Keys of the batch with the lowest sequence that touches each: ``keys + __min_seq``.
+def truncate_sequences(changes: pa.Table, sequence_by: str = SEQ) -> tuple[Any, ...]:
+    """The distinct sequences of the batch's truncates, ascending."""
+    values = changes.filter(pc.equal(changes.column(OP), TRUNCATE_OP)).column(sequence_by)
+    return tuple(sorted(set(values.to_pylist())))
 
-    A version of such a key can change only if it is open or ends at or after that
-    sequence; the writer loads exactly those rows as ``existing`` for :func:`plan_scd2`.
+
+def scd2_window(
+    changes: pa.Table, keys: Sequence[str], sequence_by: str = SEQ, existing: pa.Table | None = None
+) -> pa.Table:
+    """Keys whose versions a batch can change, each with the lowest sequence that touches it: ``keys + __min_seq``.
+
+    Those are the batch's keys and, with ``existing``, every key with a version that spans
+    a truncate of the batch (started before it, open or ended after it; the writer passes
+    the rows matching :func:`scd2_truncate_span`). A version of such a key can change only
+    if it is open or ends at or after ``__min_seq``: the writer loads exactly those rows
+    as ``existing`` for :func:`plan_scd2`, and these keys' tombstones from ``__min_seq`` on.
     """
     check_changes(changes, keys, sequence_by)
     seq = quote(sequence_by)
-    low = _max_truncate(changes, sequence_by)  # any truncate pulls the window down to it
+    truncates = truncate_sequences(changes, sequence_by)
     live = changes.filter(pc.not_equal(changes.column(OP), TRUNCATE_OP))
-    truncs = changes.filter(pc.equal(changes.column(OP), TRUNCATE_OP)).select([sequence_by])
+    truncs = pa.table({sequence_by: pa.array(truncates, changes.schema.field(sequence_by).type)})
     lowest = "min(l." + seq + ")"
-    if low is not None:
+    if truncates:
         lowest = f"least(min(l.{seq}), (SELECT min({seq}) FROM truncs))"
-    with _duck(live=live, truncs=truncs) as con:
-        window = con.sql(f"SELECT {_cols(keys, 'l')}, {lowest} AS __min_seq FROM live l GROUP BY ALL").to_arrow_table()
+    sql = f"SELECT {_cols(keys, 'l')}, {lowest} AS __min_seq FROM live l GROUP BY ALL"
+    spans = existing is not None and bool(truncates) and existing.num_rows > 0
+    if spans:
+        sql = f"""
+            SELECT {_cols(keys)}, min(__min_seq) AS __min_seq FROM (
+                {sql}
+                UNION ALL
+                SELECT {_cols(keys, "o")}, (SELECT min({seq}) FROM truncs) FROM existing o
+                WHERE {scd2_truncate_span(truncates, "o")}
+            ) GROUP BY ALL
+        """
+    tables = {"live": live, "truncs": truncs} | ({"existing": existing} if spans else {})
+    with _duck(**tables) as con:
+        window = con.sql(sql).to_arrow_table()
     return window
+
+
+def scd2_truncate_span(truncates: Sequence[Any], alias: str) -> str:
+    """SQL predicate: the version ``alias`` spans one of ``truncates`` (which it must end at).
+
+    Sequences are inlined as literals (strings or integers), so the predicate also serves
+    as a filter on the Delta table in the writer.
+    """
+    if not truncates:
+        return "false"
+    sa, ea = f"{alias}.{quote(START_AT)}", f"{alias}.{quote(END_AT)}"
+    return " OR ".join(f"({sa} < {sql_literal(v)} AND ({ea} IS NULL OR {ea} > {sql_literal(v)}))" for v in truncates)
+
+
+def sql_literal(value: Any) -> str:
+    """A sequence value as a SQL literal (strings and integers)."""
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    msg = f"truncate needs a string or integer sequence column, got {type(value).__name__}"
+    raise ChangeBatchError(msg)
 
 
 def plan_scd2(
@@ -292,23 +361,32 @@ def plan_scd2(
     keys: Sequence[str],
     existing: pa.Table | None = None,
     *,
+    tombstones: pa.Table | None = None,
+    truncates: Sequence[Any] = (),
     track_history_columns: Sequence[str] | None = None,
     sequence_by: str = SEQ,
 ) -> Scd2Actions:
-    """Recompute the versions of the batch's keys from their existing versions plus the batch.
+    """Recompute the versions of the affected keys from their existing versions, tombstones and the batch.
 
-    ``existing``: the target's versions, at least those selected by :func:`scd2_window`
-    (passing the whole table is fine; it is narrowed here). Existing versions are turned
-    back into events (an upsert at ``__START_AT``, another at the sequence of the last
-    change folded into it, a delete at an ``__END_AT`` no version starts at), merged with
-    the batch, deduplicated on (key, sequence) and folded into versions again. Rebuilding
-    a version that absorbed untracked-only changes keeps only its latest values, so a
-    late *tracked* change inside such a version splits it with those values.
+    ``existing``: the target's versions, at least those the writer selects with
+    :func:`scd2_window` and :func:`scd2_truncate_span` (passing the whole table is fine;
+    it is narrowed here). ``tombstones`` (keys + sequence, a superset is fine) and
+    ``truncates`` are the remembered deletes and truncates (:class:`Scd2State`).
+
+    Existing versions are turned back into events (an upsert at ``__START_AT``, another
+    at the sequence of the last change folded into it, a delete at an ``__END_AT`` no
+    version starts at), merged with the batch, the tombstones and a delete per key at
+    each truncate, deduplicated on (key, sequence) and folded into versions again. So a
+    remembered delete bounds the version a late older change opens, and a late event
+    older than a truncate opens a version closed at it. Rebuilding a version that
+    absorbed untracked-only changes keeps only its latest values, so a late *tracked*
+    change inside such a version splits it with those values.
     """
     check_changes(changes, keys, sequence_by)
     live = changes.filter(pc.not_equal(changes.column(OP), TRUNCATE_OP))
-    trunc_values = changes.filter(pc.equal(changes.column(OP), TRUNCATE_OP)).column(sequence_by)
-    truncates = tuple(sorted(set(trunc_values.to_pylist())))
+    batch_truncates = truncate_sequences(changes, sequence_by)
+    remembered = set(truncates)
+    all_truncates = tuple(sorted(remembered.union(batch_truncates)))
     seq_type = changes.schema.field(sequence_by).type
     fixed = {*keys, sequence_by, OP, START_AT, END_AT}
     change_values = [f for f in live.schema if f.name not in fixed]
@@ -324,6 +402,8 @@ def plan_scd2(
             ]
         )
         existing = existing_schema.empty_table()
+    tomb_schema = pa.schema([*[changes.schema.field(k) for k in keys], pa.field(sequence_by, seq_type)])
+    tomb = tomb_schema.empty_table() if tombstones is None else tombstones.select([*keys, sequence_by])
     value_schema = _merged_schema(
         pa.schema([f for f in existing.schema if f.name not in fixed]), pa.schema(change_values)
     )
@@ -347,7 +427,7 @@ def plan_scd2(
             pa.field(END_AT, seq_type),
         ]
     )
-    window = scd2_window(changes, keys, sequence_by)
+    window = scd2_window(changes, keys, sequence_by, existing)
     k = _cols(keys)
     s = quote(sequence_by)
     op = quote(OP)
@@ -375,11 +455,10 @@ def plan_scd2(
             UNION ALL
             SELECT {_cols(keys, "o")}, {ex_vals}, o.{s}, o.{op}, 1 FROM old o WHERE o.{s} <> o.{sa}
             UNION ALL
-            SELECT {_cols(keys, "o")}, {null_vals}, o.{ea}, '{DELETE_OP}', 1 FROM old o
-            WHERE o.{ea} IS NOT NULL
-              AND NOT EXISTS (SELECT 1 FROM old n WHERE {_on(keys, "n", "o")} AND n.{sa} = o.{ea})
+            SELECT {_cols(keys, "d")}, {null_vals}, d.{s}, '{DELETE_OP}', 1 FROM stored_deletes d
             UNION ALL
-            SELECT {_cols(keys, "w")}, {null_vals}, t.{s}, '{DELETE_OP}', 2 FROM win w CROSS JOIN truncs t
+            SELECT {_cols(keys, "w")}, {null_vals}, t.{s}, '{DELETE_OP}', 2 FROM win w
+            JOIN truncs t ON t.{s} >= w.__min_seq
         ),
         dedup AS (
             SELECT * FROM events
@@ -403,55 +482,72 @@ def plan_scd2(
         SELECT v.*, (o.{sa} IS NULL OR {changed}) AS __changed FROM versions v
         LEFT JOIN old o ON {_on(keys, "v", "o")} AND v.{sa} = o.{sa}
     """
-    truncs = pa.table({sequence_by: pa.array(truncates, seq_type)})
-    with _duck(existing=existing, win=window, live=live, truncs=truncs) as con:
+    # Deletes the stored state already holds: version ends no version starts at, and the
+    # tombstones from __min_seq on.
+    stored_deletes_sql = f"""
+        SELECT {_cols(keys, "o")}, o.{ea} AS {s} FROM old o
+        WHERE o.{ea} IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM old n WHERE {_on(keys, "n", "o")} AND n.{sa} = o.{ea})
+        UNION ALL
+        SELECT {_cols(keys, "b")}, b.{s} FROM tomb b JOIN win w ON {_on(keys, "w", "b")} AND b.{s} >= w.__min_seq
+    """
+    # A delete that ends no rebuilt version (it follows a delete, or nothing) is invisible in
+    # the versions: remember it, unless a truncate's (truncates are remembered whole) or
+    # already remembered. Cheaper than a second pass over the ordered events: deletes are few.
+    tombstones_sql = f"""
+        WITH deletes AS (
+            SELECT DISTINCT * FROM (
+                SELECT {_cols(keys, "c")}, c.{s} FROM live c WHERE c.{op} = '{DELETE_OP}'
+                UNION ALL SELECT * FROM stored_deletes
+            )
+        )
+        SELECT d.* FROM deletes d
+        WHERE NOT EXISTS (SELECT 1 FROM rebuilt r WHERE {_on(keys, "r", "d")} AND r.{ea} = d.{s})
+          AND NOT EXISTS (SELECT 1 FROM truncs t WHERE t.{s} = d.{s})
+          AND NOT EXISTS (SELECT 1 FROM tomb b WHERE {_on(keys, "b", "d")} AND b.{s} = d.{s})
+    """
+    truncs = pa.table({sequence_by: pa.array(all_truncates, seq_type)})
+    with _duck(existing=existing, win=window, live=live, truncs=truncs, tomb=tomb) as con:
         con.execute(
             f"""CREATE TEMP TABLE old AS SELECT o.* FROM existing o JOIN win w ON {_on(keys, "o", "w")}
                 WHERE o.{ea} IS NULL OR o.{ea} >= w.__min_seq"""
         )
+        con.execute(f"CREATE TEMP TABLE stored_deletes AS {stored_deletes_sql}")
         con.execute(f"CREATE TEMP TABLE rebuilt AS {versions_sql}")
         versions = con.sql("SELECT * EXCLUDE (__changed) FROM rebuilt WHERE __changed").to_arrow_table()
         removed = con.sql(
             f"""SELECT {_cols(keys, "o")}, o.{sa} FROM old o
                 WHERE NOT EXISTS (SELECT 1 FROM rebuilt r WHERE {_on(keys, "r", "o")} AND r.{sa} = o.{sa})"""
         ).to_arrow_table()
+        new_tombstones = con.sql(tombstones_sql).to_arrow_table()
     removed_schema = pa.schema([*[changes.schema.field(kk) for kk in keys], pa.field(START_AT, seq_type)])
     return Scd2Actions(
         versions=_conform(versions, out_schema),
         removed=_conform(removed, removed_schema),
-        truncates=truncates,
+        tombstones=_conform(new_tombstones, tomb_schema),
+        truncates=tuple(v for v in batch_truncates if v not in remembered),
         sequence_by=sequence_by,
     )
 
 
-def apply_scd2(rows: pa.Table, actions: Scd2Actions, keys: Sequence[str]) -> pa.Table:
-    """Apply ``actions`` to an in-memory SCD2 table: the twin of the Delta writer's MERGE."""
-    sa, ea = quote(START_AT), quote(END_AT)
-    schema = _merged_schema(rows.schema, actions.versions.schema)
-    close = f"r.{ea}"
-    if actions.truncates:
-        # The first truncate after a version's start closes it.
-        whens = " ".join(
-            f"WHEN r.{sa} < (SELECT v FROM truncs WHERE i = {i}) THEN (SELECT v FROM truncs WHERE i = {i})"
-            for i in range(len(actions.truncates))
-        )
-        close = f"CASE WHEN r.{ea} IS NOT NULL THEN r.{ea} {whens} ELSE NULL END"
-    seq_type = schema.field(START_AT).type
-    truncs = pa.table(
-        {"i": pa.array(range(len(actions.truncates)), pa.int64()), "v": pa.array(actions.truncates, seq_type)}
-    )
+def apply_scd2(state: Scd2State, actions: Scd2Actions, keys: Sequence[str]) -> Scd2State:
+    """Apply ``actions`` to an in-memory SCD2 table: the twin of the Delta writer's tombstone append and MERGE."""
+    sa = quote(START_AT)
+    schema = _merged_schema(state.rows.schema, actions.versions.schema)
     sql = f"""
-        SELECT r.* REPLACE ({close} AS {ea}) FROM target r
+        SELECT r.* FROM target r
         WHERE NOT EXISTS (SELECT 1 FROM versions v WHERE {_on(keys, "v", "r")} AND v.{sa} = r.{sa})
           AND NOT EXISTS (SELECT 1 FROM removed d WHERE {_on(keys, "d", "r")} AND d.{sa} = r.{sa})
         UNION ALL BY NAME
         SELECT * FROM versions
     """
     with _duck(
-        target=_conform(rows, schema),
-        versions=_conform(actions.versions, schema),
-        removed=actions.removed,
-        truncs=truncs,
+        target=_conform(state.rows, schema), versions=_conform(actions.versions, schema), removed=actions.removed
     ) as con:
         out = con.sql(sql).to_arrow_table()
-    return _conform(out, schema)
+    tombstones = pa.concat_tables([state.tombstones, _conform(actions.tombstones, state.tombstones.schema)])
+    return Scd2State(
+        rows=_conform(out, schema),
+        tombstones=tombstones,
+        truncates=tuple(sorted({*state.truncates, *actions.truncates})),
+    )

@@ -16,7 +16,7 @@ from test_scd import DOC_INPUT, DOC_TRUNCATE, KEYS, changes, scd2_table
 from headwater.config import TableConfig
 from warehouse_loader.changes import SEQ
 from warehouse_loader.delta_writer import TOMBSTONES_DIR, committed_batch, write_batch, write_scd1, write_scd2
-from warehouse_loader.errors import SchemaMismatchError
+from warehouse_loader.errors import SchemaMismatchError, WarehouseWriteError
 
 SCD1 = TableConfig.model_validate({"from": "users_feed", "mode": "scd1"})
 SCD2 = TableConfig.model_validate({"from": "users_feed", "mode": "scd2"})
@@ -151,3 +151,63 @@ def test_widening_integer_column_is_cast(tmp_path: Path) -> None:
     write_scd1(path, narrow, table="users", batch_id=1, keys=KEYS)
     assert DeltaTable(str(path)).to_pyarrow_table().schema.field("userId").type == pa.int64()
     assert SEQ in DeltaTable(str(path)).to_pyarrow_table().column_names
+
+
+def test_scd2_delete_before_the_insert_and_truncate_floor(tmp_path: Path) -> None:
+    path = tmp_path / "h"
+    parts = [
+        changes([(3, "a", "x", "c", 20), (1, "a", "x", "c", 3), (1, None, None, "d", 10), (2, "b", "y", "c", 2)]),
+        changes([(3, None, None, "d", 17)]),
+        changes([(None, None, None, "t", 5)]),
+        changes([(3, "b", "y", "c", 4), (1, "c", "z", "u", 7), (4, "late", "w", "c", 1)]),
+    ]
+    for batch_id, batch in enumerate(parts):
+        write_batch(path, batch, table="h", batch_id=batch_id, keys=KEYS, config=SCD2)
+    assert scd2_table(DeltaTable(str(path)).to_pyarrow_table()) == [
+        (1, "a", "x", 3, 5),
+        (1, "c", "z", 7, 10),
+        (2, "b", "y", 2, 5),
+        (3, "b", "y", 4, 5),
+        (3, "a", "x", 20, None),
+        (4, "late", "w", 1, 5),
+    ]
+    marks = DeltaTable(str(path / TOMBSTONES_DIR)).to_pyarrow_table().to_pylist()
+    # d@17 closed nothing when it came; d@10 closed nothing once the truncate at 5 ended 1's version.
+    assert sorted(((m["userId"], m["__hw_op"]) for m in marks), key=str) == [(1, "d"), (3, "d"), (None, "t")]
+
+
+def test_scd2_crash_between_tombstones_and_merge_replays_to_the_same_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "h"
+    write_scd2(path, changes([(3, "a", "x", "c", 20)]), table="h", batch_id=0, keys=KEYS)
+    delete = changes([(3, None, None, "d", 17)])
+    with monkeypatch.context() as patch:
+        patch.setattr(DeltaTable, "merge", lambda *_, **__: (_ for _ in ()).throw(OSError("disk gone")))
+        with pytest.raises(WarehouseWriteError):
+            write_scd2(path, delete, table="h", batch_id=1, keys=KEYS)
+    assert committed_batch(path, "h") == 0 and DeltaTable(str(path / TOMBSTONES_DIR)).version() == 0
+    assert not write_scd2(path, delete, table="h", batch_id=1, keys=KEYS).skipped
+    write_scd2(path, changes([(3, "b", "y", "c", 4)]), table="h", batch_id=2, keys=KEYS)
+    assert scd2_table(DeltaTable(str(path)).to_pyarrow_table()) == [(3, "b", "y", 4, 17), (3, "a", "x", 20, None)]
+    assert DeltaTable(str(path / TOMBSTONES_DIR)).version() == 0
+
+
+@pytest.mark.xfail(
+    reason="SCD1 replay after a crash between the tombstone commit and the MERGE: plan_scd1 drops a delete "
+    "whose own tombstone is already stored (>=), and a truncate equal to the stored watermark",
+    strict=True,
+)
+@pytest.mark.parametrize("op", ["d", "t"])
+def test_scd1_crash_between_tombstones_and_merge_replays_the_delete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: str
+) -> None:
+    path = tmp_path / "u"
+    write_scd1(path, changes([(1, "a", "x", "c", 1)]), table="u", batch_id=0, keys=KEYS)
+    batch = changes([(1 if op == "d" else None, None, None, op, 5)])
+    with monkeypatch.context() as patch:
+        patch.setattr(DeltaTable, "merge", lambda *_, **__: (_ for _ in ()).throw(OSError("disk gone")))
+        with pytest.raises(WarehouseWriteError):
+            write_scd1(path, batch, table="u", batch_id=1, keys=KEYS)
+    write_scd1(path, batch, table="u", batch_id=1, keys=KEYS)
+    assert rows1(path) == []

@@ -20,6 +20,7 @@ from warehouse_loader.changes import COMMIT_TS, END_AT, OP, SEQ, START_AT, check
 from warehouse_loader.errors import ChangeBatchError
 from warehouse_loader.scd import (
     Scd1State,
+    Scd2State,
     apply_scd1,
     apply_scd2,
     empty_tombstones,
@@ -85,13 +86,29 @@ def run_scd1(batches: list[pa.Table]) -> Scd1State:
     return state
 
 
-def run_scd2(batches: list[pa.Table], tracked: list[str] | None = None) -> pa.Table:
-    rows: pa.Table | None = None
+def run_scd2_state(batches: list[pa.Table], tracked: list[str] | None = None) -> Scd2State:
+    state: Scd2State | None = None
     for batch in batches:
-        actions = plan_scd2(batch, KEYS, rows, track_history_columns=tracked)
-        rows = actions.versions if rows is None else apply_scd2(rows, actions, KEYS)
-    assert rows is not None
-    return rows
+        if state is None:
+            actions = plan_scd2(batch, KEYS, track_history_columns=tracked)
+            empty = Scd2State(rows=actions.versions.slice(0, 0), tombstones=actions.tombstones.slice(0, 0))
+            state = apply_scd2(empty, actions, KEYS)
+            continue
+        actions = plan_scd2(
+            batch,
+            KEYS,
+            state.rows,
+            tombstones=state.tombstones,
+            truncates=state.truncates,
+            track_history_columns=tracked,
+        )
+        state = apply_scd2(state, actions, KEYS)
+    assert state is not None
+    return state
+
+
+def run_scd2(batches: list[pa.Table], tracked: list[str] | None = None) -> pa.Table:
+    return run_scd2_state(batches, tracked).rows
 
 
 # ----------------------------------------------------------------------- the documented example
@@ -261,25 +278,46 @@ def test_scd1_any_batching_and_replay_equals_one_sorted_batch(events: list[Any],
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(event, min_size=1, max_size=25), st.randoms(use_true_random=False))
 def test_scd2_any_batching_and_replay_equals_one_sorted_batch(events: list[Any], rnd: random.Random) -> None:
-    # Shuffled delivery, except that no key's delete arrives before all its earlier changes
-    # (known gap, see test_scd2_delete_arriving_before_the_insert_is_remembered).
     rows = stream(events, truncates=False)
-    rnd.shuffle(rows)
-    first_upsert: dict[int, int] = {}
-    for n, row in enumerate(rows):
-        if row[3] != "d":
-            first_upsert.setdefault(row[0], n)
-    rows = [r for n, r in enumerate(rows) if r[3] != "d" or first_upsert.get(r[0], len(rows)) < n]
-    if not rows:
-        return
     one = run_scd2([changes(sorted(rows, key=lambda r: r[4]))])
-    assert scd2_table(run_scd2(deliveries(rows, rnd, shuffle=False))) == scd2_table(one)
+    assert scd2_table(run_scd2(deliveries(rows, rnd, shuffle=True))) == scd2_table(one)
 
 
-@pytest.mark.xfail(reason="SCD2 keeps no tombstone for a delete that closes nothing yet", strict=True)
 def test_scd2_delete_arriving_before_the_insert_is_remembered() -> None:
     rows = run_scd2([changes([(2, None, None, "d", 7)]), changes([(2, "a", "x", "c", 2)])])
     assert scd2_table(rows) == [(2, "a", "x", 2, 7)]
+
+
+def test_scd2_delete_left_behind_a_late_delete_is_remembered() -> None:
+    # d@5 arrives after d@10 closed the version: d@10 now closes nothing, yet bounds c@7.
+    batches = [changes([(1, "a", "x", "c", 3), (1, None, None, "d", 10)]), changes([(1, None, None, "d", 5)])]
+    state = run_scd2_state([*batches, changes([(1, "b", "y", "u", 7)])])
+    assert scd2_table(state.rows) == [(1, "a", "x", 3, 5), (1, "b", "y", 7, 10)]
+    assert [Sequence.from_sortable(v).commit_lsn for v in state.tombstones.column(SEQ).to_pylist()] == [10]
+
+
+def test_scd2_tombstones_hold_only_deletes_that_close_nothing() -> None:
+    state = run_scd2_state([changes(DOC_INPUT), changes([(9, None, None, "d", 8)])])
+    assert state.tombstones.column("userId").to_pylist() == [9]
+
+
+def test_scd2_late_change_older_than_a_truncate_opens_a_closed_version() -> None:
+    rows = run_scd2([changes([(None, None, None, "t", 5)]), changes([(7, "late", "z", "c", 2)])])
+    assert scd2_table(rows) == [(7, "late", "z", 2, 5)]
+
+
+def test_scd2_late_truncate_shortens_closed_versions_of_keys_outside_the_batch() -> None:
+    first = changes([(1, "a", "x", "c", 3), (1, None, None, "d", 10), (2, "b", "y", "c", 2), (2, "c", "y", "u", 9)])
+    rows = run_scd2([first, changes([(None, None, None, "t", 5)]), changes([(1, "d", "z", "u", 7)])])
+    assert scd2_table(rows) == [(1, "a", "x", 3, 5), (1, "d", "z", 7, 10), (2, "b", "y", 2, 5), (2, "c", "y", 9, None)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(event, min_size=1, max_size=25), st.randoms(use_true_random=False))
+def test_scd2_truncates_any_batching_and_replay_equals_one_sorted_batch(events: list[Any], rnd: random.Random) -> None:
+    rows = stream(events, truncates=True)
+    one = run_scd2([changes(sorted(rows, key=lambda r: r[4]))])
+    assert scd2_table(run_scd2(deliveries(rows, rnd, shuffle=True))) == scd2_table(one)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
