@@ -20,6 +20,7 @@ import orjson
 
 from headwater.config import ProjectConfig
 from log.base import Log
+from warehouse_loader.quality import QualityRun, data_docs_path, load_runs, quality_dir, run_quality, runs_path
 
 #: Topic suffix of quarantined records (``capture.quarantine.QUARANTINE_SUFFIX``; feeds use the same).
 QUARANTINE_SUFFIX = ".quarantine"
@@ -259,3 +260,22 @@ def write_report(path: Path, html: str) -> Path:
     partial.write_text(html, encoding="utf-8")
     partial.replace(path)
     return path
+
+
+#: Runs shown in the report's pass-rate chart.
+HISTORY_RUNS = 30
+
+
+def run_and_report(
+    config: ProjectConfig, log: Log, tables: Sequence[str] = (), report_path: Path | None = None
+) -> tuple[QualityRun, Path]:
+    """Run the suites (with GX Data Docs) and write the HTML report; return the run and the report's path."""
+    run = run_quality(config, tables or None, data_docs=True)
+    html = render_report(
+        config.project,
+        run.as_json(),
+        load_runs(runs_path(config), limit=HISTORY_RUNS),
+        quarantine_counts(config, log),
+        data_docs=data_docs_path(config),
+    )
+    return run, write_report(report_path or quality_dir(config) / "report.html", html)

@@ -10,19 +10,8 @@ from rich.table import Table
 
 from headwater.cli_context import Context, config_option, pass_context
 from log.factory import open_log
-from warehouse_loader.quality import (
-    BlockingExpectationFailedError,
-    QualityRun,
-    data_docs_path,
-    load_runs,
-    quality_dir,
-    run_quality,
-    runs_path,
-)
-from warehouse_loader.quality_report import quarantine_counts, render_report, write_report
-
-#: Runs shown in the report's pass-rate chart.
-HISTORY_RUNS = 30
+from warehouse_loader.quality import BlockingExpectationFailedError, QualityRun, data_docs_path
+from warehouse_loader.quality_report import run_and_report
 
 
 def _summary(run: QualityRun) -> Table:
@@ -59,22 +48,12 @@ def _summary(run: QualityRun) -> Table:
 def quality_command(context: Context, tables: tuple[str, ...], report_path: Path | None) -> None:
     """Run the quality suites of TABLES (all by default); exit non-zero if a blocking one fails."""
     config = context.config(needs_sources=False)
-    console = Console(stderr=True)
-    with console.status("running expectations (Great Expectations)"):
-        run = run_quality(config, tables, data_docs=True)
     log = open_log(config)
     try:
-        quarantine = quarantine_counts(config, log)
+        with Console(stderr=True).status("running expectations (Great Expectations)"):
+            run, written = run_and_report(config, log, tables, report_path)
     finally:
         log.close()
-    html = render_report(
-        config.project,
-        run.as_json(),
-        load_runs(runs_path(config), limit=HISTORY_RUNS),
-        quarantine,
-        data_docs=data_docs_path(config),
-    )
-    written = write_report(report_path or quality_dir(config) / "report.html", html)
     Console().print(_summary(run))
     click.echo(f"report: {written}")
     click.echo(f"GX Data Docs: {data_docs_path(config) / 'index.html'} (load CSS/JS from CDNs; unstyled offline)")
