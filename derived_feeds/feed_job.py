@@ -34,7 +34,7 @@ from derived_feeds.feed_graph import run_order
 from derived_feeds.feed_schema import schema_columns, schema_record
 from derived_feeds.feed_spec import FeedSpec, feed_spec
 from derived_feeds.feed_writer import BatchMarker, append_once, checkpoint_run, plan_batch, record_quality
-from derived_feeds.transform import apply_sql, compute_feed, encode_changes
+from derived_feeds.transform import apply_sql, compute_feed, encode_changes, latest_changes
 from headwater.config import ProjectConfig
 from headwater.errors import HeadwaterError
 from log.base import SCHEMAS_TOPIC, Log, Record, TopicPartition, TopicSpec, append_keyed
@@ -176,8 +176,12 @@ def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarke
     """One micro-batch of a plain feed: compute, check, encode, append exactly once, record counts."""
     spec = plan.spec
     spark = batch.sparkSession
-    changes = compute_feed(spark, batch, spec.config.sql, spec.key)
-    _write(plan, log, changes, marker)
+    latest = latest_changes(batch).persist()
+    try:
+        changes = compute_feed(spark, latest, spec.config.sql, spec.key)
+        _write(plan, log, changes, marker)
+    finally:
+        latest.unpersist()
 
 
 def _write(plan: FeedPlan, log: Log, changes: DataFrame, marker: BatchMarker) -> None:

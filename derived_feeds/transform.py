@@ -145,10 +145,14 @@ def feed_changes(latest: DataFrame, output: DataFrame, key: Sequence[str]) -> Da
 
 
 def compute_feed(
-    spark: SparkSession, events: DataFrame, sql: str, key: Sequence[str], views: Mapping[str, DataFrame] = {}
+    spark: SparkSession, latest: DataFrame, sql: str, key: Sequence[str], views: Mapping[str, DataFrame] = {}
 ) -> DataFrame:
-    """Steps 1-3 for one micro-batch of ``events`` (see the module docstring), truncates included."""
-    latest = latest_changes(events)
+    """Steps 2-3 over a micro-batch's :func:`latest_changes` (see the module docstring), truncates included.
+
+    ``latest`` is read three times (SQL input, join side, truncates): the caller persists it,
+    so the micro-batch is decoded once (streaming runs without adaptive execution, which
+    would otherwise be the one to reuse the exchange).
+    """
     output = apply_sql(spark, current_images(latest), sql, views)
     changes = feed_changes(latest, output, key)
     after_type = changes.schema[AFTER].dataType

@@ -1,0 +1,125 @@
+"""Feeds bench: log -> 3-column SQL feed -> log, against a bare read of the same records.
+
+A raw table topic of N change events (4 columns, keyed by id, 2 partitions) is written to
+a fresh file log; then, in one Spark session:
+
+* reference: a plain batch read of the topic through the ``headwater_log`` source into
+  Spark's ``noop`` sink (every record decoded, nothing written);
+* feed: ``headwater feeds run --available-now`` of ``SELECT id, lower(name) AS name, country
+  FROM source WHERE balance >= 0`` (latest per key, SQL, expectation-free, JSON encoding in
+  Spark, batch-marked append to the feed topic), micro-batches of ``--batch`` records.
+
+"Steady" leaves out the first micro-batch (JVM warm-up, Python workers start).
+
+    .venv/bin/python bench/feeds_bench.py [--events 400000] [--keys 200000] [--batch 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+import yaml
+
+from derived_feeds.feed_job import run_feeds
+from derived_feeds.log_source import register_log_source
+from derived_feeds.session import spark_session, stop_spark
+from headwater.config import load_config
+from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
+from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
+from log.factory import open_log
+
+TOPIC = "shop.public.customers"
+COLUMNS = [("id", 20, -1, True), ("name", 25, -1, False), ("country", 25, -1, False), ("balance", 1700, 655366, False)]
+
+
+def write_source(config_path: Path, events: int, keys: int) -> None:
+    log = open_log(load_config(config_path))
+    try:
+        log.create_topic(TopicSpec(TOPIC, partitions=2))
+        log.create_topic(TopicSpec(SCHEMAS_TOPIC, partitions=1))
+        columns = [{"name": n, "type_oid": o, "typmod": t, "key": k} for n, o, t, k in COLUMNS]
+        schema = {"topic": TOPIC, "schema": "public", "table": "customers", "columns": columns, "version": 1}
+        log.append(SCHEMAS_TOPIC, 0, [Record(TOPIC.encode(), orjson.dumps(schema))])
+        countries = ["PT", "DE", "MX", "US", "JP"]
+        chunk: list[Record] = []
+        for i in range(events):
+            key = i % keys
+            source = SourceInfo(
+                "shop", "shop", "public", "customers", i, i, 1_000_000 + i // 4, i % 4, 1_700_000_000_000_000
+            )
+            after = {
+                "id": key,
+                "name": f"Customer-{key}",
+                "country": countries[i % 5],
+                "balance": f"{(i % 1000) - 50}.25",
+            }
+            event = ChangeEvent(Op.CREATE if i < keys else Op.UPDATE, source, None, after, 0)
+            chunk.append(Record(encode_key({"id": key}), encode_value(event)))
+            if len(chunk) == 50_000:
+                append_keyed(log, TOPIC, chunk)
+                chunk = []
+        if chunk:
+            append_keyed(log, TOPIC, chunk)
+    finally:
+        log.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=400_000)
+    parser.add_argument("--keys", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=100_000)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="hw-feeds-bench-"))
+    config_path = root / "headwater.yaml"
+    sql = "SELECT id, lower(name) AS name, country FROM source WHERE balance >= 0"
+    body = {
+        "project": "bench",
+        "home": str(root / "home"),
+        "log": {"partitions": 2},
+        "feeds": {"clean": {"from": TOPIC, "sql": sql, "key": ["id"]}},
+    }
+    config_path.write_text(yaml.safe_dump(body))
+    start = time.perf_counter()
+    write_source(config_path, args.events, args.keys)
+    print(f"wrote {args.events:,} events in {time.perf_counter() - start:.1f} s", flush=True)
+
+    config = load_config(config_path)
+    spark = spark_session("feeds-bench", local_dir=root / "spark")
+    log = open_log(config)
+    try:
+        register_log_source(spark)
+        reader = spark.read.format("headwater_log").option("config", str(config_path)).option("topic", TOPIC)
+        reader.load().write.format("noop").mode("overwrite").save()  # warm-up: workers, classes
+        start = time.perf_counter()
+        reader.load().write.format("noop").mode("overwrite").save()
+        bare = args.events / (time.perf_counter() - start)
+        print(f"bare log read: {bare:,.0f} events/s", flush=True)
+
+        start = time.perf_counter()
+        [(query, plan)] = [
+            (q, p)
+            for q, p in run_feeds(spark, config, log, ["clean"], available_now=True, max_records_per_batch=args.batch)
+        ]
+        overall = args.events / (time.perf_counter() - start)
+        batches = [p for p in query.recentProgress if p["numInputRows"]]
+        for p in batches:
+            rows, ms = p["numInputRows"], p["durationMs"]["triggerExecution"]
+            print(f"  batch {p['batchId']}: {rows:,} events in {ms / 1000:.2f} s ({rows / ms * 1000:,.0f} events/s)")
+        steady = batches[1:] or batches
+        rate = sum(p["numInputRows"] for p in steady) / sum(p["durationMs"]["triggerExecution"] for p in steady) * 1000
+        written = sum(log.end_offset("clean", p) for p in range(2))
+        print(f"feed overall (incl. planning, query start): {overall:,.0f} events/s; {written:,} records written")
+        print(f"  {plan.stats}")
+        print(f"feed: {rate:,.0f} events/s (bare log read: {bare:,.0f} events/s, ratio {rate / bare:.2f})")
+    finally:
+        log.close()
+        stop_spark(spark)
+
+
+if __name__ == "__main__":
+    main()
