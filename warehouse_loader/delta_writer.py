@@ -44,6 +44,7 @@ from deltalake.exceptions import CommitFailedError
 
 from headwater.config import TableConfig
 from warehouse_loader.changes import DELETE_OP, END_AT, OP, SEQ, START_AT, TRUNCATE_OP
+from warehouse_loader.delta_scan import register_delta
 from warehouse_loader.errors import SchemaMismatchError, WarehouseWriteError
 from warehouse_loader.scd import (
     Scd1Actions,
@@ -202,11 +203,11 @@ def _metrics(table: str, batch_id: int, target: DeltaTable, before: int, stats: 
     )
 
 
-def _select_rows(dataset: Any, sql: str, **tables: pa.Table) -> pa.Table:
+def _select_rows(delta: DeltaTable, sql: str, **tables: pa.Table) -> pa.Table:
     con = duckdb.connect(":memory:")
     try:
         con.execute("SET TimeZone = 'UTC'")
-        con.register("target", dataset)
+        register_delta(con, "target", delta)
         for name, table in tables.items():
             con.register(name, table)
         return con.sql(sql).to_arrow_table()
@@ -249,14 +250,13 @@ def _read_tombstones(
     seq = quote(sequence_by)
     batch_keys = changes.select(list(keys))
     on = " AND ".join(f"t.{quote(k)} = b.{quote(k)}" for k in keys)
-    dataset = side.to_pyarrow_dataset()
     tombs = _select_rows(
-        dataset,
+        side,
         f"SELECT {', '.join('t.' + quote(k) for k in keys)}, t.{seq} FROM target t "
         f"WHERE t.{quote(OP)} = 'd' AND EXISTS (SELECT 1 FROM batch b WHERE {on})",
         batch=batch_keys,
     )
-    mark = _select_rows(dataset, f"SELECT max({seq}) AS m FROM target WHERE {quote(OP)} = '{TRUNCATE_OP}'")
+    mark = _select_rows(side, f"SELECT max({seq}) AS m FROM target WHERE {quote(OP)} = '{TRUNCATE_OP}'")
     return tombs, mark.column("m")[0].as_py()
 
 
@@ -356,14 +356,14 @@ def write_scd2(
         truncates = truncate_sequences(changes, sequence_by)
         if truncates:
             spanning = _select_rows(
-                target.to_pyarrow_dataset(),
+                target,
                 f"SELECT {', '.join('t.' + quote(k) for k in keys)}, t.{quote(START_AT)}, t.{quote(END_AT)} "
                 f"FROM target t WHERE {scd2_truncate_span(truncates, 't')}",
             )
     window = scd2_window(changes, keys, sequence_by, spanning)
     if target is not None:
         existing = _select_rows(
-            target.to_pyarrow_dataset(),
+            target,
             f"SELECT t.* FROM target t JOIN win w ON {_on_window(keys)} "
             f"WHERE t.{quote(END_AT)} IS NULL OR t.{quote(END_AT)} >= w.__min_seq",
             win=window,
@@ -430,14 +430,13 @@ def _read_scd2_tombstones(
     if side is None:
         return None, ()
     seq = quote(sequence_by)
-    dataset = side.to_pyarrow_dataset()
     tombs = _select_rows(
-        dataset,
+        side,
         f"SELECT {', '.join('t.' + quote(k) for k in keys)}, t.{seq} FROM target t JOIN win w ON {_on_window(keys)} "
         f"WHERE t.{quote(OP)} = '{DELETE_OP}' AND t.{seq} >= w.__min_seq",
         win=window,
     )
-    truncs = _select_rows(dataset, f"SELECT DISTINCT {seq} AS v FROM target WHERE {quote(OP)} = '{TRUNCATE_OP}'")
+    truncs = _select_rows(side, f"SELECT DISTINCT {seq} AS v FROM target WHERE {quote(OP)} = '{TRUNCATE_OP}'")
     return tombs, tuple(sorted(truncs.column("v").to_pylist()))
 
 

@@ -23,6 +23,7 @@ import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 from deltalake import DeltaTable
 
+from warehouse_loader.delta_scan import register_delta, sql_list
 from warehouse_loader.errors import QueryError, UnknownTableError
 
 OutputFormat = Literal["table", "json", "csv"]
@@ -44,11 +45,11 @@ def run_query(sql: str, tables: Mapping[str, Path]) -> pa.Table:
         allowed: list[str] = []
         for name, path in tables.items():
             if DeltaTable.is_deltatable(str(path)):
-                _register(con, name, DeltaTable(str(path)))
+                register_delta(con, name, DeltaTable(str(path)))
                 loaded.append(name)
                 allowed.append(str(Path(path).resolve()))
         # Only the tables' own folders stay readable once external access is off.
-        con.execute(f"SET allowed_directories = {_sql_list(allowed)}")
+        con.execute(f"SET allowed_directories = {sql_list(allowed)}")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
         try:
@@ -62,31 +63,6 @@ def run_query(sql: str, tables: Mapping[str, Path]) -> pa.Table:
             raise QueryError(_one_line(exc)) from None
     finally:
         con.close()
-
-
-def _register(con: duckdb.DuckDBPyConnection, name: str, table: DeltaTable) -> None:
-    """Expose a Delta table's current version to DuckDB as view ``name``.
-
-    DuckDB reads the active Parquet files itself (projection and filter pushdown kept).
-    Going through ``to_pyarrow_dataset()`` instead breaks on files a delta-rs MERGE
-    rewrote: they store strings as ``string_view`` while the table schema says
-    ``string``, and pyarrow has no comparison kernel across the two (delta-rs #4579,
-    apache/arrow #49368). Tables written by Headwater have no partition columns,
-    deletion vectors or column mapping, so the file list is the whole table; files
-    from before a column was added miss it, which ``union_by_name`` fills with NULL.
-    """
-    files = table.file_uris()
-    quoted = '"' + name.replace('"', '""') + '"'
-    if files:
-        con.execute(f"CREATE VIEW {quoted} AS SELECT * FROM read_parquet({_sql_list(files)}, union_by_name = true)")
-    else:
-        empty = table.schema().to_arrow()
-        con.register(name, pa.schema(empty).empty_table())
-
-
-def _sql_list(values: list[str]) -> str:
-    # DDL and SET cannot take prepared parameters: quote as SQL string literals.
-    return "[" + ", ".join("'" + v.replace("'", "''") + "'" for v in values) + "]"
 
 
 def _one_line(exc: Exception) -> str:

@@ -177,13 +177,17 @@ def plan_scd1(
     ``tombstones`` (keys + sequence of deleted keys; a superset of the batch's keys is
     fine) and ``truncated_through`` (the highest truncate already applied) are the state a
     late change is checked against. A change is dropped when a tombstone for its key is
-    at least as new, or when it is older than a truncate.
+    newer, or when it is older than a truncate. A tombstone at the change's own sequence
+    is that delete, recorded by an earlier attempt of this batch: it still applies.
     """
     check_changes(changes, keys, sequence_by)
     batch_truncate = _max_truncate(changes, sequence_by)
     cutoffs = [c for c in (batch_truncate, truncated_through) if c is not None]
     cutoff = max(cutoffs) if cutoffs else None
-    newer = batch_truncate is not None and (truncated_through is None or batch_truncate > truncated_through)
+    # ``>=``: a replayed batch whose truncate was already recorded (crash between the
+    # tombstone commit and the MERGE) must still truncate the main table; truncating
+    # twice is harmless.
+    newer = batch_truncate is not None and (truncated_through is None or batch_truncate >= truncated_through)
     truncate_at = batch_truncate if newer else None
     live = changes.filter(pc.not_equal(changes.column(OP), TRUNCATE_OP))
     if cutoff is not None:
@@ -202,7 +206,7 @@ def plan_scd1(
         )
         SELECT l.* FROM latest l
         WHERE NOT EXISTS (
-            SELECT 1 FROM tomb t WHERE {_on(keys, "t", "l")} AND t.{seq} >= l.{seq}
+            SELECT 1 FROM tomb t WHERE {_on(keys, "t", "l")} AND t.{seq} > l.{seq}
         )
     """
     with _duck(live=live, tomb=tomb.select([*keys, sequence_by])) as con:

@@ -193,11 +193,6 @@ def test_scd2_crash_between_tombstones_and_merge_replays_to_the_same_table(
     assert DeltaTable(str(path / TOMBSTONES_DIR)).version() == 0
 
 
-@pytest.mark.xfail(
-    reason="SCD1 replay after a crash between the tombstone commit and the MERGE: plan_scd1 drops a delete "
-    "whose own tombstone is already stored (>=), and a truncate equal to the stored watermark",
-    strict=True,
-)
 @pytest.mark.parametrize("op", ["d", "t"])
 def test_scd1_crash_between_tombstones_and_merge_replays_the_delete(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: str
