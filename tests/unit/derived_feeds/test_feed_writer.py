@@ -1,0 +1,85 @@
+"""Feed batches onto the log: quarantine, fail, counts, and the batch-marker idempotent append."""
+
+from __future__ import annotations
+
+import orjson
+import pyarrow as pa
+import pytest
+
+from derived_feeds.expectations import Check, compile_checks
+from derived_feeds.feed_errors import FeedConfigError, FeedExpectationError
+from derived_feeds.feed_writer import BatchMarker, append_once, plan_batch
+from headwater.config import ExpectationConfig
+from log.base import Record, TopicSpec
+from log.file_log import FileLog
+
+
+def value(key: int, email: str | None, op: str = "c") -> str:
+    after = None if op == "d" else {"id": key, "email": email}
+    return orjson.dumps({"before": None, "after": after, "source": {}, "op": op}).decode()
+
+
+def batch(rows: list[tuple[int, str | None, str]], flags: list[bool]) -> pa.Table:
+    return pa.table(
+        {
+            "key": [orjson.dumps({"id": k}).decode() for k, _, _ in rows],
+            "op": [op for _, _, op in rows],
+            "value": [value(k, e, op) for k, e, op in rows],
+            "dropped_value": [None if ok else value(k, None, "d") for (k, _, _), ok in zip(rows, flags, strict=True)],
+            "__hw_ok0": flags,
+        }
+    )
+
+
+def test_drop_quarantines_each_failing_row_and_deletes_its_key():
+    check = Check(0, "expect_column_values_to_not_be_null", "email", "drop")
+    rows = [(1, "a@x", "c"), (2, None, "u"), (3, None, "c"), (4, None, "d")]
+    plan = plan_batch("f", batch(rows, [True, False, False, True]), [check], BatchMarker("r", 0))
+    assert [orjson.loads(r.key)["id"] for r in plan.quarantine] == [2, 3]
+    headers = dict(plan.quarantine[0].headers)
+    assert headers["headwater.expectation"] == b"expect_column_values_to_not_be_null"
+    assert b"email = null" in headers["headwater.error"]
+    ops = [(orjson.loads(r.key)["id"], None if r.value is None else orjson.loads(r.value)["op"]) for r in plan.records]
+    assert ops == [(1, "c"), (2, "d"), (2, None), (3, "d"), (3, None), (4, "d"), (4, None)]
+    assert (plan.counts[0].passed, plan.counts[0].failed) == (1, 2)  # deletes are not evaluated
+
+
+def test_fail_stops_with_one_line_naming_feed_expectation_and_sample():
+    check = Check(0, "expect_column_values_to_not_be_null", "email", "fail")
+    with pytest.raises(FeedExpectationError) as error:
+        plan_batch("customers_clean", batch([(1, None, "c")], [False]), [check], BatchMarker("r", 0))
+    message = str(error.value)
+    assert "feed customers_clean" in message and "expect_column_values_to_not_be_null" in message
+    assert "value null" in message and "\n" not in message
+
+
+def test_unknown_expectation_or_column_is_a_config_error():
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    output = StructType([StructField("id", LongType())])
+    unknown = ExpectationConfig.model_validate(
+        {"expect": "expect_column_values_to_be_fancy", "column": "id", "action": "warn"}
+    )
+    with pytest.raises(
+        FeedConfigError, match=r"^headwater.yaml: feeds\.f\.expectations\[0\]: expect_column_values_to_be_fancy"
+    ):
+        compile_checks("f", [unknown], output)
+    missing = ExpectationConfig.model_validate(
+        {"expect": "expect_column_values_to_not_be_null", "column": "nope", "action": "drop"}
+    )
+    with pytest.raises(FeedConfigError, match=r"expectations\[0\]\.column: 'nope' is not an output column"):
+        compile_checks("f", [missing], output)
+
+
+def test_append_once_skips_partitions_that_hold_the_batch(tmp_path):
+    log = FileLog(tmp_path / "log")
+    try:
+        log.create_topic(TopicSpec("f", partitions=2))
+        marker = BatchMarker("run1", 5)
+        records = [Record(orjson.dumps({"id": i}), b"{}", (marker.header(),)) for i in range(20)]
+        assert append_once(log, "f", records, marker) == 20
+        assert append_once(log, "f", records, marker) == 0, "a replay of batch 5 appends nothing"
+        assert append_once(log, "f", records, BatchMarker("run2", 5)) == 20, "a new checkpoint is a new run"
+        assert sum(log.end_offset("f", p) for p in range(2)) == 40
+    finally:
+        log.close()
