@@ -55,6 +55,61 @@ CREATE TABLE order_items (
 """
 
 
+#: The derived feeds, warehouse tables and quality suites the demo adds to its config.
+PIPELINE_YAML = """
+feeds:
+  orders_enriched:
+    from: shop.public.orders
+    lookups: {customers: shop.public.customers}
+    sql: >-
+      SELECT o.id, o.customer_id, c.country, CAST(o.status AS STRING) AS status, o.total
+      FROM source o JOIN customers c ON c.id = o.customer_id
+      WHERE o.status <> 'cancelled'
+    key: [id]
+    expectations:
+      - {expect: expect_column_values_to_be_between, column: total, min_value: 1, action: drop}
+warehouse:
+  tables:
+    customers:    {from: shop.public.customers, mode: scd1}
+    orders:       {from: orders_enriched, mode: scd1}
+    orders_hist:  {from: shop.public.orders, mode: scd2}
+quality:
+  customers:
+    - {expect: expect_column_values_to_be_unique, column: id, blocking: true}
+    - {expect: expect_column_values_to_match_regex, column: email, regex: '^[^@]+@[^@]+$'}
+  orders:
+    - {expect: expect_column_values_to_not_be_null, column: country}
+    - {expect: expect_column_values_to_be_in_set, column: status, value_set: [new, paid, shipped]}
+"""
+
+#: Queries printed at the end (warehouse tables by name).
+DEMO_QUERIES = (
+    (
+        "revenue by country (orders, SCD1 from the enriched feed)",
+        "SELECT country, count(*) AS orders, round(sum(CAST(total AS DOUBLE)), 2) AS revenue FROM orders "
+        "GROUP BY 1 ORDER BY 3 DESC",
+    ),
+    (
+        "order history (SCD2): versions per status",
+        "SELECT status, count(*) AS versions, count(*) FILTER (WHERE __END_AT IS NULL) AS current FROM orders_hist "
+        "GROUP BY 1 ORDER BY 1",
+    ),
+)
+
+
+def configure_pipeline(config_path: Path) -> None:
+    """Add the demo's feeds, warehouse tables and quality suites to its config (comments kept)."""
+    from ruamel.yaml import YAML
+
+    yaml = YAML()
+    document = yaml.load(config_path.read_text(encoding="utf-8"))
+    for key, value in yaml.load(PIPELINE_YAML).items():
+        document[key] = value
+    with config_path.open("w", encoding="utf-8") as handle:
+        yaml.dump(document, handle)
+    load_config(config_path)
+
+
 @dataclass
 class DemoSettings:
     """How big the demo is (CI uses a smaller one)."""
@@ -127,8 +182,14 @@ def run_demo(
     *,
     say: Callable[[str], None] = print,
     capture: Callable[[Path], str] | None = None,
+    pipeline: Callable[[Path], list[str]] | None = None,
 ) -> DemoResult:
-    """Run the demo in ``directory`` (wiped first); ``capture`` runs the capture stage."""
+    """Run the demo in ``directory`` (wiped first).
+
+    ``capture`` runs the capture stage (after registration and after the workload);
+    ``pipeline`` runs everything after capture (feeds, loads, queries, quality) while the
+    embedded Postgres is still up.
+    """
     settings = settings or DemoSettings()
     if directory.exists():
         shutil.rmtree(directory)
@@ -171,7 +232,11 @@ def run_demo(
             summary = capture(config_path)
             result.steps.append(summary)
             say(summary)
-        load_config(config_path)  # the written config stays valid
+        if pipeline is not None:
+            configure_pipeline(config_path)
+            for line in pipeline(config_path):
+                result.steps.append(line)
+                say(line)
     finally:
         server.stop()
     return result

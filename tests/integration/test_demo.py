@@ -1,62 +1,84 @@
-"""``headwater demo`` runs end to end (small workload) and can run twice."""
+"""``headwater demo`` runs the whole pipeline end to end (small workload), twice."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import orjson
 
 
-def run(*args, cwd):
+def run(*args, cwd, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "headwater", *args], cwd=cwd, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "headwater", *args], cwd=cwd, capture_output=True, text=True, timeout=900, env=env
     )
 
 
-def test_demo_runs_twice_and_captures_the_workload(tmp_path):
-    for _ in range(2):
+def test_demo_runs_the_pipeline_twice_and_leaves_a_queryable_warehouse(tmp_path):
+    for _ in range(2):  # running it twice works: each run starts from a clean directory
         result = run("demo", "--small", "demo", cwd=tmp_path)
-        assert result.returncode == 0, result.stdout + result.stderr
-    assert "captured until caught up" in result.stdout
-    topics = run("--config", "demo/headwater.yaml", "log", "topics", "--json", cwd=tmp_path)
-    assert topics.returncode == 0, topics.stderr
-    records = {t["topic"]: t["records"] for t in orjson.loads(topics.stdout)}
-    # 300 seeded + 3000 bulk customers, plus updates; orders and items streamed.
-    assert records["shop.public.customers"] > 3300
-    assert records["shop.public.orders"] >= 600
-    assert records["shop.public.order_items"] >= 1800
-    tail = run(
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert "captured until caught up" in out
+    assert "feeds: orders_enriched caught up" in out
+    assert "warehouse: customers, orders, orders_hist loaded" in out
+    assert "quality: pass rate 100%" in out
+    config = "demo/headwater.yaml"
+
+    # The warehouse equals what the workload did: 300 seeded + 3000 bulk customers;
+    # 600 orders minus every 50th deleted (12), all with a customer and a country.
+    query = run("--config", config, "query", "SELECT count(*) AS n FROM customers", "--format", "json", cwd=tmp_path)
+    assert orjson.loads(query.stdout) == [{"n": 3300}]
+    orders = run(
         "--config",
-        "demo/headwater.yaml",
-        "log",
-        "tail",
-        "shop.public.customers",
-        "--from-beginning",
+        config,
+        "query",
+        "SELECT count(*) AS n, count(country) AS c FROM orders",
+        "--format",
+        "json",
+        cwd=tmp_path,
+    )
+    assert orjson.loads(orders.stdout) == [{"n": 588, "c": 588}]
+    history = run(
+        "--config",
+        config,
+        "query",
+        "SELECT count(*) AS versions, count(*) FILTER (WHERE __END_AT IS NULL) AS current FROM orders_hist",
+        "--format",
+        "json",
+        cwd=tmp_path,
+    )
+    # 600 inserts + 300 'paid' + 60 'shipped' updates; 12 deleted orders have no current version.
+    assert orjson.loads(history.stdout) == [{"versions": 960, "current": 588}]
+    points = run(
+        "--config",
+        config,
+        "query",
+        "SELECT count(*) AS n FROM customers WHERE loyalty_points > 0",
+        "--format",
+        "json",
+        cwd=tmp_path,
+    )
+    assert orjson.loads(points.stdout)[0]["n"] > 0, "the schema change (customers.loyalty_points) reached the warehouse"
+    report = tmp_path / "demo" / ".headwater" / "quality" / "report.html"
+    assert report.is_file() and "customers" in report.read_text()
+
+    # The generated password lives only in the environment: the config holds the reference.
+    assert "postgresql://capture:${HEADWATER_DEMO_PASSWORD}@127.0.0.1:" in (tmp_path / config).read_text()
+
+    # The demo stopped its Postgres: status still answers, with the reason per source.
+    status = run(
+        "--config",
+        config,
+        "status",
         "--json",
         cwd=tmp_path,
+        env={**os.environ, "HEADWATER_DEMO_PASSWORD": "not-the-password"},
     )
-    events = [orjson.loads(line) for line in tail.stdout.splitlines()]
-    with_points = [e for e in events if e["value"] and "loyalty_points" in (e["value"]["after"] or {})]
-    assert with_points, "the schema change (customers.loyalty_points) must reach the log"
-    # The generated password lives only in the environment: the config holds the reference.
-    config_text = (tmp_path / "demo" / "headwater.yaml").read_text()
-    assert "postgresql://capture:${HEADWATER_DEMO_PASSWORD}@127.0.0.1:" in config_text
-
-
-def test_status_after_demo_reports_unreachable_source_without_failing(tmp_path):
-    assert run("demo", "--small", "demo", cwd=tmp_path).returncode == 0
-    # The demo stopped its Postgres: status still answers, with the reason per source.
-    result = subprocess.run(
-        [sys.executable, "-m", "headwater", "--config", "demo/headwater.yaml", "status", "--json"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**__import__("os").environ, "HEADWATER_DEMO_PASSWORD": "not-the-password"},
-    )
-    assert result.returncode == 0, result.stderr
-    status = orjson.loads(result.stdout)
-    assert "cannot reach PostgreSQL" in status["sources"][0]["error"]
-    assert "not-the-password" not in result.stdout + result.stderr
-    assert {t["topic"] for t in status["topics"]} >= {"shop.public.customers", "_headwater.schemas"}
+    assert status.returncode == 0, status.stderr
+    body = orjson.loads(status.stdout)
+    assert "cannot reach PostgreSQL" in body["sources"][0]["error"]
+    assert "not-the-password" not in status.stdout + status.stderr
+    assert {t["table"] for t in body["tables"]} == {"customers", "orders", "orders_hist"}
+    assert all(t["state"] == "loaded" and t["lag"] == 0 for t in body["tables"])
