@@ -21,10 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
-from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.types import StructType
 
 from derived_feeds import event_schema as cols
@@ -34,18 +33,17 @@ from derived_feeds.feed_graph import run_order
 from derived_feeds.feed_schema import schema_columns, schema_record
 from derived_feeds.feed_spec import FeedSpec, feed_spec
 from derived_feeds.feed_writer import BatchMarker, append_once, checkpoint_run, plan_batch, record_quality
+from derived_feeds.progress import commit_progress, track_progress
 from derived_feeds.transform import apply_sql, compute_feed, encode_changes, latest_changes
 from headwater.config import ProjectConfig
 from headwater.errors import HeadwaterError
-from log.base import SCHEMAS_TOPIC, Log, Record, TopicPartition, TopicSpec, append_keyed
+from log.base import SCHEMAS_TOPIC, Log, Record, TopicSpec, append_keyed
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 DEFAULT_MAX_RECORDS = 200_000
-#: One progress listener per Spark session (``--follow``; ``availableNow`` commits when the query ends).
-_committers: dict[int, ProgressCommitter] = {}
 
 
 @dataclass
@@ -132,46 +130,6 @@ def _write_schema(log: Log, spec: FeedSpec, output: StructType) -> None:
     append_keyed(log, SCHEMAS_TOPIC, [Record(spec.topic.encode(), orjson.dumps(value))])
 
 
-def commit_progress(log: Log, group: str, progress: Any) -> None:
-    """Commit a query progress' ``endOffset`` (``{"<topic>": {"<partition>": next}}``) to consumer group ``group``.
-
-    Spark's own progress report is the position: no extra pass over the micro-batch.
-    """
-    sources = progress["sources"] if isinstance(progress, dict) else progress.sources
-    if not sources:
-        return
-    end = sources[0]["endOffset"] if isinstance(sources[0], dict) else sources[0].endOffset
-    if isinstance(end, str):
-        end = orjson.loads(end)
-    if not end:
-        return
-    offsets = {TopicPartition(t, int(p)): int(n) for t, parts in end.items() for p, n in parts.items()}
-    log.commit(group, offsets)
-
-
-class ProgressCommitter(StreamingQueryListener):
-    """Commits each feed query's position after every micro-batch (for ``headwater status`` lag)."""
-
-    def __init__(self, log: Log) -> None:
-        self.log = log
-        self.groups: dict[str, str] = {}
-
-    def onQueryStarted(self, event: Any) -> None:
-        """Nothing to do."""
-
-    def onQueryProgress(self, event: Any) -> None:
-        """Commit the batch's end offsets of a feed query."""
-        group = self.groups.get(event.progress.name or "")
-        if group is not None and event.progress.numInputRows:
-            commit_progress(self.log, group, event.progress)
-
-    def onQueryIdle(self, event: Any) -> None:
-        """Nothing to do."""
-
-    def onQueryTerminated(self, event: Any) -> None:
-        """Nothing to do."""
-
-
 def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarker) -> None:
     """One micro-batch of a plain feed: compute, check, encode, append exactly once, record counts."""
     spec = plan.spec
@@ -238,11 +196,7 @@ def start_feed(
 
     query_name = f"feed_{spec.name}"
     if not available_now:
-        committer = _committers.get(id(spark))
-        if committer is None:
-            committer = _committers[id(spark)] = ProgressCommitter(log)
-            spark.streams.addListener(committer)
-        committer.groups[query_name] = spec.group
+        track_progress(spark, log, query_name, spec.group)
     writer = reader.load().writeStream.queryName(query_name).foreachBatch(apply)
     writer = writer.option("checkpointLocation", str(spec.checkpoint / "spark"))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_interval)

@@ -6,7 +6,7 @@
 (``<home>/checkpoints/load/<table>``); a batch replayed after a crash between the Delta
 commit and the checkpoint is skipped by the writer, so the table is exact.
 
-After each batch the loader commits its position to consumer group
+The loader commits its position (Spark's end offsets) to consumer group
 ``headwater.load.<table>``, so ``headwater status`` can show its lag on any backend.
 """
 
@@ -21,7 +21,7 @@ import orjson
 from headwater.config import ProjectConfig, TableConfig
 from headwater.errors import PermanentError
 from headwater.status import LOAD_GROUP_PREFIX
-from log.base import SCHEMAS_TOPIC, Log, TopicPartition
+from log.base import SCHEMAS_TOPIC, Log
 from warehouse_loader.errors import WarehouseError
 
 if TYPE_CHECKING:
@@ -71,15 +71,6 @@ def table_keys(config: ProjectConfig, log: Log, table: TableConfig) -> tuple[str
     return keys
 
 
-def _commit_progress(log: Log, name: str, topic: str, batch: DataFrame) -> None:
-    from pyspark.sql import functions as F
-
-    rows = batch.groupBy("partition").agg(F.max("offset").alias("last")).collect()
-    if rows:
-        offsets = {TopicPartition(topic, int(row["partition"])): int(row["last"]) + 1 for row in rows}
-        log.commit(LOAD_GROUP_PREFIX + name, offsets)
-
-
 def start_load(
     spark: SparkSession,
     config: ProjectConfig,
@@ -93,6 +84,7 @@ def start_load(
     """Start the streaming load of warehouse table ``name`` (returns the running query)."""
     from derived_feeds.changes_frame import change_batch
     from derived_feeds.log_source import register_log_source
+    from derived_feeds.progress import track_progress
     from warehouse_loader.delta_writer import write_batch
 
     if name not in config.warehouse.tables:
@@ -115,9 +107,11 @@ def start_load(
         changes = change_batch(batch, keys)
         if changes.num_rows:
             write_batch(path, changes, table=name, batch_id=batch_id, keys=keys, config=table)
-        _commit_progress(log, name, table.from_, batch)
 
-    writer = events.writeStream.queryName(f"load_{name}").foreachBatch(apply)
+    query_name = f"load_{name}"
+    if not available_now:
+        track_progress(spark, log, query_name, LOAD_GROUP_PREFIX + name)
+    writer = events.writeStream.queryName(query_name).foreachBatch(apply)
     writer = writer.option("checkpointLocation", str(checkpoint_path(config, name)))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_interval)
     return writer.start()
@@ -130,9 +124,13 @@ def run_loads(
     selected = list(names) or list(config.warehouse.tables)
     queries = [start_load(spark, config, log, name, available_now=available_now) for name in selected]
     if available_now:
-        for query in queries:
+        from derived_feeds.progress import commit_progress
+
+        for name, query in zip(selected, queries, strict=True):
             query.awaitTermination()
             error = query.exception()
             if error is not None:
                 raise error
+            if query.lastProgress:
+                commit_progress(log, LOAD_GROUP_PREFIX + name, query.lastProgress)
     return queries
