@@ -1,7 +1,8 @@
 """``headwater status``: one picture of the pipeline's health, gathered read-only.
 
 Per source: slot active, confirmed flush LSN, WAL the slot retains. Per topic: end
-offsets. Per warehouse table: last committed change, freshness, and lag (records the
+offsets. Per feed: its current topic, input lag and quarantined rows. Per warehouse
+table: last committed change, freshness, and lag (records the
 table's loader has not yet committed past, from its consumer group
 ``headwater.load.<table>``). A source that cannot be reached is reported, not fatal.
 """
@@ -63,12 +64,15 @@ def table_status(config: ProjectConfig, log: Log, now_s: float | None = None) ->
     """Last commit time, freshness and lag of every warehouse table."""
     from deltalake import DeltaTable
 
+    from warehouse_loader.load_job import load_identity, table_path
+
     now_s = time.time() if now_s is None else now_s
     topics = set(log.list_topics())
     rows = []
     for name, table in config.warehouse.tables.items():
         row: dict[str, Any] = {"table": name, "from": table.from_, "mode": table.mode}
-        path = config.home_dir / "warehouse" / name
+        build, source_topic = load_identity(config, name)
+        path = table_path(config, name)
         if not (path / "_delta_log").is_dir():
             row["state"] = "not loaded yet"
         else:
@@ -80,9 +84,25 @@ def table_status(config: ProjectConfig, log: Log, now_s: float | None = None) ->
                 row["last_commit"] = last.isoformat()
                 row["freshness_s"] = round(now_s - last.timestamp(), 3)
             row["state"] = "loaded"
-        if table.from_ in topics:
-            per_partition = lag(log, LOAD_GROUP_PREFIX + name, table.from_)
-            row["lag"] = sum(per_partition.values())
+        if source_topic in topics:
+            row["lag"] = sum(lag(log, LOAD_GROUP_PREFIX + build, source_topic).values())
+        rows.append(row)
+    return rows
+
+
+def feed_status(config: ProjectConfig, log: Log) -> list[dict[str, Any]]:
+    """Per feed: its current output topic and the records of its inputs it has not processed."""
+    from derived_feeds.feed_spec import feed_spec
+
+    topics = set(log.list_topics())
+    rows = []
+    for name in config.feeds:
+        spec = feed_spec(config, name)
+        row: dict[str, Any] = {"feed": name, "topic": spec.topic, "version": spec.version}
+        inputs = [t for t in spec.input_topics if t in topics]
+        row["lag"] = sum(sum(lag(log, spec.group, topic).values()) for topic in inputs) if inputs else None
+        if spec.quarantine_topic in topics:
+            row["quarantined"] = sum(end_offsets(log, spec.quarantine_topic).values())
         rows.append(row)
     return rows
 
@@ -92,5 +112,6 @@ def pipeline_status(config: ProjectConfig, log: Log) -> dict[str, Any]:
     return {
         "sources": source_status(config),
         "topics": topic_status(log),
+        "feeds": feed_status(config, log),
         "tables": table_status(config, log),
     }

@@ -38,12 +38,26 @@ class TableKeyError(WarehouseError, PermanentError):
 
 
 def table_path(config: ProjectConfig, name: str) -> Path:
-    """Where the Delta table ``name`` lives."""
-    return config.home_dir / "warehouse" / name
+    """Where the current version of Delta table ``name`` lives (``headwater reprocess`` moves it)."""
+    from derived_feeds.versions import resolve_table_path
+
+    return resolve_table_path(config, name)
+
+
+def load_identity(config: ProjectConfig, name: str) -> tuple[str, str]:
+    """``(build name, source topic)`` of the current version of table ``name``.
+
+    The build name (``<name>`` for version 1, ``<name>.v<N>`` after a reprocess) keys the
+    Delta app transaction, the checkpoint and the consumer group, so versions never share
+    state; the source topic is the current version of the table's input.
+    """
+    from derived_feeds.versions import resolve_topic
+
+    return table_path(config, name).name, resolve_topic(config, config.warehouse.tables[name].from_)
 
 
 def checkpoint_path(config: ProjectConfig, name: str) -> Path:
-    """Spark's checkpoint of the load of ``name``."""
+    """Spark's checkpoint of the load of ``name`` (a build name: one per table version)."""
     return config.home_dir / "checkpoints" / "load" / name
 
 
@@ -94,11 +108,12 @@ def start_load(
     table = config.warehouse.tables[name]
     keys = table_keys(config, log, table)
     path = table_path(config, name)
+    build, source_topic = load_identity(config, name)
     register_log_source(spark)
     events = (
         spark.readStream.format("headwater_log")
         .option("config", str(config.config_path))
-        .option("topic", table.from_)
+        .option("topic", source_topic)
         .option("maxRecordsPerBatch", str(max_records_per_batch))
         .load()
     )
@@ -106,13 +121,13 @@ def start_load(
     def apply(batch: DataFrame, batch_id: int) -> None:
         changes = change_batch(batch, keys)
         if changes.num_rows:
-            write_batch(path, changes, table=name, batch_id=batch_id, keys=keys, config=table)
+            write_batch(path, changes, table=build, batch_id=batch_id, keys=keys, config=table)
 
-    query_name = f"load_{name}"
+    query_name = f"load_{build}"
     if not available_now:
-        track_progress(spark, log, query_name, LOAD_GROUP_PREFIX + name)
+        track_progress(spark, log, query_name, LOAD_GROUP_PREFIX + build)
     writer = events.writeStream.queryName(query_name).foreachBatch(apply)
-    writer = writer.option("checkpointLocation", str(checkpoint_path(config, name)))
+    writer = writer.option("checkpointLocation", str(checkpoint_path(config, build)))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_interval)
     return writer.start()
 
@@ -132,5 +147,5 @@ def run_loads(
             if error is not None:
                 raise error
             if query.lastProgress:
-                commit_progress(log, LOAD_GROUP_PREFIX + name, query.lastProgress)
+                commit_progress(log, LOAD_GROUP_PREFIX + load_identity(config, name)[0], query.lastProgress)
     return queries

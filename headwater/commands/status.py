@@ -43,6 +43,13 @@ def status_command(context: Context, as_json: bool) -> None:
     for row in status["topics"]:
         topics.add_row(row["topic"], f"{row['records']:,}", " ".join(f"{p}:{o}" for p, o in row["end_offsets"].items()))
     console.print(topics)
+    feeds = Table("feed", "topic", "version", "lag", "quarantined", title="feeds")
+    for row in status["feeds"]:
+        feeds.add_row(
+            row["feed"], row["topic"], str(row["version"]), str(row.get("lag", "-")), str(row.get("quarantined", 0))
+        )
+    if status["feeds"]:
+        console.print(feeds)
     tables = Table("table", "from", "mode", "state", "last commit", "freshness", "lag", title="warehouse")
     for row in status["tables"]:
         freshness = row.get("freshness_s")

@@ -14,9 +14,10 @@ from warehouse_loader.query import OutputFormat, format_result, run_query
 
 
 def warehouse_paths(config: ProjectConfig) -> dict[str, Path]:
-    """Every configured warehouse table's Delta path (``<home>/warehouse/<name>``)."""
-    root = config.home_dir / "warehouse"
-    return {name: root / name for name in config.warehouse.tables}
+    """Every configured warehouse table's current Delta path (follows ``headwater reprocess``)."""
+    from derived_feeds.versions import resolve_table_path
+
+    return {name: resolve_table_path(config, name) for name in config.warehouse.tables}
 
 
 @click.command("query")

@@ -82,3 +82,4 @@ def test_demo_runs_the_pipeline_twice_and_leaves_a_queryable_warehouse(tmp_path)
     assert "not-the-password" not in status.stdout + status.stderr
     assert {t["table"] for t in body["tables"]} == {"customers", "orders", "orders_hist"}
     assert all(t["state"] == "loaded" and t["lag"] == 0 for t in body["tables"])
+    assert [(f["feed"], f["lag"]) for f in body["feeds"]] == [("orders_enriched", 0)]
