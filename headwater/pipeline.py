@@ -60,12 +60,9 @@ def run_until_caught_up(config: ProjectConfig, say: Callable[[str], None]) -> Ru
             say(summary.lines[-1])
     if not config.feeds and not config.warehouse.tables:
         return summary
-    from derived_feeds.session import spark_session, stop_spark
-    from log.factory import open_log
+    from headwater.spark_job import spark_job
 
-    log = open_log(config)
-    spark = spark_session("headwater-run", local_dir=config.home_dir / "spark")
-    try:
+    with spark_job(config, "headwater-run") as (spark, log):
         if config.feeds:
             from derived_feeds.feed_job import run_feeds
 
@@ -78,9 +75,6 @@ def run_until_caught_up(config: ProjectConfig, say: Callable[[str], None]) -> Ru
             run_loads(spark, config, log, (), available_now=True)
             summary.lines.append(f"warehouse: {', '.join(config.warehouse.tables)} loaded")
             say(summary.lines[-1])
-    finally:
-        log.close()
-        stop_spark(spark)
     return summary
 
 

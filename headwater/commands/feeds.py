@@ -24,21 +24,15 @@ def run_command(context: Context, feeds: tuple[str, ...], available_now: bool, f
         msg = "pass exactly one of --available-now or --follow"
         raise click.UsageError(msg)
     from derived_feeds.feed_job import run_feeds
-    from derived_feeds.session import spark_session, stop_spark
-    from log.factory import open_log
+    from headwater.spark_job import follow as follow_queries
+    from headwater.spark_job import spark_job
 
     config = context.config(needs_sources=False)
-    log = open_log(config)
-    spark = spark_session("headwater-feeds", local_dir=config.home_dir / "spark")
-    try:
+    with spark_job(config, "headwater-feeds") as (spark, log):
         started = run_feeds(spark, config, log, feeds, available_now=available_now)
         if follow:
             click.echo(f"running {', '.join(plan.spec.name for _, plan in started)}; Ctrl-C to stop")
-            try:
-                spark.streams.awaitAnyTermination()
-            except KeyboardInterrupt:
-                for query, _ in started:
-                    query.stop()
+            follow_queries(spark, [query for query, _ in started])
             for _, plan in started:
                 if plan.error is not None:
                     raise plan.error
@@ -48,9 +42,6 @@ def run_command(context: Context, feeds: tuple[str, ...], available_now: bool, f
                 f"{plan.spec.name} -> {plan.spec.topic}: {stats['batches']} batch(es), {stats['upserts']} upserts, "
                 f"{stats['deletes']} deletes, {stats['dropped']} quarantined"
             )
-    finally:
-        log.close()
-        stop_spark(spark)
 
 
 def register(cli: click.Group) -> None:

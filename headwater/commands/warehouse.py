@@ -50,30 +50,21 @@ def load_command(context: Context, tables: tuple[str, ...], available_now: bool,
     if available_now == follow:
         msg = "pass exactly one of --available-now or --follow"
         raise click.UsageError(msg)
-    from derived_feeds.session import spark_session, stop_spark
-    from log.factory import open_log
+    from headwater.spark_job import follow as follow_queries
+    from headwater.spark_job import spark_job
     from warehouse_loader.load_job import run_loads
 
     config = context.config(needs_sources=False)
-    log = open_log(config)
-    spark = spark_session("headwater-load", local_dir=config.home_dir / "spark")
-    try:
+    with spark_job(config, "headwater-load") as (spark, log):
         queries = run_loads(spark, config, log, tables, available_now=available_now)
         if follow:
             click.echo(f"loading {', '.join(q.name or '?' for q in queries)}; Ctrl-C to stop")
-            try:
-                spark.streams.awaitAnyTermination()
-            except KeyboardInterrupt:
-                for query in queries:
-                    query.stop()
+            follow_queries(spark, queries)
         for query in queries:
             progress: dict[str, Any] = dict(query.lastProgress or {})
             click.echo(
                 f"{query.name}: last batch {progress.get('batchId', '-')}, rows {progress.get('numInputRows', 0)}"
             )
-    finally:
-        log.close()
-        stop_spark(spark)
 
 
 def register(cli: click.Group) -> None:

