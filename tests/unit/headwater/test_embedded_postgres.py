@@ -34,7 +34,7 @@ def no_override(monkeypatch):
 
 def test_missing_binaries_raise_one_line_saying_how_to_install(tmp_path) -> None:
     with pytest.raises(PostgresNotInstalledError) as caught:
-        find_postgres_bin(path=str(tmp_path), search_dirs=[str(tmp_path / "postgresql" / "*" / "bin")])
+        find_postgres_bin(path=str(tmp_path), search_dirs=[str(tmp_path / "postgresql" / "*" / "bin")], use_wheel=False)
     message = str(caught.value)
     assert "\n" not in message
     assert "apt-get install postgresql-15" in message
@@ -45,7 +45,7 @@ def test_missing_binaries_raise_one_line_saying_how_to_install(tmp_path) -> None
 def test_a_directory_missing_one_binary_is_skipped(tmp_path) -> None:
     fake_bin(tmp_path / "partial", names=("initdb", "pg_ctl"))
     with pytest.raises(PostgresNotInstalledError):
-        find_postgres_bin(path=str(tmp_path / "partial"), search_dirs=[])
+        find_postgres_bin(path=str(tmp_path / "partial"), search_dirs=[], use_wheel=False)
 
 
 def test_path_wins_over_search_dirs(tmp_path) -> None:
