@@ -3,19 +3,29 @@
 from collections.abc import Iterator
 from typing import Any
 
-from dagster import AssetExecutionContext, AssetsDefinition, AssetSpec, MaterializeResult, asset, multi_asset
+from dagster import (
+    AssetExecutionContext,
+    AssetsDefinition,
+    AssetSpec,
+    BackfillPolicy,
+    MaterializeResult,
+    asset,
+    multi_asset,
+)
 
 from dagster_project.lineage import (
     FEEDS_GROUP,
     SOURCES_GROUP,
     WAREHOUSE_GROUP,
     feed_key,
+    feed_upstream_keys,
     source_topics,
     topic_key,
     upstream_key,
     warehouse_key,
 )
-from dagster_project.metadata import table_metadata, topic_metadata
+from dagster_project.metadata import feed_metadata, table_metadata, topic_metadata
+from dagster_project.partitions import HISTORY_PARTITIONS, partition_days
 from dagster_project.resources import HeadwaterLog, HeadwaterProject, HeadwaterSpark
 from headwater.config import ProjectConfig
 
@@ -63,29 +73,42 @@ def capture_asset(source: str, topics: list[str]) -> AssetsDefinition:
     return capture
 
 
-def feed_spec(config: ProjectConfig, name: str) -> AssetSpec:
-    """Feed ``name`` in the lineage graph.
-
-    TODO(feeds): the feeds library (``derived_feeds`` feed runner, ``headwater feeds run``)
-    does not exist yet; until it does, a feed is an external asset, shown with its
-    upstream but not materialisable from Dagster. Replace with an ``@asset`` calling the
-    feed runner with ``available_now=True`` once it lands.
-    """
+def feed_asset(config: ProjectConfig, name: str) -> AssetsDefinition:
+    """Feed ``name``: a Spark ``availableNow`` run of the feed runner into the feed's topic."""
     feed = config.feeds[name]
-    return AssetSpec(
-        feed_key(name),
-        deps=[upstream_key(config, feed.from_)],
+
+    @asset(
+        key=feed_key(name),
+        deps=feed_upstream_keys(config, name),
         group_name=FEEDS_GROUP,
         kinds={"spark"},
-        description=f"Feed {name!r} derived from {feed.from_} (key {', '.join(feed.key)}). "
-        "Not materialised from Dagster yet: the feed runner is pending.",
+        description=f"Feed {name!r} derived from {feed.from_} (key {', '.join(feed.key)}).",
         metadata={"feed/sql": feed.sql, "feed/key": list(feed.key)},
     )
+    def run(
+        context: AssetExecutionContext, project: HeadwaterProject, log: HeadwaterLog, spark: HeadwaterSpark
+    ) -> MaterializeResult[None]:
+        from derived_feeds.feed_job import run_feeds
+
+        config = project.load()
+        with log.open() as handle:
+            ((_, plan),) = run_feeds(spark.session(), config, handle, (name,), available_now=True)
+            metadata = feed_metadata(config, handle, name, plan.stats)
+        context.log.info(f"{name}: {plan.stats}")
+        return MaterializeResult(metadata=metadata)
+
+    return run
 
 
 def warehouse_asset(config: ProjectConfig, name: str) -> AssetsDefinition:
-    """Warehouse table ``name``: a Spark ``availableNow`` load of its topic into Delta."""
+    """Warehouse table ``name``: a Spark ``availableNow`` load of its topic into Delta.
+
+    An SCD2 table is also partitioned by commit day (UTC): materialising partitions rebuilds
+    those days from the log (:func:`warehouse_loader.backfill.rebuild_days`, one run for a
+    whole backfill); a materialisation without a partition runs the streaming load.
+    """
     table = config.warehouse.tables[name]
+    by_day = table.mode == "scd2"
 
     @asset(
         key=warehouse_key(name),
@@ -93,16 +116,26 @@ def warehouse_asset(config: ProjectConfig, name: str) -> AssetsDefinition:
         group_name=WAREHOUSE_GROUP,
         kinds={"spark", "delta"},
         description=f"Delta table {name!r} ({table.mode.upper()}) loaded from {table.from_}.",
+        partitions_def=HISTORY_PARTITIONS if by_day else None,
+        backfill_policy=BackfillPolicy.single_run() if by_day else None,
     )
     def load(
         context: AssetExecutionContext, project: HeadwaterProject, log: HeadwaterLog, spark: HeadwaterSpark
     ) -> MaterializeResult[None]:
+        from warehouse_loader.backfill import rebuild_days
         from warehouse_loader.load_job import run_loads
 
         config = project.load()
         with log.open() as handle:
-            run_loads(spark.session(), config, handle, [name], available_now=True)
+            if context.has_partition_key:
+                days = partition_days(context.partition_keys)
+                rebuilt = rebuild_days(spark.session(), config, handle, name, days)
+                context.log.info(f"{name}: rebuilt {len(days)} day(s): {rebuilt}")
+            else:
+                run_loads(spark.session(), config, handle, [name], available_now=True)
             metadata: dict[str, Any] = table_metadata(config, handle, name)
+        if context.has_partition_key:
+            metadata |= {"backfill/changes": rebuilt.changes, "backfill/removed_versions": rebuilt.removed}
         context.log.info(f"{name}: {metadata.get('dagster/row_count', 0)} rows")
         return MaterializeResult(metadata=metadata)
 
@@ -114,6 +147,6 @@ def build_assets(config: ProjectConfig) -> list[AssetsDefinition | AssetSpec]:
     assets: list[AssetsDefinition | AssetSpec] = [
         capture_asset(source, topics) for source, topics in source_topics(config).items() if topics
     ]
-    assets += [feed_spec(config, name) for name in config.feeds]
+    assets += [feed_asset(config, name) for name in config.feeds]
     assets += [warehouse_asset(config, name) for name in config.warehouse.tables]
     return assets

@@ -2,7 +2,7 @@
 
 * a captured table's raw topic ``<source>.<schema>.<table>`` -> key ``[source, schema, table]``
   (group ``sources``; one capture per source materialises all of its tables);
-* a feed -> ``["feeds", name]`` (group ``feeds``), upstream its ``from``;
+* a feed -> ``["feeds", name]`` (group ``feeds``), upstream its ``from`` and lookups;
 * a warehouse table -> ``["warehouse", name]`` (group ``warehouse``), upstream its ``from``.
 
 Tables of a source configured by ``schemas:`` are known only once captured, so they
@@ -48,7 +48,8 @@ def _qualified(table: str) -> str:
 
 def source_topics(config: ProjectConfig) -> dict[str, list[str]]:
     """Source name -> the raw topics it writes that the config knows of (sorted)."""
-    references = {f.from_ for f in config.feeds.values()} | {t.from_ for t in config.warehouse.tables.values()}
+    references = {up for f in config.feeds.values() for up in (f.from_, *f.lookups.values())}
+    references |= {t.from_ for t in config.warehouse.tables.values()}
     topics: dict[str, list[str]] = {}
     for name, source in config.sources.items():
         known = {f"{name}.{_qualified(t)}" for t in source.tables or ()}
@@ -60,3 +61,9 @@ def source_topics(config: ProjectConfig) -> dict[str, list[str]]:
 def upstream_key(config: ProjectConfig, name: str) -> AssetKey:
     """The asset a feed or table reads: a feed by name, else a raw topic."""
     return feed_key(name) if name in config.feeds else topic_key(name)
+
+
+def feed_upstream_keys(config: ProjectConfig, name: str) -> list[AssetKey]:
+    """The assets feed ``name`` reads: its ``from``, then its lookups (each once)."""
+    feed = config.feeds[name]
+    return [upstream_key(config, up) for up in dict.fromkeys((feed.from_, *feed.lookups.values()))]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from dagster import MetadataValue
@@ -24,6 +25,27 @@ def topic_metadata(config: ProjectConfig, log: Log, topic: str) -> dict[str, Any
     for name, table in config.warehouse.tables.items():
         if table.from_ == topic:
             metadata[f"lag/{LOAD_GROUP_PREFIX}{name}"] = sum(lag(log, LOAD_GROUP_PREFIX + name, topic).values())
+    return metadata
+
+
+def feed_metadata(config: ProjectConfig, log: Log, name: str, stats: Mapping[str, int]) -> dict[str, Any]:
+    """End offsets of feed ``name``'s topic, the lag of its group, its quarantined count and the run's counts."""
+    from derived_feeds.feed_spec import feed_spec
+
+    spec = feed_spec(config, name)
+    topics = set(log.list_topics())
+    metadata: dict[str, Any] = {f"feed/{counter}": value for counter, value in stats.items()}
+    metadata["log/topic"] = spec.topic
+    if spec.topic in topics:
+        ends = end_offsets(log, spec.topic)
+        metadata["log/end_offsets"] = MetadataValue.json({str(p): o for p, o in ends.items()})
+        metadata["log/records"] = sum(ends.values())
+    # The quarantine topic keeps every dropped row (never compacted): its size is the count.
+    quarantined = sum(end_offsets(log, spec.quarantine_topic).values()) if spec.quarantine_topic in topics else 0
+    metadata["feed/quarantined"] = quarantined
+    metadata[f"lag/{spec.group}"] = sum(
+        sum(lag(log, spec.group, topic).values()) for topic in spec.input_topics if topic in topics
+    )
     return metadata
 
 

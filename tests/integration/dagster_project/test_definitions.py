@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
+import orjson
 import psycopg
 import pytest
 import yaml
@@ -10,6 +13,7 @@ from dagster import AssetCheckKey, AssetKey, DagsterInstance, build_sensor_conte
 from dagster_project.definitions import build_definitions
 from headwater.config import load_config
 from headwater.errors import ConfigError
+from log.factory import open_log
 
 
 def write_config(tmp_path, source: str, dsn: str, quality: dict | None = None):
@@ -19,7 +23,11 @@ def write_config(tmp_path, source: str, dsn: str, quality: dict | None = None):
         "log": {"partitions": 2, "file": {"fsync": "never"}},
         "sources": {source: {"dsn": dsn, "tables": ["public.customers"], "heartbeat_interval_s": 1}},
         "feeds": {
-            "customers_clean": {"from": f"{source}.public.customers", "sql": "SELECT * FROM source", "key": ["id"]}
+            "customers_clean": {
+                "from": f"{source}.public.customers",
+                "sql": "SELECT id, upper(email) AS email FROM source",
+                "key": ["id"],
+            }
         },
         "warehouse": {
             "tables": {
@@ -55,7 +63,10 @@ def test_definitions_list_assets_checks_and_automation(tmp_path):
     }
     assert keys["shop/public/customers"].group_name == "sources"
     assert keys["feeds/customers_clean"].group_name == "feeds"
-    assert not keys["feeds/customers_clean"].is_materializable  # TODO(feeds): the feed runner is not built yet
+    assert keys["feeds/customers_clean"].is_materializable
+    assert {p.to_user_string() for p in keys["feeds/customers_clean"].parent_keys} == {"shop/public/customers"}
+    assert keys["warehouse/customers_hist"].partitions_def is not None  # SCD2 history: by commit day
+    assert keys["warehouse/customers"].partitions_def is None
     assert {p.to_user_string() for p in keys["warehouse/customers_from_feed"].parent_keys} == {"feeds/customers_clean"}
     assert {p.to_user_string() for p in keys["warehouse/customers_hist"].parent_keys} == {"shop/public/customers"}
     table = AssetKey(["warehouse", "customers"])
@@ -142,3 +153,43 @@ def test_materialise_capture_load_and_checks_then_a_blocking_failure_fails_the_r
     not_null = check_results(second)["expect_column_values_to_not_be_null__email"]
     assert not not_null.passed and not_null.severity.value == "ERROR"
     assert not_null.metadata["unexpected_count"].value == 2
+
+    # The feed: an availableNow run of the feed runner, then the table loaded from it.
+    feed, from_feed = AssetKey(["feeds", "customers_clean"]), AssetKey(["warehouse", "customers_from_feed"])
+    fed = materialize(assets, resources=resources, instance=instance, selection=[feed, from_feed])
+    assert fed.success
+    by_key = {m.asset_key: m.metadata for m in fed.get_asset_materialization_events() for m in [m.materialization]}
+    assert by_key[feed]["log/records"].value == 42
+    assert by_key[feed]["lag/headwater.feed.customers_clean"].value == 0
+    assert by_key[feed]["feed/quarantined"].value == 0
+    assert by_key[feed]["feed/upserts"].value == 42
+    assert by_key[from_feed]["dagster/row_count"].value == 42
+    emails = {}
+    with open_log(config) as log:
+        topic = by_key[feed]["log/topic"].value
+        for partition in range(log.describe_topic(topic).partitions):
+            for record in log.read(topic, partition, 0):
+                after = orjson.loads(record.value)["after"]
+                emails[after["id"]] = after["email"]
+    assert emails == {i: (f"C{i}@EXAMPLE.COM" if i <= 40 else None) for i in range(1, 43)}
+
+    # SCD2 history by commit day: rebuilding today's partition from the log gives the same versions.
+    from deltalake import DeltaTable
+
+    from warehouse_loader.load_job import table_path
+
+    path = str(table_path(config, "customers_hist"))
+    loaded = materialize([*assets], resources=resources, instance=instance, selection=[hist])  # streaming load
+    assert loaded.success
+    before = sorted(DeltaTable(path).to_pyarrow_table().drop_columns(["__END_AT"]).to_pylist(), key=str)
+    today = dt.datetime.now(dt.UTC).date().isoformat()
+    rebuilt = materialize([*assets], resources=resources, instance=instance, selection=[hist], partition_key=today)
+    assert rebuilt.success
+    (event,) = rebuilt.get_asset_materialization_events()
+    assert event.materialization.partition == today
+    # Only rows 41 and 42 were committed today: capture stamps initial-snapshot rows with ts 0
+    # (1970-01-01), a day outside the history partitions, so their versions stay as loaded.
+    assert event.materialization.metadata["backfill/removed_versions"].value == 2
+    assert event.materialization.metadata["backfill/changes"].value == 2
+    after = sorted(DeltaTable(path).to_pyarrow_table().drop_columns(["__END_AT"]).to_pylist(), key=str)
+    assert after == before
