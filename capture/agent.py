@@ -10,7 +10,11 @@ Resume points and invariants:
 * On restart, :class:`capture.position.ResumePoint` skips events the log already
   holds, so a transaction re-sent after a crash between two appends is written once.
 * ``--until-caught-up`` emits a non-transactional marker message at start; receiving
-  it means every transaction committed before start has been received.
+  it means every transaction committed before start has been received (and the run
+  goes on until the incremental snapshots queued by then are done).
+* Incremental snapshots (:mod:`capture.incremental_snapshot`) read chunks between
+  watermark messages; their rows join the pending records at the HIGH watermark's
+  transaction, and their progress is saved only after an append.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from psycopg import sql
 
 from capture.errors import SlotError
 from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, RowDecoder, RowDecoderFactory, SchemaRecord
+from capture.incremental_snapshot import IncrementalSnapshotter
 from capture.pgoutput import UNCHANGED_TOAST, LogicalMessage, PgoutputDecoder, Relation, TupleData
 from capture.position import ResumePoint
 from capture.quarantine import is_quarantine_topic
@@ -120,6 +125,13 @@ class CaptureAgent:
         self._dsn = source.dsn.get_secret_value()
         self.slot = source.slot or f"headwater_{name}"
         self.publication = source.publication or f"headwater_{name}"
+        self.incremental = IncrementalSnapshotter(
+            state_dir,
+            self.publication,
+            relation_from_catalog=relation_from_catalog,
+            primary_key_of=lambda conn, relation: primary_key_lookup(conn)(relation),
+        )
+        self._caught_up = False  # the caught-up marker was seen; waiting for incremental snapshots
 
     # -- control -----------------------------------------------------------------------
 
@@ -166,6 +178,7 @@ class CaptureAgent:
                     self._pending.clear()
                     self._pending_schemas.clear()
                     self._pending_end = None
+                    self.incremental.reset()
                     if self._stop.wait(delay):
                         break
                     try:
@@ -224,17 +237,25 @@ class CaptureAgent:
                             if self._stop.is_set():
                                 break  # at a transaction boundary: flush and acknowledge below
                         elif self._on_loose_message(done.message, marker, resume, stream):
-                            return True
+                            self._caught_up = True
+                            if not self.incremental.pending:
+                                return True
                     elif frame.reply_requested:
                         stream.send_status(self.stats.acked_lsn)
                 if self._pending_end is not None:
                     self._flush(resume, stream)
+                if self._caught_up and not self.incremental.pending:
+                    return True  # caught up, and the incremental snapshots running then are done
                 now = time.monotonic()
                 if now - last_heartbeat >= self.source.heartbeat_interval_s:
                     # A heartbeat message flows through the slot even when only unpublished
                     # tables change, so the acknowledged LSN (and retained WAL) keeps moving.
                     self._emit_marker(sql_conn, HEARTBEAT_PREFIX)
                     last_heartbeat = now
+                try:
+                    self._pending_schemas.extend(self.incremental.poll(sql_conn, builder))
+                except psycopg.OperationalError as exc:
+                    raise ReplicationLostError.from_psycopg(exc, slot=self.slot, dsn=self._dsn) from None
             self._flush(resume, stream)
             return False
         finally:
@@ -342,6 +363,7 @@ class CaptureAgent:
 
     def _add_transaction(self, builder: EventBuilder, txn: Transaction) -> None:
         records, schemas = builder.build(txn)
+        records.extend(self.incremental.on_transaction(txn, records, builder))
         self._pending.extend(records)
         self._pending_schemas.extend(schemas)
         self._pending_end = txn.end_lsn
@@ -394,6 +416,7 @@ class CaptureAgent:
                 resume.advance_to(TopicPartition(topic, partition), last.commit_lsn, last.txn_index)
                 self.stats.records_written += len(records)
         pending.clear()
+        self.incremental.flushed()
         if self._pending_end is not None and stream is not None:
             # Acknowledged only after the appends above returned (fsynced): a restart
             # resumes at or before this LSN.

@@ -45,9 +45,9 @@ def init_command(directory: Path, project: str | None) -> None:
 
 def _register_commands() -> None:
     # Each area's commands live in headwater/commands/<area>.py and attach to `cli`.
-    from headwater.commands import capture, demo, log, quality, run, source, status, ui, warehouse
+    from headwater.commands import capture, demo, log, quality, run, snapshot, source, status, ui, warehouse
 
-    for module in (source, capture, log, warehouse, quality, run, status, ui, demo):
+    for module in (source, capture, snapshot, log, warehouse, quality, run, status, ui, demo):
         module.register(cli)
     from headwater.commands import feeds  # feeds run, reprocess
 
