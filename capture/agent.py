@@ -87,7 +87,6 @@ class AgentSettings:
     """Batching and timing of the agent loop."""
 
     max_batch_records: int = 20_000
-    max_batch_delay_s: float = 0.05
     poll_timeout_s: float = 0.2
     reconnect_backoff_s: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0, 5.0)
 

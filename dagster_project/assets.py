@@ -51,10 +51,7 @@ def capture_asset(source: str, topics: list[str]) -> AssetsDefinition:
     def capture(
         context: AssetExecutionContext, project: HeadwaterProject, log: HeadwaterLog
     ) -> Iterator[MaterializeResult[None]]:
-        # run_capture lives in the CLI layer; its module imports headwater.cli, which registers every
-        # command module on import, so headwater.cli must be imported first (or the import is circular).
-        import headwater.cli  # noqa: F401
-        from headwater.commands.capture import run_capture
+        from capture.runner import run_capture
 
         config = project.load(needs_sources=True)
         stats = run_capture(config, (source,), until_caught_up=True)[source]

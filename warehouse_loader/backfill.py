@@ -56,6 +56,7 @@ from warehouse_loader.changes import (
     START_AT,
     changes_from_events,
 )
+from warehouse_loader.delta_scan import select_rows
 from warehouse_loader.delta_writer import WriteResult, write_scd2
 from warehouse_loader.errors import WarehouseError
 from warehouse_loader.scd import quote
@@ -183,21 +184,19 @@ def _clear_days(
     Returns the count removed and the deletes to hand back to the writer: removed versions'
     ends that no surviving version starts at and no rebuilt change carries.
     """
-    from warehouse_loader.delta_writer import _select_rows
-
     k = ", ".join(f"t.{quote(key)}" for key in keys)
     on = " AND ".join(f"t.{quote(key)} = r.{quote(key)}" for key in keys)
     sa, ea, seq = quote(START_AT), quote(END_AT), quote(sequence_by)
-    removed = _select_rows(target, f"SELECT {k}, t.{sa}, t.{ea} FROM target t WHERE {_days_predicate(days, 't')}")
+    removed = select_rows(target, f"SELECT {k}, t.{sa}, t.{ea} FROM target t WHERE {_days_predicate(days, 't')}")
     if not removed.num_rows:
         return 0, changes.schema.empty_table()
-    reopen = _select_rows(
+    reopen = select_rows(
         target,
         f"SELECT {k}, t.{sa} FROM target t JOIN removed r ON {on} AND t.{ea} = r.{sa} "
         f"WHERE NOT {_days_predicate(days, 't')}",
         removed=removed,
     )
-    lost = _select_rows(
+    lost = select_rows(
         target,
         f"SELECT {', '.join('r.' + quote(key) for key in keys)}, r.{ea} AS {seq} FROM removed r "
         f"WHERE r.{ea} IS NOT NULL "

@@ -33,3 +33,16 @@ def register_delta(con: duckdb.DuckDBPyConnection, name: str, table: DeltaTable)
         con.execute(f"CREATE VIEW {quoted} AS SELECT * FROM read_parquet({sql_list(files)}, union_by_name = true)")
     else:
         con.register(name, pa.schema(table.schema().to_arrow()).empty_table())
+
+
+def select_rows(delta: DeltaTable, sql: str, **tables: pa.Table) -> pa.Table:
+    """Run ``sql`` with ``target`` bound to ``delta`` (and ``tables`` by name); the result as Arrow."""
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        register_delta(con, "target", delta)
+        for name, table in tables.items():
+            con.register(name, table)
+        return con.sql(sql).to_arrow_table()
+    finally:
+        con.close()

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -44,7 +43,7 @@ from deltalake.exceptions import CommitFailedError
 
 from headwater.config import TableConfig
 from warehouse_loader.changes import DELETE_OP, END_AT, OP, SEQ, START_AT, TRUNCATE_OP
-from warehouse_loader.delta_scan import register_delta
+from warehouse_loader.delta_scan import select_rows
 from warehouse_loader.errors import SchemaMismatchError, WarehouseWriteError
 from warehouse_loader.scd import (
     Scd1Actions,
@@ -203,18 +202,6 @@ def _metrics(table: str, batch_id: int, target: DeltaTable, before: int, stats: 
     )
 
 
-def _select_rows(delta: DeltaTable, sql: str, **tables: pa.Table) -> pa.Table:
-    con = duckdb.connect(":memory:")
-    try:
-        con.execute("SET TimeZone = 'UTC'")
-        register_delta(con, "target", delta)
-        for name, table in tables.items():
-            con.register(name, table)
-        return con.sql(sql).to_arrow_table()
-    finally:
-        con.close()
-
-
 # --------------------------------------------------------------------------- SCD type 1
 
 
@@ -250,13 +237,13 @@ def _read_tombstones(
     seq = quote(sequence_by)
     batch_keys = changes.select(list(keys))
     on = " AND ".join(f"t.{quote(k)} = b.{quote(k)}" for k in keys)
-    tombs = _select_rows(
+    tombs = select_rows(
         side,
         f"SELECT {', '.join('t.' + quote(k) for k in keys)}, t.{seq} FROM target t "
         f"WHERE t.{quote(OP)} = 'd' AND EXISTS (SELECT 1 FROM batch b WHERE {on})",
         batch=batch_keys,
     )
-    mark = _select_rows(side, f"SELECT max({seq}) AS m FROM target WHERE {quote(OP)} = '{TRUNCATE_OP}'")
+    mark = select_rows(side, f"SELECT max({seq}) AS m FROM target WHERE {quote(OP)} = '{TRUNCATE_OP}'")
     return tombs, mark.column("m")[0].as_py()
 
 
@@ -355,14 +342,14 @@ def write_scd2(
         _reconcile(table, _schema(target), changes)
         truncates = truncate_sequences(changes, sequence_by)
         if truncates:
-            spanning = _select_rows(
+            spanning = select_rows(
                 target,
                 f"SELECT {', '.join('t.' + quote(k) for k in keys)}, t.{quote(START_AT)}, t.{quote(END_AT)} "
                 f"FROM target t WHERE {scd2_truncate_span(truncates, 't')}",
             )
     window = scd2_window(changes, keys, sequence_by, spanning)
     if target is not None:
-        existing = _select_rows(
+        existing = select_rows(
             target,
             f"SELECT t.* FROM target t JOIN win w ON {_on_window(keys)} "
             f"WHERE t.{quote(END_AT)} IS NULL OR t.{quote(END_AT)} >= w.__min_seq",
@@ -430,13 +417,13 @@ def _read_scd2_tombstones(
     if side is None:
         return None, ()
     seq = quote(sequence_by)
-    tombs = _select_rows(
+    tombs = select_rows(
         side,
         f"SELECT {', '.join('t.' + quote(k) for k in keys)}, t.{seq} FROM target t JOIN win w ON {_on_window(keys)} "
         f"WHERE t.{quote(OP)} = '{DELETE_OP}' AND t.{seq} >= w.__min_seq",
         win=window,
     )
-    truncs = _select_rows(side, f"SELECT DISTINCT {seq} AS v FROM target WHERE {quote(OP)} = '{TRUNCATE_OP}'")
+    truncs = select_rows(side, f"SELECT DISTINCT {seq} AS v FROM target WHERE {quote(OP)} = '{TRUNCATE_OP}'")
     return tombs, tuple(sorted(truncs.column("v").to_pylist()))
 
 

@@ -82,7 +82,7 @@ def capture_command(context: Context, names: tuple[str, ...], until_caught_up: b
         )
 
 
-__all__ = ["RichSnapshotProgress", "capture_command", "register", "run_capture"]
+__all__ = ["RichSnapshotProgress", "capture_command", "register"]
 
 
 def register(cli: click.Group) -> None:
