@@ -10,6 +10,8 @@ followed by ``fdatasync`` (``fsync="always"``) before the append is acknowledged
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import threading
@@ -46,6 +48,23 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+#: Test hook, off unless set: while the file this variable names exists, every append
+#: writes half its batch and then fails with ENOSPC, as a full disk does
+#: (``tests/integration/capture/test_disk_full.py`` sets it for a capture subprocess).
+_ENOSPC_FLAG_FILE = os.environ.get("HEADWATER_TEST_ENOSPC_FLAG")
+
+
+def _write_all(fd: int, data: bytes | bytearray, position: int) -> None:
+    """Write ``data`` at ``position`` (``pwrite`` may write less than asked)."""
+    view = memoryview(data)
+    if _ENOSPC_FLAG_FILE is not None and os.path.exists(_ENOSPC_FLAG_FILE):
+        os.pwrite(fd, view[: len(data) // 2], position)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    written = 0
+    while written < len(data):
+        written += os.pwrite(fd, view[written:], position + written)
 
 
 def create_partition_directory(directory: Path) -> None:
@@ -402,30 +421,41 @@ class Partition:
         if writer.position > 0 and writer.position + len(data) > self._segment_bytes:
             writer = self._roll(writer)
         position = writer.position
+        segment = writer.segment
+        running = max(segment.running_max_ts, max_ts)
+        indexed = segment.index.wants(position)
+        index_sizes = (os.fstat(writer.index_fd).st_size, os.fstat(writer.time_fd).st_size) if indexed else None
         try:
-            written = 0
-            view = memoryview(data)
-            while written < len(data):
-                written += os.pwrite(writer.fd, view[written:], position + written)
+            _write_all(writer.fd, data, position)
             if self._fsync:
                 os.fdatasync(writer.fd)
+            if indexed:
+                append_index_entry(writer.index_fd, writer.time_fd, base, position, running)
         except BaseException as error:
-            # Part of the batch may be on disk: drop the writer so the next append
-            # re-opens it, truncating the torn tail before writing after it.
-            self._release_writer()
+            # Invariant: a failed append leaves nothing of its batch behind. Truncating
+            # frees space, so it works on a full disk too; should it fail, the next
+            # writer truncates the torn tail before writing after it (and readers never
+            # see a batch whose CRC does not check).
+            self._abandon(writer, position, index_sizes)
             if isinstance(error, OSError):
                 msg = f"cannot append to {writer.segment.path}: {error}; retry when the disk is writable"
                 raise LogUnavailableError(msg) from error
             raise
-        segment = writer.segment
-        running = max(segment.running_max_ts, max_ts)
-        if segment.index.wants(position):
+        if indexed:
             segment.index.add(base, position, running)
-            append_index_entry(writer.index_fd, writer.time_fd, base, position, running)
         writer.position = segment.known_end = position + len(data)
         writer.next_offset = segment.next_offset = base + len(records)
         segment.running_max_ts = running
         return AppendResult(self.topic, self.partition, base, base + len(records) - 1)
+
+    def _abandon(self, writer: _Writer, position: int, index_sizes: tuple[int, int] | None) -> None:
+        """Cut a failed batch (and its index entries) off the files and drop the writer."""
+        with contextlib.suppress(OSError):
+            os.ftruncate(writer.fd, position)
+            if index_sizes is not None:
+                os.ftruncate(writer.index_fd, index_sizes[0])
+                os.ftruncate(writer.time_fd, index_sizes[1])
+        self._release_writer()
 
     def close(self) -> None:
         """Release the writer lock and open files (idempotent)."""
