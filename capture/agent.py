@@ -342,7 +342,9 @@ class CaptureAgent:
                     # txn_index is unique per (table, chunk, row): chunks resume independently.
                     next_index = (table_no << 40) | (chunk.number << 24)
                     for rows in read_chunk(reader, chunk, columns):
-                        records = builder.snapshot_records(oid, rows, Seq(consistent, next_index))
+                        # Stamped with the read time (as Debezium does): the rows belong to the snapshot's day.
+                        read_us = time.time_ns() // 1000
+                        records = builder.snapshot_records(oid, rows, Seq(consistent, next_index), ts_us=read_us)
                         next_index += len(rows)
                         self._pending.extend(records)
                         self.stats.events += len(records)

@@ -11,23 +11,28 @@ A day is a UTC calendar date of ``__hw_commit_ts``. For the chosen days:
    (``startingOffsets``/``endingOffsets``) and :func:`derived_feeds.changes_frame.change_batch`,
    typed exactly like the streaming load; without one the records are decoded on the
    driver (:func:`warehouse_loader.changes.changes_from_events`, small ranges and tests).
-2. **Clear.** One MERGE deletes the versions whose ``__hw_commit_ts`` falls in the days
-   and reopens (``__END_AT`` null) the version before each of them, the one the first
-   removed version closed.
-3. **Rebuild.** The changes go through the normal SCD2 writer
-   (:func:`warehouse_loader.delta_writer.write_scd2`), which reads the existing versions
-   around them and places every change at its sequence position: the reopened version
-   is closed again by the day's first change, and the day's last version is closed by the
-   next surviving version or delete. A removed version's ``__END_AT`` that no surviving
-   version starts at and no rebuilt change carries (a delete on a day not rebuilt) is
-   handed to the writer as that delete, so it is not lost.
+2. **Plan.** The versions of every key the days touch are read and, in memory, the
+   days' versions (``__hw_commit_ts`` on a chosen day) are removed and the version
+   before each of them reopened (``__END_AT`` null). The changes are then planned
+   against that state with the normal SCD2 planner (:func:`warehouse_loader.scd.plan_scd2`,
+   remembered tombstones included), which places every change at its sequence position:
+   the reopened version is closed again by the day's first change, and the day's last
+   version is closed by the next surviving version or delete. A removed version's
+   ``__END_AT`` that no surviving version starts at and no rebuilt change carries (a
+   delete on a day not rebuilt) is planned as that delete, so it is not lost.
+3. **Commit once.** The affected keys' final versions replace their existing ones in
+   one MERGE (:func:`warehouse_loader.delta_writer.commit_scd2`): a concurrent reader
+   sees the table before or after the backfill, never the days emptied.
 
-Limits: steps 2 and 3 are two Delta commits. A crash in between leaves the days empty
-and their predecessors open until the backfill runs again (it converges: a rerun clears
-nothing more and rebuilds the days). The backfill assumes no other writer works on the
-table meanwhile (the streaming load included): one writer per table, as for the load.
-Days must lie inside what the log still holds in full (``clean_offset``); earlier ones
-are refused.
+Snapshot rows: capture stamps ``op: r`` rows with the time they were read (as Debezium
+does), so they belong to the snapshot's day and a backfill of every day rebuilds them
+too. Rows of logs written before that (commit time 0, 1970-01-01) lie outside every
+daily partition: a backfill neither removes nor rebuilds them.
+
+Limits: the backfill assumes no other writer works on the table meanwhile (the
+streaming load included): one writer per table, as for the load. Days must lie inside
+what the log still holds in full (``clean_offset``); earlier ones are refused. The
+affected keys' whole histories are read into memory to plan.
 """
 
 from __future__ import annotations
@@ -35,12 +40,15 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import duckdb
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
-from deltalake import CommitProperties, DeltaTable
+from deltalake import DeltaTable
 
 from headwater.config import ProjectConfig
 from headwater.errors import PermanentError
@@ -57,9 +65,18 @@ from warehouse_loader.changes import (
     changes_from_events,
 )
 from warehouse_loader.delta_scan import select_rows
-from warehouse_loader.delta_writer import WriteResult, write_scd2
+from warehouse_loader.delta_writer import WriteResult, commit_scd2, read_scd2_tombstones, write_scd2
 from warehouse_loader.errors import WarehouseError
-from warehouse_loader.scd import quote
+from warehouse_loader.scd import (
+    Scd2Actions,
+    Scd2State,
+    apply_scd2,
+    plan_scd2,
+    quote,
+    scd2_truncate_span,
+    scd2_window,
+    truncate_sequences,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -166,6 +183,7 @@ def _in_days(column: pa.ChunkedArray, days: Iterable[dt.date]) -> pa.ChunkedArra
 
 
 def _days_predicate(days: Sequence[dt.date], alias: str) -> str:
+    """SQL: the version ``alias`` was committed on one of ``days`` (false for a null commit time)."""
     column = f"{alias}.{quote(COMMIT_TS)}"
     parts = []
     for day in days:
@@ -173,55 +191,108 @@ def _days_predicate(days: Sequence[dt.date], alias: str) -> str:
         parts.append(
             f"({column} >= '{start.isoformat()}'::timestamptz AND {column} < '{end.isoformat()}'::timestamptz)"
         )
-    return "(" + " OR ".join(parts) + ")"
+    return "coalesce(" + " OR ".join(parts) + ", false)"
 
 
-def _clear_days(
-    target: DeltaTable, days: Sequence[dt.date], keys: Sequence[str], changes: pa.Table, sequence_by: str
-) -> tuple[int, pa.Table]:
-    """Delete the days' versions and reopen their predecessors (one MERGE).
+@dataclass(frozen=True, slots=True)
+class _Rebuild:
+    """The planned backfill: what one commit does to the table, and how many day versions it removes."""
 
-    Returns the count removed and the deletes to hand back to the writer: removed versions'
-    ends that no surviving version starts at and no rebuilt change carries.
+    actions: Scd2Actions
+    removed: int
+
+
+def _plan_rebuild(
+    path: Path,
+    target: DeltaTable,
+    days: Sequence[dt.date],
+    keys: Sequence[str],
+    changes: pa.Table,
+    *,
+    track_history_columns: Sequence[str] | None,
+    sequence_by: str,
+) -> _Rebuild:
+    """Plan the whole rebuild of ``days`` in memory, as the final versions of every key it touches.
+
+    Clearing (the days' versions removed, the version before each reopened) and rebuilding
+    (``changes`` placed at their sequence positions) are applied to the affected keys'
+    versions here, so the table sees one commit: readers never see the days cleared.
     """
     k = ", ".join(f"t.{quote(key)}" for key in keys)
-    on = " AND ".join(f"t.{quote(key)} = r.{quote(key)}" for key in keys)
     sa, ea, seq = quote(START_AT), quote(END_AT), quote(sequence_by)
-    removed = select_rows(target, f"SELECT {k}, t.{sa}, t.{ea} FROM target t WHERE {_days_predicate(days, 't')}")
-    if not removed.num_rows:
-        return 0, changes.schema.empty_table()
-    reopen = select_rows(
+
+    def on(left: str, right: str) -> str:
+        return " AND ".join(f"{left}.{quote(key)} = {right}.{quote(key)}" for key in keys)
+
+    in_days = partial(_days_predicate, days)
+    removed = select_rows(target, f"SELECT {k}, t.{sa} FROM target t WHERE {in_days('t')}")
+    truncates = truncate_sequences(changes, sequence_by)
+    spanning = None
+    if truncates:
+        spanning = select_rows(
+            target, f"SELECT {k}, t.{sa}, t.{ea} FROM target t WHERE {scd2_truncate_span(truncates, 't')}"
+        )
+    window = scd2_window(changes, keys, sequence_by, spanning)
+    key_list = ", ".join(quote(key) for key in keys)
+    existing = select_rows(
         target,
-        f"SELECT {k}, t.{sa} FROM target t JOIN removed r ON {on} AND t.{ea} = r.{sa} "
-        f"WHERE NOT {_days_predicate(days, 't')}",
-        removed=removed,
+        f"WITH affected AS (SELECT DISTINCT {key_list} FROM (SELECT {key_list} FROM win UNION ALL "
+        f"SELECT {key_list} FROM removed)) SELECT t.* FROM target t SEMI JOIN affected a ON {on('t', 'a')}",
+        win=window.select(list(keys)),
+        removed=removed.select(list(keys)),
     )
-    lost = select_rows(
-        target,
-        f"SELECT {', '.join('r.' + quote(key) for key in keys)}, r.{ea} AS {seq} FROM removed r "
-        f"WHERE r.{ea} IS NOT NULL "
-        f"AND NOT EXISTS (SELECT 1 FROM target t WHERE {on} AND t.{sa} = r.{ea} AND NOT {_days_predicate(days, 't')}) "
-        f"AND NOT EXISTS (SELECT 1 FROM changes c WHERE "
-        f"{' AND '.join(f'c.{quote(key)} = r.{quote(key)}' for key in keys)} AND c.{seq} = r.{ea})",
-        removed=removed,
-        changes=changes.select([*keys, sequence_by]),
+    # The days' versions go; the version each of them followed is open again until the
+    # rebuilt changes (or a surviving later version) close it.
+    reopened = (
+        f"SELECT t.* REPLACE (CASE WHEN EXISTS (SELECT 1 FROM existing r WHERE {on('r', 't')} "
+        f"AND r.{sa} = t.{ea} AND {in_days('r')}) THEN NULL ELSE t.{ea} END AS {ea}) "
+        f"FROM existing t WHERE NOT {in_days('t')}"
     )
-    action = pa.array(["remove"] * removed.num_rows + ["reopen"] * reopen.num_rows, pa.string())
-    source = pa.concat_tables([removed.select([*keys, START_AT]), reopen.select([*keys, START_AT])])
-    source = source.append_column("__action", action)
-    merge = target.merge(
-        source,
-        " AND ".join(f"t.{quote(key)} = s.{quote(key)}" for key in keys) + f" AND t.{sa} = s.{sa}",
-        source_alias="s",
-        target_alias="t",
-        streamed_exec=False,
-        commit_properties=CommitProperties(custom_metadata={"headwater.backfill": ",".join(map(str, days))}),
+    # A removed version's end that no surviving version starts at and no rebuilt change
+    # carries is a delete on a day not rebuilt: hand it back as that delete, or it is lost.
+    lost = (
+        f"SELECT {', '.join('r.' + quote(key) for key in keys)}, r.{ea} AS {seq} FROM existing r "
+        f"WHERE {in_days('r')} AND r.{ea} IS NOT NULL "
+        f"AND NOT EXISTS (SELECT 1 FROM existing t WHERE {on('t', 'r')} AND t.{sa} = r.{ea} AND NOT {in_days('t')}) "
+        f"AND NOT EXISTS (SELECT 1 FROM changes c WHERE {on('c', 'r')} AND c.{seq} = r.{ea})"
     )
-    merge.when_matched_delete(predicate="s.__action = 'remove'").when_matched_update(
-        {END_AT: "NULL"}, predicate="s.__action = 'reopen'"
-    ).execute()
-    deletes = _as_deletes(lost, changes.schema, keys, sequence_by)
-    return removed.num_rows, deletes
+    with duckdb.connect(":memory:") as con:
+        con.execute("SET TimeZone = 'UTC'")
+        con.register("existing", existing)
+        con.register("changes", changes.select([*keys, sequence_by]))
+        cleared = con.sql(reopened).to_arrow_table()
+        deletes = _as_deletes(con.sql(lost).to_arrow_table(), changes.schema, keys, sequence_by)
+    if deletes.num_rows:
+        changes = pa.concat_tables([changes, deletes])
+        window = scd2_window(changes, keys, sequence_by, spanning)
+    tombstones, remembered = read_scd2_tombstones(path, window, keys, sequence_by)
+    actions = plan_scd2(
+        changes,
+        keys,
+        cleared,
+        tombstones=tombstones,
+        truncates=remembered,
+        track_history_columns=track_history_columns,
+        sequence_by=sequence_by,
+    )
+    final = apply_scd2(Scd2State(cleared, actions.tombstones.schema.empty_table(), remembered), actions, keys).rows
+    with duckdb.connect(":memory:") as con:
+        con.register("existing", existing)
+        con.register("final", final)
+        gone = con.sql(
+            f"SELECT {k}, t.{sa} FROM existing t WHERE NOT EXISTS "
+            f"(SELECT 1 FROM final f WHERE {on('f', 't')} AND f.{sa} = t.{sa})"
+        ).to_arrow_table()
+    # Every final version of the affected keys is written (unchanged ones as they were),
+    # and every existing one not among them removed, in the same MERGE.
+    one_commit = Scd2Actions(
+        versions=final,
+        removed=gone,
+        tombstones=actions.tombstones,
+        truncates=actions.truncates,
+        sequence_by=sequence_by,
+    )
+    return _Rebuild(one_commit, removed.num_rows)
 
 
 def _as_deletes(lost: pa.Table, schema: pa.Schema, keys: Sequence[str], sequence_by: str) -> pa.Table:
@@ -269,23 +340,31 @@ def rebuild_days(
         # No change on these days: clearing them still needs the change batch's columns.
         stored = target.to_pyarrow_dataset().schema
         changes = pa.schema([f for f in stored if f.name not in (START_AT, END_AT)]).empty_table()
-    removed = 0
-    if target is not None:
-        removed, deletes = _clear_days(target, chosen, keys, changes, sequence_by)
-        if deletes.num_rows:
-            changes = pa.concat_tables([changes, deletes])
-        target.update_incremental()
-    if not changes.num_rows:
-        return BackfillResult(table, chosen, 0, removed, None)
+    read = changes.num_rows
+    metadata = {"headwater.backfill": ",".join(map(str, chosen))}
     # Its own app id, so the streaming load's batch ids are untouched; the table version only grows.
-    batch_id = 0 if target is None else target.version() + 1
-    write = write_scd2(
+    app_id = f"{build}.backfill"
+    if target is None:
+        write = write_scd2(
+            path,
+            changes,
+            table=app_id,
+            batch_id=0,
+            keys=keys,
+            track_history_columns=settings.track_history_columns,
+            sequence_by=sequence_by,
+        )
+        return BackfillResult(table, chosen, read, 0, write)
+    rebuild = _plan_rebuild(
         path,
+        target,
+        chosen,
+        keys,
         changes,
-        table=f"{build}.backfill",
-        batch_id=batch_id,
-        keys=keys,
         track_history_columns=settings.track_history_columns,
         sequence_by=sequence_by,
     )
-    return BackfillResult(table, chosen, changes.num_rows, removed, write)
+    write = commit_scd2(
+        path, target, rebuild.actions, keys=keys, table=app_id, batch_id=target.version() + 1, metadata=metadata
+    )
+    return BackfillResult(table, chosen, read, rebuild.removed, write)

@@ -117,10 +117,10 @@ def _already(target: DeltaTable | None, table: str, batch_id: int) -> bool:
     return done is not None and done >= batch_id
 
 
-def _commit(table: str, batch_id: int) -> CommitProperties:
+def _commit(table: str, batch_id: int, metadata: dict[str, str] | None = None) -> CommitProperties:
     return CommitProperties(
         app_transactions=[Transaction(app_id=table, version=batch_id)],
-        custom_metadata={"headwater.batch_id": str(batch_id)},
+        custom_metadata={"headwater.batch_id": str(batch_id), **(metadata or {})},
     )
 
 
@@ -333,8 +333,6 @@ def write_scd2(
     target = _open(path)
     if _already(target, table, batch_id):
         return WriteResult(table=table, batch_id=batch_id, skipped=True, version=target.version() if target else None)
-    side_path = path / TOMBSTONES_DIR
-    side = _open(side_path)
     existing = None
     spanning = None
     if target is not None:
@@ -355,7 +353,7 @@ def write_scd2(
             f"WHERE t.{quote(END_AT)} IS NULL OR t.{quote(END_AT)} >= w.__min_seq",
             win=window,
         )
-    tombstones, remembered = _read_scd2_tombstones(side, window, keys, sequence_by)
+    tombstones, remembered = read_scd2_tombstones(path, window, keys, sequence_by)
     actions = plan_scd2(
         changes,
         keys,
@@ -365,12 +363,32 @@ def write_scd2(
         track_history_columns=track_history_columns,
         sequence_by=sequence_by,
     )
+    return commit_scd2(path, target, actions, keys=keys, table=table, batch_id=batch_id)
+
+
+def commit_scd2(
+    path: Path,
+    target: DeltaTable | None,
+    actions: Scd2Actions,
+    *,
+    keys: Sequence[str],
+    table: str,
+    batch_id: int,
+    metadata: dict[str, str] | None = None,
+) -> WriteResult:
+    """Commit planned SCD2 ``actions`` to the table at ``path``: new tombstones, then one table commit.
+
+    The table commit (its creation, or one MERGE on ``(keys, __START_AT)``) is atomic:
+    readers see all of ``actions`` or none. ``metadata`` joins the commit's custom metadata.
+    """
+    side_path = path / TOMBSTONES_DIR
+    side = _open(side_path)
     versions, adds = _reconcile(table, None if target is None else _schema(target), actions.versions)
     try:
         if (actions.tombstones.num_rows or actions.truncates) and not _already(side, table, batch_id):
             _append_scd2_tombstones(side_path, side, actions, keys=keys, table=table, batch_id=batch_id)
         if target is None:
-            write_deltalake(str(path), versions, commit_properties=_commit(table, batch_id))
+            write_deltalake(str(path), versions, commit_properties=_commit(table, batch_id, metadata))
             created = DeltaTable(str(path))
             return WriteResult(table, batch_id, skipped=False, version=created.version(), inserted=versions.num_rows)
         # Removed versions ride in the same source with a null __hw_op (a real version always has one).
@@ -392,7 +410,7 @@ def write_scd2(
             target_alias="t",
             merge_schema=adds,
             streamed_exec=False,
-            commit_properties=_commit(table, batch_id),
+            commit_properties=_commit(table, batch_id, metadata),
         )
         merge = (
             merge.when_matched_delete(predicate=f"s.{op} IS NULL")
@@ -410,10 +428,14 @@ def _on_window(keys: Sequence[str]) -> str:
     return " AND ".join(f"t.{quote(k)} = w.{quote(k)}" for k in keys)
 
 
-def _read_scd2_tombstones(
-    side: DeltaTable | None, window: pa.Table, keys: Sequence[str], sequence_by: str
+def read_scd2_tombstones(
+    path: Path, window: pa.Table, keys: Sequence[str], sequence_by: str
 ) -> tuple[pa.Table | None, tuple[Any, ...]]:
-    """Remembered deletes of the window's keys from their ``__min_seq`` on, and every remembered truncate."""
+    """Remembered deletes of the window's keys from their ``__min_seq`` on, and every remembered truncate.
+
+    ``path`` is the SCD2 table's; ``window`` as :func:`warehouse_loader.scd.scd2_window` returns it.
+    """
+    side = _open(path / TOMBSTONES_DIR)
     if side is None:
         return None, ()
     seq = quote(sequence_by)

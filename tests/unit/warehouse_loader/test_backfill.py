@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from pathlib import Path
 
 import orjson
@@ -162,3 +163,43 @@ def test_only_scd2_tables_are_backfilled(project):
     config, log, _ = project
     with pytest.raises(BackfillError, match="not an SCD2 table"):
         rebuild_days(None, config, log, "nope", DAYS[:1])
+
+
+def test_backfill_is_one_commit_so_readers_never_see_the_days_empty(project):
+    config, log, events = project
+    load(config, events)
+    path = str(table_path(config, "hist"))
+    day2 = dt.datetime.combine(DAYS[2], dt.time(), tzinfo=dt.UTC).isoformat()
+    day4 = dt.datetime.combine(DAYS[4], dt.time(), tzinfo=dt.UTC).isoformat()
+    DeltaTable(path).update({"label": "'corrupt'"}, predicate=f"{COMMIT_TS} >= '{day2}' AND {COMMIT_TS} < '{day4}'")
+    before = DeltaTable(path).version()
+    expected = [v for v in expected_versions(events) if v[2] in {e.sequence.sortable() for e in events}]
+    rebuilt_days = DAYS[2:4]
+    count_in_days = len(versions(config, rebuilt_days))
+
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            rows = DeltaTable(path).to_pyarrow_table().to_pylist()
+            seen.append(sum(1 for r in rows if r[COMMIT_TS].date() in rebuilt_days))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        result = rebuild_days(None, config, log, "hist", rebuilt_days)
+    finally:
+        stop.set()
+        thread.join()
+
+    assert result.removed == count_in_days == 5
+    after = DeltaTable(path).version()
+    assert after == before + 1, "the backfill must be one commit of the table"
+    assert versions(config) == expected
+    # Every version a reader could have loaded holds the days in full: the old rows or the rebuilt ones.
+    for version in range(before, after + 1):
+        rows = DeltaTable(path, version=version).to_pyarrow_table().to_pylist()
+        assert sum(1 for r in rows if r[COMMIT_TS].date() in rebuilt_days) == count_in_days, version
+    assert seen and set(seen) == {count_in_days}
+    assert DeltaTable(path).history(1)[0]["headwater.backfill"] == "2026-11-12,2026-11-13"
