@@ -57,6 +57,11 @@ def _register_commands() -> None:
 _register_commands()
 
 
+def _one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) as one space: errors are one line."""
+    return " ".join(text.split())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the process exit code."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
@@ -65,13 +70,19 @@ def main(argv: list[str] | None = None) -> int:
     except HeadwaterError as exc:
         if debug:
             traceback.print_exc()
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {_one_line(str(exc))}", err=True)
         return EXIT_ERROR
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return EXIT_ERROR
+    except click.UsageError as exc:
+        # One line like every other error (click's own form is three), with where to find help.
+        command = exc.ctx.command_path if exc.ctx is not None else "headwater"
+        message = _one_line(exc.format_message()).rstrip(".")
+        click.echo(f"error: {message}; see '{command} --help'", err=True)
+        return EXIT_USAGE
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"error: {_one_line(exc.format_message())}", err=True)
         return EXIT_USAGE
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
@@ -79,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug, not bad input: still one line unless --debug
         if debug:
             traceback.print_exc()
-        detail = " ".join(str(exc).split())
+        detail = _one_line(str(exc))
         click.echo(f"error: unexpected {type(exc).__name__}: {detail} (rerun with --debug for the traceback)", err=True)
         return EXIT_ERROR
     return 0
