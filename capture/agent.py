@@ -19,6 +19,7 @@ Resume points and invariants:
 
 from __future__ import annotations
 
+import errno
 import logging
 import secrets
 import signal
@@ -37,15 +38,17 @@ from psycopg import sql
 from capture.errors import SlotError
 from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, RowDecoder, RowDecoderFactory, SchemaRecord
 from capture.incremental_snapshot import IncrementalSnapshotter
-from capture.pgoutput import UNCHANGED_TOAST, LogicalMessage, PgoutputDecoder, Relation, TupleData
+from capture.pgoutput import LogicalMessage, PgoutputDecoder, Relation
 from capture.position import ResumePoint
 from capture.quarantine import is_quarantine_topic
-from capture.slot import create_slot, drop_slot, slot_status
+from capture.resync import DELETE_INDEX_BASE, ResyncRequest, vanished_key_deletes
+from capture.slot import SlotStatus, create_slot, drop_slot, is_gone, slot_gone_error, slot_status
 from capture.snapshot import Chunk, SnapshotState, plan_chunks, read_chunk
 from capture.stream import ReplicationLostError, ReplicationStream, StreamOptions, WalMessage, pinned_options
 from capture.transactions import Transaction, TransactionAssembler
 from headwater.config import LogConfig, SourceConfig, TypesConfig
 from log.base import SCHEMAS_TOPIC, Log, Record, TopicPartition, TopicSpec, append_keyed
+from log.errors import LogUnavailableError
 from log.partitioner import partition_for
 from log.sequence import Lsn
 from log.sequence import Sequence as Seq
@@ -68,6 +71,55 @@ class SnapshotProgress(Protocol):
 
 CAUGHT_UP_PREFIX = f"{INTERNAL_MESSAGE_PREFIX}caught_up"
 HEARTBEAT_PREFIX = f"{INTERNAL_MESSAGE_PREFIX}heartbeat"
+#: In the state directory once the source has streamed from its slot: a slot missing
+#: after that was dropped, and its changes cannot be streamed any more.
+STREAMED_MARKER = "streamed.json"
+
+
+def resume_lsn(resume: ResumePoint) -> Lsn | None:
+    """The commit LSN of the last change the log holds for the source (None: none yet)."""
+    highest = resume.highest()
+    return Lsn(highest.commit_lsn) if highest is not None else None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+class RetryReport:
+    """Logs a retry loop's state changes: one line when a new error shows, one when it recovers.
+
+    Each line names the source; the same error repeating (the server is still down)
+    stays quiet. Messages come from :class:`ReplicationLostError`, whose text is
+    scrubbed of DSN passwords.
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self._last: str | None = None
+        self._since = 0.0
+        self._attempts = 0
+
+    def failed(self, detail: str, max_delay_s: float) -> None:
+        """One attempt failed with ``detail``."""
+        if self._attempts == 0:
+            self._since = time.monotonic()
+        self._attempts += 1
+        if detail != self._last:
+            self._last = detail
+            logger.warning("source %s: %s; retrying with backoff (at most %gs apart)", self.source, detail, max_delay_s)
+
+    def resumed(self) -> None:
+        """An attempt worked."""
+        if self._attempts:
+            logger.warning(
+                "source %s: replication resumed after %d failed attempts in %.1fs",
+                self.source,
+                self._attempts,
+                time.monotonic() - self._since,
+            )
+        self._attempts = 0
+        self._last = None
 
 
 @dataclass
@@ -89,6 +141,8 @@ class AgentSettings:
     max_batch_records: int = 20_000
     poll_timeout_s: float = 0.2
     reconnect_backoff_s: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0, 5.0)
+    #: How often appends are retried while the log cannot be written (disk full).
+    log_retry_s: float = 2.0
 
 
 class CaptureAgent:
@@ -131,6 +185,7 @@ class CaptureAgent:
             primary_key_of=lambda conn, relation: primary_key_lookup(conn)(relation),
         )
         self._caught_up = False  # the caught-up marker was seen; waiting for incremental snapshots
+        self._retry = RetryReport(name)
 
     # -- control -----------------------------------------------------------------------
 
@@ -150,7 +205,11 @@ class CaptureAgent:
     # -- main loop ---------------------------------------------------------------------
 
     def run(self, *, until_caught_up: bool) -> CaptureStats:
-        """Stream until stopped, or until everything committed before the call is in the log."""
+        """Stream until stopped, or until everything committed before the call is in the log.
+
+        A lost connection (walsender ended, server restarting) is retried with backoff;
+        a slot that is gone ends the run with :class:`SlotGoneError`.
+        """
         sql_conn = self._connect_sql()
         try:
             builder = self._new_builder(sql_conn)
@@ -159,9 +218,16 @@ class CaptureAgent:
                 return self.stats
             marker = self._emit_marker(sql_conn, CAUGHT_UP_PREFIX) if until_caught_up else None
             failures = 0
+            reconnect = False
             while not self._stop.is_set():
+                acked_before = self.stats.acked_lsn
                 try:
-                    acked_before = self.stats.acked_lsn
+                    if reconnect:
+                        sql_conn = self._reconnect_sql(sql_conn)
+                        self._check_slot(sql_conn, resume)
+                        builder = self._new_builder(sql_conn)
+                        resume = ResumePoint.load(self.log, self._source_topics())
+                        reconnect = False
                     if self._stream(sql_conn, builder, resume, marker):
                         break
                 except ReplicationLostError as exc:
@@ -173,23 +239,29 @@ class CaptureAgent:
                     backoff = self.settings.reconnect_backoff_s
                     delay = backoff[min(max(failures - 1, 0), len(backoff) - 1)]
                     self.stats.reconnects += 1
-                    logger.warning("%s; retrying in %.1fs", exc, delay)
+                    self._retry.failed(str(exc), backoff[-1])
                     self._pending.clear()
                     self._pending_schemas.clear()
                     self._pending_end = None
                     self.incremental.reset()
+                    reconnect = True
                     if self._stop.wait(delay):
                         break
-                    try:
-                        sql_conn = self._reconnect_sql(sql_conn)
-                        builder = self._new_builder(sql_conn)
-                    except ReplicationLostError as again:
-                        logger.warning("%s", again)
-                        continue
-                    resume = ResumePoint.load(self.log, self._source_topics())
             return self.stats
         finally:
             sql_conn.close()
+
+    def _check_slot(self, sql_conn: psycopg.Connection[Any], resume: ResumePoint) -> None:
+        """Raise :class:`SlotGoneError` when the slot was dropped or invalidated (while we were away)."""
+        try:
+            status = slot_status(sql_conn, self.slot)
+        except psycopg.OperationalError as exc:
+            raise ReplicationLostError.from_psycopg(exc, slot=self.slot, dsn=self._dsn) from None
+        if is_gone(status):
+            since = status.confirmed_flush_lsn if status is not None else None
+            if since is None and self.stats.acked_lsn.value:
+                since = self.stats.acked_lsn
+            raise slot_gone_error(self.name, self.slot, status, since or resume_lsn(resume))
 
     def _new_builder(self, sql_conn: psycopg.Connection[Any]) -> EventBuilder:
         """An event builder with the schemas already published to the log."""
@@ -219,6 +291,7 @@ class CaptureAgent:
         decoder = PgoutputDecoder(protocol_version=2)
         assembler = TransactionAssembler()
         stream.start(Lsn(0))
+        self._retry.resumed()
         last_heartbeat = time.monotonic()
         max_batch = self.settings.max_batch_records
         decode, feed = decoder.decode, assembler.feed
@@ -265,51 +338,136 @@ class CaptureAgent:
     def _prepare_slot_and_snapshot(
         self, sql_conn: psycopg.Connection[Any], builder: EventBuilder, resume: ResumePoint
     ) -> bool:
-        """Make sure the slot exists and the snapshot the mode asks for is done; False: stop after."""
+        """Make sure the slot exists and the snapshot the mode asks for is done; False: stop after.
+
+        A slot that is gone (dropped, or invalidated) after this source has streamed from
+        it is never silently replaced: the changes it held would be skipped. Capture stops
+        with :class:`SlotGoneError` unless a resync was requested (or the mode is
+        ``when_needed``, which requests one itself).
+        """
         mode = self.source.snapshot
         state = SnapshotState.load(self.state_dir / "snapshot.json")
         slot = slot_status(sql_conn, self.slot)
+        request = ResyncRequest.load(self.state_dir)
+        if request is None and is_gone(slot) and self._streamed_before(state, resume):
+            since = slot.confirmed_flush_lsn if slot is not None else resume_lsn(resume)
+            error = slot_gone_error(self.name, self.slot, slot, since)
+            if mode != "when_needed":
+                raise error
+            logger.warning("%s; snapshot mode when_needed: re-snapshotting instead", error)
+            request = ResyncRequest.new(self.state_dir, "slot gone, snapshot: when_needed", since)
+            request.save()
+        if request is not None:
+            self._resync(sql_conn, builder, resume, state, request=request, slot=slot)
+            self._mark_streamed()
+            return mode != "initial_only"
+        if slot is not None and slot.wal_status == "lost":
+            # Invalidated before anything was streamed from it: recreating it loses nothing.
+            drop_slot(sql_conn, self.slot, source=self.name)
+            slot = None
         wants = mode in ("initial", "initial_only", "when_needed") and not state.completed
-        if mode == "when_needed" and slot is None:
-            wants, state = True, SnapshotState(state.path)
         if not wants:
             if slot is None:
-                if mode != "never" and state.completed:
-                    msg = (
-                        f"replication slot {self.slot!r} of source {self.name!r} is gone, so changes since the "
-                        f"last run may be missing; run 'headwater source resync {self.name}' to re-snapshot"
-                    )
-                    raise SlotError(msg, source=self.name, slot=self.slot)
                 create_slot(sql_conn, self.slot, source=self.name)
+            self._mark_streamed()
             return mode != "initial_only"
         if state.consistent_lsn is None or slot is None:
             # Nothing was streamed from this slot yet (no snapshot finished), so recreating it
             # with an exported snapshot loses nothing.
-            if slot is not None:
-                drop_slot(sql_conn, self.slot, source=self.name)
-            repl = psycopg.connect(self._dsn, autocommit=True, replication="database", options=pinned_options())
-            try:
-                row = repl.execute(
-                    sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT").format(
-                        sql.Identifier(self.slot)
-                    )
-                ).fetchone()
-                assert row is not None
-                state = SnapshotState(state.path, consistent_lsn=Lsn.parse(row[1]).value)
-                state.save()
-                self._read_snapshot(builder, resume, state, exported=str(row[2]))
-            finally:
-                repl.close()
+            state = self._snapshot_with_new_slot(
+                sql_conn, builder, resume, SnapshotState(state.path), slot, reconcile=False
+            )
         else:
             self._read_snapshot(builder, resume, state, exported=None)
         state.completed = True
         state.save()
+        self._mark_streamed()
         return mode != "initial_only"
 
+    def _resync(
+        self,
+        sql_conn: psycopg.Connection[Any],
+        builder: EventBuilder,
+        resume: ResumePoint,
+        state: SnapshotState,
+        *,
+        request: ResyncRequest,
+        slot: SlotStatus | None,
+    ) -> None:
+        """Carry out a requested re-snapshot (see :mod:`capture.resync`), from its start unless it is done."""
+        if request.consistent_lsn is not None and state.completed and state.consistent_lsn == request.consistent_lsn:
+            request.clear()  # done; only the clearing was interrupted
+            return
+        logger.warning("source %s: re-snapshotting every table (%s)", self.name, request.reason)
+        state = SnapshotState(state.path)
+        state.save()  # an interrupted resync never resumes a half snapshot: the key set must be whole
+        state = self._snapshot_with_new_slot(sql_conn, builder, resume, state, slot, reconcile=True, request=request)
+        state.completed = True
+        state.save()
+        request.clear()
+
+    def _snapshot_with_new_slot(
+        self,
+        sql_conn: psycopg.Connection[Any],
+        builder: EventBuilder,
+        resume: ResumePoint,
+        state: SnapshotState,
+        slot: SlotStatus | None,
+        *,
+        reconcile: bool,
+        request: ResyncRequest | None = None,
+    ) -> SnapshotState:
+        """(Re)create the slot with an exported snapshot and read every table at its consistent point."""
+        if slot is not None:
+            drop_slot(sql_conn, self.slot, source=self.name)
+        repl = psycopg.connect(self._dsn, autocommit=True, replication="database", options=pinned_options())
+        try:
+            row = repl.execute(
+                sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT").format(sql.Identifier(self.slot))
+            ).fetchone()
+            assert row is not None
+            consistent = Lsn.parse(row[1])
+            highest = resume.highest()
+            if highest is not None and consistent.value <= highest.commit_lsn:
+                # Snapshot rows would sort before events already in the log (and be skipped).
+                msg = (
+                    f"source {self.name}: the new slot starts at {consistent}, not after the log's last change "
+                    f"at {Lsn(highest.commit_lsn)}: the database is not the one this log was captured from "
+                    "(restored from a backup or failed over?); capture it into a new log (another home or source name)"
+                )
+                raise SlotError(msg, source=self.name, slot=self.slot)
+            state = SnapshotState(state.path, consistent_lsn=consistent.value)
+            state.save()
+            if request is not None:
+                request.consistent_lsn = consistent.value
+                request.save()
+            self._read_snapshot(builder, resume, state, exported=str(row[2]), reconcile=reconcile)
+        finally:
+            repl.close()
+        return state
+
+    def _streamed_before(self, state: SnapshotState, resume: ResumePoint) -> bool:
+        """Whether this source has taken changes from its slot (so a lost slot lost some)."""
+        return state.completed or resume.highest() is not None or (self.state_dir / STREAMED_MARKER).exists()
+
+    def _mark_streamed(self) -> None:
+        marker = self.state_dir / STREAMED_MARKER
+        if not marker.exists():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(orjson.dumps({"slot": self.slot}).decode())
+
     def _read_snapshot(
-        self, builder: EventBuilder, resume: ResumePoint, state: SnapshotState, *, exported: str | None
+        self,
+        builder: EventBuilder,
+        resume: ResumePoint,
+        state: SnapshotState,
+        *,
+        exported: str | None,
+        reconcile: bool = False,
     ) -> None:
         reader = psycopg.connect(self._dsn, options=pinned_options())
+        present: dict[str, set[bytes]] = {}
+        quarantined: set[str] = set()
         try:
             reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             if exported is not None:
@@ -336,6 +494,8 @@ class CaptureAgent:
             consistent = state.consistent_lsn or 0
             for table_no, (oid, relation, chunks) in enumerate(plan):
                 columns = [c.name for c in relation.columns]
+                topic = builder.topic_of(oid)
+                seen = present.setdefault(topic, set())
                 for chunk in chunks:
                     if chunk.id in state.done_chunks:
                         continue
@@ -346,6 +506,13 @@ class CaptureAgent:
                         read_us = time.time_ns() // 1000
                         records = builder.snapshot_records(oid, rows, Seq(consistent, next_index), ts_us=read_us)
                         next_index += len(rows)
+                        if reconcile:
+                            for record in records:
+                                if record.topic == topic:
+                                    if record.key is not None:
+                                        seen.add(record.key)
+                                else:
+                                    quarantined.add(topic)
                         self._pending.extend(records)
                         self.stats.events += len(records)
                         if len(self._pending) >= self.settings.max_batch_records:
@@ -355,12 +522,46 @@ class CaptureAgent:
                     self._flush(resume, None)
                     state.done_chunks.add(chunk.id)
                     state.save()
+            if reconcile:
+                self._reconcile_deletes(resume, present, quarantined, consistent)
             self._flush(resume, None)
             reader.rollback()
         finally:
             reader.close()
             if self.progress:
                 self.progress.finish()
+
+    def _reconcile_deletes(
+        self, resume: ResumePoint, present: dict[str, set[bytes]], quarantined: set[str], consistent: int
+    ) -> None:
+        """Deletes (+ tombstones) for keys the log holds live but the re-snapshot did not find."""
+        ts_us = time.time_ns() // 1000
+        first_index = DELETE_INDEX_BASE
+        for topic, seen in present.items():
+            if topic in quarantined:
+                # A quarantined row's key is not comparable with the log's keys: a delete
+                # written for it could remove a row the source still has.
+                logger.warning(
+                    "source %s: %s: rows went to quarantine during the re-snapshot, so keys deleted while the "
+                    "slot was gone are not reconciled for this table; fix the rows and resync again",
+                    self.name,
+                    topic,
+                )
+                continue
+            deletes = vanished_key_deletes(
+                self.log, topic, seen, commit_lsn=consistent, first_index=first_index, ts_us=ts_us
+            )
+            first_index += len(deletes)
+            if deletes:
+                logger.warning(
+                    "source %s: %s: %d rows deleted while the slot was gone; writing their deletes",
+                    self.name,
+                    topic,
+                    len(deletes) // 2,
+                )
+            self._pending.extend(deletes)
+            self.stats.events += len(deletes) // 2
+            self._flush(resume, None)
 
     def _add_transaction(self, builder: EventBuilder, txn: Transaction) -> None:
         records, schemas = builder.build(txn)
@@ -385,7 +586,56 @@ class CaptureAgent:
         return marker is not None and message.prefix == CAUGHT_UP_PREFIX and message.content.decode() == marker
 
     def _flush(self, resume: ResumePoint, stream: ReplicationStream | None) -> None:
-        """Append pending records (skipping those the log holds), then acknowledge."""
+        """Append pending records (skipping those the log holds), then acknowledge.
+
+        When the log cannot take them (disk full, broker down) nothing is acknowledged:
+        the agent says so once, keeps the replication connection alive, retries every
+        ``log_retry_s`` and goes on when an append works. A failed append leaves
+        nothing behind, and the partitions appended before it are skipped on retry.
+        """
+        paused_at: float | None = None
+        while True:
+            try:
+                self._append_pending(resume, recheck=paused_at is not None)
+                break
+            except (LogUnavailableError, OSError) as exc:
+                if isinstance(exc, OSError) and exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                if paused_at is None:
+                    paused_at = time.monotonic()
+                    logger.warning("%s", self._pause_message(exc))
+                if self._stop.wait(self.settings.log_retry_s):
+                    msg = (
+                        f"source {self.name}: stopped while the log could not be written ({_one_line(exc)}); "
+                        f"nothing after LSN {self.stats.acked_lsn} was acknowledged, so the next run resumes there"
+                    )
+                    raise LogUnavailableError(msg) from None
+                if stream is not None:
+                    stream.send_status(self.stats.acked_lsn)  # keeps wal_sender_timeout from ending the session
+        if paused_at is not None:
+            logger.warning(
+                "source %s: log writable again; capture resumed after %.1fs",
+                self.name,
+                time.monotonic() - paused_at,
+            )
+        self.incremental.flushed()
+        if self._pending_end is not None and stream is not None:
+            # Acknowledged only after the appends above returned (fsynced): a restart
+            # resumes at or before this LSN.
+            stream.send_status(self._pending_end)
+            self.stats.acked_lsn = self._pending_end
+            self._pending_end = None
+
+    def _pause_message(self, exc: BaseException) -> str:
+        cause = exc if isinstance(exc, OSError) else exc.__cause__
+        where = getattr(self.log, "root", None)
+        every = f"retrying every {self.settings.log_retry_s:g}s"
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"log disk full at {where}: capture paused, not acknowledging; {every}"
+        return f"log unavailable ({_one_line(exc)}): capture paused, not acknowledging; {every}"
+
+    def _append_pending(self, resume: ResumePoint, *, recheck: bool) -> None:
+        """Append schemas, then pending records per (topic, partition); clears what it wrote."""
         if self._pending_schemas:
             self._ensure_topic(SCHEMAS_TOPIC)
             # Schemas go first: a reader never meets an event whose columns it cannot know.
@@ -394,7 +644,7 @@ class CaptureAgent:
         pending = self._pending
         # Pending records are in sequence order, so when the log holds nothing at or past the
         # first one (always, except right after a restart) no record needs the skip check.
-        check = bool(pending) and resume.may_hold(pending[0].commit_lsn, pending[0].txn_index)
+        check = bool(pending) and (recheck or resume.may_hold(pending[0].commit_lsn, pending[0].txn_index))
         groups: dict[str, list[list[OutRecord]]] = {}
         partitions = self._partition_counts
         for record in pending:
@@ -417,13 +667,6 @@ class CaptureAgent:
                 resume.advance_to(TopicPartition(topic, partition), last.commit_lsn, last.txn_index)
                 self.stats.records_written += len(records)
         pending.clear()
-        self.incremental.flushed()
-        if self._pending_end is not None and stream is not None:
-            # Acknowledged only after the appends above returned (fsynced): a restart
-            # resumes at or before this LSN.
-            stream.send_status(self._pending_end)
-            self.stats.acked_lsn = self._pending_end
-            self._pending_end = None
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -510,24 +753,14 @@ class CaptureAgent:
 def typemap_decoders(modes: TypesConfig) -> Callable[[psycopg.Connection[Any]], RowDecoderFactory]:
     """Row decoders from :mod:`capture.typemap`, with the database's types loaded once per connection."""
     from capture.type_registry import load_type_registry
-    from capture.typemap import RowConverter
+    from capture.typemap import RowConverter, TextRowDecoder
 
     def for_connection(conn: psycopg.Connection[Any]) -> RowDecoderFactory:
         registry = load_type_registry(conn)
 
         def decoder_for(relation: Relation) -> RowDecoder:
-            converter = RowConverter(relation.columns, modes, registry)
-            names = converter.names
-            convert = converter.convert_text  # the stream and COPY send text, never binary
-
-            def decode(row: TupleData) -> dict[str, Any]:
-                # RowConverter leaves unchanged-TOAST columns out; the event builder fills them.
-                values = convert(row)
-                if len(values) == len(names):
-                    return values
-                return {name: values.get(name, UNCHANGED_TOAST) for name in names}
-
-            return decode
+            # A TextRowDecoder also lets the event builder use the native encoder of the same conversion.
+            return TextRowDecoder(RowConverter(relation.columns, modes, registry))
 
         return decoder_for
 

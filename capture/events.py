@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import orjson
 
@@ -42,9 +42,12 @@ from capture.pgoutput import (
 )
 from capture.quarantine import error_headers, quarantine_topic, quarantine_value, raw_values
 from capture.transactions import Transaction
-from capture.typemap import TypeMappingError
+from capture.typemap import TextRowDecoder, TypeMappingError
 from log.envelope import CONNECTOR, EVENT_VERSION, ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value
 from log.sequence import Sequence as Seq
+
+if TYPE_CHECKING:
+    from capture.native._speedups import RowEncoder
 
 #: Decodes one tuple (text-format values) into a JSON row image: every column, in column
 #: order; columns whose TOASTed value was not sent hold :data:`UNCHANGED_TOAST`.
@@ -131,6 +134,9 @@ class _Table:
     key_names: list[str]
     single_key_prefix: bytes | None  # b'{"id":' when the key is one column
     decode: RowDecoder
+    # The extension's encoder of the same conversion (None: Python only). It answers rows
+    # without unchanged TOAST that convert cleanly; every other row takes the Python path.
+    encoder: RowEncoder | None
     version: int
     name_json: bytes  # JSON pieces of the source block that never change for the table
     schema_json: bytes
@@ -178,6 +184,7 @@ class EventBuilder:
         primary_key: PrimaryKeyLookup | None = None,
         image_cache_size: int = 100_000,
         schema_versions: Mapping[str, int] | None = None,
+        use_native: bool = True,
     ) -> None:
         self._source = source
         self._db = db
@@ -186,16 +193,18 @@ class EventBuilder:
         self._excluded = set(excluded_columns)
         self._previous_image = previous_image
         self._primary_key = primary_key
+        self._use_native = use_native
         self._tables: dict[int, _Table] = {}
         self._schema_versions = dict(schema_versions or {})
         self._schemas_seen: dict[str, bytes] = {}
         self._last_commit_lsn: int | None = None
-        # Latest after-image per (topic, key), for filling unchanged TOAST values without
-        # reading the log back. Two generations bound it to ``image_cache_size`` entries at O(1)
-        # per change: when the young one is half full it becomes the old one and the old one goes;
-        # the log lookup covers what fell out.
-        self._images: dict[tuple[str, bytes], dict[str, Any]] = {}
-        self._old_images: dict[tuple[str, bytes], dict[str, Any]] = {}
+        # Latest after-image JSON per (topic, key), for filling unchanged TOAST values without
+        # reading the log back (parsed only then: orjson round-trips every value it printed).
+        # Two generations bound it to ``image_cache_size`` entries at O(1) per change: when the
+        # young one is half full it becomes the old one and the old one goes; the log lookup
+        # covers what fell out.
+        self._images: dict[tuple[str, bytes], bytes] = {}
+        self._old_images: dict[tuple[str, bytes], bytes] = {}
         self._images_half = image_cache_size // 2
 
     def known_schema(self, topic: str, value: bytes, version: int) -> None:
@@ -234,6 +243,10 @@ class EventBuilder:
             self._schema_versions[topic] = version
             self._schemas_seen[topic] = fingerprint
         key_names = [names[i] for i in key_positions]
+        decode = self._decoder_for(relation)
+        encoder = None
+        if self._use_native and isinstance(decode, TextRowDecoder):
+            encoder = decode.converter.native_encoder(keep, key_positions)
         self._tables[relation.oid] = _Table(
             relation=relation,
             topic=topic,
@@ -241,7 +254,8 @@ class EventBuilder:
             keep_names=None if len(keep) == len(names) else [names[i] for i in keep],
             key_names=key_names,
             single_key_prefix=b"{%b:" % _j(key_names[0]) if len(key_names) == 1 else None,
-            decode=self._decoder_for(relation),
+            decode=decode,
+            encoder=encoder,
             version=version,
             name_json=_j(self._source),
             schema_json=_j(relation.namespace),
@@ -328,10 +342,15 @@ class EventBuilder:
         )
         tail = b'},"op":"r","ts_ms":%d,"ts_us":%d,"transaction":null}' % (ts_us // 1000, ts_us)
         topic = table.topic
-        decode, keep, key_of = table.decode, table.keep_names, self._key
+        decode, keep, key_of, encoder = table.decode, table.keep_names, self._key, table.encoder
         out: list[OutRecord] = []
         append = out.append
         for row in rows:
+            encoded = encoder.encode(row) if encoder is not None else None
+            if encoded is not None:
+                append(OutRecord(topic, encoded[1], b"%b%b%b%d%b" % (head, encoded[0], pre, index, tail), lsn, index))
+                index += 1
+                continue
             try:
                 after = decode(row)
                 if keep is not None:
@@ -402,13 +421,26 @@ class EventBuilder:
         pieces = pieces_by_table.get(change.relation_oid)
         if pieces is None:
             pieces = pieces_by_table[change.relation_oid] = _Pieces(table, self._db_json, txn, self._last_commit_lsn)
+        encoder = table.encoder
         if isinstance(change, Insert):
-            after = self._image(table, change.new)
-            key = self._key(table, after)
-            self._remember(topic, key, after)
-            value = self._value(pieces, Op.CREATE, _NULL, orjson.dumps(after), lsn=lsn, index=index, order=order)
+            encoded = encoder.encode(change.new) if encoder is not None else None
+            if encoded is not None:
+                after_json, key = encoded
+            else:
+                after = self._image(table, change.new)
+                key = self._key(table, after)
+                after_json = orjson.dumps(after)
+            self._remember(topic, key, after_json)
+            value = self._value(pieces, Op.CREATE, _NULL, after_json, lsn=lsn, index=index, order=order)
             return [OutRecord(topic, key, value, commit, index)]
         if isinstance(change, Update):
+            if change.old is None and encoder is not None:
+                encoded = encoder.encode(change.new)
+                if encoded is not None:  # no old image, no unchanged TOAST: the key did not change
+                    after_json, key = encoded
+                    self._remember(topic, key, after_json)
+                    value = self._value(pieces, Op.UPDATE, _NULL, after_json, lsn=lsn, index=index, order=order)
+                    return [OutRecord(topic, key, value, commit, index)]
             before = self._image(table, change.old) if change.old is not None and not change.old_is_key else None
             after = self._image(table, change.new)
             if change.old is not None and change.old_is_key:
@@ -420,9 +452,9 @@ class EventBuilder:
                 after = self._fill_toast(table, after, before, old_key or new_key)
             if old_key is not None and old_key != new_key:
                 self._remember(topic, old_key, None)
-            self._remember(topic, new_key, after)
             before_json = _NULL if before is None else orjson.dumps(before)
             after_json = orjson.dumps(after)
+            self._remember(topic, new_key, after_json)
             if old_key is not None and new_key is not None and old_key != new_key:
                 # A primary-key change is a delete of the old key and a create of the new
                 # one (as Debezium emits it), so compaction and SCD1 drop the old key.
@@ -440,10 +472,17 @@ class EventBuilder:
             value = self._value(pieces, Op.UPDATE, before_json, after_json, lsn=lsn, index=index, order=order)
             return [OutRecord(topic, new_key, value, commit, index)]
         # Delete: with REPLICA IDENTITY FULL the whole old row, else only the key columns.
-        before_image = self._key_only_image(table, change.old) if change.old_is_key else self._image(table, change.old)
-        key = self._key(table, before_image)
+        encoded = encoder.encode(change.old) if encoder is not None else None
+        if encoded is not None and encoded[1] is not None:
+            # A key-only image is exactly the key object (same columns, same order).
+            key = encoded[1]
+            before_json = key if change.old_is_key else encoded[0]
+        else:
+            image = self._key_only_image(table, change.old) if change.old_is_key else self._image(table, change.old)
+            key = self._key(table, image)
+            before_json = orjson.dumps(image)
         self._remember(topic, key, None)
-        value = self._value(pieces, Op.DELETE, orjson.dumps(before_image), _NULL, lsn=lsn, index=index, order=order)
+        value = self._value(pieces, Op.DELETE, before_json, _NULL, lsn=lsn, index=index, order=order)
         return [OutRecord(topic, key, value, commit, index), OutRecord(topic, key, None, commit, index)]
 
     @staticmethod
@@ -502,7 +541,7 @@ class EventBuilder:
         commit, index = int(str(source["commit_lsn"])), int(str(source["txn_index"]))
         return OutRecord(quarantine_topic(table.topic), key, value, commit, index, error_headers(error))
 
-    def _remember(self, topic: str, key: bytes | None, after: dict[str, Any] | None) -> None:
+    def _remember(self, topic: str, key: bytes | None, after: bytes | None) -> None:
         if key is None or self._images_half <= 0:
             return
         slot = (topic, key)
@@ -518,7 +557,9 @@ class EventBuilder:
     def _remembered(self, topic: str, key: bytes) -> dict[str, Any] | None:
         slot = (topic, key)
         image = self._images.get(slot)
-        return image if image is not None else self._old_images.get(slot)
+        if image is None:
+            image = self._old_images.get(slot)
+        return None if image is None else orjson.loads(image)  # type: ignore[no-any-return]
 
     def _image(self, table: _Table, row: TupleData) -> dict[str, Any]:
         values = table.decode(row)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
+from capture import native
 from headwater.errors import PermanentError
 from log.sequence import Lsn
 
@@ -316,6 +317,21 @@ def _lsn(value: int) -> Lsn:
 
 def _read_tuple(data: bytes, pos: int) -> tuple[TupleData, int]:
     """Decode TupleData at ``pos``; return the values and the position after them."""
+    if _native_read_tuple is not None:
+        done = _native_read_tuple(data, pos, UNCHANGED_TOAST)
+        if done is not None:
+            return done
+    return _read_tuple_python(data, pos)
+
+
+#: The extension's twin of :func:`_read_tuple_python` (None: without the extension). It returns
+#: None for malformed input, so the Python twin raises the error with its position.
+_native_read_tuple: Callable[[bytes, int, object], tuple[TupleData, int] | None] | None = (
+    native.speedups.read_tuple if native.speedups is not None else None
+)
+
+
+def _read_tuple_python(data: bytes, pos: int) -> tuple[TupleData, int]:
     (count,) = _I16.unpack_from(data, pos)
     pos += 2
     values: list[TupleValue] = []

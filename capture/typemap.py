@@ -44,14 +44,18 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import orjson
 
+from capture import native
 from capture.pgoutput import UNCHANGED_TOAST, TupleValue
 from capture.type_registry import TypeKind, TypeRegistry
 from headwater.config import TypesConfig
 from headwater.errors import PermanentError
+
+if TYPE_CHECKING:
+    from capture.native._speedups import RowEncoder
 
 #: A converter: one column's text value -> its JSON value. Never receives NULL.
 Converter = Callable[[str], Any]
@@ -445,6 +449,17 @@ def _timestamptz_converter(typmod: int) -> Converter:
     # io.debezium.time.ZonedTimestamp: ISO_OFFSET_DATE_TIME in UTC ("Z"), the fraction padded to the
     # column's precision (unconstrained timestamptz has precision 6); precision 0 prints no fraction.
     width = 6 if typmod < 0 else typmod
+    converter = _TIMESTAMPTZ_BY_WIDTH.get(width)
+    if converter is None:
+        converter = _TIMESTAMPTZ_BY_WIDTH[width] = _timestamptz_of_width(width)
+    return converter
+
+
+#: One converter per fraction width (0..6), so the native encoder knows them by identity.
+_TIMESTAMPTZ_BY_WIDTH: dict[int, Converter] = {}
+
+
+def _timestamptz_of_width(width: int) -> Converter:
 
     def convert(text: str) -> str:
         if text[-3:] == "+00" and text[10:11] == " " and text[4:5] == "-":
@@ -510,6 +525,11 @@ def _numeric_typmod(typmod: int) -> tuple[int, int] | None:
     return (packed >> 16) & 0xFFFF, scale
 
 
+def _decimal_string(text: str) -> str:
+    special = _NUMERIC_SPECIAL_STRING.get(text)
+    return special if special is not None else text
+
+
 def _special_decimal(text: str) -> bool:
     return text in _NUMERIC_SPECIAL_STRING
 
@@ -519,12 +539,7 @@ def _decimal_converter(
 ) -> tuple[Converter, LogicalType]:
     precision, scale = typmod_pair if typmod_pair is not None else (None, fixed_scale)
     if mode == "string":
-
-        def to_string(text: str) -> str:
-            special = _NUMERIC_SPECIAL_STRING.get(text)
-            return special if special is not None else text
-
-        return to_string, LogicalType(LogicalKind.DECIMAL, precision, scale)
+        return _decimal_string, LogicalType(LogicalKind.DECIMAL, precision, scale)
     if mode == "double":
 
         def to_double(text: str) -> float | str:
@@ -750,6 +765,34 @@ def _null_or_not_text(value: TupleValue) -> Any:
     raise TypeError(msg)
 
 
+# Native kinds of capture/native/_speedups.c (K_*): converters the extension reproduces for the
+# common text forms; any other value of such a column, and every other converter, runs in Python.
+_NATIVE_PYTHON: Final = 0
+_NATIVE_KINDS: Final[Mapping[Any, int]] = {
+    int: 1,
+    _identity: 2,
+    _boolean: 3,
+    _decimal_string: 4,
+    _timestamp_micros: 5,
+    _timestamp_millis: 6,
+    _date: 8,
+    _bytea_base64: 9,
+    _bytea_hex: 10,
+}
+_NATIVE_TIMESTAMPTZ: Final = 7
+
+
+def _native_kind(converter: Converter) -> tuple[int, int]:
+    """The extension's kind and parameter for ``converter`` (``_NATIVE_PYTHON``: call it)."""
+    kind = _NATIVE_KINDS.get(converter)
+    if kind is not None:
+        return kind, 0
+    for width, known in _TIMESTAMPTZ_BY_WIDTH.items():
+        if known is converter:
+            return _NATIVE_TIMESTAMPTZ, width
+    return _NATIVE_PYTHON, 0
+
+
 class RowConverter:
     """Converts the tuples of one Relation; build it when the Relation message arrives.
 
@@ -809,3 +852,49 @@ class RowConverter:
     def unchanged(self, values: Sequence[TupleValue]) -> tuple[str, ...]:
         """Names of the columns whose TOASTed value was not sent (unchanged)."""
         return tuple(name for (name, _), value in zip(self._plan, values, strict=True) if value is UNCHANGED_TOAST)
+
+    def native_encoder(self, keep: Sequence[int], key_columns: Sequence[int]) -> RowEncoder | None:
+        """The extension's encoder of this relation's text tuples, or None without the extension.
+
+        ``encode(values)`` gives ``orjson.dumps`` of the image restricted to the ``keep`` columns
+        (:meth:`convert_text`, then the keep filter) and the key object of ``key_columns``, byte
+        for byte, or None where this Python path must decide (unchanged TOAST, errors).
+        """
+        if native.speedups is None:
+            return None
+        kept = set(keep)
+        plan = [_native_kind(converter) for _, converter in self._plan]
+        return native.speedups.RowEncoder(  # type: ignore[no-any-return]
+            tuple(kind for kind, _ in plan),
+            tuple(param for _, param in plan),
+            tuple(i in kept for i in range(len(self._plan))),
+            tuple(orjson.dumps(name) + b":" for name, _ in self._plan),
+            tuple(converter for _, converter in self._plan),
+            tuple(key_columns),
+            orjson.dumps,
+            UNCHANGED_TOAST,
+        )
+
+
+class TextRowDecoder:
+    """A :data:`capture.events.RowDecoder` over a :class:`RowConverter` for text-mode tuples.
+
+    Every column in column order; columns whose TOASTed value was not sent hold
+    :data:`UNCHANGED_TOAST` (the event builder fills them). ``converter`` lets the event
+    builder use the native encoder of the same conversion.
+    """
+
+    __slots__ = ("_convert", "_names", "converter")
+
+    def __init__(self, converter: RowConverter) -> None:
+        self.converter = converter
+        self._names = converter.names
+        self._convert = converter.convert_text  # the stream and COPY send text, never binary
+
+    def __call__(self, row: Sequence[TupleValue]) -> dict[str, Any]:
+        """The row image of one tuple (unchanged-TOAST columns hold the placeholder)."""
+        values = self._convert(row)
+        names = self._names
+        if len(values) == len(names):
+            return values
+        return {name: values.get(name, UNCHANGED_TOAST) for name in names}

@@ -22,6 +22,7 @@ import zlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from capture import native
 from log.base import Record, StoredRecord
 
 MAGIC = b"HWB1"
@@ -91,6 +92,19 @@ def encode_batch(base_offset: int, records: Sequence[Record], now_ms: int) -> tu
 
     Records without a timestamp get ``now_ms``.
     """
+    if _native is not None:
+        encoded = _native.encode_records(records, now_ms)
+        if encoded is not None:  # None: a record has headers (or odd types); the Python encoder below
+            body, max_ts = encoded
+            return seal_batch(base_offset, len(records) - 1, len(records), max_ts, (body,)), max_ts
+    return _encode_batch_python(base_offset, records, now_ms)
+
+
+#: The extension (records encoded in C), or None. :func:`_encode_batch_python` defines the bytes.
+_native = native.speedups
+
+
+def _encode_batch_python(base_offset: int, records: Sequence[Record], now_ms: int) -> tuple[bytearray, int]:
     pack = RECORD.pack
     parts: list[bytes] = []
     append = parts.append

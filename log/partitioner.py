@@ -5,6 +5,13 @@ A key lands in the same partition on the file backend as on Kafka.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from capture import native
+
+#: The extension (C murmur2), or None: the pure-Python functions below define the result.
+_native = native.speedups
+
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
@@ -12,6 +19,12 @@ _MASK = 0xFFFFFFFF
 
 def murmur2(data: bytes) -> int:
     """Kafka's ``Utils.murmur2``: a signed 32-bit hash of ``data``."""
+    if _native is not None:
+        return _native.murmur2(data)  # type: ignore[no-any-return]
+    return _murmur2_python(data)
+
+
+def _murmur2_python(data: bytes) -> int:
     length = len(data)
     h = (_SEED ^ length) & _MASK
     for i in range(0, length - length % 4, 4):
@@ -45,3 +58,10 @@ def partition_for(key: bytes | None, partitions: int) -> int:
     if key is None:
         return 0
     return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def partitions_for(keys: Sequence[bytes | None], partitions: int) -> list[int]:
+    """:func:`partition_for` of every key (one native call for the whole list)."""
+    if _native is not None:
+        return _native.partitions(keys, partitions)  # type: ignore[no-any-return]
+    return [partition_for(key, partitions) for key in keys]

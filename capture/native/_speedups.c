@@ -1,0 +1,726 @@
+/*
+ * Native hot path of capture and of the file log (see capture/native/__init__.py).
+ *
+ * Every function here has a pure-Python twin that defines its behaviour; whenever an
+ * input is outside what this file handles exactly, the function says so (returns None,
+ * or a column falls back to its Python converter) and the Python twin decides. The
+ * equivalence is pinned by tests/unit/capture/test_native.py.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------------------ */
+/* A growable byte buffer.                                                               */
+
+typedef struct {
+    char *data;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+} Buf;
+
+static int buf_reserve(Buf *b, Py_ssize_t extra) {
+    if (b->len + extra <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + extra) cap *= 2;
+    char *p = PyMem_Realloc(b->data, (size_t)cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = p;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int buf_put(Buf *b, const char *s, Py_ssize_t n) {
+    if (buf_reserve(b, n) < 0) return -1;
+    memcpy(b->data + b->len, s, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+static inline int buf_byte(Buf *b, char c) {
+    if (buf_reserve(b, 1) < 0) return -1;
+    b->data[b->len++] = c;
+    return 0;
+}
+
+static int buf_int(Buf *b, long long v) {
+    char tmp[32];
+    int n = snprintf(tmp, sizeof tmp, "%lld", v);
+    return buf_put(b, tmp, n);
+}
+
+static void buf_free(Buf *b) {
+    PyMem_Free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
+
+/* A JSON string as orjson writes it: ", \\ and control characters escaped (\b \t \n \f \r,
+ * else \u00xx in lowercase hex); everything else, DEL and non-ASCII included, verbatim. */
+static int buf_json_string(Buf *b, const char *s, Py_ssize_t n) {
+    static const char hex[] = "0123456789abcdef";
+    if (buf_reserve(b, n + 2) < 0) return -1;
+    b->data[b->len++] = '"';
+    Py_ssize_t start = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        if (buf_put(b, s + start, i - start) < 0) return -1;
+        start = i + 1;
+        char esc[6];
+        int m = 2;
+        esc[0] = '\\';
+        switch (c) {
+            case '"': esc[1] = '"'; break;
+            case '\\': esc[1] = '\\'; break;
+            case '\b': esc[1] = 'b'; break;
+            case '\t': esc[1] = 't'; break;
+            case '\n': esc[1] = 'n'; break;
+            case '\f': esc[1] = 'f'; break;
+            case '\r': esc[1] = 'r'; break;
+            default:
+                esc[1] = 'u'; esc[2] = '0'; esc[3] = '0';
+                esc[4] = hex[c >> 4]; esc[5] = hex[c & 15];
+                m = 6;
+        }
+        if (buf_put(b, esc, m) < 0) return -1;
+    }
+    if (buf_put(b, s + start, n - start) < 0) return -1;
+    return buf_byte(b, '"');
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Kafka's murmur2 partitioner (log/partitioner.py).                                      */
+
+static int32_t murmur2(const unsigned char *data, Py_ssize_t length) {
+    const uint32_t m = 0x5bd1e995;
+    uint32_t h = 0x9747b28cU ^ (uint32_t)length;
+    Py_ssize_t i = 0;
+    for (; i + 4 <= length; i += 4) {
+        uint32_t k = (uint32_t)data[i] | ((uint32_t)data[i + 1] << 8) | ((uint32_t)data[i + 2] << 16) |
+                     ((uint32_t)data[i + 3] << 24);
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    switch (length & 3) {
+        case 3: h ^= (uint32_t)data[i + 2] << 16; /* fall through */
+        case 2: h ^= (uint32_t)data[i + 1] << 8;  /* fall through */
+        case 1:
+            h ^= (uint32_t)data[i];
+            h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return (int32_t)h;
+}
+
+static PyObject *py_murmur2(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    int32_t h = murmur2((const unsigned char *)view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(h);
+}
+
+static PyObject *py_partitions(PyObject *self, PyObject *args) {
+    PyObject *keys;
+    long n;
+    if (!PyArg_ParseTuple(args, "Ol", &keys, &n)) return NULL;
+    if (n <= 0) {
+        PyErr_SetString(PyExc_ValueError, "partitions must be positive");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(keys, "keys must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyList_New(count);
+    if (out == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *key = PySequence_Fast_GET_ITEM(seq, i);
+        long p = 0;
+        if (key != Py_None) {
+            if (!PyBytes_Check(key)) {
+                PyErr_SetString(PyExc_TypeError, "keys must be bytes or None");
+                goto fail;
+            }
+            int32_t h = murmur2((const unsigned char *)PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key));
+            p = (long)((uint32_t)h & 0x7fffffffU) % n;
+        }
+        PyObject *v = PyLong_FromLong(p);
+        if (v == NULL) goto fail;
+        PyList_SET_ITEM(out, i, v);
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* File-log record encoding (log/batch_codec.py encode_batch, records part).              */
+
+static PyObject *s_key, *s_value, *s_headers, *s_timestamp_ms;
+
+static inline void put_u32(char *p, uint32_t v) { memcpy(p, &v, 4); } /* little-endian host */
+static inline void put_i64(char *p, int64_t v) { memcpy(p, &v, 8); }
+
+static PyObject *py_encode_records(PyObject *self, PyObject *args) {
+    PyObject *records;
+    long long now_ms;
+    if (!PyArg_ParseTuple(args, "OL", &records, &now_ms)) return NULL;
+    PyObject *seq = PySequence_Fast(records, "records must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    Buf b = {0};
+    long long max_ts = INT64_MIN;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *r = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *key = PyObject_GetAttr(r, s_key);
+        PyObject *value = key ? PyObject_GetAttr(r, s_value) : NULL;
+        PyObject *headers = value ? PyObject_GetAttr(r, s_headers) : NULL;
+        PyObject *ts = headers ? PyObject_GetAttr(r, s_timestamp_ms) : NULL;
+        int ok = ts != NULL;
+        int fallback = 0;
+        long long t = now_ms;
+        if (ok) {
+            int truthy = PyObject_IsTrue(headers);
+            if (truthy < 0) ok = 0;
+            else if (truthy) fallback = 1; /* headers: the Python encoder */
+            else if ((key != Py_None && !PyBytes_Check(key)) || (value != Py_None && !PyBytes_Check(value))) fallback = 1;
+            else if (ts != Py_None) {
+                t = PyLong_AsLongLong(ts);
+                if (t == -1 && PyErr_Occurred()) {
+                    PyErr_Clear();
+                    fallback = 1;
+                }
+            }
+        }
+        if (ok && !fallback) {
+            Py_ssize_t klen = key == Py_None ? -1 : PyBytes_GET_SIZE(key);
+            Py_ssize_t vlen = value == Py_None ? -1 : PyBytes_GET_SIZE(value);
+            if (klen > INT32_MAX || vlen > INT32_MAX) fallback = 1;
+            else if (buf_reserve(&b, 24 + (klen > 0 ? klen : 0) + (vlen > 0 ? vlen : 0)) < 0) ok = 0;
+            else {
+                char *p = b.data + b.len;
+                put_u32(p, (uint32_t)i);
+                put_i64(p + 4, (int64_t)t);
+                put_u32(p + 12, (uint32_t)(int32_t)klen);
+                put_u32(p + 16, (uint32_t)(int32_t)vlen);
+                put_u32(p + 20, 0);
+                b.len += 24;
+                if (klen > 0) {
+                    memcpy(b.data + b.len, PyBytes_AS_STRING(key), (size_t)klen);
+                    b.len += klen;
+                }
+                if (vlen > 0) {
+                    memcpy(b.data + b.len, PyBytes_AS_STRING(value), (size_t)vlen);
+                    b.len += vlen;
+                }
+                if (t > max_ts) max_ts = t;
+            }
+        }
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        Py_XDECREF(headers);
+        Py_XDECREF(ts);
+        if (!ok || fallback) {
+            buf_free(&b);
+            Py_DECREF(seq);
+            if (!ok) return NULL;
+            Py_RETURN_NONE;
+        }
+    }
+    Py_DECREF(seq);
+    PyObject *body = PyBytes_FromStringAndSize(b.data ? b.data : "", b.len);
+    buf_free(&b);
+    if (body == NULL) return NULL;
+    return Py_BuildValue("(NL)", body, max_ts);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* pgoutput TupleData (capture/pgoutput.py _read_tuple).                                  */
+
+static PyObject *py_read_tuple(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos;
+    PyObject *unchanged;
+    if (!PyArg_ParseTuple(args, "y*nO", &view, &pos, &unchanged)) return NULL;
+    const unsigned char *d = view.buf;
+    Py_ssize_t n = view.len;
+    PyObject *tuple = NULL;
+    if (pos < 0 || pos + 2 > n) goto fallback;
+    int16_t count = (int16_t)((d[pos] << 8) | d[pos + 1]);
+    pos += 2;
+    if (count < 0) count = 0; /* range(negative) is empty in the Python twin */
+    tuple = PyTuple_New(count);
+    if (tuple == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (pos >= n) goto fallback;
+        unsigned char kind = d[pos];
+        PyObject *v;
+        if (kind == 't' || kind == 'b') {
+            if (pos + 5 > n) goto fallback;
+            int32_t len = (int32_t)(((uint32_t)d[pos + 1] << 24) | ((uint32_t)d[pos + 2] << 16) |
+                                    ((uint32_t)d[pos + 3] << 8) | (uint32_t)d[pos + 4]);
+            pos += 5;
+            if (len < 0 || pos + len > n) goto fallback;
+            if (kind == 't') {
+                v = PyUnicode_DecodeUTF8((const char *)d + pos, len, NULL);
+                if (v == NULL) {
+                    PyErr_Clear();
+                    goto fallback;
+                }
+            } else {
+                v = PyBytes_FromStringAndSize((const char *)d + pos, len);
+                if (v == NULL) goto error;
+            }
+            pos += len;
+        } else if (kind == 'n') {
+            v = Py_NewRef(Py_None);
+            pos += 1;
+        } else if (kind == 'u') {
+            v = Py_NewRef(unchanged);
+            pos += 1;
+        } else {
+            goto fallback;
+        }
+        PyTuple_SET_ITEM(tuple, i, v);
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(Nn)", tuple, pos);
+fallback: /* malformed: the Python twin raises the decode error with its position */
+    Py_XDECREF(tuple);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(tuple);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Row images as JSON (capture/typemap.py converters + orjson.dumps).                     */
+
+enum {
+    K_PYTHON = 0,        /* the column's Python converter, then orjson */
+    K_INT = 1,           /* int2/int4/int8/oid */
+    K_STRING = 2,        /* text as is */
+    K_BOOL = 3,          /* 't' -> true */
+    K_DECIMAL_STRING = 4,/* numeric, decimal_handling_mode=string */
+    K_TIMESTAMP_US = 5,
+    K_TIMESTAMP_MS = 6,
+    K_TIMESTAMPTZ = 7,   /* param: fraction width */
+    K_DATE = 8,
+    K_BYTEA_BASE64 = 9,
+    K_BYTEA_HEX = 10,
+};
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t ncols;
+    int *kinds;
+    int *params;
+    char *emit;               /* 0: excluded column (converted, then dropped) */
+    PyObject **names_json;    /* bytes b'"name":' */
+    PyObject **converters;    /* Python converters, one per column */
+    Py_ssize_t nkeys;
+    Py_ssize_t *key_cols;
+    PyObject *dumps;          /* orjson.dumps */
+    PyObject *unchanged;      /* UNCHANGED_TOAST */
+    Buf buf;
+    Buf key;
+    Py_ssize_t *starts, *ends;  /* value span of each column in buf */
+} RowEncoder;
+
+static void RowEncoder_dealloc(RowEncoder *self) {
+    for (Py_ssize_t i = 0; i < self->ncols; i++) {
+        if (self->names_json) Py_XDECREF(self->names_json[i]);
+        if (self->converters) Py_XDECREF(self->converters[i]);
+    }
+    PyMem_Free(self->kinds);
+    PyMem_Free(self->params);
+    PyMem_Free(self->emit);
+    PyMem_Free(self->names_json);
+    PyMem_Free(self->converters);
+    PyMem_Free(self->key_cols);
+    PyMem_Free(self->starts);
+    PyMem_Free(self->ends);
+    Py_XDECREF(self->dumps);
+    Py_XDECREF(self->unchanged);
+    buf_free(&self->buf);
+    buf_free(&self->key);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* RowEncoder(kinds, params, emit, names_json, converters, key_columns, dumps, unchanged) */
+static int RowEncoder_init(RowEncoder *self, PyObject *args, PyObject *kwds) {
+    PyObject *kinds, *params, *emit, *names, *convs, *keys, *dumps, *unchanged;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!OO", &PyTuple_Type, &kinds, &PyTuple_Type, &params, &PyTuple_Type,
+                          &emit, &PyTuple_Type, &names, &PyTuple_Type, &convs, &PyTuple_Type, &keys, &dumps,
+                          &unchanged))
+        return -1;
+    if (self->kinds != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "RowEncoder is already initialised");
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(kinds);
+    if (PyTuple_GET_SIZE(params) != n || PyTuple_GET_SIZE(emit) != n || PyTuple_GET_SIZE(names) != n ||
+        PyTuple_GET_SIZE(convs) != n) {
+        PyErr_SetString(PyExc_ValueError, "kinds, params, emit, names_json and converters differ in length");
+        return -1;
+    }
+    Py_ssize_t nk = PyTuple_GET_SIZE(keys);
+    self->kinds = PyMem_Calloc((size_t)n + 1, sizeof(int));
+    self->params = PyMem_Calloc((size_t)n + 1, sizeof(int));
+    self->emit = PyMem_Calloc((size_t)n + 1, 1);
+    self->names_json = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+    self->converters = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+    self->key_cols = PyMem_Calloc((size_t)nk + 1, sizeof(Py_ssize_t));
+    self->starts = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    self->ends = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    if (!self->kinds || !self->params || !self->emit || !self->names_json || !self->converters || !self->key_cols ||
+        !self->starts || !self->ends) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->ncols = n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        self->kinds[i] = (int)PyLong_AsLong(PyTuple_GET_ITEM(kinds, i));
+        self->params[i] = (int)PyLong_AsLong(PyTuple_GET_ITEM(params, i));
+        int e = PyObject_IsTrue(PyTuple_GET_ITEM(emit, i));
+        if (PyErr_Occurred()) return -1;
+        self->emit[i] = (char)e;
+        PyObject *name = PyTuple_GET_ITEM(names, i);
+        if (!PyBytes_Check(name)) {
+            PyErr_SetString(PyExc_TypeError, "names_json must hold bytes");
+            return -1;
+        }
+        self->names_json[i] = Py_NewRef(name);
+        self->converters[i] = Py_NewRef(PyTuple_GET_ITEM(convs, i));
+    }
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        Py_ssize_t c = PyLong_AsSsize_t(PyTuple_GET_ITEM(keys, k));
+        if (PyErr_Occurred()) return -1;
+        if (c < 0 || c >= n || !self->emit[c]) {
+            PyErr_SetString(PyExc_ValueError, "key column out of range or excluded");
+            return -1;
+        }
+        self->key_cols[k] = c;
+    }
+    self->nkeys = nk;
+    self->dumps = Py_NewRef(dumps);
+    self->unchanged = Py_NewRef(unchanged);
+    return 0;
+}
+
+static inline int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+static inline long long digits(const char *s, int n) {
+    long long v = 0;
+    for (int i = 0; i < n; i++) v = v * 10 + (s[i] - '0');
+    return v;
+}
+
+static long long days_from_civil(long long y, long long m, long long d) {
+    y -= m <= 2;
+    long long era = (y >= 0 ? y : y - 399) / 400;
+    long long yoe = y - era * 400;
+    long long doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    long long doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+static inline long long floor_div(long long a, long long b) {
+    long long q = a / b;
+    if ((a % b != 0) && ((a < 0) != (b < 0))) q--;
+    return q;
+}
+
+/* "YYYY-MM-DD HH:MM:SS[.f{1,6}]": microseconds since the epoch; 0 if not this exact form. */
+static int parse_timestamp(const char *s, Py_ssize_t n, long long *out) {
+    if (n < 19 || n > 26) return 0;
+    static const char pat[] = "dddd-dd-dd dd:dd:dd";
+    for (int i = 0; i < 19; i++) {
+        if (pat[i] == 'd' ? !is_digit(s[i]) : s[i] != pat[i]) return 0;
+    }
+    long long micros = 0;
+    if (n > 19) {
+        if (s[19] != '.' || n == 20) return 0;
+        int w = (int)(n - 20);
+        for (int i = 0; i < 6; i++) {
+            if (i < w) {
+                if (!is_digit(s[20 + i])) return 0;
+                micros = micros * 10 + (s[20 + i] - '0');
+            } else {
+                micros *= 10;
+            }
+        }
+    }
+    long long days = days_from_civil(digits(s, 4), digits(s + 5, 2), digits(s + 8, 2));
+    long long secs = (digits(s + 11, 2) * 60 + digits(s + 14, 2)) * 60 + digits(s + 17, 2);
+    *out = days * 86400000000LL + secs * 1000000LL + micros;
+    return 1;
+}
+
+static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static inline int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* The native conversion of one text value; 1: written, 0: not this form (use the Python converter). */
+static int convert_native(RowEncoder *self, int kind, int param, const char *s, Py_ssize_t n) {
+    Buf *b = &self->buf;
+    switch (kind) {
+        case K_STRING:
+            return buf_json_string(b, s, n) < 0 ? -1 : 1;
+        case K_BOOL:
+            return (n == 1 && s[0] == 't' ? buf_put(b, "true", 4) : buf_put(b, "false", 5)) < 0 ? -1 : 1;
+        case K_INT: {
+            Py_ssize_t i = s[0] == '-' ? 1 : 0;
+            Py_ssize_t nd = n - i;
+            if (nd < 1 || nd > 18) return 0; /* int8 extremes: Python's int */
+            if (s[i] == '0' && (nd > 1 || i == 1)) return 0;
+            for (Py_ssize_t j = i; j < n; j++)
+                if (!is_digit(s[j])) return 0;
+            return buf_put(b, s, n) < 0 ? -1 : 1;
+        }
+        case K_DECIMAL_STRING: {
+            if (n == 0) return 0;
+            for (Py_ssize_t j = 0; j < n; j++)
+                if (!(is_digit(s[j]) || s[j] == '.' || s[j] == '-')) return 0; /* NaN, Infinity: Python */
+            return buf_json_string(b, s, n) < 0 ? -1 : 1;
+        }
+        case K_TIMESTAMP_US:
+        case K_TIMESTAMP_MS: {
+            long long us;
+            if (!parse_timestamp(s, n, &us)) return 0;
+            return buf_int(b, kind == K_TIMESTAMP_MS ? floor_div(us, 1000) : us) < 0 ? -1 : 1;
+        }
+        case K_TIMESTAMPTZ: {
+            /* The converter's UTC fast path: "YYYY-MM-DD HH:MM:SS[.f]+00" -> "YYYY-MM-DDTHH:MM:SS[.f]Z". */
+            if (n < 22 || n > 40 || s[n - 3] != '+' || s[n - 2] != '0' || s[n - 1] != '0' || s[10] != ' ' ||
+                s[4] != '-')
+                return 0;
+            for (Py_ssize_t j = 0; j < n; j++)
+                if ((unsigned char)s[j] >= 0x80 || s[j] == '"' || s[j] == '\\' || (unsigned char)s[j] < 0x20)
+                    return 0;
+            char out[64];
+            int m = 0;
+            memcpy(out, s, 10);
+            out[10] = 'T';
+            memcpy(out + 11, s + 11, 8);
+            m = 19;
+            Py_ssize_t flen = n - 3 - 20;
+            if (flen < 0) flen = 0;
+            if (param > 0) {
+                if (param > 6) return 0;
+                out[m++] = '.';
+                for (int i = 0; i < param; i++) out[m++] = i < flen ? s[20 + i] : '0';
+            }
+            out[m++] = 'Z';
+            if (buf_reserve(b, m + 2) < 0) return -1;
+            b->data[b->len++] = '"';
+            memcpy(b->data + b->len, out, (size_t)m);
+            b->len += m;
+            b->data[b->len++] = '"';
+            return 1;
+        }
+        case K_DATE: {
+            if (n != 10 || s[4] != '-' || s[7] != '-') return 0;
+            for (int i = 0; i < 10; i++)
+                if (i != 4 && i != 7 && !is_digit(s[i])) return 0;
+            return buf_int(b, days_from_civil(digits(s, 4), digits(s + 5, 2), digits(s + 8, 2))) < 0 ? -1 : 1;
+        }
+        case K_BYTEA_HEX: {
+            if (n < 2 || s[0] != '\\' || s[1] != 'x') return 0;
+            return buf_json_string(b, s + 2, n - 2) < 0 ? -1 : 1;
+        }
+        case K_BYTEA_BASE64: {
+            if (n < 2 || s[0] != '\\' || s[1] != 'x' || (n - 2) % 2 != 0) return 0;
+            Py_ssize_t raw = (n - 2) / 2;
+            if (buf_reserve(b, (raw + 2) / 3 * 4 + 2) < 0) return -1;
+            Py_ssize_t mark = b->len;
+            char *o = b->data + b->len;
+            *o++ = '"';
+            const char *h = s + 2;
+            unsigned char chunk[3];
+            Py_ssize_t i = 0;
+            while (i < raw) {
+                int got = 0;
+                for (; got < 3 && i < raw; got++, i++) {
+                    int hi = hexval(h[2 * i]), lo = hexval(h[2 * i + 1]);
+                    if (hi < 0 || lo < 0) {
+                        b->len = mark;
+                        return 0;
+                    }
+                    chunk[got] = (unsigned char)(hi << 4 | lo);
+                }
+                uint32_t v = (uint32_t)chunk[0] << 16 | (got > 1 ? (uint32_t)chunk[1] << 8 : 0) |
+                             (got > 2 ? chunk[2] : 0);
+                *o++ = b64[(v >> 18) & 63];
+                *o++ = b64[(v >> 12) & 63];
+                *o++ = got > 1 ? b64[(v >> 6) & 63] : '=';
+                *o++ = got > 2 ? b64[v & 63] : '=';
+            }
+            *o++ = '"';
+            b->len = o - b->data;
+            return 1;
+        }
+        default:
+            return 0;
+    }
+}
+
+/* Python converter + orjson.dumps; 0 when the converter (or dumps) raises: the Python path decides. */
+static int convert_python(RowEncoder *self, Py_ssize_t col, PyObject *value) {
+    PyObject *converted = PyObject_CallOneArg(self->converters[col], value);
+    if (converted == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *dumped = PyObject_CallOneArg(self->dumps, converted);
+    Py_DECREF(converted);
+    if (dumped == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int rc = buf_put(&self->buf, PyBytes_AS_STRING(dumped), PyBytes_GET_SIZE(dumped));
+    Py_DECREF(dumped);
+    return rc < 0 ? -1 : 1;
+}
+
+/* encode(values) -> (after_json, key_json | None), or None when the Python path must handle the
+ * row: an unchanged-TOAST or binary value, a column count that does not match, or a value the
+ * converters reject (so the Python path raises the error that quarantines the change). */
+static PyObject *RowEncoder_encode(RowEncoder *self, PyObject *values) {
+    if (!PyTuple_Check(values) || PyTuple_GET_SIZE(values) != self->ncols) Py_RETURN_NONE;
+    Buf *b = &self->buf;
+    b->len = 0;
+    if (buf_byte(b, '{') < 0) return NULL;
+    int first = 1;
+    for (Py_ssize_t i = 0; i < self->ncols; i++) {
+        PyObject *v = PyTuple_GET_ITEM(values, i);
+        Py_ssize_t mark = b->len;
+        if (self->emit[i]) {
+            if (!first && buf_byte(b, ',') < 0) return NULL;
+            PyObject *name = self->names_json[i];
+            if (buf_put(b, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) < 0) return NULL;
+        }
+        Py_ssize_t start = b->len;
+        if (v == Py_None) {
+            if (buf_put(b, "null", 4) < 0) return NULL;
+        } else if (PyUnicode_CheckExact(v)) {
+            int rc = 0;
+            if (self->kinds[i] != K_PYTHON) {
+                Py_ssize_t n;
+                const char *s = PyUnicode_AsUTF8AndSize(v, &n);
+                if (s == NULL) {
+                    PyErr_Clear();
+                    Py_RETURN_NONE;
+                }
+                rc = n > 0 || self->kinds[i] == K_STRING ? convert_native(self, self->kinds[i], self->params[i], s, n)
+                                                         : 0;
+            }
+            if (rc == 0) rc = convert_python(self, i, v);
+            if (rc < 0) return NULL;
+            if (rc == 0) Py_RETURN_NONE;
+        } else {
+            Py_RETURN_NONE; /* unchanged TOAST or a binary value */
+        }
+        if (self->emit[i]) {
+            self->starts[i] = start;
+            self->ends[i] = b->len;
+            first = 0;
+        } else {
+            b->len = mark; /* excluded: converted (it may fail, as in the Python path), then dropped */
+        }
+    }
+    if (buf_byte(b, '}') < 0) return NULL;
+    PyObject *after = PyBytes_FromStringAndSize(b->data, b->len);
+    if (after == NULL) return NULL;
+    if (self->nkeys == 0) return Py_BuildValue("(NO)", after, Py_None);
+    Buf *k = &self->key;
+    k->len = 0;
+    if (buf_byte(k, '{') < 0) goto fail;
+    for (Py_ssize_t j = 0; j < self->nkeys; j++) {
+        Py_ssize_t c = self->key_cols[j];
+        if (j && buf_byte(k, ',') < 0) goto fail;
+        PyObject *name = self->names_json[c];
+        if (buf_put(k, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) < 0) goto fail;
+        if (buf_put(k, b->data + self->starts[c], self->ends[c] - self->starts[c]) < 0) goto fail;
+    }
+    if (buf_byte(k, '}') < 0) goto fail;
+    PyObject *key = PyBytes_FromStringAndSize(k->data, k->len);
+    if (key == NULL) goto fail;
+    return Py_BuildValue("(NN)", after, key);
+fail:
+    Py_DECREF(after);
+    return NULL;
+}
+
+static PyMethodDef RowEncoder_methods[] = {
+    {"encode", (PyCFunction)RowEncoder_encode, METH_O,
+     "encode(values) -> (after_json, key_json | None), or None when the Python path must decide."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RowEncoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "capture.native._speedups.RowEncoder",
+    .tp_basicsize = sizeof(RowEncoder),
+    .tp_dealloc = (destructor)RowEncoder_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Text tuples of one relation -> row-image JSON and key JSON.",
+    .tp_methods = RowEncoder_methods,
+    .tp_init = (initproc)RowEncoder_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ------------------------------------------------------------------------------------ */
+
+static PyMethodDef methods[] = {
+    {"murmur2", py_murmur2, METH_O, "Kafka's murmur2 of a bytes-like key (signed 32-bit)."},
+    {"partitions", py_partitions, METH_VARARGS, "partitions(keys, n): Kafka partition of each key (None -> 0)."},
+    {"encode_records", py_encode_records, METH_VARARGS,
+     "encode_records(records, now_ms) -> (records bytes, max_ts), or None if a record needs the Python encoder."},
+    {"read_tuple", py_read_tuple, METH_VARARGS,
+     "read_tuple(data, pos, unchanged) -> (values, end), or None if malformed (the Python twin raises)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_speedups", .m_doc = "Native hot path of capture and the file log.",
+    .m_size = -1, .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void) {
+    s_key = PyUnicode_InternFromString("key");
+    s_value = PyUnicode_InternFromString("value");
+    s_headers = PyUnicode_InternFromString("headers");
+    s_timestamp_ms = PyUnicode_InternFromString("timestamp_ms");
+    if (!s_key || !s_value || !s_headers || !s_timestamp_ms) return NULL;
+    if (PyType_Ready(&RowEncoderType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "RowEncoder", (PyObject *)&RowEncoderType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

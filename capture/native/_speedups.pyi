@@ -1,0 +1,34 @@
+"""Native hot path of capture and the file log (C extension; see capture/native/__init__.py)."""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+def murmur2(data: bytes, /) -> int:
+    """Kafka's murmur2 of ``data`` (signed 32-bit)."""
+
+def partitions(keys: Sequence[bytes | None], n: int, /) -> list[int]:
+    """Kafka's partition of each key among ``n`` (``None`` -> 0)."""
+
+def encode_records(records: Sequence[Any], now_ms: int, /) -> tuple[bytes, int] | None:
+    """The records part of a file-log batch and its max timestamp; None if a record needs the Python encoder."""
+
+def read_tuple(data: bytes, pos: int, unchanged: object, /) -> tuple[tuple[Any, ...], int] | None:
+    """The pgoutput TupleData at ``pos`` and the position after it; None if malformed."""
+
+class RowEncoder:
+    """Text tuples of one relation -> row-image JSON and key JSON."""
+
+    def __init__(
+        self,
+        kinds: tuple[int, ...],
+        params: tuple[int, ...],
+        emit: tuple[bool, ...],
+        names_json: tuple[bytes, ...],
+        converters: tuple[Callable[[str], Any], ...],
+        key_columns: tuple[int, ...],
+        dumps: Callable[[Any], bytes],
+        unchanged: object,
+        /,
+    ) -> None: ...
+    def encode(self, values: tuple[Any, ...], /) -> tuple[bytes, bytes | None] | None:
+        """``(after_json, key_json)``, or None when the Python path must handle the row."""
