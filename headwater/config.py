@@ -13,7 +13,6 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -77,18 +76,28 @@ class ColumnsConfig(_Model):
     exclude: tuple[str, ...] = ()
 
 
+#: ``password`` / ``sslpassword`` given as URL query parameters (libpq accepts every keyword there).
+_QUERY_SECRET = re.compile(r"([?&](?:ssl)?password=)[^&#]*", re.IGNORECASE)
+#: ``password=...`` / ``sslpassword=...`` in the key=value form, quoted or not.
+_KEYWORD_SECRET = re.compile(r"((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
 def redact_dsn(dsn: str) -> str:
-    """Return ``dsn`` with any password replaced by ``***`` (URL or key=value form)."""
+    """Return ``dsn`` with every password replaced by ``***`` (URL or key=value form); never raises.
+
+    Masks the URL's userinfo password and ``password`` / ``sslpassword`` parameters. The
+    userinfo is taken up to the last ``@`` before the path, so a password holding an
+    unencoded ``@`` or ``:`` is masked whole; multi-host and IPv6 host lists stay as written.
+    """
     if "://" in dsn:
-        parts = urlsplit(dsn)
-        if parts.password is None:
-            return dsn
-        host = parts.hostname or ""
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
-        user = parts.username or ""
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
+        scheme, separator, rest = dsn.partition("://")
+        slash = rest.find("/")
+        authority, tail = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
+        userinfo, at, hosts = authority.rpartition("@")
+        if at and ":" in userinfo:
+            authority = f"{userinfo.split(':', 1)[0]}:***@{hosts}"
+        return scheme + separator + _QUERY_SECRET.sub(r"\1***", authority + tail)
+    return _KEYWORD_SECRET.sub(r"\1***", dsn)
 
 
 class SourceConfig(_Model):
