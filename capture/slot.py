@@ -74,6 +74,30 @@ class SlotStatus:
         }
 
 
+class SlotGoneError(SlotError):
+    """The slot a source streams from was dropped or invalidated.
+
+    The changes since its last acknowledged position can no longer be streamed; only a
+    re-snapshot (``headwater source resync``) recovers.
+    """
+
+
+def is_gone(status: SlotStatus | None) -> bool:
+    """True when the slot does not exist or Postgres invalidated it (``wal_status = 'lost'``)."""
+    return status is None or status.wal_status == "lost"
+
+
+def slot_gone_error(source: str, slot: str, status: SlotStatus | None, since: Lsn | None) -> SlotGoneError:
+    """The one-line error for a gone slot, naming the last streamed position and the way out."""
+    how = "dropped" if status is None else "invalidated: Postgres removed WAL it still needed (max_slot_wal_keep_size)"
+    since_text = f"changes since LSN {since}" if since is not None and since.value else "changes since the last run"
+    msg = (
+        f'source {source}: replication slot "{slot}" is gone ({how}; {since_text} cannot be streamed); '
+        f"run: headwater source resync {source}"
+    )
+    return SlotGoneError(msg, source=source, slot=slot, lsn=str(since) if since is not None else None)
+
+
 def _lsn(text: str | None) -> Lsn | None:
     return Lsn.parse(text) if text is not None else None
 

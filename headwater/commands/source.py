@@ -15,6 +15,7 @@ from rich.table import Table
 from capture.errors import ConfirmationRequiredError
 from capture.identifiers import split_list
 from capture.registration import add_source, removal_text, remove_source, show_source
+from capture.resync import resync_source
 from headwater.cli_context import Context, config_option, pass_context, print_json
 from headwater.config import find_config_path
 
@@ -189,6 +190,27 @@ def source_remove(context: Context, name: str, yes: bool) -> None:
     ]
     what = " and ".join(d for d in dropped if d) or "nothing in the database"
     click.echo(f"removed source {result.name}; dropped {what}")
+
+
+@source_group.command("resync")
+@config_option
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Replace the slot and schedule the re-snapshot without asking.")
+@pass_context
+def source_resync(context: Context, name: str, yes: bool) -> None:
+    """Recover source NAME after its slot was dropped or invalidated: fresh slot, then a re-snapshot.
+
+    The next 'headwater capture' re-reads every table and writes deletes for rows
+    removed meanwhile, so the log converges to the source.
+    """
+    result = resync_source(context.config(), name, confirm=_confirmer(yes, "replacing the replication slot"))
+    lost = f", changes after {result.lost_from} were not streamed" if result.lost_from is not None else ""
+    click.echo(
+        f"source {result.name}: slot {result.slot} was {result.previous}{lost}; created it again at "
+        f"{result.new_slot_lsn}. The next capture re-snapshots {result.targets} of publication "
+        f"{result.publication} and writes deletes for rows removed meanwhile"
+    )
+    click.echo(f"next: headwater capture {result.name} --until-caught-up")
 
 
 def register(cli: click.Group) -> None:

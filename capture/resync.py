@@ -1,0 +1,243 @@
+"""Resynchronising a source whose replication slot is gone: a fresh slot plus a re-snapshot.
+
+When a slot is dropped or invalidated (``wal_status = 'lost'``), the changes between
+its last acknowledged position and now can no longer be streamed. Capture refuses to
+go on (creating a new slot and streaming from it would skip them silently) and asks
+for ``headwater source resync NAME``, which
+
+1. checks the source (reachable, slot not in use, publication present),
+2. records a :class:`ResyncRequest` in the source's capture state directory,
+3. drops what is left of the slot and creates a fresh one (WAL is kept from now on).
+
+The next capture run sees the request and re-snapshots every published table with a
+slot created with an exported snapshot (so rows and stream line up exactly). The log
+then converges to the source:
+
+* every current row is written as an ``op: r`` event at the new slot's consistent
+  point, which is past every position already in the log (checked), so it sorts after
+  everything there and before every change streamed afterwards;
+* every key the log still holds as live but the source no longer has (deleted while
+  the slot was gone) gets a delete event plus tombstone at the same point
+  (:func:`vanished_key_deletes`), so nothing deleted meanwhile lingers downstream.
+
+The request is cleared only after the snapshot and the deletes are durable; a run
+interrupted before that starts the re-snapshot over with a new slot (nothing was
+acknowledged from the old one, and the new snapshot covers everything before it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from capture import publication as pub
+from capture import slot as slots
+from capture.errors import CancelledError, PublicationError, SlotError, UnknownSourceError
+from capture.events import OutRecord
+from capture.registration import connect, object_names
+from capture.slot import SlotStatus
+from headwater.config import ProjectConfig
+from log.base import Log
+from log.envelope import ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value
+from log.sequence import Lsn
+
+REQUEST_FILE = "resync.json"
+#: ``txn_index`` of the first reconciling delete: above every snapshot row's index
+#: (``table << 40 | chunk << 24 | row``), so deletes sort after the re-snapshot's rows.
+DELETE_INDEX_BASE = 1 << 62
+
+
+def capture_state_dir(config: ProjectConfig, name: str) -> Path:
+    """Where capture keeps a source's state (snapshot progress, resync request)."""
+    return config.home_dir / "capture" / name
+
+
+@dataclass
+class ResyncRequest:
+    """A pending re-snapshot of one source, stored as JSON in its capture state directory."""
+
+    path: Path
+    reason: str
+    requested_at_ms: int
+    #: The last position the old slot had acknowledged (what was lost after it), if known.
+    lost_from: str | None = None
+    #: The consistent point of the slot the re-snapshot reads at, once it started.
+    consistent_lsn: int | None = None
+
+    @classmethod
+    def new(cls, state_dir: Path, reason: str, lost_from: Lsn | None = None) -> ResyncRequest:
+        """A request not started yet."""
+        return cls(state_dir / REQUEST_FILE, reason, int(time.time() * 1000), str(lost_from) if lost_from else None)
+
+    @classmethod
+    def load(cls, state_dir: Path) -> ResyncRequest | None:
+        """The pending request, or None."""
+        path = state_dir / REQUEST_FILE
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        return cls(path, data["reason"], data["requested_at_ms"], data.get("lost_from"), data.get("consistent_lsn"))
+
+    def save(self) -> None:
+        """Write atomically (temp file, fsync, rename)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        body = {
+            "reason": self.reason,
+            "requested_at_ms": self.requested_at_ms,
+            "lost_from": self.lost_from,
+            "consistent_lsn": self.consistent_lsn,
+        }
+        with tmp.open("w") as handle:
+            json.dump(body, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(self.path)
+
+    def clear(self) -> None:
+        """The re-snapshot is durable: forget the request."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+# -- reconciling deletes ------------------------------------------------------------------------
+
+
+def vanished_key_deletes(
+    log: Log, topic: str, present: set[bytes], *, commit_lsn: int, first_index: int, ts_us: int
+) -> list[OutRecord]:
+    """Delete events (each followed by a tombstone) for keys live in ``topic`` but not in ``present``.
+
+    A key is live when its latest event (by ``(commit_lsn, txn_index)``) is an insert,
+    update or snapshot read after the topic's last truncate. ``present`` holds the keys
+    the re-snapshot read (encoded exactly as the log's keys). The deletes carry the
+    re-snapshot's point ``commit_lsn`` and indexes from ``first_index``; ``before`` is the
+    key's last stored row image.
+    """
+    if topic not in log.list_topics():
+        return []
+    latest: dict[bytes, tuple[tuple[int, int], dict[str, Any] | None]] = {}
+    truncated_at: tuple[int, int] | None = None
+    for partition in range(log.describe_topic(topic).partitions):
+        offset = log.beginning_offset(topic, partition)
+        while records := log.read(topic, partition, offset):
+            for record in records:
+                key = record.key
+                if record.value is None:
+                    if key is not None and key in latest:
+                        latest[key] = (latest[key][0], None)
+                    continue
+                event = orjson.loads(record.value)
+                source = event.get("source") or {}
+                at = (int(source.get("commit_lsn", 0)), int(source.get("txn_index", 0)))
+                if event.get("op") == Op.TRUNCATE:
+                    truncated_at = at if truncated_at is None else max(truncated_at, at)
+                elif key is not None and key not in present:
+                    # A key lives in one partition, in sequence order: the last record wins.
+                    latest[key] = (at, event if event.get("op") != Op.DELETE else None)
+            offset = records[-1].offset + 1
+    out: list[OutRecord] = []
+    index = first_index
+    for key in sorted(latest):
+        at, event = latest[key]
+        if event is None or (truncated_at is not None and at < truncated_at):
+            continue
+        old = event["source"]
+        source = SourceInfo(
+            name=old["name"],
+            db=old["db"],
+            schema=old["schema"],
+            table=old["table"],
+            tx_id=None,
+            lsn=commit_lsn,
+            commit_lsn=commit_lsn,
+            txn_index=index,
+            ts_us=ts_us,
+            snapshot=SnapshotMarker.TRUE,
+        )
+        value = encode_value(ChangeEvent(op=Op.DELETE, source=source, before=event.get("after"), ts_us=ts_us))
+        out.append(OutRecord(topic, key, value, commit_lsn, index))
+        out.append(OutRecord(topic, key, None, commit_lsn, index))
+        index += 1
+    return out
+
+
+# -- the command's library side -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResyncResult:
+    """What ``headwater source resync`` did."""
+
+    name: str
+    slot: str
+    publication: str
+    #: The old slot: ``dropped`` (did not exist), ``invalidated`` or ``healthy``.
+    previous: str
+    lost_from: Lsn | None
+    new_slot_lsn: Lsn
+    targets: str
+
+
+def _previous(status: SlotStatus | None) -> str:
+    if status is None:
+        return "dropped"
+    return "invalidated" if status.wal_status == "lost" else "healthy"
+
+
+def resync_question(config: ProjectConfig, name: str) -> str:
+    """The confirmation question for ``resync``."""
+    source = _source(config, name)
+    slot, _ = object_names(name, source)
+    return (
+        f"drop what is left of replication slot {slot}, create a fresh one and re-snapshot every table of "
+        f"source {name} at the next 'headwater capture'? Rows deleted meanwhile are written as deletes"
+    )
+
+
+def _source(config: ProjectConfig, name: str) -> Any:
+    if name not in config.sources:
+        known = ", ".join(sorted(config.sources)) or "none"
+        msg = f"no source named {name} in {config.config_path} (registered: {known}); see 'headwater source list'"
+        raise UnknownSourceError(msg, source=name)
+    return config.sources[name]
+
+
+def resync_source(config: ProjectConfig, name: str, *, confirm: Callable[[str], bool] | None = None) -> ResyncResult:
+    """Check the source, record a resync request, and replace its slot with a fresh one."""
+    source = _source(config, name)
+    slot, publication = object_names(name, source)
+    with connect(source.dsn.get_secret_value(), source=name) as conn:
+        status = slots.slot_status(conn, slot)
+        if status is not None and status.active:
+            msg = (
+                f"source {name}: replication slot {slot} is in use by process {status.active_pid}; "
+                f"stop 'headwater capture {name}' first, then run the resync again"
+            )
+            raise SlotError(msg, source=name, slot=slot)
+        info = pub.publication_info(conn, publication)
+        if info is None:
+            msg = (
+                f"source {name}: publication {publication} does not exist, so there is nothing to re-snapshot; "
+                f"re-register the source ('headwater source remove {name}' then 'headwater source add')"
+            )
+            raise PublicationError(msg, source=name, publication=publication)
+        if confirm is not None and not confirm(resync_question(config, name)):
+            msg = f"cancelled: slot {slot} and the capture state of source {name} are unchanged"
+            raise CancelledError(msg, source=name)
+        lost_from = status.confirmed_flush_lsn if status is not None else None
+        previous = _previous(status)
+        # The request first: should anything below fail, capture still re-snapshots
+        # instead of streaming from a slot that missed changes.
+        ResyncRequest.new(capture_state_dir(config, name), f"source resync (slot was {previous})", lost_from).save()
+        slots.drop_slot(conn, slot, source=name)
+        new_lsn = slots.create_slot(conn, slot, source=name)
+    return ResyncResult(name, slot, publication, previous, lost_from, new_lsn, info.describe_targets())
