@@ -1,0 +1,391 @@
+"""The native hot path (capture/native/_speedups.c) is byte-identical to the pure-Python path.
+
+Every comparison runs the extension and its Python twin on the same input: row images and
+keys (type map + orjson), whole events from EventBuilder, pgoutput tuples, murmur2
+partitions and file-log batches. The fallback (no extension, or HEADWATER_NATIVE=0) is
+checked in subprocesses.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from capture import native
+from capture.events import EventBuilder
+from capture.pgoutput import (
+    UNCHANGED_TOAST,
+    Delete,
+    Insert,
+    PgoutputDecodeError,
+    PgoutputDecoder,
+    Relation,
+    RelationColumn,
+    ReplicaIdentity,
+    Update,
+    _read_tuple_python,
+)
+from capture.transactions import Transaction
+from capture.typemap import Oid, RowConverter, TextRowDecoder, TypeMappingError, _native_kind
+from headwater.config import TypesConfig
+from log import batch_codec, partitioner
+from log.base import Record
+from log.sequence import Lsn
+from log.sequence import Sequence as Seq
+
+pytestmark = pytest.mark.skipif(
+    native.speedups is None, reason="the native extension is not built here (or HEADWATER_NATIVE=0)"
+)
+ROOT = Path(__file__).resolve().parents[3]
+FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# -- text values as PostgreSQL prints them (pinned session: UTC, ISO, extra_float_digits=3) -------
+
+# Valid UTF-8 only (PostgreSQL text never holds surrogates); quotes, backslashes, controls, non-BMP.
+odd_text = st.text(
+    alphabet=st.one_of(
+        st.sampled_from(['"', "\\", "\x00", "\x01", "\x1f", "\x7f", "\b", "\t", "\n", "\f", "\r", "\u2028", "é"]),
+        st.characters(blacklist_categories=("Cs",)),
+    ),
+    max_size=12,
+)
+int_text = st.one_of(
+    st.integers(-(2**63), 2**63 - 1).map(str),
+    st.sampled_from(["0", "-1", str(2**63 - 1), str(-(2**63)), "007", "-0", "1e3", " 5", "", "12a"]),
+)
+bool_text = st.sampled_from(["t", "f", "", "true"])
+numeric_text = st.one_of(
+    st.decimals(allow_nan=False, allow_infinity=False, places=4).map(lambda d: format(d, "f")),
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "0.0100", "-0.0001", "123456789012345678901234567890.5", "-"]),
+)
+float_text = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e+20", "-0", "1.5e-07"]),
+)
+
+
+def _ts_text(year: int, month: int, day: int, hms: tuple[int, int, int], micros: int) -> str:
+    fraction = f".{micros:06d}".rstrip("0") if micros else ""
+    era = ""
+    if year <= 0:
+        year, era = 1 - year, " BC"
+    return f"{year:04d}-{month:02d}-{day:02d} {hms[0]:02d}:{hms[1]:02d}:{hms[2]:02d}{fraction}{era}"
+
+
+timestamp_parts = st.tuples(
+    st.integers(-4712, 12000),
+    st.integers(1, 12),
+    st.integers(1, 28),
+    st.tuples(st.integers(0, 23), st.integers(0, 59), st.integers(0, 59)),
+    st.one_of(st.integers(0, 999_999), st.sampled_from([0, 500_000, 1, 120_000])),
+)
+timestamp_text = st.one_of(
+    timestamp_parts.map(lambda p: _ts_text(*p)),
+    st.sampled_from(["infinity", "-infinity", "2024-01-05 12:34:56.1234567", "2024-01-05 12:34:56."]),
+)
+
+
+def _tz_text(parts: tuple[int, int, int, tuple[int, int, int], int], offset: str) -> str:
+    text = _ts_text(*parts)
+    if text.endswith(" BC"):
+        return text[:-3] + offset + " BC"
+    return text + offset
+
+
+timestamptz_text = st.one_of(
+    st.builds(_tz_text, timestamp_parts, st.sampled_from(["+00", "+00", "+05:30", "-08", "+00:00:12"])),
+    st.sampled_from(["infinity", "-infinity"]),
+)
+date_text = st.one_of(
+    st.builds(lambda p: _ts_text(*p).split(" ")[0] + (" BC" if p[0] <= 0 else ""), timestamp_parts),
+    st.sampled_from(["infinity", "-infinity", "2024-1-05"]),
+)
+bytea_text = st.one_of(
+    st.binary(max_size=20).map(lambda b: "\\x" + b.hex()),
+    st.binary(max_size=6).map(lambda b: "\\x" + b.hex().upper()),
+    st.sampled_from(["\\x", "\\x0", "\\xzz", "abc"]),
+)
+uuid_text = st.uuids().map(str)
+json_text = st.dictionaries(st.text(max_size=4), st.integers(-(2**53), 2**53), max_size=3).map(
+    lambda d: orjson.dumps(d).decode()
+)
+
+#: (type oid, typmod, strategy of its text values): every type the extension converts, and some it
+#: leaves to Python (float, arrays, interval), so mixed rows are covered too.
+COLUMN_TYPES = [
+    (Oid.INT2, -1, st.integers(-(2**15), 2**15 - 1).map(str)),
+    (Oid.INT4, -1, int_text),
+    (Oid.INT8, -1, int_text),
+    (Oid.TEXT, -1, odd_text),
+    (Oid.VARCHAR, 14, odd_text),
+    (Oid.BPCHAR, 5, odd_text),
+    (Oid.BOOL, -1, bool_text),
+    (Oid.NUMERIC, -1, numeric_text),
+    (Oid.NUMERIC, (10 << 16 | 2) + 4, numeric_text),
+    (Oid.FLOAT4, -1, float_text),
+    (Oid.FLOAT8, -1, float_text),
+    (Oid.TIMESTAMP, -1, timestamp_text),
+    (Oid.TIMESTAMP, 3, timestamp_text),
+    (Oid.TIMESTAMPTZ, -1, timestamptz_text),
+    (Oid.TIMESTAMPTZ, 0, timestamptz_text),
+    (Oid.TIMESTAMPTZ, 3, timestamptz_text),
+    (Oid.DATE, -1, date_text),
+    (Oid.UUID, -1, uuid_text),
+    (Oid.JSON, -1, json_text),
+    (Oid.JSONB, -1, json_text),
+    (Oid.BYTEA, -1, bytea_text),
+    (Oid.INTERVAL, -1, st.sampled_from(["1 year 2 mons -3 days +04:05:06.5", "00:00:01"])),
+    (1007, -1, st.sampled_from(["{1,2,NULL}", "{}"])),  # int4[]
+]
+MODES = [
+    TypesConfig(),
+    TypesConfig(decimal_handling_mode="precise", time_precision_mode="connect", binary_handling_mode="hex"),
+    TypesConfig(decimal_handling_mode="double"),
+]
+
+
+@st.composite
+def relation_and_rows(draw: st.DrawFn) -> tuple[list[RelationColumn], list[tuple[object, ...]], list[int], list[int]]:
+    chosen = draw(st.lists(st.sampled_from(range(len(COLUMN_TYPES))), min_size=1, max_size=7))
+    columns = [
+        RelationColumn(False, f'c{i}_"{n}', COLUMN_TYPES[n][0], COLUMN_TYPES[n][1]) for i, n in enumerate(chosen)
+    ]
+    keep = sorted(draw(st.sets(st.sampled_from(range(len(columns))), min_size=1)))
+    keys = sorted(draw(st.sets(st.sampled_from(keep), max_size=2)))
+    rows = []
+    for _ in range(draw(st.integers(1, 4))):
+        row = []
+        for n in chosen:
+            marker = draw(st.integers(0, 9))
+            row.append(None if marker == 0 else UNCHANGED_TOAST if marker == 1 else draw(COLUMN_TYPES[n][2]))
+        rows.append(tuple(row))
+    return columns, rows, keep, keys
+
+
+def python_encode(
+    converter: RowConverter, row: tuple[object, ...], keep: list[int], keys: list[int]
+) -> tuple[bytes, bytes | None] | None:
+    """What the Python path makes of the row, or None where it does not produce an image here."""
+    if any(value is UNCHANGED_TOAST or isinstance(value, bytes) for value in row):
+        return None
+    try:
+        image = converter.convert_text(row)  # type: ignore[arg-type]
+    except TypeMappingError:
+        return None
+    names = converter.names
+    after = {names[i]: image[names[i]] for i in keep}
+    key = orjson.dumps({names[i]: image[names[i]] for i in keys}) if keys else None
+    return orjson.dumps(after), key
+
+
+@FAST
+@given(case=relation_and_rows(), mode=st.sampled_from(MODES))
+def test_row_images_and_keys_are_byte_identical(case, mode) -> None:
+    columns, rows, keep, keys = case
+    converter = RowConverter(columns, mode)
+    encoder = converter.native_encoder(keep, keys)
+    assert encoder is not None
+    for row in rows:
+        assert encoder.encode(row) == python_encode(converter, row, keep, keys)
+
+
+def test_every_common_type_is_converted_natively() -> None:
+    # A row of the common types must not call back into Python converters: replace them all
+    # with failing ones and the native encoder still answers.
+    columns = [RelationColumn(False, f"c{i}", oid, typmod) for i, (oid, typmod, _) in enumerate(COLUMN_TYPES[:21])]
+    converter = RowConverter(columns, TypesConfig())
+    row = (
+        "1", "2", "3", "a", "b", "c", "t", "1.50", "2.00", None, None,
+        "2024-01-05 12:34:56.5", "2024-01-05 12:34:56.5", "2024-01-05 12:34:56.5+00", "2024-01-05 12:34:56+00",
+        "2024-01-05 12:34:56.123+00", "2024-01-05", "6f1c1f1e-8f0a-4a53-9a5e-4f0c0d3b7a10", "{}", '{"a": 1}', "\\x00ff",
+    )  # fmt: skip
+    expected = python_encode(converter, row, list(range(len(row))), [0])
+    assert native.speedups is not None
+    plan = [_native_kind(c) for _, c in converter._plan]
+    encoder = native.speedups.RowEncoder(
+        tuple(kind for kind, _ in plan),
+        tuple(param for _, param in plan),
+        (True,) * len(row),
+        tuple(orjson.dumps(name) + b":" for name in converter.names),
+        (_explode,) * len(row),
+        (0,),
+        orjson.dumps,
+        UNCHANGED_TOAST,
+    )
+    assert encoder.encode(row) == expected
+
+
+def _explode(_text: str) -> object:
+    raise AssertionError("a Python converter was called for a natively converted type")
+
+
+# -- whole events --------------------------------------------------------------------------------
+
+
+def _decoders(columns: list[RelationColumn], mode: TypesConfig):
+    def decoder_for(relation: Relation) -> TextRowDecoder:
+        return TextRowDecoder(RowConverter(relation.columns, mode))
+
+    return decoder_for
+
+
+@FAST
+@given(case=relation_and_rows(), mode=st.sampled_from(MODES), data=st.data())
+def test_events_are_byte_identical(case, mode, data) -> None:
+    columns, rows, keep, keys = case
+    keyed = [RelationColumn(i in keys, c.name, c.type_oid, c.atttypmod) for i, c in enumerate(columns)]
+    identity = data.draw(st.sampled_from([ReplicaIdentity.DEFAULT, ReplicaIdentity.FULL]))
+    relation = Relation(9, "public", 'tåble"', identity, tuple(keyed))
+    excluded = [f'public.tåble".{c.name}' for i, c in enumerate(columns) if i not in keep]
+    changes: list[object] = [relation]
+    for row in rows:
+        kind = data.draw(st.sampled_from(["insert", "update", "update_old", "delete_key", "delete_full"]))
+        other = data.draw(st.sampled_from(rows))
+        if kind == "insert":  # pgoutput sends every value of a new row
+            changes.append(Insert(9, tuple(None if v is UNCHANGED_TOAST else v for v in row)))
+        elif kind == "update":
+            changes.append(Update(9, None, row))
+        elif kind == "update_old":
+            changes.append(Update(9, other, row, old_is_key=identity != ReplicaIdentity.FULL))
+        elif kind == "delete_key":
+            key_only = tuple(value if i in keys else None for i, value in enumerate(row))
+            changes.append(Delete(9, key_only, True))
+        else:
+            changes.append(Delete(9, row, False))
+    txn = Transaction(77, Lsn(0x1_0000_0100), Lsn(0x1_0000_0108), 1_700_000_000_123_456, changes, [])  # type: ignore[arg-type]
+
+    def build(use_native: bool):
+        builder = EventBuilder(
+            "src",
+            "db",
+            _decoders(columns, mode),
+            excluded_columns=excluded,
+            primary_key=lambda _rel: tuple(columns[i].name for i in keys) or None,
+            use_native=use_native,
+        )
+        try:
+            records, schemas = builder.build(txn)
+            snapshot = builder.snapshot_records(9, [r for r in rows if UNCHANGED_TOAST not in r], Seq(5, 0))
+        except Exception as exc:  # e.g. an unchanged TOAST value in a full old image: both paths alike
+            return repr(exc)
+        return records, schemas, snapshot
+
+    assert build(True) == build(False)
+
+
+# -- pgoutput tuples -----------------------------------------------------------------------------
+
+
+def _tuple_bytes(values: list[object]) -> bytes:
+    out = bytearray(struct.pack(">h", len(values)))
+    for value in values:
+        if value is None:
+            out += b"n"
+        elif value is UNCHANGED_TOAST:
+            out += b"u"
+        elif isinstance(value, bytes):
+            out += b"b" + struct.pack(">i", len(value)) + value
+        else:
+            raw = str(value).encode()
+            out += b"t" + struct.pack(">i", len(raw)) + raw
+    return bytes(out)
+
+
+tuple_values = st.lists(st.one_of(st.none(), st.just(UNCHANGED_TOAST), odd_text, st.binary(max_size=8)), max_size=8)
+
+
+@FAST
+@given(values=tuple_values, prefix=st.binary(max_size=3), cut=st.integers(0, 40), junk=st.binary(max_size=3))
+def test_pgoutput_tuples_decode_identically(values, prefix, cut, junk) -> None:
+    data = prefix + _tuple_bytes(values) + junk
+    assert native.speedups is not None
+    assert native.speedups.read_tuple(data, len(prefix), UNCHANGED_TOAST) == _read_tuple_python(data, len(prefix))
+    damaged = data[: max(len(prefix), len(data) - cut)] + junk
+    try:
+        expected = _read_tuple_python(damaged, len(prefix))
+    except (struct.error, IndexError, ValueError, PgoutputDecodeError):
+        expected = None  # malformed: the extension hands it back, the Python twin raises
+    assert native.speedups.read_tuple(damaged, len(prefix), UNCHANGED_TOAST) == expected
+
+
+def test_malformed_tuple_still_raises_the_decode_error() -> None:
+    message = b"I" + struct.pack(">I", 5) + b"N" + struct.pack(">h", 1) + b"x"
+    with pytest.raises(PgoutputDecodeError, match="unknown tuple column kind"):
+        PgoutputDecoder(2).decode(message)
+
+
+# -- murmur2 and file-log batches ----------------------------------------------------------------
+
+
+@FAST
+@given(keys=st.lists(st.one_of(st.none(), st.binary(max_size=40)), max_size=20), n=st.integers(1, 64))
+def test_partitions_equal_kafka_murmur2(keys, n) -> None:
+    assert native.speedups is not None
+    expected = [0 if key is None else (partitioner._murmur2_python(key) & 0x7FFFFFFF) % n for key in keys]
+    assert partitioner.partitions_for(keys, n) == expected
+    assert [partitioner.partition_for(key, n) for key in keys] == expected
+    for key in keys:
+        if key is not None:
+            assert native.speedups.murmur2(key) == partitioner._murmur2_python(key)
+
+
+records = st.lists(
+    st.builds(
+        Record,
+        key=st.one_of(st.none(), st.binary(max_size=10)),
+        value=st.one_of(st.none(), st.binary(max_size=30)),
+        headers=st.one_of(st.just(()), st.lists(st.tuples(st.text(max_size=4), st.binary(max_size=4))).map(tuple)),
+        timestamp_ms=st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)),
+    ),
+    min_size=1,  # the log never encodes an empty batch
+    max_size=12,
+)
+
+
+@FAST
+@given(batch=records, base=st.integers(0, 2**40), now=st.integers(0, 2**45))
+def test_file_log_batches_are_byte_identical(batch, base, now) -> None:
+    assert batch_codec.encode_batch(base, batch, now) == batch_codec._encode_batch_python(base, batch, now)
+
+
+# -- fallback ------------------------------------------------------------------------------------
+
+
+def _probe(code: str, **env: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return result.stdout.strip() + result.stderr.strip()
+
+
+def test_headwater_native_0_forces_the_python_path() -> None:
+    code = (
+        "import capture.native as n, log.partitioner as p, capture.pgoutput as g;"
+        "print(n.speedups, p._native, g._native_read_tuple, p.partition_for(b'21', 3))"
+    )
+    assert _probe(code, HEADWATER_NATIVE="0") == "None None None 0"
+
+
+def test_without_the_extension_the_python_path_runs_and_says_so() -> None:
+    code = (
+        "import logging, sys; logging.basicConfig(level=logging.DEBUG, format='%(name)s: %(message)s');"
+        "sys.modules['capture.native._speedups'] = None;"
+        "import capture.native as n; print(n.speedups)"
+    )
+    out = _probe(code)
+    assert "None" in out
+    assert "capture.native: native speedups not available" in out
