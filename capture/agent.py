@@ -142,7 +142,7 @@ class AgentSettings:
     poll_timeout_s: float = 0.2
     reconnect_backoff_s: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0, 5.0)
     #: How often appends are retried while the log cannot be written (disk full).
-    log_retry_s: float = 2.0
+    log_retry_s: float = 1.0
 
 
 class CaptureAgent:
