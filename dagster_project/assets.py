@@ -25,7 +25,7 @@ from dagster_project.lineage import (
     warehouse_key,
 )
 from dagster_project.metadata import feed_metadata, table_metadata, topic_metadata
-from dagster_project.partitions import HISTORY_PARTITIONS, partition_days
+from dagster_project.partitions import HISTORY_PARTITIONS, INCREMENTAL, INCREMENTAL_TAG, partition_days
 from dagster_project.resources import HeadwaterLog, HeadwaterProject, HeadwaterSpark
 from headwater.config import ProjectConfig
 
@@ -102,7 +102,9 @@ def warehouse_asset(config: ProjectConfig, name: str) -> AssetsDefinition:
 
     An SCD2 table is also partitioned by commit day (UTC): materialising partitions rebuilds
     those days from the log (:func:`warehouse_loader.backfill.rebuild_days`, one run for a
-    whole backfill); a materialisation without a partition runs the streaming load.
+    whole backfill); a materialisation without a partition, or in a run tagged
+    :data:`~dagster_project.partitions.INCREMENTAL_TAG` (the new-data sensor's), runs the
+    streaming load.
     """
     table = config.warehouse.tables[name]
     by_day = table.mode == "scd2"
@@ -123,15 +125,16 @@ def warehouse_asset(config: ProjectConfig, name: str) -> AssetsDefinition:
         from warehouse_loader.load_job import run_loads
 
         config = project.load()
+        rebuild = context.has_partition_key and context.run.tags.get(INCREMENTAL_TAG) != INCREMENTAL
         with log.open() as handle:
-            if context.has_partition_key:
+            if rebuild:
                 days = partition_days(context.partition_keys)
                 rebuilt = rebuild_days(spark.session(), config, handle, name, days)
                 context.log.info(f"{name}: rebuilt {len(days)} day(s): {rebuilt}")
             else:
                 run_loads(spark.session(), config, handle, [name], available_now=True)
             metadata: dict[str, Any] = table_metadata(config, handle, name)
-        if context.has_partition_key:
+        if rebuild:
             metadata |= {"backfill/changes": rebuilt.changes, "backfill/removed_versions": rebuilt.removed}
         context.log.info(f"{name}: {metadata.get('dagster/row_count', 0)} rows")
         return MaterializeResult(metadata=metadata)

@@ -1,8 +1,21 @@
-"""Jobs, the new-data sensor for warehouse loads, and the quality-check schedule."""
+"""Jobs, the new-data sensor for feeds and loads, and the quality-check schedule.
+
+The sensor compares every feed's and warehouse loader's committed consumer-group
+offsets with its input topics' ends (the lag ``headwater status`` shows) and requests
+one run of what is behind, feeds first (a table reading a pending feed is included).
+An SCD2 history table is daily-partitioned: in that run it is materialised for today's
+partition (UTC) with the :data:`~dagster_project.partitions.INCREMENTAL_TAG`, which makes it run the streaming load
+(everything new, whatever day it was committed) instead of a rebuild of the day. Only
+one such run is in flight at a time, so a table never has two loaders.
+"""
+
+import datetime as dt
 
 from dagster import (
     AssetSelection,
+    DagsterRunStatus,
     RunRequest,
+    RunsFilter,
     ScheduleDefinition,
     SensorDefinition,
     SensorEvaluationContext,
@@ -11,12 +24,23 @@ from dagster import (
     sensor,
 )
 
-from dagster_project.lineage import WAREHOUSE_GROUP, warehouse_key
-from dagster_project.metadata import end_position, pending_loads
+from dagster_project.lineage import FEEDS_GROUP, WAREHOUSE_GROUP, feed_key, warehouse_key
+from dagster_project.metadata import pending_work
+from dagster_project.partitions import INCREMENTAL, INCREMENTAL_TAG
 from dagster_project.resources import HeadwaterLog, HeadwaterProject
 
 #: Quality checks run at minute 0 of every hour (UTC) once the schedule is turned on.
 QUALITY_CRON = "0 * * * *"
+#: Run tag of the sensor's runs (one in flight at a time).
+TRIGGER_TAG = "headwater/trigger"
+NEW_DATA = "new-data"
+_IN_FLIGHT = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
 
 warehouse_job = define_asset_job(
     "warehouse_loads",
@@ -32,26 +56,35 @@ quality_schedule = ScheduleDefinition(name="quality_checks_hourly", job=quality_
 
 
 @sensor(
-    name="warehouse_loads_on_new_data",
-    target=AssetSelection.groups(WAREHOUSE_GROUP),
+    name="pipeline_on_new_data",
+    target=AssetSelection.groups(FEEDS_GROUP, WAREHOUSE_GROUP),
     minimum_interval_seconds=30,
-    description="Loads the warehouse tables whose topic has records their loader has not committed past.",
+    description="Runs the feeds and warehouse loads whose input has records their consumer group has not "
+    "committed past (SCD2 history: today's partition, loaded incrementally).",
 )
 def new_data_sensor(
     context: SensorEvaluationContext, project: HeadwaterProject, log: HeadwaterLog
 ) -> RunRequest | SkipReason:
-    """Compare each table's topic end offsets with its loader's committed group offsets (``headwater.status`` lag)."""
+    """One run of the pending feeds and loads, unless the previous one is still in flight."""
+    in_flight = context.instance.get_run_records(RunsFilter(tags={TRIGGER_TAG: NEW_DATA}, statuses=_IN_FLIGHT), limit=1)
+    if in_flight:
+        return SkipReason(f"run {in_flight[0].dagster_run.run_id} for earlier new data is still in flight")
     config = project.load()
     with log.open() as handle:
-        pending = pending_loads(config, handle)
-        if not pending:
-            return SkipReason("every warehouse loader has committed up to its topic's end")
-        # The run key changes only when a topic grows: one run per new data, however often the sensor ticks.
-        run_key = ";".join(
-            f"{name}@{end_position(handle, config.warehouse.tables[name].from_)}" for name in sorted(pending)
-        )
-    context.log.info(f"records behind per table: {pending}")
-    return RunRequest(run_key=run_key, asset_selection=[warehouse_key(name) for name in sorted(pending)])
+        work = pending_work(config, handle)
+    if not work:
+        return SkipReason("every feed and warehouse loader has committed up to its input's end")
+    context.log.info(f"records behind: feeds {work.feeds}, tables {work.tables}")
+    selection = [feed_key(name) for name in sorted(work.feeds)]
+    selection += [warehouse_key(name) for name in sorted(work.tables)]
+    history = any(config.warehouse.tables[name].mode == "scd2" for name in work.tables)
+    return RunRequest(
+        # Changes only when an input grows: one run per new data, however often the sensor ticks.
+        run_key=work.position,
+        asset_selection=selection,
+        partition_key=dt.datetime.now(dt.UTC).date().isoformat() if history else None,
+        tags={TRIGGER_TAG: NEW_DATA, INCREMENTAL_TAG: INCREMENTAL},
+    )
 
 
 def build_sensors() -> list[SensorDefinition]:

@@ -18,6 +18,7 @@ from dagster import Definitions, definitions, in_process_executor
 from dagster_project.assets import build_assets
 from dagster_project.automation import build_sensors, quality_job, quality_schedule, warehouse_job
 from dagster_project.checks import build_checks
+from dagster_project.jobs import OPERATOR_JOBS
 from dagster_project.resources import HeadwaterLog, HeadwaterProject, HeadwaterSpark
 from headwater.config import ProjectConfig, load_config
 
@@ -40,7 +41,7 @@ def build_definitions(config: ProjectConfig, *, resources: Mapping[str, Any] | N
     return Definitions(
         assets=build_assets(config),
         asset_checks=build_checks(config),
-        jobs=[warehouse_job, quality_job],
+        jobs=[warehouse_job, quality_job, *OPERATOR_JOBS],
         schedules=[quality_schedule],
         sensors=build_sensors(),
         resources={**project_resources(config), **(resources or {})},

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import MetadataValue
@@ -73,18 +74,53 @@ def table_metadata(config: ProjectConfig, log: Log, name: str) -> dict[str, Any]
     return metadata
 
 
-def pending_loads(config: ProjectConfig, log: Log) -> dict[str, int]:
-    """Warehouse tables whose loader has not committed up to its topic's end: name -> records behind."""
-    topics = set(log.list_topics())
-    pending: dict[str, int] = {}
+@dataclass(frozen=True, slots=True)
+class PendingWork:
+    """Feeds and warehouse tables with input their consumer group has not committed past.
+
+    ``feeds`` / ``tables``: name -> records behind (a table reading a pending feed is
+    pending too, with what it is behind so far). ``position``: the end offsets of every
+    input topic of that work, a text that changes only when one of them grows.
+    """
+
+    feeds: dict[str, int] = field(default_factory=dict)
+    tables: dict[str, int] = field(default_factory=dict)
+    position: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.feeds or self.tables)
+
+
+def _behind(log: Log, group: str, topics: Sequence[str], existing: set[str]) -> int:
+    return sum(sum(lag(log, group, topic).values()) for topic in topics if topic in existing)
+
+
+def _position(log: Log, topics: Sequence[str]) -> str:
+    return ";".join(
+        f"{topic}@" + ",".join(f"{p}:{o}" for p, o in sorted(end_offsets(log, topic).items())) for topic in topics
+    )
+
+
+def pending_work(config: ProjectConfig, log: Log) -> PendingWork:
+    """What a run of feeds and loads would process now (``headwater status`` lag, per consumer group)."""
+    from derived_feeds.feed_spec import feed_spec
+    from warehouse_loader.load_job import load_identity
+
+    existing = set(log.list_topics())
+    feeds: dict[str, int] = {}
+    inputs: set[str] = set()
+    for name in config.feeds:
+        spec = feed_spec(config, name)
+        behind = _behind(log, spec.group, spec.input_topics, existing)
+        if behind > 0:
+            feeds[name] = behind
+            inputs.update(t for t in spec.input_topics if t in existing)
+    tables: dict[str, int] = {}
     for name, table in config.warehouse.tables.items():
-        if table.from_ in topics:
-            behind = sum(lag(log, LOAD_GROUP_PREFIX + name, table.from_).values())
-            if behind > 0:
-                pending[name] = behind
-    return pending
-
-
-def end_position(log: Log, topic: str) -> str:
-    """A compact text of ``topic``'s end offsets (``0:12,1:40``): a run key that changes with new data."""
-    return ",".join(f"{p}:{o}" for p, o in sorted(end_offsets(log, topic).items()))
+        build, topic = load_identity(config, name)
+        behind = _behind(log, LOAD_GROUP_PREFIX + build, [topic], existing)
+        if behind > 0 or table.from_ in feeds:
+            tables[name] = behind
+            if topic in existing:
+                inputs.add(topic)
+    return PendingWork(feeds, tables, _position(log, sorted(inputs)))

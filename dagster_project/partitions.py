@@ -15,6 +15,12 @@ HISTORY_START_DATE = "2024-01-01"
 HISTORY_PARTITIONS = DailyPartitionsDefinition(start_date=HISTORY_START_DATE, timezone="UTC", end_offset=1)
 
 
+#: Run tag: a partitioned history table loads incrementally (the streaming load, ``availableNow``)
+#: for the run's partition instead of rebuilding that day from the log (the new-data sensor's runs).
+INCREMENTAL_TAG = "headwater/load"
+INCREMENTAL = "incremental"
+
+
 def partition_days(keys: Sequence[str]) -> list[dt.date]:
     """The UTC dates of partition keys (``YYYY-MM-DD``)."""
     return [dt.date.fromisoformat(key) for key in keys]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 
 import orjson
 import psycopg
@@ -79,9 +80,10 @@ def test_definitions_list_assets_checks_and_automation(tmp_path):
         "expect_column_values_to_not_be_null__email": True,
         "expect_column_values_to_be_between__balance": False,
     }
-    assert {s.name for s in defs.sensors} == {"warehouse_loads_on_new_data"}
+    assert {s.name for s in defs.sensors} == {"pipeline_on_new_data"}
     assert {s.name for s in defs.schedules} == {"quality_checks_hourly"}
-    assert {"warehouse_loads", "quality_checks"} <= {j.name for j in defs.resolve_all_job_defs()}
+    jobs = {j.name for j in defs.resolve_all_job_defs()}
+    assert {"warehouse_loads", "quality_checks", "resnapshot_source", "reprocess"} <= jobs
 
 
 def test_a_bad_expectation_fails_loading_with_one_line(tmp_path):
@@ -140,11 +142,13 @@ def test_materialise_capture_load_and_checks_then_a_blocking_failure_fails_the_r
 
     (sensor,) = defs.sensors
     with build_sensor_context(instance=instance, resources=resources) as context:
-        request = sensor(context)
-    requests = request.run_requests if hasattr(request, "run_requests") else [request]
-    (run_request,) = requests
-    # customers_from_feed reads a feed topic that does not exist yet: nothing to load
-    assert set(run_request.asset_selection) == {scd1, hist}
+        run_request = sensor(context)
+    # The feed never ran (42 records behind), so it runs, and so does the table reading it.
+    feed, from_feed = AssetKey(["feeds", "customers_clean"]), AssetKey(["warehouse", "customers_from_feed"])
+    assert list(run_request.asset_selection) == [feed, scd1, from_feed, hist]
+    today = dt.datetime.now(dt.UTC).date().isoformat()
+    assert run_request.partition_key == today  # SCD2 history: today's partition, loaded incrementally
+    assert run_request.tags["headwater/load"] == "incremental"
 
     second = materialize(
         [*assets, *checks], resources=resources, instance=instance, selection=[scd1], raise_on_error=False
@@ -155,7 +159,6 @@ def test_materialise_capture_load_and_checks_then_a_blocking_failure_fails_the_r
     assert not_null.metadata["unexpected_count"].value == 2
 
     # The feed: an availableNow run of the feed runner, then the table loaded from it.
-    feed, from_feed = AssetKey(["feeds", "customers_clean"]), AssetKey(["warehouse", "customers_from_feed"])
     fed = materialize(assets, resources=resources, instance=instance, selection=[feed, from_feed])
     assert fed.success
     by_key = {m.asset_key: m.metadata for m in fed.get_asset_materialization_events() for m in [m.materialization]}
@@ -181,15 +184,22 @@ def test_materialise_capture_load_and_checks_then_a_blocking_failure_fails_the_r
     path = str(table_path(config, "customers_hist"))
     loaded = materialize([*assets], resources=resources, instance=instance, selection=[hist])  # streaming load
     assert loaded.success
-    before = sorted(DeltaTable(path).to_pyarrow_table().drop_columns(["__END_AT"]).to_pylist(), key=str)
-    today = dt.datetime.now(dt.UTC).date().isoformat()
+
+    def history() -> list[dict]:
+        return sorted(DeltaTable(path).to_pyarrow_table().to_pylist(), key=str)
+
+    before = history()
+    assert len(before) == 42
     rebuilt = materialize([*assets], resources=resources, instance=instance, selection=[hist], partition_key=today)
     assert rebuilt.success
     (event,) = rebuilt.get_asset_materialization_events()
     assert event.materialization.partition == today
-    # Only rows 41 and 42 were committed today: capture stamps initial-snapshot rows with ts 0
-    # (1970-01-01), a day outside the history partitions, so their versions stay as loaded.
-    assert event.materialization.metadata["backfill/removed_versions"].value == 2
-    assert event.materialization.metadata["backfill/changes"].value == 2
-    after = sorted(DeltaTable(path).to_pyarrow_table().drop_columns(["__END_AT"]).to_pylist(), key=str)
-    assert after == before
+    # Capture stamps the initial snapshot's rows with their read time, so all 42 are today's.
+    assert event.materialization.metadata["backfill/removed_versions"].value == 42
+    assert event.materialization.metadata["backfill/changes"].value == 42
+    assert history() == before
+    # A backfill of every day with data, into an empty table, reproduces the whole history.
+    shutil.rmtree(path)
+    again = materialize([*assets], resources=resources, instance=instance, selection=[hist], partition_key=today)
+    assert again.success
+    assert history() == before
