@@ -105,6 +105,7 @@ class RetryReport:
         if self._attempts == 0:
             self._since = time.monotonic()
         self._attempts += 1
+        detail = detail.removesuffix("; reconnecting")
         if detail != self._last:
             self._last = detail
             logger.warning("source %s: %s; retrying with backoff (at most %gs apart)", self.source, detail, max_delay_s)

@@ -9,6 +9,7 @@ from types import FrameType
 
 from capture.agent import CaptureAgent, CaptureStats, SnapshotProgress, typemap_decoders
 from capture.errors import UnknownSourceError
+from capture.resync import capture_state_dir
 from headwater.config import ProjectConfig
 from log.factory import open_log
 
@@ -43,7 +44,7 @@ def run_capture(
             log,
             config.log,
             typemap_decoders(config.sources[name].types),
-            state_dir=config.home_dir / "capture" / name,
+            state_dir=capture_state_dir(config, name),
             progress=progress(name) if progress is not None else None,
         )
         for name in selected

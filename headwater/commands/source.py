@@ -158,7 +158,7 @@ def source_show(context: Context, name: str, as_json: bool) -> None:
     if view.error:
         table.add_row("slot", f"{view.slot} (status unknown: {view.error})")
     elif status is None:
-        table.add_row("slot", f"{view.slot} (missing: re-register the source)")
+        table.add_row("slot", f"{view.slot} (missing: run headwater source resync {view.name})")
     else:
         table.add_row(
             "slot", f"{view.slot} ({'active, pid ' + str(status.active_pid) if status.active else 'inactive'})"
@@ -166,7 +166,8 @@ def source_show(context: Context, name: str, as_json: bool) -> None:
         table.add_row("confirmed flush lsn", str(status.confirmed_flush_lsn or "-"))
         table.add_row("restart lsn", str(status.restart_lsn or "-"))
         table.add_row("wal retained", _size(status.wal_retained_bytes))
-        table.add_row("wal status", status.wal_status or "-")
+        lost = f" (invalidated: run headwater source resync {view.name})" if status.wal_status == "lost" else ""
+        table.add_row("wal status", (status.wal_status or "-") + lost)
     Console(markup=False, highlight=False).print(table)
 
 

@@ -1,0 +1,130 @@
+"""Resync without services: reconciling deletes from a real file log, the request file, messages."""
+
+import logging
+
+import orjson
+import pytest
+
+from capture.agent import RetryReport
+from capture.resync import DELETE_INDEX_BASE, ResyncRequest, vanished_key_deletes
+from capture.slot import SlotStatus, is_gone, slot_gone_error
+from log.base import Record, TopicSpec
+from log.envelope import ChangeEvent, Op, SourceInfo, encode_value
+from log.file_log import FileLog
+from log.partitioner import partition_for
+from log.sequence import Lsn
+
+TOPIC = "shop.public.t"
+
+
+def key(i: int) -> bytes:
+    return orjson.dumps({"id": i})
+
+
+def write(log: FileLog, op: Op, i: int | None, lsn: int, *, label: str = "x") -> None:
+    source = SourceInfo("shop", "db", "public", "t", 7, lsn, lsn, 0, 1_000_000)
+    row = {"id": i, "label": label} if i is not None else None
+    after = row if op in (Op.CREATE, Op.UPDATE, Op.READ) else None
+    before = row if op == Op.DELETE else None
+    value = encode_value(ChangeEvent(op=op, source=source, before=before, after=after))
+    k = key(i) if i is not None else None
+    partition = 0 if k is None else partition_for(k, 2)
+    log.append(TOPIC, partition, [Record(k, value)])
+    if op == Op.DELETE:
+        log.append(TOPIC, partition, [Record(k, None)])
+
+
+@pytest.fixture
+def log(tmp_path):
+    file_log = FileLog(tmp_path / "log")
+    file_log.create_topic(TopicSpec(TOPIC, partitions=2))
+    yield file_log
+    file_log.close()
+
+
+def test_deletes_for_live_keys_the_source_no_longer_has(log):
+    write(log, Op.READ, 1, 10)
+    write(log, Op.READ, 2, 10)
+    write(log, Op.CREATE, 3, 20)
+    write(log, Op.DELETE, 2, 30)  # already deleted in the log: no second delete
+    write(log, Op.UPDATE, 3, 40, label="latest")
+    write(log, Op.CREATE, 4, 50)
+    write(log, Op.CREATE, 5, 60)
+    out = vanished_key_deletes(log, TOPIC, {key(1), key(5)}, commit_lsn=100, first_index=DELETE_INDEX_BASE, ts_us=5)
+    assert [(r.key, r.value is None) for r in out] == [(key(3), False), (key(3), True), (key(4), False), (key(4), True)]
+    assert [(r.commit_lsn, r.txn_index) for r in out] == [
+        (100, DELETE_INDEX_BASE),
+        (100, DELETE_INDEX_BASE),
+        (100, DELETE_INDEX_BASE + 1),
+        (100, DELETE_INDEX_BASE + 1),
+    ]
+    event = orjson.loads(out[0].value)
+    assert event["op"] == "d" and event["after"] is None
+    assert event["before"] == {"id": 3, "label": "latest"}, "before is the key's last stored image"
+    assert (event["source"]["commit_lsn"], event["source"]["txn_index"]) == (100, DELETE_INDEX_BASE)
+    assert (event["source"]["table"], event["source"]["snapshot"]) == ("t", "true")
+
+
+def test_keys_written_before_a_truncate_are_not_live(log):
+    write(log, Op.CREATE, 1, 10)
+    write(log, Op.TRUNCATE, None, 20)
+    write(log, Op.CREATE, 2, 30)
+    out = vanished_key_deletes(log, TOPIC, set(), commit_lsn=100, first_index=0, ts_us=0)
+    assert [r.key for r in out if r.value is not None] == [key(2)]
+
+
+def test_a_topic_never_written_needs_no_deletes(log):
+    assert vanished_key_deletes(log, "shop.public.other", set(), commit_lsn=1, first_index=0, ts_us=0) == []
+
+
+def test_resync_request_round_trip_and_clear(tmp_path):
+    assert ResyncRequest.load(tmp_path) is None
+    request = ResyncRequest.new(tmp_path, "slot dropped", Lsn.parse("0/16B3748"))
+    request.save()
+    loaded = ResyncRequest.load(tmp_path)
+    assert loaded is not None and (loaded.reason, loaded.lost_from, loaded.consistent_lsn) == (
+        "slot dropped",
+        "0/16B3748",
+        None,
+    )
+    loaded.consistent_lsn = 42
+    loaded.save()
+    assert ResyncRequest.load(tmp_path).consistent_lsn == 42
+    loaded.clear()
+    loaded.clear()  # idempotent
+    assert ResyncRequest.load(tmp_path) is None
+
+
+def status(wal_status: str) -> SlotStatus:
+    lsn = Lsn.parse("0/3000060")
+    return SlotStatus("s", "logical", "pgoutput", "db", False, None, lsn, lsn, 0, wal_status)
+
+
+def test_gone_slot_messages_say_what_happened_and_what_to_run():
+    assert is_gone(None) and is_gone(status("lost")) and not is_gone(status("reserved"))
+    dropped = str(slot_gone_error("shop", "headwater_shop", None, Lsn.parse("0/16B3748")))
+    assert dropped == (
+        'source shop: replication slot "headwater_shop" is gone (dropped; changes since LSN 0/16B3748 cannot be '
+        "streamed); run: headwater source resync shop"
+    )
+    invalidated = str(slot_gone_error("shop", "headwater_shop", status("lost"), None))
+    assert (
+        "(invalidated: Postgres removed WAL it still needed (max_slot_wal_keep_size); changes since the last run"
+        in invalidated
+    )
+    assert "\n" not in dropped + invalidated
+
+
+def test_retry_report_logs_state_changes_not_every_attempt(caplog):
+    report = RetryReport("shop")
+    with caplog.at_level(logging.WARNING, logger="capture.agent"):
+        report.resumed()  # nothing failed: silent
+        for _ in range(5):
+            report.failed("connection refused; reconnecting", 5.0)
+        report.failed("the database system is starting up", 5.0)
+        report.resumed()
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0] == "source shop: connection refused; retrying with backoff (at most 5s apart)"
+    assert messages[1].startswith("source shop: the database system is starting up; retrying")
+    assert messages[2].startswith("source shop: replication resumed after 6 failed attempts in ")
+    assert len(messages) == 3
