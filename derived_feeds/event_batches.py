@@ -2,9 +2,16 @@
 
 Pure: records in, one :class:`pyarrow.RecordBatch` out, whose schema equals Spark's
 ``to_arrow_schema`` of the declared schema exactly (the Python data source rejects
-anything else). Each record's JSON is parsed once (orjson) into per-column lists;
-the typed ``before``/``after`` structs are then decoded column by column
-(:mod:`derived_feeds.value_decoder`).
+anything else).
+
+Two paths, one result. The bulk path parses the whole batch's values at once with
+``pyarrow.json`` into the envelope's regular JSON types (no Python object per value)
+and converts columns with Arrow kernels (:func:`value_decoder.decode_wire`); it is
+taken only when every value is a one-line JSON envelope and every value has its
+column's regular JSON type. Anything else (a parse or cast error, a value that is no
+envelope, array columns, JSON-string images) sends the batch to the per-value path:
+each record's JSON parsed once (orjson) into per-column lists, typed column by column
+(:func:`value_decoder.decode_values`), which also names a bad record in its error.
 
 A record whose value is not a change envelope (no ``op``/``before``/``after``, e.g. a
 plain row written by a feed) is read as ``after`` = the whole value, ``op`` null.
@@ -13,17 +20,20 @@ plain row written by a feed) is read as ``after`` = the whole value, ``op`` null
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
+import numpy as np
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+import pyarrow.json as pa_json  # type: ignore[import-untyped]
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from derived_feeds import event_schema as cols
 from derived_feeds.errors import UndecodableValueError
 from derived_feeds.event_schema import RowSchema
-from derived_feeds.value_decoder import BadValue, decode_values
+from derived_feeds.value_decoder import BadValue, decode_values, decode_wire, wire_type
 from log.base import StoredRecord
 from log.sequence import Sequence as Seq
 
@@ -58,6 +68,9 @@ class EventBatchBuilder:
         """One record batch of ``records`` (tombstones dropped unless asked for)."""
         target = arrow_schema(self.schema)
         kept = list(records) if self.include_tombstones else [r for r in records if r.value is not None]
+        bulk = self._build_bulk(kept, target)
+        if bulk is not None:
+            return bulk
         events = _parse(kept)
         columns = _envelope_columns(kept, events)
         image_type = target.field(cols.AFTER).type
@@ -66,6 +79,108 @@ class EventBatchBuilder:
         afters = [None if e is None else e.get("after") for e in events]
         columns.append(self._images(kept, afters, image_type, cols.AFTER))
         return pa.RecordBatch.from_arrays(columns, schema=target)
+
+    def _wire(self, topic: str, image_type: pa.DataType) -> tuple[pa.DataType, list[tuple[int, Any]]] | None:
+        """The image's parse type for ``topic`` and, per parsed field, (image field index, logical type)."""
+        assert self.row_schemas is not None
+        schema = self.row_schemas.get(topic)
+        if schema is None:
+            return None
+        logical = {c.name: c.logical for c in schema.columns}
+        fields: list[tuple[str, pa.DataType]] = []
+        decoders: list[tuple[int, Any]] = []
+        for index, field in enumerate(image_type):
+            column = logical.get(field.name)
+            if column is None:
+                continue
+            wire = wire_type(column, field.type)
+            if wire is None:
+                return None
+            fields.append((field.name, wire))
+            decoders.append((index, column))
+        return pa.struct(fields), decoders
+
+    def _build_bulk(self, records: Sequence[StoredRecord], target: pa.Schema) -> pa.RecordBatch | None:
+        """The batch by the bulk path, or ``None`` when the per-value path must build it (module docstring)."""
+        if not records or self.row_schemas is None:
+            return None
+        topic = records[0].topic
+        if any(r.topic != topic for r in records):
+            return None
+        image_type = target.field(cols.AFTER).type
+        wire = self._wire(topic, image_type)
+        if wire is None:
+            return None
+        image_wire, decoders = wire
+        values = [r.value for r in records if r.value is not None]
+        # One line per value, each an object: then the parser's rows are the values, in order.
+        if not values or not all(v[:1] == b"{" for v in values):
+            return None
+        text = b"\n".join(values)
+        if text.count(b"\n") != len(values) - 1 or b"\r" in text:
+            return None
+        envelope = pa.schema(
+            [("op", pa.string()), ("before", image_wire), ("after", image_wire), ("source", _SOURCE_WIRE)]
+        )
+        try:
+            parsed = pa_json.read_json(
+                pa.BufferReader(text),
+                read_options=pa_json.ReadOptions(use_threads=False, block_size=len(text) + 1),
+                parse_options=pa_json.ParseOptions(explicit_schema=envelope, unexpected_field_behavior="ignore"),
+            )
+            if parsed.num_rows != len(values):
+                return None
+            op, before, after, source = (parsed.column(i).combine_chunks() for i in range(4))
+            not_envelope = pc.and_(pc.and_(op.is_null(), before.is_null()), after.is_null())
+            if pc.any(not_envelope).as_py():
+                return None
+            lsn, index, ts_us, snapshot, db, schema_name, table = source.flatten()
+            seq = _sortable_seqs(lsn, index)
+            if seq is None:
+                return None
+            images = [self._bulk_image(side, image_type, decoders) for side in (before, after)]
+            keys = pa.array([r.key for r in records], pa.binary()).cast(pa.string())
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, BadValue, OverflowError):
+            return None
+        utc = pa.timestamp("us", tz="UTC")
+        parsed_columns = [op, seq, lsn, index, ts_us.cast(utc), snapshot, db, schema_name, table, *images]
+        if len(values) != len(records):  # tombstones kept: their rows are null in every parsed column
+            positions = np.cumsum([r.value is not None for r in records]) - 1
+            mask = np.array([r.value is None for r in records])
+            take = pa.array(positions, pa.int64(), mask=mask)
+            parsed_columns = [column.take(take) for column in parsed_columns]
+        op, seq, lsn, index, commit_ts, snapshot, db, schema_name, table, before_image, after_image = parsed_columns
+        columns = [
+            pa.array([r.topic for r in records], pa.string()),
+            pa.array([r.partition for r in records], pa.int32()),
+            pa.array([r.offset for r in records], pa.int64()),
+            pa.array([r.timestamp_ms * 1000 for r in records], pa.int64()).cast(utc),
+            keys,
+            op,
+            seq,
+            lsn,
+            index,
+            commit_ts,
+            snapshot,
+            db,
+            schema_name,
+            table,
+            before_image,
+            after_image,
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=target)
+
+    @staticmethod
+    def _bulk_image(side: pa.StructArray, image_type: pa.DataType, decoders: list[tuple[int, Any]]) -> pa.Array:
+        parsed = {index: (logical, wire) for (index, logical), wire in zip(decoders, side.flatten(), strict=True)}
+        children = []
+        for index, field in enumerate(image_type):
+            if index not in parsed:
+                children.append(pa.nulls(len(side), field.type))  # a column of another topic
+                continue
+            logical, wire = parsed[index]
+            children.append(decode_wire(wire, logical, field.type))
+        return pa.StructArray.from_arrays(children, fields=list(image_type), mask=side.is_null())
 
     def _images(
         self, records: Sequence[StoredRecord], images: list[Any], image_type: pa.DataType, side: str
@@ -119,6 +234,40 @@ class EventBatchBuilder:
 
 
 _NO_SOURCE: dict[str, Any] = {}
+#: The ``source`` fields the envelope columns come from, in their regular JSON types.
+_SOURCE_WIRE: Final = pa.struct(
+    [
+        ("commit_lsn", pa.int64()),
+        ("txn_index", pa.int64()),
+        ("ts_us", pa.int64()),
+        ("snapshot", pa.string()),
+        ("db", pa.string()),
+        ("schema", pa.string()),
+        ("table", pa.string()),
+    ]
+)
+_HEX_DIGITS: Final = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+_NIBBLE_SHIFTS: Final = np.arange(60, -4, -4, dtype=np.uint64)
+_SEQ_WIDTH: Final = 33  # 16 hex digits, ".", 16 hex digits
+
+
+def _sortable_seqs(lsns: pa.Array, indexes: pa.Array) -> pa.Array | None:
+    """``Sequence(lsn, index).sortable()`` of every row without a Python call per row (null if either is).
+
+    ``None`` for negative values, whose Python form (a leading ``-``) the fixed-width digits cannot give.
+    """
+    lsn = lsns.fill_null(0).to_numpy(zero_copy_only=False)
+    index = indexes.fill_null(0).to_numpy(zero_copy_only=False)
+    if len(lsn) and (lsn.min() < 0 or index.min() < 0):
+        return None
+    text = np.empty((len(lsn), _SEQ_WIDTH), dtype=np.uint8)
+    text[:, :16] = _HEX_DIGITS[(lsn.astype(np.uint64)[:, None] >> _NIBBLE_SHIFTS) & np.uint64(15)]
+    text[:, 16] = ord(".")
+    text[:, 17:] = _HEX_DIGITS[(index.astype(np.uint64)[:, None] >> _NIBBLE_SHIFTS) & np.uint64(15)]
+    offsets = np.arange(0, (len(lsn) + 1) * _SEQ_WIDTH, _SEQ_WIDTH, dtype=np.int32)
+    seqs = pa.Array.from_buffers(pa.string(), len(lsn), [None, pa.py_buffer(offsets), pa.py_buffer(text)])
+    valid = pc.and_(lsns.is_valid(), indexes.is_valid())
+    return seqs if pc.all(valid).as_py() else pc.if_else(valid, seqs, pa.scalar(None, pa.string()))
 
 
 def _parse(records: Sequence[StoredRecord]) -> list[dict[str, Any] | None]:

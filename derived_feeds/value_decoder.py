@@ -7,6 +7,11 @@ per-value Python path only when the batch holds special values (NaN text, infini
 values of an older column type). A value that fits neither raises :class:`BadValue`
 with its index, so the caller can name the record; nothing is turned into null silently
 except what the type cannot hold by definition (NaN in a DECIMAL).
+
+The bulk path (:func:`wire_type`, :func:`decode_wire`) starts from an Arrow array that a
+whole batch's JSON was parsed into (``pyarrow.json``): for values of the column's regular
+JSON type it gives exactly what :func:`decode_values` gives; anything irregular makes the
+parse or a cast fail, and the caller then decodes the batch per value instead.
 """
 
 from __future__ import annotations
@@ -190,11 +195,7 @@ def _hex(values: Sequence[Any], logical: LogicalType, target: pa.DataType) -> pa
     return _per_value(values, bytes.fromhex, target, "hex string")
 
 
-def _clamped_ints(values: Sequence[Any], low: int, high: int, expected: str) -> pa.Array:
-    try:
-        numbers = pa.array(values, pa.int64())
-    except _ARROW_ERRORS:
-        numbers = _per_value(values, _to_int, pa.int64(), expected)
+def _clamp(numbers: pa.Array, low: int, high: int) -> pa.Array:
     low_scalar, high_scalar = pa.scalar(low, pa.int64()), pa.scalar(high, pa.int64())
     # skip_nulls=False: a null stays null instead of taking the bound.
     lowered = pc.min_element_wise(numbers, high_scalar, skip_nulls=False)
@@ -202,14 +203,28 @@ def _clamped_ints(values: Sequence[Any], low: int, high: int, expected: str) -> 
 
 
 def _dates(values: Sequence[Any], logical: LogicalType, target: pa.DataType) -> pa.Array:
-    days = _clamped_ints(values, MIN_DATE_DAYS, MAX_DATE_DAYS, "date (days since 1970-01-01)")
-    return days.cast(pa.int32()).cast(target)
+    return _dates_of(_ints(values, "date (days since 1970-01-01)"), logical, target)
+
+
+def _ints(values: Sequence[Any], expected: str) -> pa.Array:
+    try:
+        return pa.array(values, pa.int64())
+    except _ARROW_ERRORS:
+        return _per_value(values, _to_int, pa.int64(), expected)
+
+
+def _dates_of(numbers: pa.Array, logical: LogicalType, target: pa.DataType) -> pa.Array:
+    return _clamp(numbers, MIN_DATE_DAYS, MAX_DATE_DAYS).cast(pa.int32()).cast(target)
 
 
 def _times(values: Sequence[Any], logical: LogicalType, target: pa.DataType) -> pa.Array:
+    return _times_of(_ints(values, "time of day"), logical, target)
+
+
+def _times_of(numbers: pa.Array, logical: LogicalType, target: pa.DataType) -> pa.Array:
     # 24:00:00 is a valid Postgres time; Arrow/Spark times stop one tick before it.
     per_us = 1000 if logical.kind is LogicalKind.TIME_MS else 1
-    ticks = _clamped_ints(values, 0, _DAY_US // per_us - 1, "time of day")
+    ticks = _clamp(numbers, 0, _DAY_US // per_us - 1)
     micros = pc.multiply(ticks, pa.scalar(per_us, pa.int64())) if per_us != 1 else ticks
     if pa.types.is_integer(target):  # the default Spark type: microseconds past midnight
         return micros.cast(target)
@@ -217,8 +232,12 @@ def _times(values: Sequence[Any], logical: LogicalType, target: pa.DataType) -> 
 
 
 def _timestamps(values: Sequence[Any], logical: LogicalType, target: pa.DataType) -> pa.Array:
+    return _timestamps_of(_ints(values, "epoch timestamp"), logical, target)
+
+
+def _timestamps_of(numbers: pa.Array, logical: LogicalType, target: pa.DataType) -> pa.Array:
     per_us = 1000 if logical.kind is LogicalKind.TIMESTAMP_MS else 1
-    ticks = _clamped_ints(values, MIN_TIMESTAMP_US // per_us, MAX_TIMESTAMP_US // per_us, "epoch timestamp")
+    ticks = _clamp(numbers, MIN_TIMESTAMP_US // per_us, MAX_TIMESTAMP_US // per_us)
     micros = pc.multiply(ticks, pa.scalar(per_us, pa.int64())) if per_us != 1 else ticks
     return micros.cast(target)
 
@@ -304,3 +323,63 @@ _DECODERS: Final[dict[LogicalKind, _Decoder]] = {
     LogicalKind.TIMESTAMPTZ_STRING: _timestamptz,
     LogicalKind.POINT: _points,
 }
+
+
+# --------------------------------------------------------------------------- bulk path
+
+_INTEGER_KINDS: Final = frozenset({LogicalKind.INT16, LogicalKind.INT32, LogicalKind.INT64, LogicalKind.INTERVAL_US})
+_FROM_INTS: Final[dict[LogicalKind, Callable[[pa.Array, LogicalType, pa.DataType], pa.Array]]] = {
+    LogicalKind.DATE: _dates_of,
+    LogicalKind.TIME_MS: _times_of,
+    LogicalKind.TIME_US: _times_of,
+    LogicalKind.TIMESTAMP_MS: _timestamps_of,
+    LogicalKind.TIMESTAMP_US: _timestamps_of,
+}
+#: Kinds whose text values are decoded per value (no Arrow kernel for base64/hex).
+_PER_VALUE_TEXT: Final = frozenset(
+    {LogicalKind.DECIMAL_BASE64, LogicalKind.BYTES_BASE64, LogicalKind.BITS, LogicalKind.BYTES_HEX}
+)
+_VARIABLE_DECIMAL_WIRE: Final = pa.struct([("scale", pa.int64()), ("value", pa.string())])
+
+
+def wire_type(logical: LogicalType, target: pa.DataType) -> pa.DataType | None:
+    """The Arrow type a column's regular JSON values parse into in bulk; ``None``: per value only."""
+    kind = logical.kind
+    if kind is LogicalKind.DECIMAL or kind in _PER_VALUE_TEXT:
+        return pa.string()
+    if kind is LogicalKind.DECIMAL_VARIABLE:
+        return _VARIABLE_DECIMAL_WIRE
+    if pa.types.is_string(target):
+        return pa.string()
+    if kind is LogicalKind.BOOLEAN:
+        return pa.bool_()
+    if kind in _INTEGER_KINDS or kind in _FROM_INTS:
+        return pa.int64()
+    if kind in (LogicalKind.FLOAT, LogicalKind.DOUBLE):
+        return pa.float64()
+    if kind is LogicalKind.TIMESTAMPTZ_STRING:
+        return pa.string()
+    if kind is LogicalKind.POINT:
+        return pa.struct([("x", pa.float64()), ("y", pa.float64())])
+    return None  # arrays (nested, flattened per value) and kinds without a bulk form
+
+
+def decode_wire(array: pa.Array, logical: LogicalType, target: pa.DataType) -> pa.Array:
+    """Decode a column parsed as :func:`wire_type` into ``target``, as :func:`decode_values` would.
+
+    Raises (``BadValue`` or an Arrow error) where the per-value path must decide instead.
+    """
+    kind = logical.kind
+    if kind is LogicalKind.DECIMAL:
+        return array if pa.types.is_string(target) else array.cast(target)
+    if kind in _PER_VALUE_TEXT or kind is LogicalKind.DECIMAL_VARIABLE:
+        return decode_values(array.to_pylist(), logical, target)
+    if pa.types.is_string(target):
+        return array
+    from_ints = _FROM_INTS.get(kind)
+    if from_ints is not None:
+        return from_ints(array, logical, target)
+    if kind is LogicalKind.POINT:
+        x, y = array.flatten()
+        return pa.StructArray.from_arrays([x, y], fields=list(target), mask=array.is_null())
+    return array if array.type == target else array.cast(target)
