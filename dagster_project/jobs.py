@@ -36,6 +36,7 @@ def _failure(exc: HeadwaterError) -> Failure:
 
 @op(
     name="incremental_snapshot",
+    out={},
     description="Read the tables again as op 'r' events (source.snapshot 'incremental') while streaming goes on.",
 )
 def incremental_snapshot_op(
@@ -72,6 +73,7 @@ def resnapshot_job() -> None:
 
 @op(
     name="reprocess_version",
+    out={},
     description="Rebuild a feed or warehouse table as version N+1 from offset 0, then switch readers to it.",
 )
 def reprocess_op(
