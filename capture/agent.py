@@ -448,8 +448,15 @@ class CaptureAgent:
         return state
 
     def _streamed_before(self, state: SnapshotState, resume: ResumePoint) -> bool:
-        """Whether this source has taken changes from its slot (so a lost slot lost some)."""
-        return state.completed or resume.highest() is not None or (self.state_dir / STREAMED_MARKER).exists()
+        """Whether this source has taken changes from its slot (so a lost slot lost some).
+
+        Rows of an unfinished initial snapshot do not count: nothing was streamed yet, so
+        a new slot with a new exported snapshot loses nothing. Without a snapshot (mode
+        ``never``), anything in the log came from the slot.
+        """
+        if state.completed or (self.state_dir / STREAMED_MARKER).exists():
+            return True
+        return self.source.snapshot == "never" and resume.highest() is not None
 
     def _mark_streamed(self) -> None:
         marker = self.state_dir / STREAMED_MARKER

@@ -299,3 +299,34 @@ def test_invalidated_slot_stops_capture_and_resync_recovers(own_pg, unique_name,
         "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (project.slot,)
     )
     assert wal_status != "lost"
+
+
+def test_when_needed_mode_resyncs_by_itself_after_the_slot_is_dropped(pg_database, tmp_path):
+    from capture.agent import CaptureAgent, typemap_decoders
+    from headwater.config import LogConfig, SourceConfig
+
+    name = pg_database.name
+    pg_database.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pg_database.execute(f"CREATE PUBLICATION headwater_{name} FOR TABLE t")
+    pg_database.execute("INSERT INTO t SELECT g, 'initial' FROM generate_series(1, 50) g")
+    source = SourceConfig(dsn=pg_database.dsn, tables=("public.t",), snapshot="when_needed", heartbeat_interval_s=1)
+    project = Project(tmp_path, name, pg_database.dsn, pg_database.server.password)
+
+    def capture() -> None:
+        with FileLog(tmp_path / "home" / "log") as log:
+            agent = CaptureAgent(
+                name, source, log, LogConfig(partitions=3), typemap_decoders(source.types),
+                state_dir=tmp_path / "home" / "capture" / name,
+            )  # fmt: skip
+            agent.run(until_caught_up=True)
+
+    capture()
+    pg_database.execute("SELECT pg_drop_replication_slot(%s)", (project.slot,))
+    pg_database.execute("DELETE FROM t WHERE id <= 5")
+    pg_database.execute("UPDATE t SET v = 'while gone' WHERE id = 6")
+    capture()
+    records = project.log_records()
+    assert_each_change_once(records)
+    latest = latest_per_key(records)
+    assert {k: v for k, v in latest.items() if v is not None} == source_rows(project)
+    assert {k for k, v in latest.items() if v is None} == {1, 2, 3, 4, 5}
