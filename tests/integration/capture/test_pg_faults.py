@@ -150,7 +150,8 @@ def stop(process: subprocess.Popen[str]) -> tuple[str, str]:
             process.kill()
 
 
-def test_postgres_restart_mid_stream_resumes_without_loss_or_duplicates(own_pg, unique_name, tmp_path):
+@pytest.mark.parametrize("mode", ["fast", "immediate"])  # a clean shutdown, and a crash with recovery
+def test_postgres_restart_mid_stream_resumes_without_loss_or_duplicates(own_pg, unique_name, tmp_path, mode):
     project = make_project(own_pg, unique_name("pgf"), tmp_path)
     process = project.follow()
     try:
@@ -162,7 +163,7 @@ def test_postgres_restart_mid_stream_resumes_without_loss_or_duplicates(own_pg, 
                             (batch * 500 + 1, batch * 500 + 500))  # fmt: skip
             if batch == 4:
                 # Mid-stream: the agent is still busy with the batches just committed.
-                own_pg.stop("fast")
+                own_pg.stop(mode)
                 time.sleep(2.0)  # several reconnect attempts fail while the server is down
                 own_pg.start()
         wait_until(lambda: len(events(project.log_records())) >= 5000, 45, "all 5000 inserts in the log")
@@ -285,6 +286,9 @@ def test_invalidated_slot_stops_capture_and_resync_recovers(own_pg, unique_name,
     assert f'replication slot "{project.slot}" is gone (invalidated' in error, failed.stderr
     assert f"run: headwater source resync {project.name}" in error and "Traceback" not in failed.stderr
 
+    unconfirmed = project.cli("source", "resync", project.name)  # stdin is no terminal: nothing happens
+    assert unconfirmed.returncode != 0 and "pass --yes" in unconfirmed.stderr, unconfirmed.stderr
+    assert project.execute(WAL_STATUS, (project.slot,)) == [("lost",)]
     resync = project.cli("source", "resync", project.name, "--yes")
     assert resync.returncode == 0, resync.stderr
     assert "was invalidated" in resync.stdout
