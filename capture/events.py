@@ -118,6 +118,8 @@ class UnresolvedToastError(BadRecordError):
 QUARANTINED_ERRORS = (TypeMappingError, BadRecordError)
 
 _CHANGE_VALUE = b'{"before":%b,"after":%b%b%d%b%d%b%d%b%d,"data_collection_order":%d}}'
+# RowEncoder.event operations (capture/native/_speedups.c).
+_NATIVE_CREATE, _NATIVE_UPDATE, _NATIVE_DELETE_KEY, _NATIVE_DELETE_FULL = 0, 1, 2, 3
 _NULL = b"null"
 
 
@@ -146,7 +148,7 @@ class _Table:
 class _Pieces:
     """The parts of a transaction's event values that are the same for every event of one table."""
 
-    __slots__ = ("op_blocks", "post", "pre", "table_mid")
+    __slots__ = ("native", "op_blocks", "post", "pre", "table_mid")
 
     def __init__(self, table: _Table, db_json: bytes, txn: Transaction, last_commit_lsn: int | None) -> None:
         ts_us = txn.commit_ts_us
@@ -168,6 +170,15 @@ class _Pieces:
             _j(f"{txn.xid}:{txn.commit_lsn.value}"),
         )
         self.op_blocks = {op: block % op.value.encode() for op in (Op.CREATE, Op.UPDATE, Op.DELETE)}
+        # The same pieces for RowEncoder.event (capture/native/_speedups.c).
+        self.native = (
+            self.pre,
+            self.table_mid,
+            self.post,
+            self.op_blocks[Op.CREATE],
+            self.op_blocks[Op.UPDATE],
+            self.op_blocks[Op.DELETE],
+        )
 
 
 class EventBuilder:
@@ -284,7 +295,44 @@ class EventBuilder:
         pieces: dict[int, _Pieces] = {}
         changes = txn.changes
         lsns = txn.lsns if len(txn.lsns) == len(changes) else [0] * len(changes)  # 0: position not known
+        tables, commit, append = self._tables, txn.commit_lsn.value, out.append
         for change, lsn in zip(changes, lsns, strict=True):
+            kind = change.__class__
+            if kind is Insert or kind is Update or kind is Delete:
+                # The native path: one call makes key and value of a create, an update without
+                # old image or a delete, exactly as _events would (tests/unit/capture/test_native.py).
+                # None: the row needs the Python path below (TOAST, key change, errors, no key).
+                table = tables.get(change.relation_oid)  # type: ignore[union-attr]
+                encoder = table.encoder if table is not None else None
+                if encoder is not None:
+                    if kind is Insert:
+                        op, values = _NATIVE_CREATE, change.new  # type: ignore[union-attr]
+                    elif kind is Update:
+                        op, values = _NATIVE_UPDATE, change.new if change.old is None else None  # type: ignore[union-attr]
+                    else:
+                        op = _NATIVE_DELETE_KEY if change.old_is_key else _NATIVE_DELETE_FULL  # type: ignore[union-attr]
+                        values = change.old  # type: ignore[union-attr]
+                    if values is not None:
+                        topic = table.topic  # type: ignore[union-attr]
+                        order = per_table.get(topic, 0) + 1
+                        table_pieces = pieces.get(change.relation_oid)  # type: ignore[union-attr]
+                        if table_pieces is None:
+                            table_pieces = pieces[change.relation_oid] = _Pieces(  # type: ignore[union-attr]
+                                table,  # type: ignore[arg-type]
+                                self._db_json,
+                                txn,
+                                self._last_commit_lsn,
+                            )
+                        done = encoder.event(values, op, table_pieces.native, lsn, index, order)
+                        if done is not None:
+                            per_table[topic] = order
+                            key, value, after_json = done
+                            self._remember(topic, key, after_json)
+                            append(OutRecord(topic, key, value, commit, index))
+                            if op >= _NATIVE_DELETE_KEY:
+                                append(OutRecord(topic, key, None, commit, index))  # the delete's tombstone
+                            index += 1
+                            continue
             if isinstance(change, Relation):
                 schema = self.relation(change)
                 if schema is not None:

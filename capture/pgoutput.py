@@ -407,6 +407,12 @@ class PgoutputDecoder:
         """Decode one message. Raises :class:`PgoutputDecodeError` on malformed input."""
         if not isinstance(data, bytes):
             data = bytes(data)
+        if _native_decode_change is not None:
+            # Insert/Update/Delete (the hot path) in one native call; anything else, or a
+            # malformed message, comes back as None and is decoded (or refused) below.
+            change = _native_decode_change(data, self.in_stream)
+            if change is not None:
+                return change
         if not data:
             msg = "empty message"
             raise PgoutputDecodeError(msg, offset=0)
@@ -536,3 +542,10 @@ class PgoutputDecoder:
         # Protocol 4 appends abort LSN and timestamp; versions 1-2 never send them.
         xid, subxid = _STREAM_ABORT.unpack_from(data, 1)
         return StreamAbort(xid, subxid)
+
+
+#: The extension's twin of PgoutputDecoder's _insert/_update/_delete (None: without the extension).
+_native_decode_change: Callable[[bytes, bool], Insert | Update | Delete | None] | None = None
+if native.speedups is not None:
+    native.speedups.configure(Insert, Update, Delete, UNCHANGED_TOAST)
+    _native_decode_change = native.speedups.decode_change

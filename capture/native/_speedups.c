@@ -250,42 +250,38 @@ static PyObject *py_encode_records(PyObject *self, PyObject *args) {
 /* ------------------------------------------------------------------------------------ */
 /* pgoutput TupleData (capture/pgoutput.py _read_tuple).                                  */
 
-static PyObject *py_read_tuple(PyObject *self, PyObject *args) {
-    Py_buffer view;
-    Py_ssize_t pos;
-    PyObject *unchanged;
-    if (!PyArg_ParseTuple(args, "y*nO", &view, &pos, &unchanged)) return NULL;
-    const unsigned char *d = view.buf;
-    Py_ssize_t n = view.len;
-    PyObject *tuple = NULL;
-    if (pos < 0 || pos + 2 > n) goto fallback;
+/* TupleData at *pos of d[0:n]: a new tuple and *pos after it; NULL without an error set when
+ * malformed (the Python twin raises), NULL with an error set on memory errors. */
+static PyObject *read_tuple_at(const unsigned char *d, Py_ssize_t n, Py_ssize_t *ppos, PyObject *unchanged) {
+    Py_ssize_t pos = *ppos;
+    if (pos < 0 || pos + 2 > n) return NULL;
     int16_t count = (int16_t)((d[pos] << 8) | d[pos + 1]);
     pos += 2;
     if (count < 0) count = 0; /* range(negative) is empty in the Python twin */
-    tuple = PyTuple_New(count);
-    if (tuple == NULL) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
+    PyObject *tuple = PyTuple_New(count);
+    if (tuple == NULL) return NULL;
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (pos >= n) goto fallback;
+        if (pos >= n) goto malformed;
         unsigned char kind = d[pos];
         PyObject *v;
         if (kind == 't' || kind == 'b') {
-            if (pos + 5 > n) goto fallback;
+            if (pos + 5 > n) goto malformed;
             int32_t len = (int32_t)(((uint32_t)d[pos + 1] << 24) | ((uint32_t)d[pos + 2] << 16) |
                                     ((uint32_t)d[pos + 3] << 8) | (uint32_t)d[pos + 4]);
             pos += 5;
-            if (len < 0 || pos + len > n) goto fallback;
+            if (len < 0 || pos + len > n) goto malformed;
             if (kind == 't') {
                 v = PyUnicode_DecodeUTF8((const char *)d + pos, len, NULL);
                 if (v == NULL) {
                     PyErr_Clear();
-                    goto fallback;
+                    goto malformed;
                 }
             } else {
                 v = PyBytes_FromStringAndSize((const char *)d + pos, len);
-                if (v == NULL) goto error;
+                if (v == NULL) {
+                    Py_DECREF(tuple);
+                    return NULL;
+                }
             }
             pos += len;
         } else if (kind == 'n') {
@@ -295,20 +291,160 @@ static PyObject *py_read_tuple(PyObject *self, PyObject *args) {
             v = Py_NewRef(unchanged);
             pos += 1;
         } else {
-            goto fallback;
+            goto malformed;
         }
         PyTuple_SET_ITEM(tuple, i, v);
     }
+    *ppos = pos;
+    return tuple;
+malformed:
+    Py_DECREF(tuple);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Row-change messages (capture/pgoutput.py _insert/_update/_delete).                      */
+
+/* The message classes and the slot descriptors of their fields, set once by configure(). */
+enum { F_OID, F_NEW, F_OLD, F_OLD_IS_KEY, F_XID, F_COUNT };
+static const char *field_names[F_COUNT] = {"relation_oid", "new", "old", "old_is_key", "xid"};
+static PyTypeObject *msg_types[3];          /* Insert, Update, Delete */
+static PyObject *msg_fields[3][F_COUNT];    /* member descriptors (NULL: no such field) */
+static PyObject *unchanged_marker;
+
+static PyObject *py_configure(PyObject *self, PyObject *args) {
+    PyObject *types[3], *unchanged;
+    if (!PyArg_ParseTuple(args, "O!O!O!O", &PyType_Type, &types[0], &PyType_Type, &types[1], &PyType_Type, &types[2],
+                          &unchanged))
+        return NULL;
+    for (int t = 0; t < 3; t++) {
+        Py_XSETREF(msg_types[t], (PyTypeObject *)Py_NewRef(types[t]));
+        for (int f = 0; f < F_COUNT; f++) {
+            PyObject *descr = PyDict_GetItemString(((PyTypeObject *)types[t])->tp_dict, field_names[f]);
+            if (descr != NULL && !(Py_TYPE(descr)->tp_descr_set)) descr = NULL;
+            Py_XSETREF(msg_fields[t][f], Py_XNewRef(descr));
+        }
+    }
+    Py_XSETREF(unchanged_marker, Py_NewRef(unchanged));
+    Py_RETURN_NONE;
+}
+
+/* Set a slot through its member descriptor (frozen dataclasses refuse setattr, slots do not). */
+static int set_field(PyObject *obj, int t, int f, PyObject *value) {
+    PyObject *descr = msg_fields[t][f];
+    int rc = descr ? Py_TYPE(descr)->tp_descr_set(descr, obj, value) : -1;
+    if (descr == NULL) PyErr_SetString(PyExc_TypeError, "message class has no such slot");
+    Py_DECREF(value);
+    return rc;
+}
+
+static inline uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+/* decode_change(data, in_stream) -> Insert | Update | Delete, or None (not one, or malformed:
+ * the Python decoder decides and raises). */
+static PyObject *py_decode_change(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    int in_stream;
+    if (!PyArg_ParseTuple(args, "y*p", &view, &in_stream)) return NULL;
+    const unsigned char *d = view.buf;
+    Py_ssize_t n = view.len;
+    PyObject *old = NULL, *new = NULL, *xid = NULL, *obj = NULL;
+    int t = -1;
+    if (n < 1 || msg_types[0] == NULL) goto fallback;
+    t = d[0] == 'I' ? 0 : d[0] == 'U' ? 1 : d[0] == 'D' ? 2 : -1;
+    if (t < 0) goto fallback;
+    Py_ssize_t pos = 1;
+    if (in_stream) {
+        if (n < 5) goto fallback;
+        xid = PyLong_FromUnsignedLong(be32(d + 1));
+        if (xid == NULL) goto error;
+        pos = 5;
+    } else {
+        xid = Py_NewRef(Py_None);
+    }
+    if (pos + 5 > n) goto fallback;
+    uint32_t oid = be32(d + pos);
+    unsigned char kind = d[pos + 4];
+    pos += 5;
+    int old_is_key = 0;
+    if (t == 0) {
+        if (kind != 'N') goto fallback;
+        new = read_tuple_at(d, n, &pos, unchanged_marker);
+        if (new == NULL) goto maybe_error;
+    } else if (t == 1) {
+        if (kind == 'K' || kind == 'O') {
+            old_is_key = kind == 'K';
+            old = read_tuple_at(d, n, &pos, unchanged_marker);
+            if (old == NULL) goto maybe_error;
+            if (pos >= n) goto fallback;
+            kind = d[pos++];
+        }
+        if (kind != 'N') goto fallback;
+        new = read_tuple_at(d, n, &pos, unchanged_marker);
+        if (new == NULL) goto maybe_error;
+        if (old == NULL) old = Py_NewRef(Py_None);
+    } else {
+        if (kind != 'K' && kind != 'O') goto fallback;
+        old_is_key = kind == 'K';
+        old = read_tuple_at(d, n, &pos, unchanged_marker);
+        if (old == NULL) goto maybe_error;
+    }
+    obj = msg_types[t]->tp_alloc(msg_types[t], 0);
+    if (obj == NULL) goto error;
+    PyObject *oid_obj = PyLong_FromUnsignedLong(oid);
+    if (oid_obj == NULL || set_field(obj, t, F_OID, oid_obj) < 0) goto error;
+    if (new != NULL) {
+        if (set_field(obj, t, F_NEW, new) < 0) {
+            new = NULL;
+            goto error;
+        }
+        new = NULL;
+    }
+    if (old != NULL) {
+        if (set_field(obj, t, F_OLD, old) < 0) {
+            old = NULL;
+            goto error;
+        }
+        old = NULL;
+        if (set_field(obj, t, F_OLD_IS_KEY, PyBool_FromLong(old_is_key)) < 0) goto error;
+    }
+    int rc = set_field(obj, t, F_XID, xid);
+    xid = NULL;
+    if (rc < 0) goto error;
     PyBuffer_Release(&view);
-    return Py_BuildValue("(Nn)", tuple, pos);
-fallback: /* malformed: the Python twin raises the decode error with its position */
-    Py_XDECREF(tuple);
+    return obj;
+maybe_error:
+    if (PyErr_Occurred()) goto error;
+fallback:
+    Py_XDECREF(old);
+    Py_XDECREF(new);
+    Py_XDECREF(xid);
+    Py_XDECREF(obj);
     PyBuffer_Release(&view);
     Py_RETURN_NONE;
 error:
-    Py_XDECREF(tuple);
+    Py_XDECREF(old);
+    Py_XDECREF(new);
+    Py_XDECREF(xid);
+    Py_XDECREF(obj);
     PyBuffer_Release(&view);
     return NULL;
+}
+
+static PyObject *py_read_tuple(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos;
+    PyObject *unchanged;
+    if (!PyArg_ParseTuple(args, "y*nO", &view, &pos, &unchanged)) return NULL;
+    PyObject *tuple = read_tuple_at(view.buf, view.len, &pos, unchanged);
+    PyBuffer_Release(&view);
+    if (tuple == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE; /* malformed: the Python twin raises the decode error with its position */
+    }
+    return Py_BuildValue("(Nn)", tuple, pos);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -342,6 +478,7 @@ typedef struct {
     PyObject *unchanged;      /* UNCHANGED_TOAST */
     Buf buf;
     Buf key;
+    Buf value;
     Py_ssize_t *starts, *ends;  /* value span of each column in buf */
 } RowEncoder;
 
@@ -362,6 +499,7 @@ static void RowEncoder_dealloc(RowEncoder *self) {
     Py_XDECREF(self->unchanged);
     buf_free(&self->buf);
     buf_free(&self->key);
+    buf_free(&self->value);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -606,26 +744,27 @@ static int convert_python(RowEncoder *self, Py_ssize_t col, PyObject *value) {
     return rc < 0 ? -1 : 1;
 }
 
-/* encode(values) -> (after_json, key_json | None), or None when the Python path must handle the
- * row: an unchanged-TOAST or binary value, a column count that does not match, or a value the
- * converters reject (so the Python path raises the error that quarantines the change). */
-static PyObject *RowEncoder_encode(RowEncoder *self, PyObject *values) {
-    if (!PyTuple_Check(values) || PyTuple_GET_SIZE(values) != self->ncols) Py_RETURN_NONE;
+/* The row image of values into self->buf and, with key columns, the key into self->key.
+ * 1: done; 0: the Python path must handle the row (an unchanged-TOAST or binary value, a column
+ * count that does not match, a value the converters reject: the Python path raises the error
+ * that quarantines the change); -1: error set. */
+static int encode_image(RowEncoder *self, PyObject *values) {
+    if (!PyTuple_Check(values) || PyTuple_GET_SIZE(values) != self->ncols) return 0;
     Buf *b = &self->buf;
     b->len = 0;
-    if (buf_byte(b, '{') < 0) return NULL;
+    if (buf_byte(b, '{') < 0) return -1;
     int first = 1;
     for (Py_ssize_t i = 0; i < self->ncols; i++) {
         PyObject *v = PyTuple_GET_ITEM(values, i);
         Py_ssize_t mark = b->len;
         if (self->emit[i]) {
-            if (!first && buf_byte(b, ',') < 0) return NULL;
+            if (!first && buf_byte(b, ',') < 0) return -1;
             PyObject *name = self->names_json[i];
-            if (buf_put(b, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) < 0) return NULL;
+            if (buf_put(b, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) < 0) return -1;
         }
         Py_ssize_t start = b->len;
         if (v == Py_None) {
-            if (buf_put(b, "null", 4) < 0) return NULL;
+            if (buf_put(b, "null", 4) < 0) return -1;
         } else if (PyUnicode_CheckExact(v)) {
             int rc = 0;
             if (self->kinds[i] != K_PYTHON) {
@@ -633,16 +772,15 @@ static PyObject *RowEncoder_encode(RowEncoder *self, PyObject *values) {
                 const char *s = PyUnicode_AsUTF8AndSize(v, &n);
                 if (s == NULL) {
                     PyErr_Clear();
-                    Py_RETURN_NONE;
+                    return 0;
                 }
                 rc = n > 0 || self->kinds[i] == K_STRING ? convert_native(self, self->kinds[i], self->params[i], s, n)
                                                          : 0;
             }
             if (rc == 0) rc = convert_python(self, i, v);
-            if (rc < 0) return NULL;
-            if (rc == 0) Py_RETURN_NONE;
+            if (rc <= 0) return rc;
         } else {
-            Py_RETURN_NONE; /* unchanged TOAST or a binary value */
+            return 0; /* unchanged TOAST or a binary value */
         }
         if (self->emit[i]) {
             self->starts[i] = start;
@@ -652,32 +790,114 @@ static PyObject *RowEncoder_encode(RowEncoder *self, PyObject *values) {
             b->len = mark; /* excluded: converted (it may fail, as in the Python path), then dropped */
         }
     }
-    if (buf_byte(b, '}') < 0) return NULL;
-    PyObject *after = PyBytes_FromStringAndSize(b->data, b->len);
-    if (after == NULL) return NULL;
-    if (self->nkeys == 0) return Py_BuildValue("(NO)", after, Py_None);
+    if (buf_byte(b, '}') < 0) return -1;
+    if (self->nkeys == 0) return 1;
     Buf *k = &self->key;
     k->len = 0;
-    if (buf_byte(k, '{') < 0) goto fail;
+    if (buf_byte(k, '{') < 0) return -1;
     for (Py_ssize_t j = 0; j < self->nkeys; j++) {
         Py_ssize_t c = self->key_cols[j];
-        if (j && buf_byte(k, ',') < 0) goto fail;
+        if (j && buf_byte(k, ',') < 0) return -1;
         PyObject *name = self->names_json[c];
-        if (buf_put(k, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) < 0) goto fail;
-        if (buf_put(k, b->data + self->starts[c], self->ends[c] - self->starts[c]) < 0) goto fail;
+        if (buf_put(k, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) < 0) return -1;
+        if (buf_put(k, b->data + self->starts[c], self->ends[c] - self->starts[c]) < 0) return -1;
     }
-    if (buf_byte(k, '}') < 0) goto fail;
-    PyObject *key = PyBytes_FromStringAndSize(k->data, k->len);
-    if (key == NULL) goto fail;
+    return buf_byte(k, '}') < 0 ? -1 : 1;
+}
+
+/* encode(values) -> (after_json, key_json | None), or None when the Python path must decide. */
+static PyObject *RowEncoder_encode(RowEncoder *self, PyObject *values) {
+    int rc = encode_image(self, values);
+    if (rc < 0) return NULL;
+    if (rc == 0) Py_RETURN_NONE;
+    PyObject *after = PyBytes_FromStringAndSize(self->buf.data, self->buf.len);
+    if (after == NULL) return NULL;
+    if (self->nkeys == 0) return Py_BuildValue("(NO)", after, Py_None);
+    PyObject *key = PyBytes_FromStringAndSize(self->key.data, self->key.len);
+    if (key == NULL) {
+        Py_DECREF(after);
+        return NULL;
+    }
     return Py_BuildValue("(NN)", after, key);
-fail:
-    Py_DECREF(after);
-    return NULL;
+}
+
+static inline int put_bytes_obj(Buf *b, PyObject *o) { return buf_put(b, PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o)); }
+
+/* event(values, op, pieces, lsn, index, order) -> (key, value, after_json | None), or None when the
+ * Python path must decide. op: 0 create, 1 update without old image, 2 delete of a key tuple,
+ * 3 delete of a full old row. pieces: (pre, table_mid, post, block_c, block_u, block_d) of
+ * capture.events._Pieces. The value is capture.events._CHANGE_VALUE filled as EventBuilder._value
+ * fills it. Needs key columns (a keyless table takes the Python path). */
+static PyObject *RowEncoder_event(RowEncoder *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "event() takes 6 arguments");
+        return NULL;
+    }
+    PyObject *values = args[0], *pieces = args[2];
+    int op = (int)PyLong_AsLong(args[1]);
+    long long lsn = PyLong_AsLongLong(args[3]);
+    long long index = PyLong_AsLongLong(args[4]);
+    long long order = PyLong_AsLongLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    if (op < 0 || op > 3 || !PyTuple_Check(pieces) || PyTuple_GET_SIZE(pieces) != 6) {
+        PyErr_SetString(PyExc_ValueError, "bad op or pieces");
+        return NULL;
+    }
+    for (int i = 0; i < 6; i++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(pieces, i))) {
+            PyErr_SetString(PyExc_TypeError, "pieces must be bytes");
+            return NULL;
+        }
+    }
+    if (self->nkeys == 0) Py_RETURN_NONE;
+    int rc = encode_image(self, values);
+    if (rc < 0) return NULL;
+    if (rc == 0) Py_RETURN_NONE;
+    Buf *v = &self->value;
+    v->len = 0;
+    const char *image = self->buf.data, *key = self->key.data;
+    Py_ssize_t image_len = self->buf.len, key_len = self->key.len;
+    int block = op == 0 ? 3 : op == 1 ? 4 : 5;
+    if (buf_put(v, "{\"before\":", 10) < 0) return NULL;
+    if (op <= 1) {
+        if (buf_put(v, "null,\"after\":", 13) < 0 || buf_put(v, image, image_len) < 0) return NULL;
+    } else {
+        if ((op == 2 ? buf_put(v, key, key_len) : buf_put(v, image, image_len)) < 0) return NULL;
+        if (buf_put(v, ",\"after\":null", 13) < 0) return NULL;
+    }
+    if (put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 0)) < 0 || buf_int(v, lsn) < 0 ||
+        put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 1)) < 0 || buf_int(v, lsn) < 0 ||
+        put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 2)) < 0 || buf_int(v, index) < 0 ||
+        put_bytes_obj(v, PyTuple_GET_ITEM(pieces, block)) < 0 || buf_int(v, index + 1) < 0 ||
+        buf_put(v, ",\"data_collection_order\":", 25) < 0 || buf_int(v, order) < 0 || buf_put(v, "}}", 2) < 0)
+        return NULL;
+    PyObject *key_obj = PyBytes_FromStringAndSize(key, key_len);
+    PyObject *value_obj = key_obj ? PyBytes_FromStringAndSize(v->data, v->len) : NULL;
+    PyObject *after_obj = NULL;
+    if (value_obj != NULL) after_obj = op <= 1 ? PyBytes_FromStringAndSize(image, image_len) : Py_NewRef(Py_None);
+    if (after_obj == NULL) {
+        Py_XDECREF(key_obj);
+        Py_XDECREF(value_obj);
+        return NULL;
+    }
+    PyObject *out = PyTuple_New(3);
+    if (out == NULL) {
+        Py_DECREF(key_obj);
+        Py_DECREF(value_obj);
+        Py_DECREF(after_obj);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(out, 0, key_obj);
+    PyTuple_SET_ITEM(out, 1, value_obj);
+    PyTuple_SET_ITEM(out, 2, after_obj);
+    return out;
 }
 
 static PyMethodDef RowEncoder_methods[] = {
     {"encode", (PyCFunction)RowEncoder_encode, METH_O,
      "encode(values) -> (after_json, key_json | None), or None when the Python path must decide."},
+    {"event", (PyCFunction)(void (*)(void))RowEncoder_event, METH_FASTCALL,
+     "event(values, op, pieces, lsn, index, order) -> (key, value, after_json | None), or None."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -699,6 +919,10 @@ static PyMethodDef methods[] = {
     {"partitions", py_partitions, METH_VARARGS, "partitions(keys, n): Kafka partition of each key (None -> 0)."},
     {"encode_records", py_encode_records, METH_VARARGS,
      "encode_records(records, now_ms) -> (records bytes, max_ts), or None if a record needs the Python encoder."},
+    {"configure", py_configure, METH_VARARGS,
+     "configure(Insert, Update, Delete, unchanged): the classes decode_change builds."},
+    {"decode_change", py_decode_change, METH_VARARGS,
+     "decode_change(data, in_stream) -> Insert | Update | Delete, or None (the Python decoder decides)."},
     {"read_tuple", py_read_tuple, METH_VARARGS,
      "read_tuple(data, pos, unchanged) -> (values, end), or None if malformed (the Python twin raises)."},
     {NULL, NULL, 0, NULL},

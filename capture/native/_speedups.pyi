@@ -12,6 +12,12 @@ def partitions(keys: Sequence[bytes | None], n: int, /) -> list[int]:
 def encode_records(records: Sequence[Any], now_ms: int, /) -> tuple[bytes, int] | None:
     """The records part of a file-log batch and its max timestamp; None if a record needs the Python encoder."""
 
+def configure(insert: type, update: type, delete: type, unchanged: object, /) -> None:
+    """The message classes :func:`decode_change` builds and the unchanged-TOAST marker."""
+
+def decode_change(data: bytes, in_stream: bool, /) -> Any:
+    """An Insert, Update or Delete message; None for any other or a malformed message."""
+
 def read_tuple(data: bytes, pos: int, unchanged: object, /) -> tuple[tuple[Any, ...], int] | None:
     """The pgoutput TupleData at ``pos`` and the position after it; None if malformed."""
 
@@ -32,3 +38,7 @@ class RowEncoder:
     ) -> None: ...
     def encode(self, values: tuple[Any, ...], /) -> tuple[bytes, bytes | None] | None:
         """``(after_json, key_json)``, or None when the Python path must handle the row."""
+    def event(
+        self, values: tuple[Any, ...], op: int, pieces: tuple[bytes, ...], lsn: int, index: int, order: int, /
+    ) -> tuple[bytes, bytes, bytes | None] | None:
+        """``(key, value, after_json)`` of one change event, or None when the Python path must handle it."""
