@@ -6,6 +6,7 @@ as one line on stderr with a non-zero exit; ``--debug`` adds the traceback.
 
 from __future__ import annotations
 
+import importlib
 import sys
 import traceback
 from pathlib import Path
@@ -23,7 +24,40 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Command name -> the module under headwater/commands that attaches it. Modules are imported on
+# first use: `headwater log tail` need not import Spark, Dagster or psycopg (each CLI process
+# starts in a fraction of the time, which every subprocess-driven test and script feels).
+_COMMAND_MODULES = {
+    "source": "source",
+    "capture": "capture",
+    "snapshot": "snapshot",
+    "log": "log",
+    "query": "warehouse",
+    "load": "warehouse",
+    "quality": "quality",
+    "run": "run",
+    "status": "status",
+    "ui": "ui",
+    "demo": "demo",
+    "feeds": "feeds",
+    "reprocess": "feeds",
+}
+
+
+class _LazyGroup(click.Group):
+    """The root group: imports a command's module when the command is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *_COMMAND_MODULES})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module_name = _COMMAND_MODULES.get(cmd_name)
+        if module_name is not None and cmd_name not in self.commands:
+            importlib.import_module(f"headwater.commands.{module_name}").register(self)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="headwater")
 @root_config_option
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
@@ -41,20 +75,6 @@ def init_command(directory: Path, project: str | None) -> None:
     path = init_project(directory, project)
     click.echo(f"wrote {path}")
     click.echo("next: headwater source add NAME --dsn DSN --tables schema.table,...")
-
-
-def _register_commands() -> None:
-    # Each area's commands live in headwater/commands/<area>.py and attach to `cli`.
-    from headwater.commands import capture, demo, log, quality, run, snapshot, source, status, ui, warehouse
-
-    for module in (source, capture, snapshot, log, warehouse, quality, run, status, ui, demo):
-        module.register(cli)
-    from headwater.commands import feeds  # feeds run, reprocess
-
-    feeds.register(cli)
-
-
-_register_commands()
 
 
 def _one_line(text: str) -> str:
