@@ -118,8 +118,6 @@ class UnresolvedToastError(BadRecordError):
 QUARANTINED_ERRORS = (TypeMappingError, BadRecordError)
 
 _CHANGE_VALUE = b'{"before":%b,"after":%b%b%d%b%d%b%d%b%d,"data_collection_order":%d}}'
-# RowEncoder.event operations (capture/native/_speedups.c).
-_NATIVE_CREATE, _NATIVE_UPDATE, _NATIVE_DELETE_KEY, _NATIVE_DELETE_FULL = 0, 1, 2, 3
 _NULL = b"null"
 
 
@@ -295,44 +293,50 @@ class EventBuilder:
         pieces: dict[int, _Pieces] = {}
         changes = txn.changes
         lsns = txn.lsns if len(txn.lsns) == len(changes) else [0] * len(changes)  # 0: position not known
-        tables, commit, append = self._tables, txn.commit_lsn.value, out.append
-        for change, lsn in zip(changes, lsns, strict=True):
+        if not isinstance(lsns, list):
+            lsns = list(lsns)
+        tables, commit = self._tables, txn.commit_lsn.value
+        position, count = 0, len(changes)
+        while position < count:
+            change, lsn = changes[position], lsns[position]
+            position += 1
             kind = change.__class__
             if kind is Insert or kind is Update or kind is Delete:
-                # The native path: one call makes key and value of a create, an update without
-                # old image or a delete, exactly as _events would (tests/unit/capture/test_native.py).
-                # None: the row needs the Python path below (TOAST, key change, errors, no key).
-                table = tables.get(change.relation_oid)  # type: ignore[union-attr]
+                # The native path: one call turns the run of creates, updates without old image and
+                # deletes of one table starting here into records, exactly as _events would
+                # (tests/unit/capture/test_native.py); it stops where a change needs the Python
+                # path below (TOAST, key change, errors, no key, another table).
+                oid = change.relation_oid  # type: ignore[union-attr]
+                table = tables.get(oid)
                 encoder = table.encoder if table is not None else None
                 if encoder is not None:
-                    if kind is Insert:
-                        op, values = _NATIVE_CREATE, change.new  # type: ignore[union-attr]
-                    elif kind is Update:
-                        op, values = _NATIVE_UPDATE, change.new if change.old is None else None  # type: ignore[union-attr]
-                    else:
-                        op = _NATIVE_DELETE_KEY if change.old_is_key else _NATIVE_DELETE_FULL  # type: ignore[union-attr]
-                        values = change.old  # type: ignore[union-attr]
-                    if values is not None:
-                        topic = table.topic  # type: ignore[union-attr]
-                        order = per_table.get(topic, 0) + 1
-                        table_pieces = pieces.get(change.relation_oid)  # type: ignore[union-attr]
-                        if table_pieces is None:
-                            table_pieces = pieces[change.relation_oid] = _Pieces(  # type: ignore[union-attr]
-                                table,  # type: ignore[arg-type]
-                                self._db_json,
-                                txn,
-                                self._last_commit_lsn,
-                            )
-                        done = encoder.event(values, op, table_pieces.native, lsn, index, order)
-                        if done is not None:
-                            per_table[topic] = order
-                            key, value, after_json = done
-                            self._remember(topic, key, after_json)
-                            append(OutRecord(topic, key, value, commit, index))
-                            if op >= _NATIVE_DELETE_KEY:
-                                append(OutRecord(topic, key, None, commit, index))  # the delete's tombstone
-                            index += 1
-                            continue
+                    topic = table.topic  # type: ignore[union-attr]
+                    table_pieces = pieces.get(oid)
+                    if table_pieces is None:
+                        table_pieces = pieces[oid] = _Pieces(table, self._db_json, txn, self._last_commit_lsn)  # type: ignore[arg-type]
+                    half = self._images_half
+                    done, index, order = encoder.events(
+                        changes,
+                        lsns,
+                        position - 1,
+                        oid,
+                        table_pieces.native,
+                        index,
+                        per_table.get(topic, 0) + 1,
+                        commit,
+                        topic,
+                        OutRecord,
+                        out,
+                        self._images if half > 0 else None,
+                        self._old_images,
+                        half,
+                    )
+                    if done:
+                        per_table[topic] = order - 1
+                        if half > 0 and len(self._images) >= half:
+                            self._old_images, self._images = self._images, {}
+                        position += done - 1
+                        continue
             if isinstance(change, Relation):
                 schema = self.relation(change)
                 if schema is not None:

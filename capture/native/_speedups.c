@@ -823,24 +823,90 @@ static PyObject *RowEncoder_encode(RowEncoder *self, PyObject *values) {
 
 static inline int put_bytes_obj(Buf *b, PyObject *o) { return buf_put(b, PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o)); }
 
-/* event(values, op, pieces, lsn, index, order) -> (key, value, after_json | None), or None when the
- * Python path must decide. op: 0 create, 1 update without old image, 2 delete of a key tuple,
- * 3 delete of a full old row. pieces: (pre, table_mid, post, block_c, block_u, block_d) of
- * capture.events._Pieces. The value is capture.events._CHANGE_VALUE filled as EventBuilder._value
- * fills it. Needs key columns (a keyless table takes the Python path). */
-static PyObject *RowEncoder_event(RowEncoder *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "event() takes 6 arguments");
+/* The event value of the image in self->buf (key in self->key) into self->value: capture.events._CHANGE_VALUE
+ * filled as EventBuilder._value fills it. op: 0 create, 1 update without old image, 2 delete of a key
+ * tuple (before = the key object), 3 delete of a full old row. pieces: capture.events._Pieces.native. */
+static int write_value(RowEncoder *self, int op, PyObject *pieces, long long lsn, long long index, long long order) {
+    Buf *v = &self->value;
+    v->len = 0;
+    const char *image = self->buf.data, *key = self->key.data;
+    Py_ssize_t image_len = self->buf.len, key_len = self->key.len;
+    int block = op == 0 ? 3 : op == 1 ? 4 : 5;
+    if (buf_put(v, "{\"before\":", 10) < 0) return -1;
+    if (op <= 1) {
+        if (buf_put(v, "null,\"after\":", 13) < 0 || buf_put(v, image, image_len) < 0) return -1;
+    } else {
+        if ((op == 2 ? buf_put(v, key, key_len) : buf_put(v, image, image_len)) < 0) return -1;
+        if (buf_put(v, ",\"after\":null", 13) < 0) return -1;
+    }
+    if (put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 0)) < 0 || buf_int(v, lsn) < 0 ||
+        put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 1)) < 0 || buf_int(v, lsn) < 0 ||
+        put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 2)) < 0 || buf_int(v, index) < 0 ||
+        put_bytes_obj(v, PyTuple_GET_ITEM(pieces, block)) < 0 || buf_int(v, index + 1) < 0 ||
+        buf_put(v, ",\"data_collection_order\":", 25) < 0 || buf_int(v, order) < 0 || buf_put(v, "}}", 2) < 0)
+        return -1;
+    return 0;
+}
+
+/* A field of a configured message class, through its slot descriptor (new reference). */
+static PyObject *get_field(PyObject *obj, int t, int f) {
+    PyObject *descr = msg_fields[t][f];
+    if (descr == NULL || Py_TYPE(descr)->tp_descr_get == NULL) {
+        PyErr_SetString(PyExc_TypeError, "message class has no such slot");
         return NULL;
     }
-    PyObject *values = args[0], *pieces = args[2];
-    int op = (int)PyLong_AsLong(args[1]);
-    long long lsn = PyLong_AsLongLong(args[3]);
-    long long index = PyLong_AsLongLong(args[4]);
-    long long order = PyLong_AsLongLong(args[5]);
+    return Py_TYPE(descr)->tp_descr_get(descr, obj, (PyObject *)Py_TYPE(obj));
+}
+
+/* record_type(topic, key, value, commit, index, ()) for a tuple subclass (capture.events.OutRecord),
+ * built as tuple's own __new__ builds subclass instances. Steals key, value and index. */
+static PyObject *make_record(PyTypeObject *rt, PyObject *topic, PyObject *key, PyObject *value, PyObject *commit,
+                             PyObject *index) {
+    PyObject *r = rt->tp_alloc(rt, 6);
+    PyObject *headers = r ? PyTuple_New(0) : NULL;
+    if (headers == NULL) {
+        Py_XDECREF(r);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        Py_DECREF(index);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(r, 0, Py_NewRef(topic));
+    PyTuple_SET_ITEM(r, 1, key);
+    PyTuple_SET_ITEM(r, 2, value);
+    PyTuple_SET_ITEM(r, 3, Py_NewRef(commit));
+    PyTuple_SET_ITEM(r, 4, index);
+    PyTuple_SET_ITEM(r, 5, headers);
+    return r;
+}
+
+/* events(changes, lsns, pos, relation_oid, pieces, index, order, commit, topic, record_type, out,
+ *        images, old_images, limit) -> (consumed, index, order)
+ *
+ * EventBuilder.build's native loop: from changes[pos] on, while each change is an Insert, an
+ * Update without old image or a Delete of relation_oid that encode_image answers, append its
+ * records (a delete's tombstone too) to out, as event() + the Python loop would, and keep the
+ * after-image cache: images[(topic, key)] = after JSON, a delete removes the key from both
+ * generations. Stops at the first other change (the Python path takes it), or right after the
+ * young generation reaches limit entries (the caller rotates). images None: no cache. */
+static PyObject *RowEncoder_events(RowEncoder *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "events() takes 14 arguments");
+        return NULL;
+    }
+    PyObject *changes = args[0], *lsns = args[1], *pieces = args[4], *commit = args[7], *topic = args[8];
+    PyObject *rt_obj = args[9], *out = args[10], *images = args[11], *old_images = args[12];
+    Py_ssize_t pos = PyLong_AsSsize_t(args[2]);
+    unsigned long oid = PyLong_AsUnsignedLong(args[3]);
+    long long index = PyLong_AsLongLong(args[5]);
+    long long order = PyLong_AsLongLong(args[6]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[13]);
     if (PyErr_Occurred()) return NULL;
-    if (op < 0 || op > 3 || !PyTuple_Check(pieces) || PyTuple_GET_SIZE(pieces) != 6) {
-        PyErr_SetString(PyExc_ValueError, "bad op or pieces");
+    if (!PyList_Check(changes) || !PyList_Check(lsns) || !PyList_Check(out) || !PyType_Check(rt_obj) ||
+        !PyType_IsSubtype((PyTypeObject *)rt_obj, &PyTuple_Type) || !PyTuple_Check(pieces) ||
+        PyTuple_GET_SIZE(pieces) != 6 || (images != Py_None && !PyDict_Check(images)) ||
+        (old_images != Py_None && !PyDict_Check(old_images)) || msg_types[0] == NULL) {
+        PyErr_SetString(PyExc_TypeError, "events(): bad arguments");
         return NULL;
     }
     for (int i = 0; i < 6; i++) {
@@ -849,55 +915,123 @@ static PyObject *RowEncoder_event(RowEncoder *self, PyObject *const *args, Py_ss
             return NULL;
         }
     }
-    if (self->nkeys == 0) Py_RETURN_NONE;
-    int rc = encode_image(self, values);
-    if (rc < 0) return NULL;
-    if (rc == 0) Py_RETURN_NONE;
-    Buf *v = &self->value;
-    v->len = 0;
-    const char *image = self->buf.data, *key = self->key.data;
-    Py_ssize_t image_len = self->buf.len, key_len = self->key.len;
-    int block = op == 0 ? 3 : op == 1 ? 4 : 5;
-    if (buf_put(v, "{\"before\":", 10) < 0) return NULL;
-    if (op <= 1) {
-        if (buf_put(v, "null,\"after\":", 13) < 0 || buf_put(v, image, image_len) < 0) return NULL;
-    } else {
-        if ((op == 2 ? buf_put(v, key, key_len) : buf_put(v, image, image_len)) < 0) return NULL;
-        if (buf_put(v, ",\"after\":null", 13) < 0) return NULL;
+    PyTypeObject *rt = (PyTypeObject *)rt_obj;
+    Py_ssize_t start = pos, n = PyList_GET_SIZE(changes);
+    if (self->nkeys == 0) n = pos; /* a keyless table takes the Python path */
+    while (pos < n && pos < PyList_GET_SIZE(lsns)) {
+        PyObject *change = PyList_GET_ITEM(changes, pos);
+        PyTypeObject *type = Py_TYPE(change);
+        int t = type == msg_types[0] ? 0 : type == msg_types[1] ? 1 : type == msg_types[2] ? 2 : -1;
+        if (t < 0) break;
+        PyObject *oid_obj = get_field(change, t, F_OID);
+        if (oid_obj == NULL) return NULL;
+        unsigned long change_oid = PyLong_AsUnsignedLong(oid_obj);
+        Py_DECREF(oid_obj);
+        if (PyErr_Occurred()) return NULL;
+        if (change_oid != oid) break;
+        int op;
+        PyObject *values;
+        if (t == 0) {
+            op = 0;
+            values = get_field(change, t, F_NEW);
+        } else if (t == 1) {
+            PyObject *old = get_field(change, t, F_OLD);
+            if (old == NULL) return NULL;
+            int has_old = old != Py_None;
+            Py_DECREF(old);
+            if (has_old) break;
+            op = 1;
+            values = get_field(change, t, F_NEW);
+        } else {
+            PyObject *is_key = get_field(change, t, F_OLD_IS_KEY);
+            if (is_key == NULL) return NULL;
+            int key_only = PyObject_IsTrue(is_key);
+            Py_DECREF(is_key);
+            if (key_only < 0) return NULL;
+            op = key_only ? 2 : 3;
+            values = get_field(change, t, F_OLD);
+        }
+        if (values == NULL) return NULL;
+        long long lsn = PyLong_AsLongLong(PyList_GET_ITEM(lsns, pos));
+        if (lsn == -1 && PyErr_Occurred()) {
+            Py_DECREF(values);
+            return NULL;
+        }
+        int rc = encode_image(self, values);
+        Py_DECREF(values);
+        if (rc < 0) return NULL;
+        if (rc == 0) break;
+        if (write_value(self, op, pieces, lsn, index, order) < 0) return NULL;
+        PyObject *key = PyBytes_FromStringAndSize(self->key.data, self->key.len);
+        if (key == NULL) return NULL;
+        PyObject *value = PyBytes_FromStringAndSize(self->value.data, self->value.len);
+        PyObject *index_obj = value ? PyLong_FromLongLong(index) : NULL;
+        if (index_obj == NULL) {
+            Py_DECREF(key);
+            Py_XDECREF(value);
+            return NULL;
+        }
+        PyObject *record = make_record(rt, topic, Py_NewRef(key), value, commit, Py_NewRef(index_obj));
+        if (record == NULL || PyList_Append(out, record) < 0) {
+            Py_XDECREF(record);
+            Py_DECREF(key);
+            Py_DECREF(index_obj);
+            return NULL;
+        }
+        Py_DECREF(record);
+        if (op >= 2) { /* the delete's tombstone shares its index */
+            record = make_record(rt, topic, Py_NewRef(key), Py_NewRef(Py_None), commit, Py_NewRef(index_obj));
+            if (record == NULL || PyList_Append(out, record) < 0) {
+                Py_XDECREF(record);
+                Py_DECREF(key);
+                Py_DECREF(index_obj);
+                return NULL;
+            }
+            Py_DECREF(record);
+        }
+        Py_DECREF(index_obj);
+        int full = 0;
+        if (images != Py_None) {
+            PyObject *slot = PyTuple_Pack(2, topic, key);
+            if (slot == NULL) {
+                Py_DECREF(key);
+                return NULL;
+            }
+            int failed = 0;
+            if (op <= 1) {
+                PyObject *after = PyBytes_FromStringAndSize(self->buf.data, self->buf.len);
+                failed = after == NULL || PyDict_SetItem(images, slot, after) < 0;
+                Py_XDECREF(after);
+                full = PyDict_GET_SIZE(images) >= limit;
+            } else {
+                PyObject *dicts[2] = {images, old_images};
+                for (int d = 0; d < 2 && !failed; d++) {
+                    if (dicts[d] == Py_None) continue;
+                    int has = PyDict_Contains(dicts[d], slot);
+                    failed = has < 0 || (has && PyDict_DelItem(dicts[d], slot) < 0);
+                }
+            }
+            Py_DECREF(slot);
+            if (failed) {
+                Py_DECREF(key);
+                return NULL;
+            }
+        }
+        Py_DECREF(key);
+        index++;
+        order++;
+        pos++;
+        if (full) break;
     }
-    if (put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 0)) < 0 || buf_int(v, lsn) < 0 ||
-        put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 1)) < 0 || buf_int(v, lsn) < 0 ||
-        put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 2)) < 0 || buf_int(v, index) < 0 ||
-        put_bytes_obj(v, PyTuple_GET_ITEM(pieces, block)) < 0 || buf_int(v, index + 1) < 0 ||
-        buf_put(v, ",\"data_collection_order\":", 25) < 0 || buf_int(v, order) < 0 || buf_put(v, "}}", 2) < 0)
-        return NULL;
-    PyObject *key_obj = PyBytes_FromStringAndSize(key, key_len);
-    PyObject *value_obj = key_obj ? PyBytes_FromStringAndSize(v->data, v->len) : NULL;
-    PyObject *after_obj = NULL;
-    if (value_obj != NULL) after_obj = op <= 1 ? PyBytes_FromStringAndSize(image, image_len) : Py_NewRef(Py_None);
-    if (after_obj == NULL) {
-        Py_XDECREF(key_obj);
-        Py_XDECREF(value_obj);
-        return NULL;
-    }
-    PyObject *out = PyTuple_New(3);
-    if (out == NULL) {
-        Py_DECREF(key_obj);
-        Py_DECREF(value_obj);
-        Py_DECREF(after_obj);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(out, 0, key_obj);
-    PyTuple_SET_ITEM(out, 1, value_obj);
-    PyTuple_SET_ITEM(out, 2, after_obj);
-    return out;
+    return Py_BuildValue("(nLL)", pos - start, index, order);
 }
 
 static PyMethodDef RowEncoder_methods[] = {
     {"encode", (PyCFunction)RowEncoder_encode, METH_O,
      "encode(values) -> (after_json, key_json | None), or None when the Python path must decide."},
-    {"event", (PyCFunction)(void (*)(void))RowEncoder_event, METH_FASTCALL,
-     "event(values, op, pieces, lsn, index, order) -> (key, value, after_json | None), or None."},
+    {"events", (PyCFunction)(void (*)(void))RowEncoder_events, METH_FASTCALL,
+     "events(changes, lsns, pos, relation_oid, pieces, index, order, commit, topic, record_type, out, images, "
+     "old_images, limit) -> (consumed, index, order)."},
     {NULL, NULL, 0, NULL},
 };
 

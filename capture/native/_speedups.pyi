@@ -38,7 +38,22 @@ class RowEncoder:
     ) -> None: ...
     def encode(self, values: tuple[Any, ...], /) -> tuple[bytes, bytes | None] | None:
         """``(after_json, key_json)``, or None when the Python path must handle the row."""
-    def event(
-        self, values: tuple[Any, ...], op: int, pieces: tuple[bytes, ...], lsn: int, index: int, order: int, /
-    ) -> tuple[bytes, bytes, bytes | None] | None:
-        """``(key, value, after_json)`` of one change event, or None when the Python path must handle it."""
+    def events(
+        self,
+        changes: list[Any],
+        lsns: list[int],
+        pos: int,
+        relation_oid: int,
+        pieces: tuple[bytes, ...],
+        index: int,
+        order: int,
+        commit: int,
+        topic: str,
+        record_type: type,
+        out: list[Any],
+        images: dict[tuple[str, bytes], bytes] | None,
+        old_images: dict[tuple[str, bytes], bytes] | None,
+        limit: int,
+        /,
+    ) -> tuple[int, int, int]:
+        """Records of the run of simple changes from ``pos``: ``(consumed, index, order)`` after it."""
