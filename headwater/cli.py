@@ -15,7 +15,7 @@ import click
 
 from headwater import __version__
 from headwater.cli_context import Context, config_option, pass_context, print_json, root_config_option
-from headwater.errors import HeadwaterError
+from headwater.errors import EXIT_PERMANENT, HeadwaterError, PermanentError
 from headwater.scaffold import init_project
 
 __all__ = ["Context", "cli", "config_option", "main", "pass_context", "print_json"]
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         click.echo(f"error: {_one_line(str(exc))}", err=True)
-        return EXIT_ERROR
+        return EXIT_PERMANENT if isinstance(exc, PermanentError) else EXIT_ERROR
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return EXIT_ERROR

@@ -7,6 +7,10 @@ branch on :class:`TransientError` vs :class:`PermanentError`; the CLI prints
 
 from __future__ import annotations
 
+#: Exit code of a command that failed with a :class:`PermanentError`: retrying will not help
+#: until an operator acts, so ``headwater run --follow`` does not restart a stage exiting with it.
+EXIT_PERMANENT = 3
+
 
 class HeadwaterError(Exception):
     """Base class of all deliberate Headwater errors."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from headwater.config import ProjectConfig
+from headwater.errors import EXIT_PERMANENT
 
 #: Backoff before restarting a crashed stage (seconds), capped at the last value.
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -40,6 +41,7 @@ class Stage:
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
+    failed: bool = False
 
 
 @dataclass
@@ -112,12 +114,21 @@ class Supervisor:
         while not self._stop.wait(self._poll_s):
             for stage in self.stages:
                 process = stage.process
+                if stage.failed:
+                    continue
                 if process is None:
                     if time.monotonic() >= next_start.get(stage.name, 0.0):
                         self._start(stage)
                     continue
                 code = process.poll()
                 if code is None:
+                    continue
+                if code == EXIT_PERMANENT:
+                    # Restarting cannot help (a dropped slot, bad config, corrupt data): the
+                    # stage's own one-line error says what to do; the other stages go on.
+                    stage.process = None
+                    stage.failed = True
+                    self._say(f"{stage.name} stopped with an error that needs an operator; not restarting it")
                     continue
                 lived = time.monotonic() - stage.started_at
                 if lived >= HEALTHY_AFTER_S:
@@ -127,6 +138,8 @@ class Supervisor:
                 stage.process = None
                 next_start[stage.name] = time.monotonic() + delay
                 self._say(f"{stage.name} exited with code {code} after {lived:.1f}s; restarting in {delay:.0f}s")
+            if all(stage.failed for stage in self.stages):
+                break
         return self._shutdown()
 
     def _start(self, stage: Stage) -> None:
@@ -137,7 +150,7 @@ class Supervisor:
         self._say(f"started {stage.name} (pid {stage.process.pid})")
 
     def _shutdown(self, timeout_s: float = 60.0) -> int:
-        status = 0
+        status = 1 if any(stage.failed for stage in self.stages) else 0
         for stage in self.stages:
             if stage.process is not None and stage.process.poll() is None:
                 # SIGINT: every stage treats it as "finish the current batch and exit".

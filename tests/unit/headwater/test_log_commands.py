@@ -65,7 +65,7 @@ def test_topics_json_and_compact(tmp_path):
 def test_unknown_topic_is_one_line(tmp_path):
     (tmp_path / "headwater.yaml").write_text("project: p\n")
     result = headwater("log", "tail", "nope", cwd=tmp_path)
-    assert result.returncode == 1
+    assert result.returncode == 3  # a permanent error: retrying will not help
     assert result.stderr.strip().splitlines() == [
         "error: topic 'nope' does not exist; list topics with 'headwater log topics'"
     ]

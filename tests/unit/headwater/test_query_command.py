@@ -40,7 +40,7 @@ def test_query_csv_and_table(tmp_path):
 def test_unknown_table_is_one_line(tmp_path):
     project(tmp_path)
     result = headwater("query", "SELECT * FROM nope", cwd=tmp_path)
-    assert result.returncode == 1
+    assert result.returncode == 3  # a permanent error: retrying will not help
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert "customers" in lines[0]
