@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from headwater.config import ExpectationConfig, ProjectConfig
-from headwater.errors import ConfigError, PermanentError
+from headwater.errors import ConfigError
 from warehouse_loader.errors import WarehouseError
 
 if TYPE_CHECKING:
@@ -45,8 +45,12 @@ class QualityConfigError(ConfigError):
     """A ``quality:`` entry names an unknown expectation, a bad argument or an unknown table."""
 
 
-class BlockingExpectationFailedError(WarehouseError, PermanentError):
-    """At least one ``blocking`` expectation failed (the run's results were still written)."""
+class BlockingExpectationFailedError(WarehouseError):
+    """At least one ``blocking`` expectation failed (the run's results were still written).
+
+    Not a :class:`PermanentError`: the command worked and the data failed its checks, so
+    ``headwater quality`` exits 1 like a failing test run (3 is for errors that need an operator).
+    """
 
     def __init__(self, failed: Sequence[str]) -> None:
         super().__init__(
