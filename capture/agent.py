@@ -211,7 +211,15 @@ class CaptureAgent:
         A lost connection (walsender ended, server restarting) is retried with backoff;
         a slot that is gone ends the run with :class:`SlotGoneError`.
         """
-        sql_conn = self._connect_sql()
+        try:
+            sql_conn = self._connect_sql()
+        except (ReplicationLostError, psycopg.ProgrammingError):
+            # Never connected: a bad DSN, password or host is an operator's error, not a lost
+            # connection. Say which in the words `source add` uses (one line, password masked).
+            from capture.registration import connect
+
+            connect(self._dsn, source=self.name).close()
+            raise
         try:
             builder = self._new_builder(sql_conn)
             resume = ResumePoint.load(self.log, self._source_topics())

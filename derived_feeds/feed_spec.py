@@ -7,6 +7,7 @@ rows dropped by expectations go to ``<topic>.quarantine``.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,3 +88,39 @@ def feed_spec(config: ProjectConfig, name: str, *, topic: str | None = None, ver
         version=version or current.number,
         home=config.home_dir,
     )
+
+
+def check_before_spark(config: ProjectConfig, topics: Collection[str], names: Sequence[str] = ()) -> None:
+    """Check what needs no Spark session (its start takes seconds) for feeds ``names`` (all when empty).
+
+    Each feed's topic must be a legal, non-reserved name; its inputs must exist in the log
+    (``topics``) or be written by a feed of this project; its expectations must be ones a
+    feed can evaluate, with an action. Column-level checks need the SQL's output schema and
+    stay in :func:`derived_feeds.feed_job.plan_feed`.
+    """
+    from derived_feeds.expectations import RULES
+    from derived_feeds.feed_graph import run_order
+    from log.base import validate_topic_name
+    from log.errors import InvalidTopicNameError
+
+    produced = set(topics) | {feed_spec(config, name).topic for name in config.feeds}
+    for name in run_order(config, names):
+        spec = feed_spec(config, name)
+        try:
+            validate_topic_name(spec.topic)
+            validate_topic_name(spec.quarantine_topic)
+        except InvalidTopicNameError as exc:
+            raise FeedConfigError(name, "(name)", f"{exc}; rename the feed") from None
+        for view, topic in {"from": spec.source_topic, **spec.lookup_topics}.items():
+            if topic not in produced:
+                where = "from" if view == "from" else f"lookups.{view}"
+                msg = f"topic {topic!r} does not exist (yet); run its producer first or fix the name"
+                raise FeedConfigError(name, where, msg)
+        for index, expectation in enumerate(spec.config.expectations):
+            where = f"expectations[{index}]"
+            if expectation.expect not in RULES:
+                supported = ", ".join(sorted(RULES))
+                msg = f"{expectation.expect} is not a row-level expectation a feed can evaluate; use one of {supported}"
+                raise FeedConfigError(name, f"{where}.expect", msg)
+            if expectation.action is None:
+                raise FeedConfigError(name, f"{where}.action", "give action: warn, drop or fail")

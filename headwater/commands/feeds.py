@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from headwater.cli_context import Context, config_option, pass_context
+from headwater.config import ProjectConfig
 
 
 @click.group("feeds")
@@ -28,6 +29,7 @@ def run_command(context: Context, feeds: tuple[str, ...], available_now: bool, f
     from headwater.spark_job import spark_job
 
     config = context.config(needs_sources=False)
+    _check_before_spark(config, feeds)
     with spark_job(config, "headwater-feeds") as (spark, log):
         started = run_feeds(spark, config, log, feeds, available_now=available_now)
         if follow:
@@ -42,6 +44,19 @@ def run_command(context: Context, feeds: tuple[str, ...], available_now: bool, f
                 f"{plan.spec.name} -> {plan.spec.topic}: {stats['batches']} batch(es), {stats['upserts']} upserts, "
                 f"{stats['deletes']} deletes, {stats['dropped']} quarantined"
             )
+
+
+def _check_before_spark(config: ProjectConfig, feeds: tuple[str, ...]) -> None:
+    """Fail in a second, not after Spark's start, on what needs no session (names, inputs, expectations)."""
+    from derived_feeds.feed_spec import check_before_spark
+    from log.factory import open_log
+
+    log = open_log(config)
+    try:
+        topics = log.list_topics()
+    finally:
+        log.close()
+    check_before_spark(config, topics, feeds)
 
 
 def register(cli: click.Group) -> None:

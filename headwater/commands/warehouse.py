@@ -55,6 +55,13 @@ def load_command(context: Context, tables: tuple[str, ...], available_now: bool,
     from warehouse_loader.load_job import run_loads
 
     config = context.config(needs_sources=False)
+    unknown = [name for name in tables if name not in config.warehouse.tables]
+    if unknown:  # before Spark's start, which takes seconds
+        from warehouse_loader.load_job import UnknownWarehouseTableError
+
+        known = ", ".join(config.warehouse.tables) or "none"
+        msg = f"no warehouse table named {unknown[0]!r}; known: {known} (see warehouse.tables in headwater.yaml)"
+        raise UnknownWarehouseTableError(msg)
     with spark_job(config, "headwater-load") as (spark, log):
         queries = run_loads(spark, config, log, tables, available_now=available_now)
         if follow:
