@@ -87,6 +87,8 @@ SOURCE_SCHEMA = "source_schema"
 SOURCE_TABLE = "source_table"
 BEFORE = "before"
 AFTER = "after"
+#: Added by the source option ``latestPerKey``: the key's first op in the micro-batch.
+FIRST_OP = "__hw_first_op"
 
 #: Spark's DecimalType ceiling.
 MAX_DECIMAL_PRECISION = 38

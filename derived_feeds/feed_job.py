@@ -1,9 +1,10 @@
 """The Spark job that keeps one feed's topic up to date from its input topic.
 
-``headwater_log`` (streaming, the feed's ``from`` topic, resolved to its current version)
-→ ``foreachBatch`` on the driver → :func:`derived_feeds.transform.compute_feed` →
-expectations → encoded in Spark (JSON built by ``to_json``, no Python per column) →
-``Arrow`` on the driver → :func:`derived_feeds.feed_writer.append_once` into the feed's
+``headwater_log`` (streaming, the feed's ``from`` topic, resolved to its current version,
+reduced to the latest change per key by the source) → ``foreachBatch`` on the driver →
+the feed's SQL in Spark (:mod:`derived_feeds.transform`) → SQL rows paired with their
+source changes, checked and encoded on the driver in Arrow (:mod:`derived_feeds.feed_events`)
+→ :func:`derived_feeds.feed_writer.append_once` into the feed's
 topic (compacted, keyed by the feed key) and its quarantine.
 
 Spark keeps the input offsets in ``<home>/checkpoints/feeds/<feed>/<topic>``; a replayed
@@ -24,17 +25,29 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import orjson
+import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from derived_feeds import event_schema as cols
-from derived_feeds.expectations import Check, compile_checks, drop_passing, with_checks
+from derived_feeds.expectations import Check, compile_checks, with_checks
 from derived_feeds.feed_errors import FeedConfigError
+from derived_feeds.feed_events import AFTER_JSON, KEY_JSON, encode_events, pair_changes
 from derived_feeds.feed_graph import run_order
-from derived_feeds.feed_schema import schema_columns, schema_record
+from derived_feeds.feed_schema import JSON_OPTIONS, schema_columns, schema_record, wire_struct
 from derived_feeds.feed_spec import FeedSpec, feed_spec
-from derived_feeds.feed_writer import BatchMarker, append_once, checkpoint_run, plan_batch, record_quality
+from derived_feeds.feed_writer import AppendMemo, BatchMarker, append_once, checkpoint_run, plan_batch, record_quality
 from derived_feeds.progress import commit_progress, track_progress
-from derived_feeds.transform import apply_sql, compute_feed, encode_changes, latest_changes
+from derived_feeds.transform import (
+    AFTER,
+    META,
+    apply_sql,
+    change_rows,
+    current_images,
+    latest_changes,
+    output_rows,
+    reduced_changes,
+)
 from headwater.config import ProjectConfig
 from headwater.errors import HeadwaterError
 from log.base import SCHEMAS_TOPIC, Log, Record, TopicSpec, append_keyed
@@ -59,6 +72,8 @@ class FeedPlan:
     #: The Headwater error that stopped a micro-batch (Spark re-raises it wrapped; this keeps the original).
     error: Exception | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"batches": 0, "upserts": 0, "deletes": 0, "dropped": 0})
+    #: This process's last append per partition of the feed's topics (``feed_writer.append_once``).
+    appended: AppendMemo = field(default_factory=dict)
 
 
 def _image_struct(spark: SparkSession, config: ProjectConfig, feed: str, field_name: str, topic: str) -> StructType:
@@ -131,24 +146,46 @@ def _write_schema(log: Log, spec: FeedSpec, output: StructType) -> None:
 
 
 def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarker) -> None:
-    """One micro-batch of a plain feed: compute, check, encode, append exactly once, record counts."""
+    """One micro-batch of a plain feed: compute, check, encode, append exactly once, record counts.
+
+    Spark computes the latest change per key (already done by the source when read with
+    ``latestPerKey``) and the SQL; the driver pairs changes with SQL rows and writes the
+    events' JSON in Arrow (``feed_events``): no shuffle, no join in Spark.
+    """
     spec = plan.spec
     spark = batch.sparkSession
-    latest = latest_changes(batch).persist()
+    reduced = cols.FIRST_OP in batch.columns  # read with latestPerKey: one row per key already
+    latest = (reduced_changes(batch) if reduced else latest_changes(batch)).persist()
     try:
-        changes = compute_feed(spark, latest, spec.config.sql, spec.key)
-        _write(plan, log, changes, marker)
+        output = apply_sql(spark, current_images(latest), spec.config.sql)
+        changes = change_rows(latest, spec.key).toArrow()
+        outputs = output_rows(output, spec.key, plan.source_struct, plan.checks).toArrow()
+        events = pair_changes(changes, outputs, plan.checks)
+        _append(plan, log, encode_events(events, spec.name, plan.checks), marker)
     finally:
         latest.unpersist()
 
 
 def _write(plan: FeedPlan, log: Log, changes: DataFrame, marker: BatchMarker) -> None:
+    """Check, encode and append feed events given as a DataFrame (``__hw_key``, ``op``, ``after``, META)."""
+    checked = with_checks(changes, plan.checks)
+    after_type = changes.schema[AFTER].dataType
+    assert isinstance(after_type, StructType)
+    frame = checked.select(
+        KEY_JSON,
+        cols.OP,
+        F.to_json(wire_struct(F.col(AFTER), after_type), JSON_OPTIONS).alias(AFTER_JSON),
+        *META,
+        *[check.flag for check in plan.checks],
+    )
+    _append(plan, log, encode_events(frame.toArrow(), plan.spec.name, plan.checks), marker)
+
+
+def _append(plan: FeedPlan, log: Log, encoded: pa.Table, marker: BatchMarker) -> None:
     spec, checks = plan.spec, plan.checks
-    checked = with_checks(changes, checks)
-    encoded = encode_changes(checked, spec.name, drop_passing(checks), keep=[c.flag for c in checks])
-    planned = plan_batch(spec.name, encoded.toArrow(), checks, marker)
-    append_once(log, spec.quarantine_topic, planned.quarantine, marker)
-    append_once(log, spec.topic, planned.records, marker)
+    planned = plan_batch(spec.name, encoded, checks, marker)
+    append_once(log, spec.quarantine_topic, planned.quarantine, marker, plan.appended)
+    append_once(log, spec.topic, planned.records, marker, plan.appended)
     record_quality(spec.home, spec.name, spec.topic, marker, planned.counts)
     plan.stats["batches"] += 1
     plan.stats["upserts"] += planned.upserts
@@ -178,6 +215,8 @@ def start_feed(
         .option("topic", ",".join(spec.input_topics))
         .option("maxRecordsPerBatch", str(max_records_per_batch))
     )
+    if not spec.lookup_topics:  # enrichment keeps every change of its topics (state per key)
+        reader = reader.option("latestPerKey", "true")
     for name, value in (options or {}).items():
         reader = reader.option(name, value)
     run = checkpoint_run(spec.checkpoint)

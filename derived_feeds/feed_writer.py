@@ -26,7 +26,7 @@ from derived_feeds.expectations import ERROR_HEADER, EXPECTATION_HEADER, Check
 from derived_feeds.feed_errors import FeedExpectationError
 from log.base import Log, Record
 from log.envelope import Op
-from log.partitioner import partition_for
+from log.partitioner import partitions_for
 
 #: Header marking the micro-batch a record was written by.
 BATCH_HEADER = "headwater.feed.batch"
@@ -153,25 +153,41 @@ def plan_batch(feed: str, table: pa.Table, checks: Sequence[Check], marker: Batc
     return plan
 
 
-def append_once(log: Log, topic: str, records: Sequence[Record], marker: BatchMarker) -> int:
-    """Append ``records`` routed by key, skipping partitions that already hold this batch; records written."""
+#: What a process appended last per ``(topic, partition)``: the partition's end after it, and the batch.
+AppendMemo = dict[tuple[str, int], tuple[int, BatchMarker]]
+
+
+def append_once(
+    log: Log, topic: str, records: Sequence[Record], marker: BatchMarker, memo: AppendMemo | None = None
+) -> int:
+    """Append ``records`` routed by key, skipping partitions that already hold this batch; records written.
+
+    ``memo`` (kept by the caller across batches) remembers this process's last append per
+    partition: while the partition's end is still where that append left it, its last
+    record is known without reading it back (a read decodes the whole last batch).
+    """
     if not records:
         return 0
     partitions = log.describe_topic(topic).partitions
     by_partition: dict[int, list[Record]] = {}
-    for record in records:
-        by_partition.setdefault(partition_for(record.key, partitions), []).append(record)
+    for record, partition in zip(records, partitions_for([r.key for r in records], partitions), strict=True):
+        by_partition.setdefault(partition, []).append(record)
     written = 0
     for partition, batch in sorted(by_partition.items()):
-        if _already_appended(log, topic, partition, marker):
+        if _already_appended(log, topic, partition, marker, memo):
             continue
-        log.append(topic, partition, batch)
+        result = log.append(topic, partition, batch)
+        if memo is not None:
+            memo[(topic, partition)] = (result.last_offset + 1, marker)
         written += len(batch)
     return written
 
 
-def _already_appended(log: Log, topic: str, partition: int, marker: BatchMarker) -> bool:
+def _already_appended(log: Log, topic: str, partition: int, marker: BatchMarker, memo: AppendMemo | None) -> bool:
     end = log.end_offset(topic, partition)
+    known = memo.get((topic, partition)) if memo is not None else None
+    if known is not None and known[0] == end:  # nothing appended since this process's last append
+        return marker.covers((known[1].header(),))
     if end <= log.beginning_offset(topic, partition):
         return False
     last = log.read(topic, partition, end - 1, max_records=1)

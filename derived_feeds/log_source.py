@@ -25,6 +25,11 @@ Options (all strings, as Spark passes them):
 * ``includeTombstones``: ``true`` keeps the null-value records that follow deletes
   (``op`` and images null); default ``false``.
 * ``unconstrainedNumeric``: ``string`` (default, exact) | ``decimal`` (Decimal(38,10)).
+* ``latestPerKey``: ``true`` gives, per ``(topic, key)``, only the latest row change of the
+  read (micro-batch), plus column ``__hw_first_op`` (the key's first op in it); rows
+  without a key stay, messages go. Ranges are then never split: the rule is applied per
+  log partition in the reader, which is exact because a key's records all live in one
+  partition (:mod:`derived_feeds.latest_per_key`). Feeds read this way, without a shuffle.
 
 The output schema is :func:`derived_feeds.event_schema.output_schema`; ``before``/``after``
 are typed STRUCTs from the topics' latest schema in ``_headwater.schemas`` (JSON strings
@@ -50,11 +55,18 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StringType, StructType
 
 from derived_feeds.errors import LogSourceOptionError
 from derived_feeds.event_batches import EventBatchBuilder
-from derived_feeds.event_schema import RowSchema, UnconstrainedNumeric, merged_struct, output_schema, row_schema
+from derived_feeds.event_schema import (
+    FIRST_OP,
+    RowSchema,
+    UnconstrainedNumeric,
+    merged_struct,
+    output_schema,
+    row_schema,
+)
 from derived_feeds.log_offsets import LogPosition, OffsetRange, OffsetsSpec, admit, offset_ranges
 from headwater.config import ProjectConfig, TypesConfig, load_config
 from log.base import SCHEMAS_TOPIC, Log, StoredRecord
@@ -69,6 +81,7 @@ SOURCE_NAME = "headwater_log"
 DEFAULT_SPLIT_RECORDS = 100_000
 #: Records per log read and per Arrow batch handed to Spark.
 READ_CHUNK = 10_000
+_UNSPLIT = 1 << 62
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +96,7 @@ class LogSourceOptions:
     split_records: int
     include_tombstones: bool
     unconstrained_numeric: UnconstrainedNumeric
+    latest_per_key: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> LogSourceOptions:
@@ -109,11 +123,21 @@ class LogSourceOptions:
             split_records=_positive(lowered, "maxRecordsPerPartition") or DEFAULT_SPLIT_RECORDS,
             include_tombstones=_flag(lowered, "includeTombstones"),
             unconstrained_numeric=cast(Literal["string", "decimal"], numeric),
+            latest_per_key=_flag(lowered, "latestPerKey"),
         )
 
+    @property
+    def range_split(self) -> int:
+        """Offsets per Spark input partition (a whole partition range when rows are reduced per key)."""
+        return _UNSPLIT if self.latest_per_key else self.split_records
+
     def load_config(self) -> ProjectConfig:
-        """The project config the path names."""
-        return load_config(self.config_path)
+        """The project config the path names; an unset ``${VAR}`` stays as written.
+
+        Reading the log never needs a source's DSN password, so Spark's Python workers
+        do not require it in their environment.
+        """
+        return load_config(self.config_path, strict_env=False)
 
 
 def _positive(options: Mapping[str, str], name: str) -> int | None:
@@ -242,12 +266,30 @@ class _RangeReading:
         offsets = partition.offsets
         log = open_log(self.options.load_config())
         try:
-            for records in read_range(log, offsets.topic, offsets.partition, offsets.start, offsets.end):
-                batch = self.builder.build(records)
+            batches: Iterator[pa.RecordBatch] = (
+                self.builder.build(records)
+                for records in read_range(log, offsets.topic, offsets.partition, offsets.start, offsets.end)
+            )
+            if self.options.latest_per_key:
+                batches = self._latest_per_key(list(batches))
+            for batch in batches:
                 if batch.num_rows:
                     yield batch
         finally:
             log.close()
+
+    def _latest_per_key(self, batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        from derived_feeds.event_batches import arrow_schema
+        from derived_feeds.latest_per_key import latest_per_key
+
+        if not batches:
+            return
+        target = arrow_schema(self.builder.schema.add(FIRST_OP, StringType()))
+        latest = latest_per_key(pa.Table.from_batches(batches))
+        for batch in latest.to_batches(max_chunksize=READ_CHUNK * 5):
+            yield pa.RecordBatch.from_arrays(batch.columns, schema=target)
 
 
 class HeadwaterLogDataSource(DataSource):
@@ -281,10 +323,14 @@ class HeadwaterLogDataSource(DataSource):
             if self._row_schemas is not None:
                 row = merged_struct(list(self._row_schemas.values()), self.parsed.unconstrained_numeric)
             self._schema = output_schema(row)
+            if self.parsed.latest_per_key:
+                self._schema = output_schema(row).add(FIRST_OP, StringType())
         return self._schema
 
     def _builder(self, schema: StructType) -> EventBatchBuilder:
         self.schema()
+        if self.parsed.latest_per_key:  # the builder makes the rows, the reader adds the first op
+            schema = StructType([field for field in schema.fields if field.name != FIRST_OP])
         return EventBatchBuilder(schema, self._row_schemas, include_tombstones=self.parsed.include_tombstones)
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -314,7 +360,7 @@ class LogBatchReader(_RangeReading, DataSourceReader):
             end = resolve_position(log, topics, ending)
         finally:
             log.close()
-        return [LogRangePartition(r) for r in offset_ranges(start, end, split_records=self.options.split_records)]
+        return [LogRangePartition(r) for r in offset_ranges(start, end, split_records=self.options.range_split)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Record batches of one range (runs in an executor's Python worker)."""
@@ -377,7 +423,7 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """One input partition per partition range of the micro-batch."""
         ranges = offset_ranges(
-            LogPosition.from_json(start), LogPosition.from_json(end), split_records=self.options.split_records
+            LogPosition.from_json(start), LogPosition.from_json(end), split_records=self.options.range_split
         )
         return [LogRangePartition(r) for r in ranges]
 

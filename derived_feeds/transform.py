@@ -30,6 +30,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from derived_feeds import event_schema as cols
+from derived_feeds.expectations import Check, with_checks
+from derived_feeds.feed_events import AFTER_JSON
 from derived_feeds.feed_schema import JSON_OPTIONS, wire_struct
 from log.envelope import CONNECTOR, EVENT_VERSION, Op
 
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 
 #: Columns of :func:`latest_changes` besides the image.
 SRC_KEY = "__hw_src_key"
-FIRST_OP = "__hw_first_op"
+FIRST_OP = cols.FIRST_OP
 IMAGE = "__hw_image"
 #: Columns of :func:`feed_changes`.
 KEY_JSON = "__hw_key"
@@ -75,6 +77,18 @@ def latest_changes(events: DataFrame) -> DataFrame:
         rows.groupBy(F.col(cols.TOPIC), group.alias("__hw_group"))
         .agg(latest.alias("last"), F.min_by(F.col(cols.OP), order).alias(FIRST_OP))
         .select(cols.TOPIC, "last.*", FIRST_OP)
+    )
+
+
+def reduced_changes(events: DataFrame) -> DataFrame:
+    """:func:`latest_changes` of a read the source already reduced per key (option ``latestPerKey``).
+
+    The source applied the same rule per log partition (``derived_feeds.latest_per_key``),
+    so this is a projection: no aggregation, no shuffle.
+    """
+    image = F.when(F.col(cols.OP) == Op.DELETE.value, F.col(cols.BEFORE)).otherwise(F.col(cols.AFTER))
+    return events.select(
+        cols.TOPIC, F.col(cols.KEY).alias(SRC_KEY), cols.OP, image.alias(IMAGE), *META, F.col(FIRST_OP)
     )
 
 
@@ -157,6 +171,40 @@ def compute_feed(
     changes = feed_changes(latest, output, key)
     after_type = changes.schema[AFTER].dataType
     return changes.unionByName(truncates(latest).withColumn(AFTER, F.lit(None).cast(after_type)))
+
+
+# --------------------------------------------------------------------------- driver-side pairing
+
+
+def change_rows(latest: DataFrame, key: Sequence[str]) -> DataFrame:
+    """What the driver pairs (``feed_events.pair_changes``): per latest change its feed key as JSON, ops, META.
+
+    The key JSON is built from the source image exactly as :func:`feed_changes` builds it
+    (null for truncates, which have no key).
+    """
+    key_json = F.to_json(F.struct(*[F.col(IMAGE)[name].alias(name) for name in key]), JSON_OPTIONS)
+    return latest.select(
+        F.when(F.col(cols.OP) != Op.TRUNCATE.value, key_json).alias(KEY_JSON), cols.OP, FIRST_OP, *META
+    )
+
+
+def output_rows(output: DataFrame, key: Sequence[str], image: StructType, checks: Sequence[Check] = ()) -> DataFrame:
+    """The SQL's rows for the driver: the feed key as JSON (typed as in the source image), the row as JSON, checks.
+
+    The key columns are cast to the image's types so the JSON equals :func:`change_rows`'
+    wherever :func:`feed_changes`' join condition holds.
+    """
+    after_type = output.schema
+    row = F.struct(*[F.col(f"`{c}`") for c in output.columns])
+    key_json = F.to_json(
+        F.struct(*[F.col(f"`{name}`").cast(image[name].dataType).alias(name) for name in key]), JSON_OPTIONS
+    )
+    checked: DataFrame = with_checks(output.select(row.alias(AFTER), key_json.alias(KEY_JSON)), checks)
+    return checked.select(
+        KEY_JSON,
+        F.to_json(wire_struct(F.col(AFTER), after_type), JSON_OPTIONS).alias(AFTER_JSON),
+        *[check.flag for check in checks],
+    )
 
 
 # --------------------------------------------------------------------------- encoding

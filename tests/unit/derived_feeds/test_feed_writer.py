@@ -12,6 +12,7 @@ from derived_feeds.feed_writer import BatchMarker, append_once, plan_batch
 from headwater.config import ExpectationConfig
 from log.base import Record, TopicSpec
 from log.file_log import FileLog
+from log.partitioner import partition_for
 
 
 def value(key: int, email: str | None, op: str = "c") -> str:
@@ -83,3 +84,21 @@ def test_append_once_skips_partitions_that_hold_the_batch(tmp_path):
         assert sum(log.end_offset("f", p) for p in range(2)) == 40
     finally:
         log.close()
+
+
+def test_append_once_with_memo_skips_the_read_back_and_still_sees_other_writers(tmp_path):
+    with FileLog(tmp_path / "log") as log:
+        log.create_topic(TopicSpec("f", partitions=2))
+        memo: dict = {}
+        marker = BatchMarker("run1", 5)
+        records = [Record(orjson.dumps({"id": i}), b"{}", (marker.header(),)) for i in range(20)]
+        assert append_once(log, "f", records, marker, memo) == 20
+        assert set(memo) == {("f", 0), ("f", 1)}
+        assert append_once(log, "f", records, marker, memo) == 0, "a replay of batch 5 appends nothing"
+        later = BatchMarker("run1", 6)
+        assert append_once(log, "f", records, later, memo) == 20
+        # Another writer moved partition 0's end: the memo no longer speaks for it, the log does.
+        log.append("f", 0, [Record(b'{"id":99}', b"{}", (BatchMarker("run1", 9).header(),))])
+        assert append_once(log, "f", records, BatchMarker("run1", 7), memo) == sum(
+            1 for r in records if partition_for(r.key, 2) == 1
+        )
