@@ -41,6 +41,7 @@ from capture.pgoutput import (
     Update,
 )
 from capture.quarantine import error_headers, quarantine_topic, quarantine_value, raw_values
+from capture.snapshot import CopyRows, parse_copy_text
 from capture.transactions import Transaction
 from capture.typemap import TextRowDecoder, TypeMappingError
 from log.envelope import CONNECTOR, EVENT_VERSION, ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value
@@ -141,6 +142,17 @@ class _Table:
     name_json: bytes  # JSON pieces of the source block that never change for the table
     schema_json: bytes
     table_json: bytes
+
+
+class _SnapshotBlock(NamedTuple):
+    """What every snapshot value of one snapshot_records call shares."""
+
+    head: bytes
+    pre: bytes
+    tail: bytes
+    lsn: int
+    ts_us: int
+    marker: SnapshotMarker
 
 
 class _Pieces:
@@ -394,15 +406,46 @@ class EventBuilder:
         )
         tail = b'},"op":"r","ts_ms":%d,"ts_us":%d,"transaction":null}' % (ts_us // 1000, ts_us)
         topic = table.topic
-        decode, keep, key_of, encoder = table.decode, table.keep_names, self._key, table.encoder
+        encoder = table.encoder
+        block = _SnapshotBlock(head, pre, tail, lsn, ts_us, marker)
         out: list[OutRecord] = []
         append = out.append
+        if isinstance(rows, CopyRows) and encoder is not None:
+            # COPY text straight to records in native code; a row it hands back (position ``at``)
+            # takes the Python path below, alone, and the native loop goes on after it.
+            data = rows.data
+            if not data.isascii():
+                data.decode()  # invalid UTF-8 fails here as parse_copy_text would fail
+            at = 0
+            while True:
+                at, index = encoder.copy_records(data, at, head, pre, tail, index, lsn, topic, OutRecord, out)
+                if at >= len(data):
+                    return out
+                end = data.find(b"\n", at)
+                end = len(data) if end < 0 else end
+                rows, at = parse_copy_text(data[at:end]), end + 1
+                index = self._snapshot_rows_python(table, rows, out, block, index)
         for row in rows:
             encoded = encoder.encode(row) if encoder is not None else None
             if encoded is not None:
                 append(OutRecord(topic, encoded[1], b"%b%b%b%d%b" % (head, encoded[0], pre, index, tail), lsn, index))
                 index += 1
                 continue
+            index = self._snapshot_rows_python(table, (row,), out, block, index)
+        return out
+
+    def _snapshot_rows_python(
+        self,
+        table: _Table,
+        rows: Sequence[TupleData],
+        out: list[OutRecord],
+        block: _SnapshotBlock,
+        index: int,
+    ) -> int:
+        """The pure-Python snapshot_records loop (quarantine included); returns the next index."""
+        head, pre, tail, lsn, ts_us, marker = block
+        topic, decode, keep, key_of, append = table.topic, table.decode, table.keep_names, self._key, out.append
+        for row in rows:
             try:
                 after = decode(row)
                 if keep is not None:
@@ -416,7 +459,7 @@ class EventBuilder:
                 )  # fmt: skip
                 append(self._quarantine_record(table, Op.READ, source.to_json(), before=None, after=row, exc=exc))
             index += 1
-        return out
+        return index
 
     def topic_of(self, relation_oid: int) -> str:
         """The topic of a cached relation."""

@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import psycopg
 from psycopg import sql
@@ -129,7 +129,39 @@ def parse_copy_text(data: bytes) -> list[TupleData]:
     return rows
 
 
-def read_chunk(conn: psycopg.Connection[Any], chunk: Chunk, columns: Sequence[str]) -> Iterator[list[TupleData]]:
+class CopyRows(Sequence[TupleData]):
+    """Complete lines of COPY text as rows, parsed (:func:`parse_copy_text`) when first indexed.
+
+    The event builder reads ``data`` itself where it can (native code), so most snapshot rows
+    never become Python tuples.
+    """
+
+    __slots__ = ("_rows", "data")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._rows: list[TupleData] | None = None
+
+    def _parsed(self) -> list[TupleData]:
+        if self._rows is None:
+            self._rows = parse_copy_text(self.data)
+        return self._rows
+
+    def __len__(self) -> int:
+        data = self.data
+        if self._rows is not None or data.startswith(b"\n") or b"\n\n" in data:
+            return len(self._parsed())  # empty lines are no rows
+        return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+
+    @overload
+    def __getitem__(self, index: int) -> TupleData: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[TupleData]: ...
+    def __getitem__(self, index: int | slice) -> TupleData | Sequence[TupleData]:
+        return self._parsed()[index]
+
+
+def read_chunk(conn: psycopg.Connection[Any], chunk: Chunk, columns: Sequence[str]) -> Iterator[CopyRows]:
     """COPY one chunk; yields batches of rows as they arrive."""
     where = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.first_page},0)"))
     if chunk.last_page is not None:
@@ -151,7 +183,7 @@ def read_chunk(conn: psycopg.Connection[Any], chunk: Chunk, columns: Sequence[st
             data = b"".join(blocks)
             cut = data.rfind(b"\n") + 1
             blocks, size = [data[cut:]], len(data) - cut
-            yield parse_copy_text(data[:cut])
+            yield CopyRows(data[:cut])
     rest = b"".join(blocks)
     if rest:
-        yield parse_copy_text(rest)
+        yield CopyRows(rest)

@@ -480,6 +480,11 @@ typedef struct {
     Buf key;
     Buf value;
     Py_ssize_t *starts, *ends;  /* value span of each column in buf */
+    const char **vals;          /* the row being encoded: UTF-8 text (NULL: SQL NULL) */
+    Py_ssize_t *lens;
+    PyObject **objs;            /* the same values as str where known (borrowed), else NULL */
+    Buf scratch;                /* unescaped COPY fields */
+    Py_ssize_t *offs;           /* field offsets into scratch (-1: NULL) */
 } RowEncoder;
 
 static void RowEncoder_dealloc(RowEncoder *self) {
@@ -495,6 +500,11 @@ static void RowEncoder_dealloc(RowEncoder *self) {
     PyMem_Free(self->key_cols);
     PyMem_Free(self->starts);
     PyMem_Free(self->ends);
+    PyMem_Free(self->vals);
+    PyMem_Free(self->lens);
+    PyMem_Free(self->objs);
+    PyMem_Free(self->offs);
+    buf_free(&self->scratch);
     Py_XDECREF(self->dumps);
     Py_XDECREF(self->unchanged);
     buf_free(&self->buf);
@@ -529,8 +539,12 @@ static int RowEncoder_init(RowEncoder *self, PyObject *args, PyObject *kwds) {
     self->key_cols = PyMem_Calloc((size_t)nk + 1, sizeof(Py_ssize_t));
     self->starts = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
     self->ends = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    self->vals = PyMem_Calloc((size_t)n + 1, sizeof(char *));
+    self->lens = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    self->objs = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+    self->offs = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
     if (!self->kinds || !self->params || !self->emit || !self->names_json || !self->converters || !self->key_cols ||
-        !self->starts || !self->ends) {
+        !self->starts || !self->ends || !self->vals || !self->lens || !self->objs || !self->offs) {
         PyErr_NoMemory();
         return -1;
     }
@@ -728,7 +742,16 @@ static int convert_native(RowEncoder *self, int kind, int param, const char *s, 
 
 /* Python converter + orjson.dumps; 0 when the converter (or dumps) raises: the Python path decides. */
 static int convert_python(RowEncoder *self, Py_ssize_t col, PyObject *value) {
+    PyObject *owned = NULL;
+    if (value == NULL) {
+        value = owned = PyUnicode_DecodeUTF8(self->vals[col], self->lens[col], NULL);
+        if (value == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
     PyObject *converted = PyObject_CallOneArg(self->converters[col], value);
+    Py_XDECREF(owned);
     if (converted == NULL) {
         PyErr_Clear();
         return 0;
@@ -748,14 +771,38 @@ static int convert_python(RowEncoder *self, Py_ssize_t col, PyObject *value) {
  * 1: done; 0: the Python path must handle the row (an unchanged-TOAST or binary value, a column
  * count that does not match, a value the converters reject: the Python path raises the error
  * that quarantines the change); -1: error set. */
+static int encode_row(RowEncoder *self);
+
 static int encode_image(RowEncoder *self, PyObject *values) {
     if (!PyTuple_Check(values) || PyTuple_GET_SIZE(values) != self->ncols) return 0;
+    for (Py_ssize_t i = 0; i < self->ncols; i++) {
+        PyObject *v = PyTuple_GET_ITEM(values, i);
+        if (v == Py_None) {
+            self->vals[i] = NULL;
+            self->objs[i] = NULL;
+        } else if (PyUnicode_CheckExact(v)) {
+            self->vals[i] = PyUnicode_AsUTF8AndSize(v, &self->lens[i]);
+            if (self->vals[i] == NULL) {
+                PyErr_Clear();
+                return 0;
+            }
+            self->objs[i] = v;
+        } else {
+            return 0; /* unchanged TOAST or a binary value */
+        }
+    }
+    return encode_row(self);
+}
+
+/* encode_image of the row in self->vals / lens / objs. */
+static int encode_row(RowEncoder *self) {
     Buf *b = &self->buf;
     b->len = 0;
     if (buf_byte(b, '{') < 0) return -1;
     int first = 1;
     for (Py_ssize_t i = 0; i < self->ncols; i++) {
-        PyObject *v = PyTuple_GET_ITEM(values, i);
+        const char *s = self->vals[i];
+        Py_ssize_t n = self->lens[i];
         Py_ssize_t mark = b->len;
         if (self->emit[i]) {
             if (!first && buf_byte(b, ',') < 0) return -1;
@@ -763,24 +810,14 @@ static int encode_image(RowEncoder *self, PyObject *values) {
             if (buf_put(b, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) < 0) return -1;
         }
         Py_ssize_t start = b->len;
-        if (v == Py_None) {
+        if (s == NULL) {
             if (buf_put(b, "null", 4) < 0) return -1;
-        } else if (PyUnicode_CheckExact(v)) {
-            int rc = 0;
-            if (self->kinds[i] != K_PYTHON) {
-                Py_ssize_t n;
-                const char *s = PyUnicode_AsUTF8AndSize(v, &n);
-                if (s == NULL) {
-                    PyErr_Clear();
-                    return 0;
-                }
-                rc = n > 0 || self->kinds[i] == K_STRING ? convert_native(self, self->kinds[i], self->params[i], s, n)
-                                                         : 0;
-            }
-            if (rc == 0) rc = convert_python(self, i, v);
-            if (rc <= 0) return rc;
         } else {
-            return 0; /* unchanged TOAST or a binary value */
+            int rc = 0;
+            int kind = self->kinds[i];
+            if (kind != K_PYTHON && (n > 0 || kind == K_STRING)) rc = convert_native(self, kind, self->params[i], s, n);
+            if (rc == 0) rc = convert_python(self, i, self->objs[i]);
+            if (rc <= 0) return rc;
         }
         if (self->emit[i]) {
             self->starts[i] = start;
@@ -1026,9 +1063,115 @@ static PyObject *RowEncoder_events(RowEncoder *self, PyObject *const *args, Py_s
     return Py_BuildValue("(nLL)", pos - start, index, order);
 }
 
+
+/* copy_records(data, pos, head, pre, tail, index, lsn, topic, record_type, out) -> (pos, index)
+ *
+ * EventBuilder.snapshot_records' native loop over COPY text (capture/snapshot.py parse_copy_text):
+ * from byte pos, each line (empty lines skipped) is a row of tab-separated fields, \N is NULL,
+ * backslash escapes as _unescape reads them. A row whose image encode_row answers becomes
+ * record_type(topic, key, head + image + pre + index + tail, lsn, index); the loop stops at the
+ * first row it does not answer (wrong field count, a value for the Python path) and returns
+ * that row's position, so the caller handles it in Python and calls again. data must be UTF-8. */
+static PyObject *RowEncoder_copy_records(RowEncoder *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "copy_records() takes 10 arguments");
+        return NULL;
+    }
+    PyObject *data = args[0], *head = args[2], *pre = args[3], *tail = args[4], *lsn = args[6], *topic = args[7];
+    PyObject *rt_obj = args[8], *out = args[9];
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    long long index = PyLong_AsLongLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    if (!PyBytes_Check(data) || !PyBytes_Check(head) || !PyBytes_Check(pre) || !PyBytes_Check(tail) ||
+        !PyList_Check(out) || !PyType_Check(rt_obj) || !PyType_IsSubtype((PyTypeObject *)rt_obj, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "copy_records(): bad arguments");
+        return NULL;
+    }
+    PyTypeObject *rt = (PyTypeObject *)rt_obj;
+    const char *d = PyBytes_AS_STRING(data);
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    Py_ssize_t ncols = self->ncols;
+    Buf *v = &self->value;
+    while (pos < n) {
+        const char *nl = memchr(d + pos, '\n', (size_t)(n - pos));
+        Py_ssize_t end = nl ? nl - d : n;
+        if (end == pos) {
+            pos = end + 1;
+            continue;
+        }
+        /* Split into fields; unescaped copies go to scratch (offsets: it may move while growing). */
+        Buf *sc = &self->scratch;
+        sc->len = 0;
+        Py_ssize_t col = 0, f = pos;
+        int ok = 1;
+        while (ok) {
+            const char *tab = memchr(d + f, '\t', (size_t)(end - f));
+            Py_ssize_t fe = tab ? tab - d : end;
+            if (col >= ncols) {
+                ok = 0;
+                break;
+            }
+            Py_ssize_t len = fe - f;
+            if (len == 2 && d[f] == '\\' && d[f + 1] == 'N') {
+                self->offs[col] = -1;
+                self->vals[col] = NULL;
+            } else if (memchr(d + f, '\\', (size_t)len) == NULL) {
+                self->offs[col] = -2; /* points into data */
+                self->vals[col] = d + f;
+                self->lens[col] = len;
+            } else {
+                self->offs[col] = sc->len;
+                if (buf_reserve(sc, len) < 0) return NULL;
+                for (Py_ssize_t i = f; i < fe; i++) {
+                    char c = d[i];
+                    if (c == '\\' && i + 1 < fe) {
+                        char e = d[++i];
+                        c = e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : e == 't' ? '\t'
+                          : e == 'v' ? '\v' : e;
+                    }
+                    sc->data[sc->len++] = c;
+                }
+                self->lens[col] = sc->len - self->offs[col];
+            }
+            self->objs[col] = NULL;
+            col++;
+            if (!tab) break;
+            f = fe + 1;
+        }
+        if (!ok || col != ncols) break; /* the Python path decides (quarantines) this row */
+        for (Py_ssize_t c = 0; c < ncols; c++)
+            if (self->offs[c] >= 0) self->vals[c] = sc->data + self->offs[c];
+        int rc = encode_row(self);
+        if (rc < 0) return NULL;
+        if (rc == 0) break;
+        v->len = 0;
+        if (put_bytes_obj(v, head) < 0 || buf_put(v, self->buf.data, self->buf.len) < 0 || put_bytes_obj(v, pre) < 0 ||
+            buf_int(v, index) < 0 || put_bytes_obj(v, tail) < 0)
+            return NULL;
+        PyObject *key = self->nkeys ? PyBytes_FromStringAndSize(self->key.data, self->key.len) : Py_NewRef(Py_None);
+        PyObject *value = key ? PyBytes_FromStringAndSize(v->data, v->len) : NULL;
+        PyObject *index_obj = value ? PyLong_FromLongLong(index) : NULL;
+        if (index_obj == NULL) {
+            Py_XDECREF(key);
+            Py_XDECREF(value);
+            return NULL;
+        }
+        PyObject *record = make_record(rt, topic, key, value, lsn, index_obj);
+        if (record == NULL) return NULL;
+        int appended = PyList_Append(out, record);
+        Py_DECREF(record);
+        if (appended < 0) return NULL;
+        index++;
+        pos = end + 1;
+    }
+    return Py_BuildValue("(nL)", pos < n ? pos : n, index);
+}
+
 static PyMethodDef RowEncoder_methods[] = {
     {"encode", (PyCFunction)RowEncoder_encode, METH_O,
      "encode(values) -> (after_json, key_json | None), or None when the Python path must decide."},
+    {"copy_records", (PyCFunction)(void (*)(void))RowEncoder_copy_records, METH_FASTCALL,
+     "copy_records(data, pos, head, pre, tail, index, lsn, topic, record_type, out) -> (pos, index)."},
     {"events", (PyCFunction)(void (*)(void))RowEncoder_events, METH_FASTCALL,
      "events(changes, lsns, pos, relation_oid, pieces, index, order, commit, topic, record_type, out, images, "
      "old_images, limit) -> (consumed, index, order)."},

@@ -38,6 +38,21 @@ class RowEncoder:
     ) -> None: ...
     def encode(self, values: tuple[Any, ...], /) -> tuple[bytes, bytes | None] | None:
         """``(after_json, key_json)``, or None when the Python path must handle the row."""
+    def copy_records(
+        self,
+        data: bytes,
+        pos: int,
+        head: bytes,
+        pre: bytes,
+        tail: bytes,
+        index: int,
+        lsn: int,
+        topic: str,
+        record_type: type,
+        out: list[Any],
+        /,
+    ) -> tuple[int, int]:
+        """Snapshot records of COPY text from byte ``pos``: ``(pos, index)`` of the first row left to Python."""
     def events(
         self,
         changes: list[Any],

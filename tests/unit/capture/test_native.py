@@ -33,6 +33,7 @@ from capture.pgoutput import (
     Update,
     _read_tuple_python,
 )
+from capture.snapshot import CopyRows, parse_copy_text
 from capture.transactions import Transaction
 from capture.typemap import Oid, RowConverter, TextRowDecoder, TypeMappingError, _native_kind
 from headwater.config import TypesConfig
@@ -404,3 +405,55 @@ def test_simple_changes_never_reach_the_python_event_path() -> None:
     records, _ = fast.build(txn)
     assert records == slow.build(txn)[0]
     assert [r.value is None for r in records] == [False, False, False, True]
+
+
+# -- snapshot rows straight from COPY text -------------------------------------------------------
+
+_COPY_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f", "\v": "\\v"}
+
+
+def _copy_field(value: object) -> str:
+    if value is None:
+        return "\\N"
+    return "".join(_COPY_ESCAPES.get(char, char) for char in str(value))
+
+
+@FAST
+@given(case=relation_and_rows(), mode=st.sampled_from(MODES), data=st.data())
+def test_snapshot_rows_from_copy_text_are_byte_identical(case, mode, data) -> None:
+    columns, rows, keep, keys = case
+    keyed = [RelationColumn(i in keys, c.name, c.type_oid, c.atttypmod) for i, c in enumerate(columns)]
+    relation = Relation(9, "public", "t", ReplicaIdentity.DEFAULT, tuple(keyed))
+    excluded = [f"public.t.{c.name}" for i, c in enumerate(columns) if i not in keep]
+    lines = ["\t".join(_copy_field(None if v is UNCHANGED_TOAST else v) for v in row) for row in rows]
+    # Damage: a row with a field too many or too few, an empty line, odd escapes, no final newline.
+    extra = data.draw(
+        st.lists(st.sampled_from(["", "1", "1\t2\t3\t4\t5\t6\t7\t8", "\\x41\\q\\", "é\t\\N"]), max_size=2)
+    )
+    lines[data.draw(st.integers(0, len(lines))) : 0] = extra
+    text = "\n".join(lines) + data.draw(st.sampled_from(["\n", ""]))
+
+    def snapshot(use_native: bool):
+        builder = EventBuilder("src", "db", _decoders(columns, mode), excluded_columns=excluded, use_native=use_native)
+        builder.relation(relation)
+        rows = CopyRows(text.encode())
+        return len(rows), builder.snapshot_records(9, rows, Seq(5, 7), ts_us=1_700_000_000_000_001)
+
+    assert snapshot(True) == snapshot(False)
+
+
+def test_copy_rows_count_like_the_parser() -> None:
+    for text in [b"", b"1\t2\n", b"1\n2", b"\n1\n\n\n2\n", b"a\\nb\n"]:
+        assert len(CopyRows(text)) == len(parse_copy_text(text))
+
+
+def test_clean_copy_text_never_reaches_the_python_snapshot_path() -> None:
+    columns = [RelationColumn(True, "id", Oid.INT8, -1), RelationColumn(False, "label", Oid.TEXT, -1)]
+    relation = Relation(9, "public", "t", ReplicaIdentity.DEFAULT, tuple(columns))
+    fast = EventBuilder("src", "db", _decoders(columns, TypesConfig()))
+    slow = EventBuilder("src", "db", _decoders(columns, TypesConfig()), use_native=False)
+    fast.relation(relation)
+    slow.relation(relation)
+    fast._snapshot_rows_python = None  # type: ignore[method-assign]  # calling it would fail the test
+    text = b"1\ta\\tb\n2\t\\N\n"
+    assert fast.snapshot_records(9, CopyRows(text), Seq(5, 0)) == slow.snapshot_records(9, CopyRows(text), Seq(5, 0))
