@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, overload
 
 import psycopg
-from psycopg import sql
+import psycopg.errors
+from psycopg import pq, sql
 
 from capture.pgoutput import TupleData
 
@@ -174,16 +175,57 @@ def read_chunk(conn: psycopg.Connection[Any], chunk: Chunk, columns: Sequence[st
     )
     blocks: list[bytes] = []
     size = 0
-    with conn.cursor().copy(query) as copy:
-        for block in copy:
-            blocks.append(bytes(block))
-            size += len(block)
-            if size < BATCH_BYTES:
-                continue
-            data = b"".join(blocks)
-            cut = data.rfind(b"\n") + 1
-            blocks, size = [data[cut:]], len(data) - cut
-            yield CopyRows(data[:cut])
+    for block in copy_out(conn, query):
+        blocks.append(block)
+        size += len(block)
+        if size < BATCH_BYTES:
+            continue
+        data = b"".join(blocks)
+        cut = data.rfind(b"\n") + 1
+        blocks, size = [data[cut:]], len(data) - cut
+        yield CopyRows(data[:cut])
     rest = b"".join(blocks)
     if rest:
         yield CopyRows(rest)
+
+
+def copy_out(conn: psycopg.Connection[Any], query: sql.Composable) -> Iterator[bytes]:
+    """Run ``COPY ... TO STDOUT`` on ``conn`` and yield its CopyData messages (one row each).
+
+    Drives libpq directly (blocking reads, as pg_dump does): psycopg's Copy iterator costs a
+    generator round trip per message, several microseconds per row, more than the rest of a
+    snapshot row's work. Errors are psycopg's own (``error_from_result``). Stopping early
+    drains the copy, so the connection stays usable.
+    """
+    pgconn = conn.pgconn
+    encoding = conn.info.encoding
+    pgconn.send_query(query.as_bytes(conn))
+    result = pgconn.get_result()
+    if result is None or result.status != pq.ExecStatus.COPY_OUT:
+        while pgconn.get_result() is not None:
+            pass
+        if result is None:
+            msg = f"COPY returned no result: {pgconn.get_error_message(encoding)}"
+            raise psycopg.OperationalError(msg)
+        raise psycopg.errors.error_from_result(result, encoding=encoding)
+    finished = False
+    try:
+        while True:
+            nbytes, data = pgconn.get_copy_data(0)
+            if nbytes > 0:
+                yield bytes(data)
+            elif nbytes == -1:
+                break
+            else:
+                msg = f"COPY failed: {pgconn.get_error_message(encoding)}"
+                raise psycopg.OperationalError(msg)
+        finished = True
+    finally:
+        if not finished and pgconn.status == pq.ConnStatus.OK:
+            while pgconn.get_copy_data(0)[0] > 0:
+                pass
+        final = None
+        while (next_result := pgconn.get_result()) is not None:
+            final = final or next_result
+    if final is not None and final.status != pq.ExecStatus.COMMAND_OK:
+        raise psycopg.errors.error_from_result(final, encoding=encoding)
