@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harness.processes import die_with_parent, stop_at_exit
 
@@ -43,6 +44,10 @@ class Component:
     def ready(self, marker: str) -> bool:
         """Whether this run of the component has shown ``marker`` (e.g. its queries started)."""
         return True
+
+    def run_output(self) -> str:
+        """What the current (or last) run printed, when known."""
+        return ""
 
 
 class CliProcess(Component):
@@ -87,9 +92,12 @@ class CliProcess(Component):
         return None if self.process is None else self.process.poll()
 
     def ready(self, marker: str) -> bool:
+        return marker in self.run_output()
+
+    def run_output(self) -> str:
         with self.log_path.open("rb") as out:
             out.seek(self._output_from)
-            return marker.encode() in out.read()
+            return out.read().decode(errors="replace")
 
     def tail(self, chars: int = 3000) -> str:
         """The end of this component's output, for assertion messages."""
@@ -97,6 +105,25 @@ class CliProcess(Component):
             return self.log_path.read_text(errors="replace")[-chars:]
         except OSError:
             return ""
+
+
+class BrokerProcess(Component):
+    """A :class:`harness.broker.TansuBroker` (on persistent storage, or a kill loses the log)."""
+
+    def __init__(self, broker: Any, name: str = "broker") -> None:
+        self.name = name
+        self.broker = broker
+
+    def start(self) -> None:
+        if self.exit_code() is not None or self.broker.process is None:  # idempotent: may run already
+            self.broker.start()
+
+    def kill(self) -> None:
+        self.broker.kill()
+
+    def exit_code(self) -> int | None:
+        process = self.broker.process
+        return None if process is None else process.poll()
 
 
 @dataclass
@@ -120,7 +147,7 @@ class _Slot:
     rng: random.Random
     kill_at: float | None = None
     kills: int = 0
-    own_exits: list[int] = field(default_factory=list)
+    own_exits: list[tuple[int, str]] = field(default_factory=list)
 
 
 class FaultInjector:
@@ -161,7 +188,7 @@ class FaultInjector:
                 component = slot.component
                 code = component.exit_code()
                 if code is not None:  # exited by itself: note it, restart
-                    slot.own_exits.append(code)
+                    slot.own_exits.append((code, component.run_output()))
                     self.events.append(f"{now - started:7.2f}s {component.name} exited with {code}; restarted")
                     self._start(slot)
                     continue
@@ -184,6 +211,6 @@ class FaultInjector:
         """Kills per component name."""
         return {slot.component.name: slot.kills for slot in self._slots}
 
-    def own_exits(self) -> dict[str, list[int]]:
-        """Exit codes of components that exited without being killed."""
+    def own_exits(self) -> dict[str, list[tuple[int, str]]]:
+        """``(exit code, output of that run)`` of each exit without a kill, by component name."""
         return {slot.component.name: slot.own_exits for slot in self._slots if slot.own_exits}

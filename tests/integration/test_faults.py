@@ -35,7 +35,8 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
-from harness.fault_injection import CliProcess, FaultInjector, Schedule
+from harness.broker import MotoS3, TansuBroker, persistent_broker_unavailable
+from harness.fault_injection import BrokerProcess, CliProcess, Component, FaultInjector, Schedule
 from harness.items_workload import COLUMNS, SCHEMA, Workload, canonical, source_rows
 
 from headwater.config import ProjectConfig, load_config
@@ -47,11 +48,15 @@ SEED = int(os.environ.get("HEADWATER_FAULT_SEED", "20261121"))
 #: Kills per component and the gap (s) before each kill. Spark restarts cost 10-30 s
 #: each, so capture takes most kills; a Spark job is killed 0.2-8 s after its streaming
 #: queries started (1 s triggers: mid-batch or between batches).
-CAPTURE = Schedule(kills=14, gap_s=(0.3, 5.0))
-FEEDS = Schedule(kills=3, gap_s=(0.2, 8.0), ready_marker="Ctrl-C to stop")
-LOAD = Schedule(kills=3, gap_s=(0.2, 8.0), ready_marker="Ctrl-C to stop")
-#: Upper bound of the fault phase (the schedules above need ~60-90 s).
-FAULT_PHASE_S = 150.0
+CAPTURE = Schedule(kills=16, gap_s=(0.3, 5.0))
+FEEDS = Schedule(kills=2, gap_s=(0.2, 8.0), ready_marker="Ctrl-C to stop")
+LOAD = Schedule(kills=2, gap_s=(0.2, 8.0), ready_marker="Ctrl-C to stop")
+#: With broker kills (each stops every stage's log access for a while) capture takes fewer.
+CAPTURE_WITH_BROKER = Schedule(kills=12, gap_s=(0.3, 5.0))
+BROKER = Schedule(kills=4, gap_s=(3.0, 15.0))
+#: Upper bound of the fault phase: the schedules need ~60-90 s on an idle 2-core machine,
+#: ~4 min when other test suites load it (a Spark start then takes ~50 s).
+FAULT_PHASE_S = 240.0
 
 ACCOUNTS = """
 CREATE TABLE accounts (id int PRIMARY KEY, email text, balance numeric(10,2));
@@ -193,7 +198,7 @@ def expected_streamed(pg_database, after_n: int) -> Counter:
     """
     expected: Counter = Counter()
     rows = pg_database.execute(
-        "SELECT xid % 4294967296, tbl, op, old_key, new_key FROM audit WHERE n > %s ORDER BY n", (after_n,)
+        "SELECT mod(xid, 4294967296), tbl, op, old_key, new_key FROM audit WHERE n > %s ORDER BY n", (after_n,)
     )
     for xid, table, op, old_key, new_key in rows:
         if op == "INSERT":
@@ -213,17 +218,34 @@ def warehouse(config: ProjectConfig, sql: str, table: str) -> list[tuple]:
     return [tuple(row.values()) for row in result.to_pylist()]
 
 
-def run_cli(config_path: Path, output: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run a headwater command; its whole output also goes to ``output`` (assertions show the end)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "headwater", *args, "--config", str(config_path)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def spark_start_flake(output: str) -> bool:
+    """Spark 4 waits a fixed 10 s for a new Python worker to connect back (PythonWorkerFactory,
+    not configurable); on a 2-core machine loaded by parallel test suites a worker can take
+    longer to import. That is the machine, not the pipeline: such a run is retried/tolerated."""
+    return "Python worker failed to connect back" in output
+
+
+def run_cli(
+    config_path: Path, output: Path, *args: str, timeout: float
+) -> tuple[subprocess.CompletedProcess[str], int]:
+    """Run a headwater command (again after a :func:`spark_start_flake`, twice at most); its output goes to ``output``.
+
+    Returns the last result and how many runs hit the flake.
+    """
+    flakes = 0
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}")
-    return result
+    while True:
+        result = subprocess.run(
+            [sys.executable, "-m", "headwater", *args, "--config", str(config_path)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        with output.open("a") as out:
+            out.write(f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}\n")
+        if result.returncode == 0 or flakes == 2 or not spark_start_flake(result.stderr):
+            return result, flakes
+        flakes += 1
 
 
 def write_config(tmp_path: Path, name: str, dsn: str, log_settings: dict, feed: str) -> Path:
@@ -278,16 +300,47 @@ def write_config(tmp_path: Path, name: str, dsn: str, log_settings: dict, feed: 
 
 @pytest.mark.parametrize("backend", ["file", "kafka"])
 def test_sigkills_under_load_lose_nothing_and_apply_nothing_twice(backend, request, pg_database, unique_name, tmp_path):
-    seed = SEED
-    tag = f"seed={seed} backend={backend}"
-    name = unique_name("flt")
-    feed = f"{name}_clean"  # unique: feed topics share the session broker on the kafka backend
-    items_topic, accounts_topic = f"{name}.public.items", f"{name}.public.accounts"
     log_settings: dict = {"partitions": 3}
     if backend == "kafka":
-        broker = request.getfixturevalue("kafka_broker")
+        broker = request.getfixturevalue("kafka_broker")  # memory storage: capture and Spark kills only
         log_settings |= {"backend": "kafka", "kafka": {"bootstrap_servers": broker.bootstrap_servers}}
+    summary = fault_scenario(pg_database, tmp_path, unique_name("flt"), backend, log_settings, [])
+    print(f"\nfaults: {summary}")
 
+
+def test_broker_sigkills_on_persistent_storage(pg_database, unique_name, tmp_path):
+    reason = persistent_broker_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    s3 = MotoS3().start()
+    broker = TansuBroker(storage_engine=s3.storage_engine, env=s3.tansu_env()).start()
+    try:
+        log_settings = {"partitions": 3, "backend": "kafka", "kafka": {"bootstrap_servers": broker.bootstrap_servers}}
+        extra = [(BrokerProcess(broker), BROKER)]
+        summary = fault_scenario(
+            pg_database, tmp_path, unique_name("flb"), "kafka+broker", log_settings, extra, capture=CAPTURE_WITH_BROKER
+        )
+        print(f"\nfaults: {summary}")
+    finally:
+        broker.stop()
+        s3.stop()
+
+
+def fault_scenario(
+    pg_database,
+    tmp_path: Path,
+    name: str,
+    backend: str,
+    log_settings: dict,
+    extra: list[tuple[Component, Schedule]],
+    *,
+    capture: Schedule = CAPTURE,
+) -> str:
+    """Initial run, seeded kills under load, final run, then every check; returns the summary line."""
+    seed = SEED
+    tag = f"seed={seed} backend={backend}"
+    feed = f"{name}_clean"  # unique: feed topics share the session broker on the kafka backend
+    items_topic, accounts_topic = f"{name}.public.items", f"{name}.public.accounts"
     with pg_database.connect() as conn:
         conn.execute(SCHEMA)
         conn.execute(ACCOUNTS)
@@ -304,23 +357,22 @@ def test_sigkills_under_load_lose_nothing_and_apply_nothing_twice(backend, reque
         snapshot_rows = 120
         config_path = write_config(tmp_path, name, pg_database.dsn, log_settings, feed)
         config = load_config(config_path)
+        logs = tmp_path / "logs"
 
         started = time.monotonic()
-        first = run_cli(
-            config_path, tmp_path / "logs" / "first_run.log", "run", "--until-caught-up", timeout=600
-        )  # snapshot, topics, checkpoints
+        first, flakes = run_cli(config_path, logs / "first_run.log", "run", "--until-caught-up", timeout=600)
         assert first.returncode == 0, f"{tag}: first run failed: {first.stderr[-3000:]}"
         timings = {"first_run_s": time.monotonic() - started}
 
         base = [sys.executable, "-m", "headwater"]
-        logs = tmp_path / "logs"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the ready markers must reach the file before a kill
         config_args = ["--config", str(config_path)]
-        capture = CliProcess("capture", [*base, "capture", name, "--follow", *config_args], logs, env)
-        feeds = CliProcess("feeds", [*base, "feeds", "run", "--follow", *config_args], logs, env)
-        load = CliProcess("load", [*base, "load", "--follow", *config_args], logs, env)
-        components = (capture, feeds, load)
-        injector = FaultInjector(seed, [(capture, CAPTURE), (feeds, FEEDS), (load, LOAD)])
+        stages = (
+            CliProcess("capture", [*base, "capture", name, "--follow", *config_args], logs, env),
+            CliProcess("feeds", [*base, "feeds", "run", "--follow", *config_args], logs, env),
+            CliProcess("load", [*base, "load", "--follow", *config_args], logs, env),
+        )
+        injector = FaultInjector(seed, [*zip(stages, (capture, FEEDS, LOAD), strict=True), *extra])
 
         phase = time.monotonic()
         workload.start()
@@ -333,12 +385,22 @@ def test_sigkills_under_load_lose_nothing_and_apply_nothing_twice(backend, reque
     timings["fault_phase_s"] = time.monotonic() - phase
     kills = injector.kills()
     history = "\n".join(injector.events)
-    outputs = "\n".join(f"--- {c.name}:\n{c.tail(1500)}" for c in components)
-    assert injector.done(), f"{tag}: kills not done within {FAULT_PHASE_S}s: {kills}\n{history}"
-    assert not injector.own_exits(), f"{tag}: processes exited without a kill: {injector.own_exits()}\n{outputs}"
+    outputs = "\n".join(f"--- {c.name}:\n{c.tail(1500)}" for c in stages)
+    own_exits = injector.own_exits()
+    flakes += sum(spark_start_flake(out) for runs in own_exits.values() for _, out in runs)
+    crashes = {
+        name: [(code, out[-1500:]) for code, out in runs if not spark_start_flake(out)]
+        for name, runs in own_exits.items()
+    }
+    broker_names = {component.name for component, _ in extra}
+    if not extra:  # without broker kills, nothing may crash by itself
+        assert not any(crashes.values()), f"{tag}: processes exited without a kill: {crashes}\n{outputs}"
+    for broker_name in broker_names:  # a broker outage may stop a stage (restarted), never the broker itself
+        assert broker_name not in own_exits, f"{tag}: {broker_name} exited by itself\n{history}"
 
     final_start = time.monotonic()
-    final = run_cli(config_path, tmp_path / "logs" / "final_run.log", "run", "--until-caught-up", timeout=600)
+    final, final_flakes = run_cli(config_path, logs / "final_run.log", "run", "--until-caught-up", timeout=600)
+    flakes += final_flakes
     timings["final_run_s"] = time.monotonic() - final_start
     assert final.returncode == 0, f"{tag}: final run failed: {final.stderr[-3000:]}"
 
@@ -416,11 +478,14 @@ def test_sigkills_under_load_lose_nothing_and_apply_nothing_twice(backend, reque
     ]
     assert sum(q["failed"] for q in warned) > 0, f"{tag}: the warn expectation never counted a failure"
 
+    # Checked last, so a slow machine still gets the exactness verdict for the kills it made.
+    assert injector.done(), f"{tag}: kills not done within {FAULT_PHASE_S}s (machine too slow?): {kills}\n{history}"
     kills_text = " ".join(f"{c}:{n}" for c, n in kills.items())
-    print(
-        f"\nfaults: {tag} kills={kills_text} total_kills={sum(kills.values())} "
+    return (
+        f"{tag} kills={kills_text} total_kills={sum(kills.values())} "
         f"transactions={workload.transactions} changes_checked={sum(expected.values())} "
         f"snapshot_rows={snapshot_rows} duplicates={duplicates} missing={sum(missing.values())} "
         f"warehouse_mismatches={len(mismatches)} quarantined={len(quarantine)} failing_now={len(failing)} "
+        f"own_exits={ {k: len(v) for k, v in own_exits.items()} } spark_worker_flakes={flakes} "
         + " ".join(f"{k}={v:.1f}" for k, v in timings.items())
     )
