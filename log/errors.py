@@ -72,5 +72,9 @@ class HistoryUnavailableError(LogError, PermanentError):
         self.clean_offset = clean_offset
 
 
+class LogAuthenticationError(LogError, PermanentError):
+    """The broker refused the client's credentials (SASL) or TLS handshake: fix the ``log.kafka`` settings."""
+
+
 class LogUnavailableError(LogError, TransientError):
     """The log cannot be reached or written right now (broker down, disk full): retry later."""

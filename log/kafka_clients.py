@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol
 
 from headwater.config import KafkaConfig
 from log.base import Record, StoredRecord
-from log.errors import LogUnavailableError
+from log.errors import LogAuthenticationError, LogUnavailableError
 
 ClientName = Literal["kafka-python", "confluent-kafka"]
 
@@ -140,6 +140,23 @@ def unavailable(settings: ClientSettings, action: str, reason: str) -> LogUnavai
     return LogUnavailableError(
         f"Kafka at {settings.bootstrap_servers} is unavailable ({action}: {reason}); "
         "check that the brokers are up and reachable, the operation can be retried"
+    )
+
+
+def authentication_failed(settings: ClientSettings, action: str, reason: str) -> LogAuthenticationError:
+    """A one-line permanent error: the broker refused our login; names the user, never the password."""
+    config = settings.config
+    if config.sasl_password is not None:
+        reason = reason.replace(config.sasl_password.get_secret_value(), "***")
+    reason = " ".join(reason.split())[:200]
+    who = (
+        f"SASL user {config.sasl_username!r} ({config.sasl_mechanism or 'no mechanism'})"
+        if config.sasl_username is not None
+        else f"the client (security_protocol {config.security_protocol})"
+    )
+    return LogAuthenticationError(
+        f"Kafka at {settings.bootstrap_servers} refused {who} ({action}: {reason}); check security_protocol, "
+        "sasl_mechanism, sasl_username, sasl_password and the ssl_* files under log.kafka in headwater.yaml"
     )
 
 

@@ -28,6 +28,7 @@ from log.kafka_clients import (
     MAX_BATCH_RECORDS,
     ClientSettings,
     ConfigValue,
+    authentication_failed,
     librdkafka_security,
     unavailable,
 )
@@ -38,6 +39,8 @@ _LINGER_MS = 60_000
 _POLL_SLICE_S = 0.15
 _FETCH_MAX_WAIT_MS = 50
 _LOCAL_UNKNOWN = {KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+#: librdkafka reports a refused login or TLS handshake only through ``error_cb``.
+_LOGIN_FAILURES = {KafkaError._AUTHENTICATION, KafkaError._SSL}
 
 _T = TypeVar("_T")
 
@@ -71,8 +74,11 @@ class ConfluentClient:
             "socket.timeout.ms": self._timeout_ms,
             # librdkafka logs to stderr by default; KafkaLog reports errors itself.
             "log_level": 0,
+            "error_cb": self._on_error,
             **librdkafka_security(settings.config),
         }
+        #: The last refused login (SASL or TLS) librdkafka reported; turns "transport failure" into its cause.
+        self._login_failure: str | None = None
         self._admin: AdminClient | None = None
         self._producer: Producer | None = None
         self._reader: Consumer | None = None
@@ -93,7 +99,15 @@ class ConfluentClient:
                 # librdkafka says "unknown partition" also when it merely has no
                 # metadata (broker down); only the cluster's metadata can tell.
                 raise UnknownTopicError(topic) from exc
+            if self._admin is not None:
+                self._admin.poll(0)  # serves error_cb, which librdkafka calls only from poll
+            if self._login_failure is not None:
+                raise authentication_failed(self.settings, action, self._login_failure) from exc
             raise unavailable(self.settings, action, _reason(exc)) from exc
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.code() in _LOGIN_FAILURES:
+            self._login_failure = str(error.str())
 
     def _result(self, future: Future[_T]) -> _T:
         return future.result(timeout=self.settings.timeout_s + 1)
