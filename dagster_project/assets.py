@@ -125,7 +125,9 @@ def warehouse_asset(config: ProjectConfig, name: str) -> AssetsDefinition:
         from warehouse_loader.load_job import run_loads
 
         config = project.load()
-        rebuild = context.has_partition_key and context.run.tags.get(INCREMENTAL_TAG) != INCREMENTAL
+        # A backfill of several days is one run over a partition range (BackfillPolicy.single_run).
+        partitioned = context.has_partition_key or context.has_partition_key_range
+        rebuild = partitioned and context.run.tags.get(INCREMENTAL_TAG) != INCREMENTAL
         with log.open() as handle:
             if rebuild:
                 days = partition_days(context.partition_keys)
