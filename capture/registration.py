@@ -60,6 +60,8 @@ from log.sequence import Lsn
 _ENV_REF = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")
 _CONNECT_TIMEOUT_S = 10
 _AUTH_FAILURES = ("password authentication failed", "no pg_hba.conf entry", 'role "', "authentication")
+#: libpq's messages when TLS is required but impossible, or its certificates/keys are wrong.
+_SSL_FAILURE = re.compile(r"\bssl\b|sslmode|certificate|\btls\b", re.IGNORECASE)
 
 SnapshotMode = Literal["initial", "never", "when_needed", "initial_only"]
 
@@ -101,6 +103,14 @@ def connect(dsn: str, *, source: str | None = None) -> psycopg.Connection[Any]:
                 "variable it comes from) and the server's pg_hba.conf"
             )
             raise AuthenticationError(msg, source=source) from None
+        if _SSL_FAILURE.search(detail):
+            # The DSN's ssl* settings reached libpq unchanged; say which mode was asked for.
+            mode = params.get("sslmode") or os.environ.get("PGSSLMODE") or "prefer"
+            msg = (
+                f"cannot open a connection with sslmode={mode} to {shown}: {detail}; enable SSL on the server, or "
+                "fix sslmode / sslrootcert / sslcert / sslkey in the DSN (sslmode=disable only on a trusted network)"
+            )
+            raise SourceDatabaseError(msg, source=source) from None
         if "does not exist" in lowered:
             msg = f"cannot connect to {shown}: {detail}; fix the DSN or create it on the server"
             raise SourceDatabaseError(msg, source=source) from None

@@ -9,6 +9,7 @@ from types import FrameType
 
 from capture.agent import CaptureAgent, CaptureStats, SnapshotProgress, typemap_decoders
 from capture.errors import UnknownSourceError
+from capture.registration import connect
 from capture.resync import capture_state_dir
 from headwater.config import ProjectConfig
 from log.factory import open_log
@@ -36,6 +37,8 @@ def run_capture(
                 f"no source named {name!r}; known: {', '.join(config.sources) or 'none'} (see 'headwater source list')"
             )
             raise UnknownSourceError(msg, source=name)
+        # Fail fast with registration's one-line errors (login, TLS/sslmode, unreachable), password scrubbed.
+        connect(config.sources[name].dsn.get_secret_value(), source=name).close()
     log = open_log(config)
     agents = [
         CaptureAgent(
