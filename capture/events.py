@@ -76,7 +76,11 @@ def message_topic(source: str) -> str:
 
 
 class OutRecord(NamedTuple):
-    """One record for the log. ``value=None`` is a tombstone; ``(commit_lsn, txn_index)`` orders it."""
+    """One record for the log. ``value=None`` is a tombstone; ``(commit_lsn, txn_index)`` orders it.
+
+    It has every field of :class:`log.base.Record` (``key, value, headers, timestamp_ms``), so
+    it can be appended as it is.
+    """
 
     topic: str
     key: bytes | None
@@ -84,6 +88,7 @@ class OutRecord(NamedTuple):
     commit_lsn: int
     txn_index: int
     headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int | None = None
 
     @property
     def sequence(self) -> Seq:

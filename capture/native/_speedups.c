@@ -895,11 +895,11 @@ static PyObject *get_field(PyObject *obj, int t, int f) {
     return Py_TYPE(descr)->tp_descr_get(descr, obj, (PyObject *)Py_TYPE(obj));
 }
 
-/* record_type(topic, key, value, commit, index, ()) for a tuple subclass (capture.events.OutRecord),
+/* record_type(topic, key, value, commit, index, (), None) for a tuple subclass (capture.events.OutRecord),
  * built as tuple's own __new__ builds subclass instances. Steals key, value and index. */
 static PyObject *make_record(PyTypeObject *rt, PyObject *topic, PyObject *key, PyObject *value, PyObject *commit,
                              PyObject *index) {
-    PyObject *r = rt->tp_alloc(rt, 6);
+    PyObject *r = rt->tp_alloc(rt, 7);
     PyObject *headers = r ? PyTuple_New(0) : NULL;
     if (headers == NULL) {
         Py_XDECREF(r);
@@ -914,6 +914,7 @@ static PyObject *make_record(PyTypeObject *rt, PyObject *topic, PyObject *key, P
     PyTuple_SET_ITEM(r, 3, Py_NewRef(commit));
     PyTuple_SET_ITEM(r, 4, index);
     PyTuple_SET_ITEM(r, 5, headers);
+    PyTuple_SET_ITEM(r, 6, Py_NewRef(Py_None));
     return r;
 }
 
