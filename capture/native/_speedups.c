@@ -130,6 +130,25 @@ static PyObject *py_murmur2(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(h);
 }
 
+static PyObject *py_partition_for(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "partition_for() takes 2 arguments");
+        return NULL;
+    }
+    long n = PyLong_AsLong(args[1]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n <= 0) {
+        PyErr_SetString(PyExc_ValueError, "partitions must be positive");
+        return NULL;
+    }
+    if (args[0] == Py_None) return PyLong_FromLong(0);
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    int32_t h = murmur2((const unsigned char *)view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromLong((long)((uint32_t)h & 0x7fffffffU) % n);
+}
+
 static PyObject *py_partitions(PyObject *self, PyObject *args) {
     PyObject *keys;
     long n;
@@ -1194,6 +1213,8 @@ static PyTypeObject RowEncoderType = {
 
 static PyMethodDef methods[] = {
     {"murmur2", py_murmur2, METH_O, "Kafka's murmur2 of a bytes-like key (signed 32-bit)."},
+    {"partition_for", (PyCFunction)(void (*)(void))py_partition_for, METH_FASTCALL,
+     "partition_for(key, n): Kafka's partition of key among n (None -> 0)."},
     {"partitions", py_partitions, METH_VARARGS, "partitions(keys, n): Kafka partition of each key (None -> 0)."},
     {"encode_records", py_encode_records, METH_VARARGS,
      "encode_records(records, now_ms) -> (records bytes, max_ts), or None if a record needs the Python encoder."},

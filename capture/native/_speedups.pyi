@@ -6,6 +6,9 @@ from typing import Any
 def murmur2(data: bytes, /) -> int:
     """Kafka's murmur2 of ``data`` (signed 32-bit)."""
 
+def partition_for(key: bytes | None, n: int, /) -> int:
+    """Kafka's partition of ``key`` among ``n`` (``None`` -> 0)."""
+
 def partitions(keys: Sequence[bytes | None], n: int, /) -> list[int]:
     """Kafka's partition of each key among ``n`` (``None`` -> 0)."""
 
