@@ -6,10 +6,14 @@ a fresh file log; then, in one Spark session:
 * reference: a plain batch read of the topic through the ``headwater_log`` source into
   Spark's ``noop`` sink (every record decoded, nothing written);
 * feed: ``headwater feeds run --available-now`` of ``SELECT id, lower(name) AS name, country
-  FROM source WHERE balance >= 0`` (latest per key, SQL, expectation-free, JSON encoding in
-  Spark, batch-marked append to the feed topic), micro-batches of ``--batch`` records.
+  FROM source WHERE balance >= 0`` (latest per key in the source reader, SQL in Spark,
+  pairing and JSON encoding on the driver in Arrow, batch-marked append to the feed topic),
+  micro-batches of ``--batch`` records.
 
-"Steady" leaves out the first micro-batch (JVM warm-up, Python workers start).
+"Steady" leaves out the first micro-batch (JVM warm-up, Python workers start). Besides
+wall-clock rates the bench prints CPU seconds per 100k events of this process and its
+descendants (JVM, Python workers): on a machine shared with other jobs that is the
+number that does not move with the load; the load average is printed with it.
 
     .venv/bin/python bench/feeds_bench.py [--events 400000] [--keys 200000] [--batch 100000]
 """
@@ -17,6 +21,7 @@ a fresh file log; then, in one Spark session:
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +39,32 @@ from log.factory import open_log
 
 TOPIC = "shop.public.customers"
 COLUMNS = [("id", 20, -1, True), ("name", 25, -1, False), ("country", 25, -1, False), ("balance", 1700, 655366, False)]
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and its live descendants, from ``/proc``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0.0)
+        todo += [child for child, parent in parents.items() if parent == pid]
+    return total
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def write_source(config_path: Path, events: int, keys: int) -> None:
@@ -95,17 +126,19 @@ def main() -> None:
         register_log_source(spark)
         reader = spark.read.format("headwater_log").option("config", str(config_path)).option("topic", TOPIC)
         reader.load().write.format("noop").mode("overwrite").save()  # warm-up: workers, classes
-        start = time.perf_counter()
+        cpu, start = tree_cpu_s(), time.perf_counter()
         reader.load().write.format("noop").mode("overwrite").save()
         bare = args.events / (time.perf_counter() - start)
-        print(f"bare log read: {bare:,.0f} events/s", flush=True)
+        bare_cpu = (tree_cpu_s() - cpu) / args.events * 100_000
+        print(f"bare log read: {bare:,.0f} events/s, {bare_cpu:.2f} CPU s per 100k (load {load_average()})")
 
-        start = time.perf_counter()
+        cpu, start = tree_cpu_s(), time.perf_counter()
         [(query, plan)] = [
             (q, p)
             for q, p in run_feeds(spark, config, log, ["clean"], available_now=True, max_records_per_batch=args.batch)
         ]
         overall = args.events / (time.perf_counter() - start)
+        feed_cpu = (tree_cpu_s() - cpu) / args.events * 100_000
         batches = [p for p in query.recentProgress if p["numInputRows"]]
         for p in batches:
             rows, ms = p["numInputRows"], p["durationMs"]["triggerExecution"]
@@ -114,6 +147,8 @@ def main() -> None:
         rate = sum(p["numInputRows"] for p in steady) / sum(p["durationMs"]["triggerExecution"] for p in steady) * 1000
         written = sum(log.end_offset("clean", p) for p in range(2))
         print(f"feed overall (incl. planning, query start): {overall:,.0f} events/s; {written:,} records written")
+        print(f"  CPU s per 100k events: feed {feed_cpu:.2f} (incl. batch 0), bare read {bare_cpu:.2f}")
+        print(f"  load average now: {load_average()}")
         print(f"  {plan.stats}")
         print(f"feed: {rate:,.0f} events/s (bare log read: {bare:,.0f} events/s, ratio {rate / bare:.2f})")
     finally:

@@ -4,12 +4,13 @@ Spark hands the driver two small tables per micro-batch (``transform.change_rows
 row per latest source change with its feed key as JSON and its position;
 ``transform.output_rows``: one row per SQL output row with the same key JSON and the row
 as JSON). :func:`pair_changes` joins them here, where a hash join of 100k rows takes
-milliseconds, instead of a shuffle and sort-merge join in Spark, and applies the rule of
-``transform.feed_changes``. :func:`encode_events` then builds each event's Debezium value
-with Arrow string kernels: no Python per row, no JSON writer per row in the JVM.
+milliseconds, instead of a shuffle and sort-merge join in Spark, and applies the feed's
+rule (``transform`` module docstring). :func:`encode_events` then builds each event's
+Debezium value with Arrow string kernels: no Python per row, no JSON writer per row in
+the JVM.
 
-Pure (Arrow tables in and out); the text equals what ``transform.encode_changes``
-builds with ``to_json`` (same key order, same null handling).
+Pure (Arrow tables in and out). Values have ``log.envelope.encode_value``'s key order;
+the ``source`` block names the feed and keeps the source position.
 """
 
 from __future__ import annotations
@@ -29,6 +30,17 @@ from log.envelope import CONNECTOR, EVENT_VERSION, Op
 KEY_JSON: Final = "__hw_key"
 AFTER_JSON: Final = "__hw_after_json"
 _NULL: Final = "null"
+#: The source position and provenance every feed event keeps .
+META: Final = (
+    cols.SEQ,
+    cols.COMMIT_LSN,
+    cols.TXN_INDEX,
+    cols.COMMIT_TS,
+    cols.SNAPSHOT,
+    cols.SOURCE_DB,
+    cols.SOURCE_SCHEMA,
+    cols.SOURCE_TABLE,
+)
 
 
 def pair_changes(changes: pa.Table, outputs: pa.Table, checks: Sequence[Check] = ()) -> pa.Table:
@@ -57,7 +69,7 @@ def pair_changes(changes: pa.Table, outputs: pa.Table, checks: Sequence[Check] =
         KEY_JSON: _array(joined, KEY_JSON),
         cols.OP: feed_op,
         AFTER_JSON: _null_where(deleted, _array(joined, AFTER_JSON)),
-        **{name: _array(joined, name) for name in _META},
+        **{name: _array(joined, name) for name in META},
         **{check.flag: _null_where(deleted, _array(joined, check.flag)) for check in checks},
     }
     events = pa.table(columns).filter(keep)
@@ -68,22 +80,10 @@ def pair_changes(changes: pa.Table, outputs: pa.Table, checks: Sequence[Check] =
             KEY_JSON: pa.nulls(truncates.num_rows, pa.string()),
             cols.OP: truncates.column(cols.OP),
             **{name: pa.nulls(truncates.num_rows, kind) for name, kind in empty.items()},
-            **{name: truncates.column(name) for name in _META},
+            **{name: truncates.column(name) for name in META},
         }
         events = pa.concat_tables([events, pa.table(truncate_columns).select(events.column_names)])
     return events
-
-
-_META: Final = (
-    cols.SEQ,
-    cols.COMMIT_LSN,
-    cols.TXN_INDEX,
-    cols.COMMIT_TS,
-    cols.SNAPSHOT,
-    cols.SOURCE_DB,
-    cols.SOURCE_SCHEMA,
-    cols.SOURCE_TABLE,
-)
 
 
 def _array(table: pa.Table, name: str) -> pa.Array:

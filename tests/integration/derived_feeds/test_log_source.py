@@ -298,3 +298,39 @@ def test_kafka_backend_batch_read(spark, kafka_broker, unique_name, tmp_path):
     assert sorted(r["id"] for r in rows) == list(range(30))
     assert {r["label"] for r in rows} == {f"n{i}" for i in range(30)}
     assert frame.rdd.getNumPartitions() >= 4  # 2 partitions split into ranges of 7
+
+
+def test_latest_per_key_read_equals_sparks_aggregation(spark, unique_name, tmp_path):
+    """``latestPerKey`` (per log partition, in the reader) gives exactly ``transform.latest_changes`` of the read."""
+    from derived_feeds.transform import latest_changes, reduced_changes
+
+    config = write_config(tmp_path)
+    topic = unique_name("latest")
+    make_topic(config, topic, partitions=3)
+    records = []
+    for step in range(400):
+        key = (step * 7) % 23
+        op = [Op.CREATE, Op.UPDATE, Op.UPDATE, Op.DELETE][step % 4]
+        lsn = 1000 + step // 3  # several changes share a transaction
+        source = SourceInfo("src", "db", "public", "t", step, lsn, lsn, step % 3, 1_700_000_000_000_000 + step)
+        image = {"id": key, "label": f"v{step}"}
+        event = ChangeEvent(op, source, image if op == Op.DELETE else None, None if op == Op.DELETE else image, 0)
+        records.append(Record(encode_key({"id": key}), encode_value(event)))
+        if op == Op.DELETE:
+            records.append(Record(encode_key({"id": key}), None))
+    truncate = SourceInfo("src", "db", "public", "t", 999, 5000, 5000, 0, 1_700_000_000_000_000)
+    records.append(Record(None, encode_value(ChangeEvent(Op.TRUNCATE, truncate, None, None, 0))))
+    log = open_log(load_config(config))
+    try:
+        for start in range(0, len(records), 97):  # several appends per partition
+            append_keyed(log, topic, records[start : start + 97])
+    finally:
+        log.close()
+
+    columns = ["topic", "__hw_src_key", "op", "__hw_seq", "commit_lsn", "txn_index", "__hw_first_op"]
+    expected = latest_changes(batch_read(spark, config, topic)).select(*columns, "__hw_image.*").collect()
+    reduced = batch_read(spark, config, topic, latestPerKey="true", maxRecordsPerPartition=50)
+    assert "__hw_first_op" in reduced.columns
+    got = reduced_changes(reduced).select(*columns, "__hw_image.*").collect()
+    assert sorted(map(tuple, got), key=repr) == sorted(map(tuple, expected), key=repr)
+    assert len(got) == 24  # 23 keys and the truncate
