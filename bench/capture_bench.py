@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -100,6 +101,35 @@ def timed(label: str, fn: Any, profile: str | None = None, count: int | None = N
     return elapsed
 
 
+class ServerCpu:
+    """CPU seconds used by the server's backends (the walsender among them) since the last call.
+
+    The postmaster's ``cutime + cstime`` count the backends it has reaped, so a walsender
+    that ended during the interval is counted; a run measured this way starts and ends its
+    replication connection inside the interval. Linux only (``/proc``).
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self._pid = int((data_dir / "postmaster.pid").read_text().split()[0])
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._last = self._read()
+
+    def _read(self) -> float:
+        fields = Path(f"/proc/{self._pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[13]) + int(fields[14])) / self._tick  # cutime, cstime
+
+    def lap(self) -> float:
+        now = self._read()
+        used, self._last = now - self._last, now
+        return used
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's reaped child processes (pg_recvlogical, psql)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def bench_snapshot(dsn: str, rows: int, work: Path, bin_dir: Path) -> tuple[float, float]:
     """Rows/s of the agent's initial snapshot and of ``COPY t TO STDOUT`` into /dev/null."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -126,7 +156,14 @@ def bench_snapshot(dsn: str, rows: int, work: Path, bin_dir: Path) -> tuple[floa
 
 
 def bench_streaming(
-    dsn: str, rows: int, changes: int, txn_rows: int, work: Path, bin_dir: Path, profile: str | None
+    dsn: str,
+    rows: int,
+    changes: int,
+    txn_rows: int,
+    work: Path,
+    bin_dir: Path,
+    profile: str | None,
+    server_cpu: ServerCpu,
 ) -> tuple[float, float]:
     """Changes/s of the agent (into the durable file log) and of pg_recvlogical on the same WAL."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -143,6 +180,9 @@ def bench_streaming(
         row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
         assert row is not None
         end_lsn = str(row[0])
+    time.sleep(0.5)  # the workload's backend exits with its connection; let the postmaster reap it
+    server_cpu.lap()
+    recv_cpu = children_cpu()
     started = time.perf_counter()
     subprocess.run(
         [
@@ -167,7 +207,14 @@ def bench_streaming(
         check=True,
     )
     recv_s = time.perf_counter() - started
-    print(f"  pg_recvlogical: {recv_s:.2f} s", file=sys.stderr)
+    recv_cpu = children_cpu() - recv_cpu
+    time.sleep(0.5)  # the walsender exits after pg_recvlogical; let the postmaster reap it
+    sender_cpu = server_cpu.lap()
+    print(
+        f"  pg_recvlogical: {recv_s:.2f} s wall, {recv_cpu / changes * 1e6:.1f} us CPU per change; "
+        f"its walsender {sender_cpu / changes * 1e6:.1f} us CPU per change",
+        file=sys.stderr,
+    )
     home = work / "stream"
     log = FileLog(home / "log")
     try:
@@ -176,6 +223,12 @@ def bench_streaming(
         written = capture.stats.events
     finally:
         log.close()
+    time.sleep(0.5)
+    sender_cpu = server_cpu.lap()
+    print(
+        f"  the agent's walsender (and SQL backend): {sender_cpu / changes * 1e6:.1f} us CPU per change",
+        file=sys.stderr,
+    )
     if written != changes:
         print(f"  WARNING: agent wrote {written} events, expected {changes}", file=sys.stderr)
     shutil.rmtree(home, ignore_errors=True)
@@ -304,7 +357,7 @@ def main() -> None:
                 conn.execute(f"ALTER PUBLICATION {PUBLICATION} DROP TABLE lat")
             print(f"capture latency at {args.rate:,} changes/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms ({count:,} events)")
         agent_rate, recv_rate = bench_streaming(
-            dsn, args.rows, args.changes, args.txn_rows, work, bin_dir, args.profile
+            dsn, args.rows, args.changes, args.txn_rows, work, bin_dir, args.profile, ServerCpu(server.data_dir)
         )
         print(
             f"capture streaming: {agent_rate:,.0f} changes/s "
