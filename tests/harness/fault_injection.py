@@ -159,10 +159,23 @@ class FaultInjector:
         self._poll_s = poll_s
         self.events: list[str] = []
 
-    def start(self) -> None:
-        """Start every component."""
+    def start(self, ready_within_s: float = 180.0) -> None:
+        """Start every component in plan order; one with a ready marker is waited for before the next starts.
+
+        (A warehouse load of a feed needs the feed's topic and schema, which the feed job
+        writes when it starts.) Raises if a component does not get ready in time.
+        """
         for slot in self._slots:
             self._start(slot)
+            marker = slot.schedule.ready_marker
+            deadline = time.monotonic() + ready_within_s
+            while marker is not None and not slot.component.ready(marker):
+                code = slot.component.exit_code()
+                if code is not None or time.monotonic() > deadline:
+                    output = slot.component.run_output()[-3000:]
+                    msg = f"{slot.component.name} not ready (exit code {code}) within {ready_within_s}s:\n{output}"
+                    raise RuntimeError(msg)
+                time.sleep(self._poll_s)
 
     def _start(self, slot: _Slot) -> None:
         slot.component.start()

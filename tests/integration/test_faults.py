@@ -360,9 +360,11 @@ def fault_scenario(
         logs = tmp_path / "logs"
 
         started = time.monotonic()
-        first, flakes = run_cli(config_path, logs / "first_run.log", "run", "--until-caught-up", timeout=600)
-        assert first.returncode == 0, f"{tag}: first run failed: {first.stderr[-3000:]}"
-        timings = {"first_run_s": time.monotonic() - started}
+        # The snapshot before the kills (its rows are checked apart from the streamed changes);
+        # the feed and load jobs start under fire, the feed first (the load reads its topic).
+        first, flakes = run_cli(config_path, logs / "snapshot.log", "capture", name, "--until-caught-up", timeout=300)
+        assert first.returncode == 0, f"{tag}: snapshot failed: {first.stderr[-3000:]}"
+        timings = {"snapshot_s": time.monotonic() - started}
 
         base = [sys.executable, "-m", "headwater"]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the ready markers must reach the file before a kill
