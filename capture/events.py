@@ -229,8 +229,9 @@ class EventBuilder:
         # Two generations bound it to ``image_cache_size`` entries at O(1) per change: when the
         # young one is half full it becomes the old one and the old one goes; the log lookup
         # covers what fell out.
-        self._images: dict[tuple[str, bytes], bytes] = {}
-        self._old_images: dict[tuple[str, bytes], bytes] = {}
+        # Keyed by ``<topic> NUL <key>`` bytes: no tuple per entry for the collector to traverse.
+        self._images: dict[bytes, bytes] = {}
+        self._old_images: dict[bytes, bytes] = {}
         self._images_half = image_cache_size // 2
 
     def known_schema(self, topic: str, value: bytes, version: int) -> None:
@@ -644,7 +645,7 @@ class EventBuilder:
     def _remember(self, topic: str, key: bytes | None, after: bytes | None) -> None:
         if key is None or self._images_half <= 0:
             return
-        slot = (topic, key)
+        slot = b"%b\x00%b" % (topic.encode(), key)
         if after is None:
             self._images.pop(slot, None)
             self._old_images.pop(slot, None)
@@ -655,7 +656,7 @@ class EventBuilder:
             self._old_images, self._images = images, {}
 
     def _remembered(self, topic: str, key: bytes) -> dict[str, Any] | None:
-        slot = (topic, key)
+        slot = b"%b\x00%b" % (topic.encode(), key)
         image = self._images.get(slot)
         if image is None:
             image = self._old_images.get(slot)

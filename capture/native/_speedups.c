@@ -943,7 +943,7 @@ static PyObject *make_record(PyTypeObject *rt, PyObject *topic, PyObject *key, P
  * EventBuilder.build's native loop: from changes[pos] on, while each change is an Insert, an
  * Update without old image or a Delete of relation_oid that encode_image answers, append its
  * records (a delete's tombstone too) to out, as event() + the Python loop would, and keep the
- * after-image cache: images[(topic, key)] = after JSON, a delete removes the key from both
+ * after-image cache: images[b"<topic>\0<key>"] = after JSON, a delete removes the key from both
  * generations. Stops at the first other change (the Python path takes it), or right after the
  * young generation reaches limit entries (the caller rotates). images None: no cache. */
 static PyObject *RowEncoder_events(RowEncoder *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -1049,7 +1049,18 @@ static PyObject *RowEncoder_events(RowEncoder *self, PyObject *const *args, Py_s
         Py_DECREF(index_obj);
         int full = 0;
         if (images != Py_None) {
-            PyObject *slot = PyTuple_Pack(2, topic, key);
+            PyObject *slot = NULL; /* b"<topic>\0<key>", as EventBuilder._remember keys it */
+            Py_ssize_t topic_len;
+            const char *topic_utf8 = PyUnicode_AsUTF8AndSize(topic, &topic_len);
+            if (topic_utf8 != NULL) {
+                slot = PyBytes_FromStringAndSize(NULL, topic_len + 1 + PyBytes_GET_SIZE(key));
+                if (slot != NULL) {
+                    char *p = PyBytes_AS_STRING(slot);
+                    memcpy(p, topic_utf8, (size_t)topic_len);
+                    p[topic_len] = 0;
+                    memcpy(p + topic_len + 1, PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key));
+                }
+            }
             if (slot == NULL) {
                 Py_DECREF(key);
                 return NULL;

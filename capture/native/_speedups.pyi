@@ -69,8 +69,8 @@ class RowEncoder:
         topic: str,
         record_type: type,
         out: list[Any],
-        images: dict[tuple[str, bytes], bytes] | None,
-        old_images: dict[tuple[str, bytes], bytes] | None,
+        images: dict[bytes, bytes] | None,
+        old_images: dict[bytes, bytes] | None,
         limit: int,
         /,
     ) -> tuple[int, int, int]:
