@@ -93,14 +93,18 @@ def encode_batch(base_offset: int, records: Sequence[Record], now_ms: int) -> tu
     Records without a timestamp get ``now_ms``.
     """
     if _native is not None:
-        encoded = _native.encode_records(records, now_ms)
+        encoded = _native.encode_batch(base_offset, records, now_ms)
         if encoded is not None:  # None: a record has headers (or odd types); the Python encoder below
-            body, max_ts = encoded
-            return seal_batch(base_offset, len(records) - 1, len(records), max_ts, (body,)), max_ts
+            batch, max_ts = encoded
+            view = memoryview(batch)
+            HEADER_CRC.pack_into(batch, 4, zlib.crc32(view[8:], zlib.crc32(view[:4])))
+            view.release()
+            return batch, max_ts
     return _encode_batch_python(base_offset, records, now_ms)
 
 
-#: The extension (records encoded in C), or None. :func:`_encode_batch_python` defines the bytes.
+#: The extension (the batch encoded in C, one copy of each record), or None. :func:`_encode_batch_python`
+#: defines the bytes.
 _native = native.speedups
 
 

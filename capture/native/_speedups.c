@@ -193,77 +193,117 @@ static PyObject *s_key, *s_value, *s_headers, *s_timestamp_ms;
 static inline void put_u32(char *p, uint32_t v) { memcpy(p, &v, 4); } /* little-endian host */
 static inline void put_i64(char *p, int64_t v) { memcpy(p, &v, 8); }
 
-static PyObject *py_encode_records(PyObject *self, PyObject *args) {
+/* encode_batch(base_offset, records, now_ms) -> (bytearray, max_ts) | None
+ *
+ * log/batch_codec.py's batch, header and records, in one buffer; the CRC field is left 0 for the
+ * caller (zlib). None when a record needs the Python encoder (headers, odd types) or there are none. */
+static PyObject *py_encode_batch(PyObject *self, PyObject *args) {
+    long long base, now_ms;
     PyObject *records;
-    long long now_ms;
-    if (!PyArg_ParseTuple(args, "OL", &records, &now_ms)) return NULL;
+    if (!PyArg_ParseTuple(args, "LOL", &base, &records, &now_ms)) return NULL;
     PyObject *seq = PySequence_Fast(records, "records must be a sequence");
     if (seq == NULL) return NULL;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
-    Buf b = {0};
-    long long max_ts = INT64_MIN;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *r = PySequence_Fast_GET_ITEM(seq, i);
-        PyObject *key = PyObject_GetAttr(r, s_key);
-        PyObject *value = key ? PyObject_GetAttr(r, s_value) : NULL;
-        PyObject *headers = value ? PyObject_GetAttr(r, s_headers) : NULL;
-        PyObject *ts = headers ? PyObject_GetAttr(r, s_timestamp_ms) : NULL;
-        int ok = ts != NULL;
-        int fallback = 0;
-        long long t = now_ms;
-        if (ok) {
-            int truthy = PyObject_IsTrue(headers);
-            if (truthy < 0) ok = 0;
-            else if (truthy) fallback = 1; /* headers: the Python encoder */
-            else if ((key != Py_None && !PyBytes_Check(key)) || (value != Py_None && !PyBytes_Check(value))) fallback = 1;
-            else if (ts != Py_None) {
-                t = PyLong_AsLongLong(ts);
-                if (t == -1 && PyErr_Occurred()) {
-                    PyErr_Clear();
-                    fallback = 1;
-                }
-            }
-        }
-        if (ok && !fallback) {
-            Py_ssize_t klen = key == Py_None ? -1 : PyBytes_GET_SIZE(key);
-            Py_ssize_t vlen = value == Py_None ? -1 : PyBytes_GET_SIZE(value);
-            if (klen > INT32_MAX || vlen > INT32_MAX) fallback = 1;
-            else if (buf_reserve(&b, 24 + (klen > 0 ? klen : 0) + (vlen > 0 ? vlen : 0)) < 0) ok = 0;
-            else {
-                char *p = b.data + b.len;
-                put_u32(p, (uint32_t)i);
-                put_i64(p + 4, (int64_t)t);
-                put_u32(p + 12, (uint32_t)(int32_t)klen);
-                put_u32(p + 16, (uint32_t)(int32_t)vlen);
-                put_u32(p + 20, 0);
-                b.len += 24;
-                if (klen > 0) {
-                    memcpy(b.data + b.len, PyBytes_AS_STRING(key), (size_t)klen);
-                    b.len += klen;
-                }
-                if (vlen > 0) {
-                    memcpy(b.data + b.len, PyBytes_AS_STRING(value), (size_t)vlen);
-                    b.len += vlen;
-                }
-                if (t > max_ts) max_ts = t;
-            }
-        }
-        Py_XDECREF(key);
-        Py_XDECREF(value);
-        Py_XDECREF(headers);
-        Py_XDECREF(ts);
-        if (!ok || fallback) {
-            buf_free(&b);
-            Py_DECREF(seq);
-            if (!ok) return NULL;
-            Py_RETURN_NONE;
+    PyObject **keys = NULL, **values = NULL;
+    long long *stamps = NULL;
+    PyObject *result = NULL;
+    int fallback = count == 0 || count > UINT32_MAX;
+    if (!fallback) {
+        keys = PyMem_Calloc((size_t)count, sizeof(PyObject *));
+        values = PyMem_Calloc((size_t)count, sizeof(PyObject *));
+        stamps = PyMem_Calloc((size_t)count, sizeof(long long));
+        if (!keys || !values || !stamps) {
+            PyErr_NoMemory();
+            goto done;
         }
     }
+    Py_ssize_t total = 38;
+    long long max_ts = INT64_MIN;
+    for (Py_ssize_t i = 0; i < count && !fallback; i++) {
+        PyObject *r = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *headers = PyObject_GetAttr(r, s_headers);
+        if (headers == NULL) goto done;
+        int truthy = PyObject_IsTrue(headers);
+        Py_DECREF(headers);
+        if (truthy < 0) goto done;
+        if (truthy) {
+            fallback = 1;
+            break;
+        }
+        /* Borrowed for the call: a record's fields do not change while it is being appended. */
+        PyObject *key = PyObject_GetAttr(r, s_key);
+        if (key == NULL) goto done;
+        Py_DECREF(key);
+        PyObject *value = PyObject_GetAttr(r, s_value);
+        if (value == NULL) goto done;
+        Py_DECREF(value);
+        PyObject *ts = PyObject_GetAttr(r, s_timestamp_ms);
+        if (ts == NULL) goto done;
+        long long t = now_ms;
+        if (ts != Py_None) {
+            t = PyLong_AsLongLong(ts);
+            if (t == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                fallback = 1;
+            }
+        }
+        Py_DECREF(ts);
+        if ((key != Py_None && !PyBytes_Check(key)) || (value != Py_None && !PyBytes_Check(value))) fallback = 1;
+        if (fallback) break;
+        Py_ssize_t klen = key == Py_None ? 0 : PyBytes_GET_SIZE(key);
+        Py_ssize_t vlen = value == Py_None ? 0 : PyBytes_GET_SIZE(value);
+        if (klen > INT32_MAX || vlen > INT32_MAX) {
+            fallback = 1;
+            break;
+        }
+        keys[i] = key;
+        values[i] = value;
+        stamps[i] = t;
+        if (t > max_ts) max_ts = t;
+        total += 24 + klen + vlen;
+    }
+    if (fallback || total > UINT32_MAX) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *batch = PyByteArray_FromStringAndSize(NULL, total);
+    if (batch == NULL) goto done;
+    char *p = PyByteArray_AS_STRING(batch);
+    put_u32(p, (uint32_t)total);
+    put_u32(p + 4, 0);
+    memcpy(p + 8, "HWB1", 4);
+    memset(p + 12, 0, 2);
+    put_i64(p + 14, (int64_t)base);
+    put_u32(p + 22, (uint32_t)(count - 1));
+    put_u32(p + 26, (uint32_t)count);
+    put_i64(p + 30, (int64_t)max_ts);
+    p += 38;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *key = keys[i], *value = values[i];
+        Py_ssize_t klen = key == Py_None ? -1 : PyBytes_GET_SIZE(key);
+        Py_ssize_t vlen = value == Py_None ? -1 : PyBytes_GET_SIZE(value);
+        put_u32(p, (uint32_t)i);
+        put_i64(p + 4, (int64_t)stamps[i]);
+        put_u32(p + 12, (uint32_t)(int32_t)klen);
+        put_u32(p + 16, (uint32_t)(int32_t)vlen);
+        put_u32(p + 20, 0);
+        p += 24;
+        if (klen > 0) {
+            memcpy(p, PyBytes_AS_STRING(key), (size_t)klen);
+            p += klen;
+        }
+        if (vlen > 0) {
+            memcpy(p, PyBytes_AS_STRING(value), (size_t)vlen);
+            p += vlen;
+        }
+    }
+    result = Py_BuildValue("(NL)", batch, max_ts);
+done:
+    PyMem_Free(keys);
+    PyMem_Free(values);
+    PyMem_Free(stamps);
     Py_DECREF(seq);
-    PyObject *body = PyBytes_FromStringAndSize(b.data ? b.data : "", b.len);
-    buf_free(&b);
-    if (body == NULL) return NULL;
-    return Py_BuildValue("(NL)", body, max_ts);
+    return result;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -1227,8 +1267,8 @@ static PyMethodDef methods[] = {
     {"partition_for", (PyCFunction)(void (*)(void))py_partition_for, METH_FASTCALL,
      "partition_for(key, n): Kafka's partition of key among n (None -> 0)."},
     {"partitions", py_partitions, METH_VARARGS, "partitions(keys, n): Kafka partition of each key (None -> 0)."},
-    {"encode_records", py_encode_records, METH_VARARGS,
-     "encode_records(records, now_ms) -> (records bytes, max_ts), or None if a record needs the Python encoder."},
+    {"encode_batch", py_encode_batch, METH_VARARGS,
+     "encode_batch(base_offset, records, now_ms) -> (batch without CRC, max_ts), or None for the Python encoder."},
     {"configure", py_configure, METH_VARARGS,
      "configure(Insert, Update, Delete, unchanged): the classes decode_change builds."},
     {"decode_change", py_decode_change, METH_VARARGS,

@@ -12,8 +12,8 @@ def partition_for(key: bytes | None, n: int, /) -> int:
 def partitions(keys: Sequence[bytes | None], n: int, /) -> list[int]:
     """Kafka's partition of each key among ``n`` (``None`` -> 0)."""
 
-def encode_records(records: Sequence[Any], now_ms: int, /) -> tuple[bytes, int] | None:
-    """The records part of a file-log batch and its max timestamp; None if a record needs the Python encoder."""
+def encode_batch(base_offset: int, records: Sequence[Any], now_ms: int, /) -> tuple[bytearray, int] | None:
+    """A file-log batch (CRC field 0) and its max timestamp; None if a record needs the Python encoder."""
 
 def configure(insert: type, update: type, delete: type, unchanged: object, /) -> None:
     """The message classes :func:`decode_change` builds and the unchanged-TOAST marker."""
