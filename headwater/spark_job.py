@@ -52,7 +52,11 @@ def _spark_failure(exc: Exception, spark_log: Path) -> str:
     except Exception:  # a py4j error whose JVM is already gone
         text = type(exc).__name__
     # Spark appends the JVM stack and the query plan after the first line; the log file has them.
-    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    lines = [line for line in text.splitlines() if line.strip()]
+    first = lines[0].strip() if lines else type(exc).__name__
+    python = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
+    if python:  # a Python error inside a micro-batch: its own "Error: message" line says what happened
+        first = next((line.strip() for line in lines[python[0] + 1 :] if not line[0].isspace()), first)
     return f"the Spark job failed: {first[:500]}; details in {spark_log}, rerun with --debug for the traceback"
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from headwater.config import ProjectConfig, TableConfig
-from headwater.errors import PermanentError
+from headwater.errors import HeadwaterError, PermanentError
 from headwater.status import LOAD_GROUP_PREFIX
 from log.base import SCHEMAS_TOPIC, Log
 from warehouse_loader.errors import WarehouseError
@@ -27,6 +27,10 @@ from warehouse_loader.errors import WarehouseError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+
+
+#: The Headwater error that stopped a load's micro-batch, by query name (Spark only keeps its text).
+_FAILURES: dict[str, HeadwaterError] = {}
 
 
 class UnknownWarehouseTableError(WarehouseError, PermanentError):
@@ -118,12 +122,17 @@ def start_load(
         .load()
     )
 
+    query_name = f"load_{build}"
+
     def apply(batch: DataFrame, batch_id: int) -> None:
         changes = change_batch(batch, keys)
         if changes.num_rows:
-            write_batch(path, changes, table=build, batch_id=batch_id, keys=keys, config=table)
+            try:
+                write_batch(path, changes, table=build, batch_id=batch_id, keys=keys, config=table)
+            except HeadwaterError as exc:
+                _FAILURES[query_name] = exc  # Spark wraps it in a Java exception: keep it to re-raise as is
+                raise
 
-    query_name = f"load_{build}"
     if not available_now:
         track_progress(spark, log, query_name, LOAD_GROUP_PREFIX + build)
     writer = events.writeStream.queryName(query_name).foreachBatch(apply)
@@ -145,7 +154,7 @@ def run_loads(
             query.awaitTermination()
             error = query.exception()
             if error is not None:
-                raise error
+                raise _FAILURES.pop(query.name, None) or error
             if query.lastProgress:
                 commit_progress(log, LOAD_GROUP_PREFIX + load_identity(config, name)[0], query.lastProgress)
     return queries
