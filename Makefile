@@ -14,7 +14,8 @@ $(UV):
 	@command -v uv >/dev/null || test -x $(HOME)/.local/bin/uv
 
 # The lock file is the source of truth: `uv sync --frozen` fails rather than re-resolving.
-$(VENV)/.synced: pyproject.toml uv.lock | $(UV)
+# The C extension is built by that sync (hatch_build.py), so its source is a prerequisite too.
+$(VENV)/.synced: pyproject.toml uv.lock hatch_build.py capture/native/_speedups.c | $(UV)
 	@UV=$$(command -v uv || echo $(HOME)/.local/bin/uv); $$UV sync --frozen --all-extras --python 3.11 --quiet
 	@touch $@
 
