@@ -132,6 +132,8 @@ def spark_session(
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
         "spark.python.worker.reuse": "true",
+        # Micro-batches persisted by feeds are small and short-lived; CPU is the scarce resource.
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
     }
     if local_dir is not None:
         local_dir.mkdir(parents=True, exist_ok=True)
