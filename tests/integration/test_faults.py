@@ -2,10 +2,12 @@
 
 A steady seeded workload runs against two tables (``items``: composite key, TOASTed
 column, key changes, deletes; ``accounts``: a feed with a ``drop`` and a ``warn``
-expectation). Meanwhile the real CLI processes (``headwater capture --follow``,
-``feeds run --follow``, ``load --follow``) are SIGKILLed at seeded random moments and
-restarted at once (``harness.fault_injection``). Afterwards ``headwater run
---until-caught-up`` and:
+expectation). After the snapshot (``headwater capture --until-caught-up``) the real CLI
+processes (``headwater capture --follow``, ``feeds run --follow``, ``load --follow``) are
+SIGKILLed at seeded random moments and restarted at once (``harness.fault_injection``),
+on the file backend and on the Kafka backend (tansu); with broker kills too where tansu
+can keep its log on persistent storage (see ``harness.broker``). Afterwards ``headwater
+run --until-caught-up`` and:
 
 * every committed change is in the log exactly once: the streamed events of each
   transaction equal what an audit trigger in Postgres recorded for it (table, op, key),
@@ -16,7 +18,8 @@ restarted at once (``harness.fault_injection``). Afterwards ``headwater run
   whose current value fails it, the latest quarantined image is that value.
 
 ``HEADWATER_FAULT_SEED`` picks the seed (printed in every assertion message); the kill
-schedule of each component depends only on it.
+schedule of each component depends only on it. Each test prints a ``faults:`` summary
+line (run with ``-s`` to see it).
 """
 
 from __future__ import annotations
@@ -296,6 +299,11 @@ def write_config(tmp_path: Path, name: str, dsn: str, log_settings: dict, feed: 
 
 
 # ----------------------------------------------------------------------------- test
+
+
+#: Each scenario is bounded: snapshot, <= FAULT_PHASE_S of kills, final run; ~4 min on an
+#: idle 2-core machine, up to ~10 min when parallel suites load it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.mark.parametrize("backend", ["file", "kafka"])
