@@ -127,6 +127,16 @@ _CHANGE_VALUE = b'{"before":%b,"after":%b%b%d%b%d%b%d%b%d,"data_collection_order
 _NULL = b"null"
 
 
+def _is_utf8(data: bytes) -> bool:
+    if data.isascii():
+        return True
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _j(value: object) -> bytes:
     return orjson.dumps(value)
 
@@ -416,12 +426,11 @@ class EventBuilder:
         block = _SnapshotBlock(head, pre, tail, lsn, ts_us, marker)
         out: list[OutRecord] = []
         append = out.append
-        if isinstance(rows, CopyRows) and encoder is not None:
+        if isinstance(rows, CopyRows) and encoder is not None and _is_utf8(rows.data):
             # COPY text straight to records in native code; a row it hands back (position ``at``)
-            # takes the Python path below, alone, and the native loop goes on after it.
+            # takes the Python path below, alone, and the native loop goes on after it. Not UTF-8
+            # (a SQL_ASCII database): the Python path sends the rows that are not to quarantine.
             data = rows.data
-            if not data.isascii():
-                data.decode()  # invalid UTF-8 fails here as parse_copy_text would fail
             at = 0
             while True:
                 at, index = encoder.copy_records(data, at, head, pre, tail, index, lsn, topic, OutRecord, out)

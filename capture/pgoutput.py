@@ -106,6 +106,14 @@ class _UnchangedToast:
 #: value is unknown here. Never write it downstream as if it were data.
 UNCHANGED_TOAST: Final = _UnchangedToast()
 
+
+class NonUtf8Text(bytes):
+    """A text-format value whose bytes are not UTF-8 (a SQL_ASCII database stores any bytes).
+
+    The type map refuses it, so its change goes to quarantine with these exact bytes.
+    """
+
+
 #: One column of a tuple: NULL, unchanged TOAST, text-format value, or binary-format value.
 TupleValue: TypeAlias = _UnchangedToast | str | bytes | None
 TupleData: TypeAlias = tuple[TupleValue, ...]
@@ -343,7 +351,10 @@ def _read_tuple_python(data: bytes, pos: int) -> tuple[TupleData, int]:
             _, length = kind_len(data, pos)
             pos += 5
             end = pos + length
-            append(data[pos:end].decode())
+            try:
+                append(data[pos:end].decode())
+            except UnicodeDecodeError:
+                append(NonUtf8Text(data[pos:end]))
             pos = end
         elif kind == _NULL:
             append(None)

@@ -30,7 +30,7 @@ import psycopg
 import psycopg.errors
 from psycopg import pq, sql
 
-from capture.pgoutput import TupleData
+from capture.pgoutput import NonUtf8Text, TupleData
 
 #: Heap pages per chunk (8 KiB pages: about 8 MiB of table per COPY).
 CHUNK_PAGES = 1024
@@ -120,10 +120,26 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
+def _copy_field(raw: bytes) -> str | bytes | None:
+    if raw == b"\\N":
+        return None
+    text = raw.decode("utf-8", "surrogateescape")
+    text = _unescape(text) if "\\" in text else text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return NonUtf8Text(text.encode("utf-8", "surrogateescape"))
+    return text
+
+
 def parse_copy_text(data: bytes) -> list[TupleData]:
     r"""Rows of COPY text format (complete lines only) as text tuples; ``\\N`` is NULL."""
     rows: list[TupleData] = []
-    for line in data.decode("utf-8").split("\n"):
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:  # not UTF-8 (SQL_ASCII database): such fields stay bytes, for quarantine
+        return [tuple(_copy_field(f) for f in line.split(b"\t")) for line in data.split(b"\n") if line]
+    for line in text.split("\n"):
         if not line:
             continue
         rows.append(tuple(None if f == "\\N" else (_unescape(f) if "\\" in f else f) for f in line.split("\t")))
@@ -164,6 +180,19 @@ class CopyRows(Sequence[TupleData]):
 
 def read_chunk(conn: psycopg.Connection[Any], chunk: Chunk, columns: Sequence[str]) -> Iterator[CopyRows]:
     """COPY one chunk; yields batches of rows as they arrive."""
+    if conn.info.parameter_status("server_encoding") != "SQL_ASCII":
+        yield from _read_chunk(conn, chunk, columns)
+        return
+    # A SQL_ASCII database holds any bytes, and the server refuses to send non-UTF-8 ones as
+    # UTF8: read them as stored (parse_copy_text keeps such fields as NonUtf8Text).
+    conn.execute("SET client_encoding = 'SQL_ASCII'")
+    try:
+        yield from _read_chunk(conn, chunk, columns)
+    finally:
+        conn.execute("SET client_encoding = 'UTF8'")
+
+
+def _read_chunk(conn: psycopg.Connection[Any], chunk: Chunk, columns: Sequence[str]) -> Iterator[CopyRows]:
     where = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.first_page},0)"))
     if chunk.last_page is not None:
         where = sql.SQL("{} AND ctid < {}::tid").format(where, sql.Literal(f"({chunk.last_page},0)"))

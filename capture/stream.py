@@ -35,6 +35,8 @@ PINNED_SETTINGS = {
     "bytea_output": "hex",
     # money text ($1,234.56) depends on the locale; the type map expects the C locale form.
     "lc_monetary": "C",
+    # Text as str, also on a SQL_ASCII database (psycopg returns bytes there otherwise).
+    "client_encoding": "UTF8",
 }
 
 
@@ -102,6 +104,10 @@ class ReplicationStream:
             )
         except psycopg.OperationalError as exc:
             raise ReplicationLostError.from_psycopg(exc, slot=self._options.slot, dsn=self._dsn) from None
+        if self._conn.info.parameter_status("server_encoding") == "SQL_ASCII":
+            # The walsender checks text it converts to UTF8 and ends the stream on bytes that are
+            # not: take them as stored (the decoder keeps them as NonUtf8Text, for quarantine).
+            self._conn.execute("SET client_encoding = 'SQL_ASCII'")
         opts = self._options
         args: list[sql.Composable] = [
             sql.SQL("proto_version {}").format(sql.Literal(str(opts.proto_version))),

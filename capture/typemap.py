@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import orjson
 
 from capture import native
-from capture.pgoutput import UNCHANGED_TOAST, TupleValue
+from capture.pgoutput import UNCHANGED_TOAST, NonUtf8Text, TupleValue
 from capture.type_registry import TypeKind, TypeRegistry
 from headwater.config import TypesConfig
 from headwater.errors import PermanentError
@@ -828,6 +828,9 @@ class RowConverter:
                     raise TypeMappingError(msg, column=name) from exc
             elif value is UNCHANGED_TOAST:
                 continue
+            elif isinstance(value, NonUtf8Text):
+                msg = f"{bytes(value)[:32]!r} is not UTF-8 text (SQL_ASCII database?); the raw bytes are kept here"
+                raise TypeMappingError(msg, column=name)
             else:
                 msg = "binary-format tuple values are not supported; stream without the 'binary' option"
                 raise TypeMappingError(msg, column=name)

@@ -7,6 +7,7 @@ as one line on stderr with a non-zero exit; ``--debug`` adds the traceback.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -85,6 +86,8 @@ def _one_line(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the process exit code."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    # libpq: text as UTF-8 on every connection; on a SQL_ASCII database psycopg would return bytes.
+    os.environ.setdefault("PGCLIENTENCODING", "UTF8")
     try:
         cli.main(args=argv, prog_name="headwater", standalone_mode=False)
     except HeadwaterError as exc:

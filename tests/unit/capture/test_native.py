@@ -25,6 +25,7 @@ from capture.pgoutput import (
     UNCHANGED_TOAST,
     Delete,
     Insert,
+    NonUtf8Text,
     PgoutputDecodeError,
     PgoutputDecoder,
     Relation,
@@ -316,6 +317,8 @@ def test_pgoutput_tuples_decode_identically(values, prefix, cut, junk) -> None:
         expected = _read_tuple_python(damaged, len(prefix))
     except (struct.error, IndexError, ValueError, PgoutputDecodeError):
         expected = None  # malformed: the extension hands it back, the Python twin raises
+    if expected is not None and any(isinstance(value, NonUtf8Text) for value in expected[0]):
+        expected = None  # text that is not UTF-8: the extension hands it back, the Python twin keeps the bytes
     assert native.speedups.read_tuple(damaged, len(prefix), UNCHANGED_TOAST) == expected
 
 
