@@ -460,3 +460,45 @@ def test_clean_copy_text_never_reaches_the_python_snapshot_path() -> None:
     fast._snapshot_rows_python = None  # type: ignore[method-assign]  # calling it would fail the test
     text = b"1\ta\\tb\n2\t\\N\n"
     assert fast.snapshot_records(9, CopyRows(text), Seq(5, 0)) == slow.snapshot_records(9, CopyRows(text), Seq(5, 0))
+
+
+@st.composite
+def row_messages(draw: st.DrawFn) -> tuple[bytes, bool]:
+    in_stream = draw(st.booleans())
+    kind = draw(st.sampled_from(["I", "U", "UK", "UO", "DK", "DO"]))
+    head = kind[0].encode() + (struct.pack(">I", draw(st.integers(0, 2**32 - 1))) if in_stream else b"")
+    head += struct.pack(">I", draw(st.integers(0, 2**32 - 1)))
+    old, new = _tuple_bytes(draw(tuple_values)), _tuple_bytes(draw(tuple_values))
+    body = {
+        "I": b"N" + new,
+        "U": b"N" + new,
+        "UK": b"K" + old + b"N" + new,
+        "UO": b"O" + old + b"N" + new,
+        "DK": b"K" + old,
+        "DO": b"O" + old,
+    }[kind]
+    return head + body, in_stream
+
+
+@FAST
+@given(message=row_messages(), cut=st.integers(0, 30), junk=st.binary(max_size=4))
+def test_row_messages_decode_identically(message, cut, junk) -> None:
+    data, in_stream = message
+
+    def decode(payload: bytes, use_native: bool) -> object:
+        import capture.pgoutput as pgoutput
+
+        saved = pgoutput._native_decode_change, pgoutput._native_read_tuple
+        if not use_native:
+            pgoutput._native_decode_change = pgoutput._native_read_tuple = None
+        try:
+            decoder = PgoutputDecoder(2)
+            decoder.in_stream = in_stream
+            return decoder.decode(payload)
+        except PgoutputDecodeError as exc:
+            return repr(exc)
+        finally:
+            pgoutput._native_decode_change, pgoutput._native_read_tuple = saved
+
+    for payload in (data, data + junk, data[: max(1, len(data) - cut)]):
+        assert decode(payload, True) == decode(payload, False)
