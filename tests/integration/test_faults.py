@@ -408,6 +408,8 @@ def fault_scenario(
     for broker_name in broker_names:  # a broker outage may stop a stage (restarted), never the broker itself
         assert broker_name not in own_exits, f"{tag}: {broker_name} exited by itself\n{history}"
 
+    for component, _ in extra:  # the broker is back for the final run (what it stored survived the kills)
+        component.start()
     final_start = time.monotonic()
     final, final_flakes = run_cli(config_path, logs / "final_run.log", "run", "--until-caught-up", timeout=600)
     flakes += final_flakes
