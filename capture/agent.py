@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import orjson
 import psycopg
@@ -41,7 +41,7 @@ from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, Row
 from capture.incremental_snapshot import IncrementalSnapshotter
 from capture.pgoutput import LogicalMessage, PgoutputDecoder, Relation
 from capture.position import ResumePoint
-from capture.quarantine import is_quarantine_topic
+from capture.quarantine import append_or_quarantine, is_quarantine_topic
 from capture.resync import DELETE_INDEX_BASE, ResyncRequest, vanished_key_deletes
 from capture.slot import SlotStatus, create_slot, drop_slot, is_gone, slot_gone_error, slot_status
 from capture.snapshot import Chunk, SnapshotState, plan_chunks, read_chunk
@@ -685,7 +685,7 @@ class CaptureAgent:
                 if not records:
                     continue
                 # An OutRecord has every field of a Record: appended as it is, no copy per record.
-                self.log.append(topic, partition, cast("list[Record]", records))
+                append_or_quarantine(self.log, topic, partition, records, self._ensure_topic)
                 last = records[-1]
                 resume.advance_to(TopicPartition(topic, partition), last.commit_lsn, last.txn_index)
                 self.stats.records_written += len(records)

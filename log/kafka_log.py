@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from headwater.config import KafkaConfig
-from headwater.errors import PermanentError
 from log.base import (
     AppendResult,
     CompactionResult,
@@ -49,7 +48,7 @@ from log.kafka_clients import (
     estimated_batch_bytes,
     open_client,
 )
-from log.topic_errors import TopicExistsError
+from log.topic_errors import BatchTooLargeError, TopicExistsError
 
 BrokerKind = Literal["auto", "kafka", "tansu"]
 
@@ -68,18 +67,6 @@ _MANAGED = frozenset(
     }
 )
 _SCAN_CHUNK = 10_000
-
-
-class BatchTooLargeError(LogError, PermanentError):
-    """An append cannot be written as one record batch, so it could not be atomic."""
-
-    def __init__(self, topic: str, partition: int, records: int, size: int, limit: int) -> None:
-        super().__init__(
-            f"{topic}/{partition}: a batch of {records} records (~{size} bytes) exceeds one Kafka record batch "
-            f"(at most {MAX_BATCH_RECORDS} records and {limit} bytes); split it or raise max_batch_bytes"
-        )
-        self.topic = topic
-        self.partition = partition
 
 
 class KafkaLog:

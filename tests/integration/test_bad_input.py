@@ -603,3 +603,50 @@ def test_huge_transaction_is_streamed_and_captured_completely(project: Project) 
         assert len({v["source"]["txId"] for v in values}) == 1  # one transaction
     finally:
         project.sql(sql.SQL("ALTER ROLE {} RESET logical_decoding_work_mem").format(sql.Identifier(project.role)))
+
+
+def test_value_too_large_for_kafka_goes_to_quarantine(project: Project, kafka_broker: Any) -> None:
+    # A Kafka record batch holds at most max_batch_bytes (16 MiB): a 20 MiB row cannot be stored, so a note
+    # of it (op, source sequence, size, reason) goes to <topic>.quarantine and capture goes on.
+    size = 20 * 1024 * 1024
+    project.sql("CREATE TABLE kbig (id int PRIMARY KEY, body text)")
+    project.sql("INSERT INTO kbig VALUES (1, 'small')")
+    directory = project.directory / "kafka"
+    directory.mkdir()
+    config = directory / "headwater.yaml"
+    kafka = {"bootstrap_servers": kafka_broker.bootstrap_servers}
+    config.write_text(
+        yaml.safe_dump({"project": "catalogue_kafka", "log": {"backend": "kafka", "partitions": 1, "kafka": kafka}})
+    )
+    name = project.names("kbig")
+    project.sql(f"CREATE PUBLICATION headwater_{name} FOR TABLE kbig")
+    project.sql(sql.SQL("GRANT SELECT ON kbig TO {}").format(sql.Identifier(project.role)))
+    added = project.headwater(
+        "source", "add", name, "--dsn", project.dsn(), "--tables", "public.kbig", "--yes", config=config
+    )
+    assert added.returncode == 0, added.stderr[-3000:]
+    assert project.headwater("capture", "--until-caught-up", config=config).returncode == 0
+    project.sql("INSERT INTO kbig SELECT 2, repeat('0123456789abcdef', %s)", (size // 16,))
+    project.sql("INSERT INTO kbig VALUES (3, 'after')")
+    result = project.headwater("capture", "--until-caught-up", config=config, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    log = open_log(load_config(config, strict_env=False))
+    try:
+
+        def read_all(topic: str) -> list[Any]:
+            out, offset = [], log.beginning_offset(topic, 0)
+            while batch := log.read(topic, 0, offset):
+                out.extend(batch)
+                offset = batch[-1].offset + 1
+            return out
+
+        topic = f"{name}.public.kbig"
+        assert [orjson.loads(r.value)["after"]["id"] for r in read_all(topic) if r.value] == [1, 3]
+        (note,) = read_all(f"{topic}.quarantine")
+    finally:
+        log.close()
+    assert orjson.loads(note.key) == {"id": 2}
+    value = orjson.loads(note.value)
+    assert value["op"] == "c" and value["value_bytes"] > size and value["source"]["table"] == "kbig"
+    assert "larger than the log accepts" in dict(note.headers)["headwater.error"].decode()
