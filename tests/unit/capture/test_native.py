@@ -47,7 +47,7 @@ pytestmark = pytest.mark.skipif(
     native.speedups is None, reason="the native extension is not built here (or HEADWATER_NATIVE=0)"
 )
 ROOT = Path(__file__).resolve().parents[3]
-FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # -- text values as PostgreSQL prints them (pinned session: UTC, ISO, extra_float_digits=3) -------
 
