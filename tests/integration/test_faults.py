@@ -57,6 +57,9 @@ LOAD = Schedule(kills=2, gap_s=(0.2, 8.0), ready_marker="Ctrl-C to stop")
 #: With broker kills (each stops every stage's log access for a while) capture takes fewer.
 CAPTURE_WITH_BROKER = Schedule(kills=12, gap_s=(0.3, 5.0))
 BROKER = Schedule(kills=4, gap_s=(3.0, 15.0))
+#: tansu on s3:// (moto) stores every produce as objects over HTTP: a gentler workload, or
+#: the capture restarts' TOAST look-ups (backward scans of a partition) take minutes.
+BROKER_WORKLOAD_PAUSE_S = 0.3
 #: Upper bound of the fault phase: the schedules need ~60-90 s on an idle 2-core machine,
 #: ~4 min when other test suites load it (a Spark start then takes ~50 s).
 FAULT_PHASE_S = 240.0
@@ -326,7 +329,14 @@ def test_broker_sigkills_on_persistent_storage(pg_database, unique_name, tmp_pat
         log_settings = {"partitions": 3, "backend": "kafka", "kafka": {"bootstrap_servers": broker.bootstrap_servers}}
         extra = [(BrokerProcess(broker), BROKER)]
         summary = fault_scenario(
-            pg_database, tmp_path, unique_name("flb"), "kafka+broker", log_settings, extra, capture=CAPTURE_WITH_BROKER
+            pg_database,
+            tmp_path,
+            unique_name("flb"),
+            "kafka+broker",
+            log_settings,
+            extra,
+            capture=CAPTURE_WITH_BROKER,
+            pause_s=BROKER_WORKLOAD_PAUSE_S,
         )
         print(f"\nfaults: {summary}")
     finally:
@@ -343,6 +353,7 @@ def fault_scenario(
     extra: list[tuple[Component, Schedule]],
     *,
     capture: Schedule = CAPTURE,
+    pause_s: float = 0.03,
 ) -> str:
     """Initial run, seeded kills under load, final run, then every check; returns the summary line."""
     seed = SEED
@@ -353,7 +364,7 @@ def fault_scenario(
         conn.execute(SCHEMA)
         conn.execute(ACCOUNTS)
         conn.execute(AUDIT)
-    workload = SteadyWorkload(pg_database, seed)
+    workload = SteadyWorkload(pg_database, seed, pause_s)
     injector: FaultInjector | None = None
     try:
         with workload.conn.transaction():  # the initial rows, captured by the snapshot
