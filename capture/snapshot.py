@@ -24,6 +24,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, overload
 
 import psycopg
@@ -31,6 +32,7 @@ import psycopg.errors
 from psycopg import pq, sql
 
 from capture.pgoutput import NonUtf8Text, TupleData
+from capture.stream import libpq_speedups, pgconn_pointer
 
 #: Heap pages per chunk (8 KiB pages: about 8 MiB of table per COPY).
 CHUNK_PAGES = 1024
@@ -204,6 +206,20 @@ def _read_chunk(conn: psycopg.Connection[Any], chunk: Chunk, columns: Sequence[s
     )
     blocks: list[bytes] = []
     size = 0
+    native = libpq_speedups()
+    if native is not None and pgconn_pointer(conn.pgconn) is not None:
+        for read in _native_copy_out(native, conn, query):
+            data = b"".join((*blocks, read)) if blocks else read
+            blocks = []
+            cut = data.rfind(b"\n") + 1
+            if cut:
+                yield CopyRows(data if cut == len(data) else data[:cut])
+            if cut < len(data):
+                blocks = [data[cut:]]
+        rest = b"".join(blocks)
+        if rest:
+            yield CopyRows(rest)
+        return
     for block in copy_out(conn, query):
         blocks.append(block)
         size += len(block)
@@ -216,6 +232,53 @@ def _read_chunk(conn: psycopg.Connection[Any], chunk: Chunk, columns: Sequence[s
     rest = b"".join(blocks)
     if rest:
         yield CopyRows(rest)
+
+
+def _start_copy(conn: psycopg.Connection[Any], query: sql.Composable) -> None:
+    pgconn = conn.pgconn
+    encoding = conn.info.encoding
+    pgconn.send_query(query.as_bytes(conn))
+    result = pgconn.get_result()
+    if result is None or result.status != pq.ExecStatus.COPY_OUT:
+        while pgconn.get_result() is not None:
+            pass
+        if result is None:
+            msg = f"COPY returned no result: {pgconn.get_error_message(encoding)}"
+            raise psycopg.OperationalError(msg)
+        raise psycopg.errors.error_from_result(result, encoding=encoding)
+
+
+def _end_copy(conn: psycopg.Connection[Any], *, finished: bool) -> None:
+    pgconn = conn.pgconn
+    if not finished and pgconn.status == pq.ConnStatus.OK:
+        while pgconn.get_copy_data(0)[0] > 0:
+            pass
+    final = None
+    while (next_result := pgconn.get_result()) is not None:
+        final = final or next_result
+    if finished and final is not None and final.status != pq.ExecStatus.COMMAND_OK:
+        raise psycopg.errors.error_from_result(final, encoding=conn.info.encoding)
+
+
+def _native_copy_out(native: ModuleType, conn: psycopg.Connection[Any], query: sql.Composable) -> Iterator[bytes]:
+    """:func:`copy_out` with the reads in the extension: blocks of about ``BATCH_BYTES`` (whole messages)."""
+    _start_copy(conn, query)
+    pgconn = conn.pgconn
+    ptr = pgconn_pointer(pgconn)
+    finished = False
+    try:
+        while True:
+            data, status = native.copy_chunk(ptr, BATCH_BYTES)
+            if data:
+                yield data
+            if status == -1:
+                break
+            if status < 0:
+                msg = f"COPY failed: {pgconn.get_error_message(conn.info.encoding)}"
+                raise psycopg.OperationalError(msg)
+        finished = True
+    finally:
+        _end_copy(conn, finished=finished)
 
 
 def copy_out(conn: psycopg.Connection[Any], query: sql.Composable) -> Iterator[bytes]:

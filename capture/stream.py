@@ -10,20 +10,25 @@ send heartbeats and status updates while the server is quiet.
 
 from __future__ import annotations
 
+import logging
 import select
 import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import NamedTuple
 
 import psycopg
 from psycopg import pq, sql
 
 from capture.errors import CaptureError, dsn_secrets, scrub_secrets
+from capture.native import speedups
 from capture.replication_protocol import FrameType, PrimaryKeepalive, decode_copy_data, encode_standby_status
 from headwater.errors import TransientError
 from log.sequence import Lsn
+
+logger = logging.getLogger(__name__)
 
 #: Session settings pinned on every capture connection so text values decode one way
 #: (DESIGN section 8).
@@ -60,6 +65,29 @@ class WalMessage(NamedTuple):
 _WAL_START = struct.Struct(">Q")
 #: 'w', wal_start, wal_end, send time.
 _XLOG_HEADER_BYTES = 1 + 8 + 8 + 8
+
+
+#: Frames one native read returns at most.
+NATIVE_FRAMES = 4096
+
+_LIBPQ_BOUND: list[ModuleType | None] = []
+
+
+def libpq_speedups() -> ModuleType | None:
+    """The extension when it can read from psycopg's own libpq (else the Python reads run)."""
+    if not _LIBPQ_BOUND:
+        native = speedups
+        if native is not None and not native.bind_libpq(pq.version(), WalMessage):
+            logger.debug("native libpq reads off: psycopg's libpq %s not found among loaded objects", pq.version())
+            native = None
+        _LIBPQ_BOUND.append(native)
+    return _LIBPQ_BOUND[0]
+
+
+def pgconn_pointer(pgconn: pq.abc.PGconn) -> int | None:
+    """The libpq ``PGconn *`` behind psycopg's connection (``None`` once closed)."""
+    ptr = getattr(pgconn, "pgconn_ptr", None)
+    return ptr if isinstance(ptr, int) and ptr else None
 
 
 def pinned_options() -> str:
@@ -140,6 +168,10 @@ class ReplicationStream:
         value objects are built for their header), keepalives as :class:`PrimaryKeepalive`.
         """
         pgconn = self._require().pgconn
+        native = libpq_speedups()
+        if native is not None and pgconn_pointer(pgconn) is not None:
+            yield from self._native_frames(native, pgconn, timeout_s)
+            return
         waited = False
         xlog = FrameType.XLOG_DATA.value
         unpack_start = _WAL_START.unpack_from
@@ -159,6 +191,42 @@ class ReplicationStream:
                     msg,
                     slot=self._options.slot,
                 )
+            if waited:
+                return
+            ready, _, _ = select.select([pgconn.socket], [], [], timeout_s)
+            if not ready:
+                return
+            try:
+                pgconn.consume_input()
+            except psycopg.OperationalError as exc:
+                raise ReplicationLostError.from_psycopg(exc, slot=self._options.slot, dsn=self._dsn) from None
+            waited = True
+
+    def _native_frames(
+        self, native: ModuleType, pgconn: pq.abc.PGconn, timeout_s: float
+    ) -> Iterator[WalMessage | PrimaryKeepalive]:
+        # The loop of frames() with the libpq reads in the extension: one call returns every
+        # frame libpq holds (up to NATIVE_FRAMES), XLogData frames already as WalMessage.
+        read = native.wal_frames
+        ptr = pgconn_pointer(pgconn)
+        waited = False
+        while True:
+            batch, others, status = read(ptr, NATIVE_FRAMES)
+            if others:
+                for item in batch:
+                    if type(item) is not bytes:
+                        yield item
+                        continue
+                    frame = decode_copy_data(item)
+                    if isinstance(frame, PrimaryKeepalive):
+                        yield frame
+            elif batch:
+                yield from batch
+            if status > 0:
+                continue
+            if status < 0:
+                msg = f"replication stream on slot {self._options.slot!r} ended by the server; reconnecting"
+                raise ReplicationLostError(msg, slot=self._options.slot)
             if waited:
                 return
             ready, _, _ = select.select([pgconn.socket], [], [], timeout_s)

@@ -8,6 +8,9 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dlfcn.h>
+#include <link.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -1261,6 +1264,185 @@ static PyTypeObject RowEncoderType = {
 };
 
 /* ------------------------------------------------------------------------------------ */
+/* libpq reads without a Python call per message.                                        */
+/*                                                                                       */
+/* psycopg owns the connection; its PGconn pointer (``pgconn.pgconn_ptr``) is only valid  */
+/* for the libpq psycopg itself loaded, so the functions are looked up in that very       */
+/* library (found among the loaded objects; its PQlibVersion must equal psycopg's          */
+/* ``pq.version()``), never linked at build time.                                         */
+
+typedef int (*pq_get_copy_data_fn)(void *conn, char **buffer, int async);
+typedef void (*pq_freemem_fn)(void *ptr);
+typedef int (*pq_lib_version_fn)(void);
+
+static pq_get_copy_data_fn pq_get_copy_data;
+static pq_freemem_fn pq_freemem;
+static PyTypeObject *wal_message_type; /* tuple subclass (wal_start, payload) */
+
+struct libpq_search {
+    int version;
+    void *handle;
+};
+
+static int find_libpq(struct dl_phdr_info *info, size_t size, void *data) {
+    struct libpq_search *search = data;
+    const char *name = info->dlpi_name;
+    (void)size;
+    if (name == NULL || name[0] == '\0') return 0;
+    const char *base = strrchr(name, '/');
+    base = base ? base + 1 : name;
+    if (strncmp(base, "libpq", 5) != 0 || (base[5] != '.' && base[5] != '-')) return 0;
+    void *handle = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
+    if (handle == NULL) return 0;
+    pq_lib_version_fn version = (pq_lib_version_fn)dlsym(handle, "PQlibVersion");
+    if (version != NULL && version() == search->version && dlsym(handle, "PQgetCopyData") != NULL) {
+        search->handle = handle;
+        return 1;
+    }
+    dlclose(handle);
+    return 0;
+}
+
+static PyObject *py_bind_libpq(PyObject *self, PyObject *args) {
+    int version;
+    PyObject *message_type;
+    if (!PyArg_ParseTuple(args, "iO!", &version, &PyType_Type, &message_type)) return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)message_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "the message type must be a tuple subclass");
+        return NULL;
+    }
+    Py_INCREF(message_type);
+    Py_XSETREF(wal_message_type, (PyTypeObject *)message_type);
+    if (pq_get_copy_data != NULL) Py_RETURN_TRUE;
+    struct libpq_search search = {version, NULL};
+    dl_iterate_phdr(find_libpq, &search);
+    if (search.handle == NULL) Py_RETURN_FALSE;
+    pq_freemem = (pq_freemem_fn)dlsym(search.handle, "PQfreemem");
+    if (pq_freemem == NULL) Py_RETURN_FALSE;
+    pq_get_copy_data = (pq_get_copy_data_fn)dlsym(search.handle, "PQgetCopyData");
+    Py_RETURN_TRUE;
+}
+
+static void *conn_arg(PyObject *arg) {
+    void *conn = PyLong_AsVoidPtr(arg);
+    if (conn == NULL && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "no libpq connection");
+    if (conn != NULL && pq_get_copy_data == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "libpq is not bound (bind_libpq)");
+        return NULL;
+    }
+    return conn;
+}
+
+/* copy_chunk(conn_ptr, max_bytes) -> (data, status): CopyData messages of a COPY OUT,
+ * concatenated, read blocking (the GIL released) until at least max_bytes are in hand
+ * (status 1), the copy ends (-1) or fails (-2; the data read before comes along). */
+static PyObject *py_copy_chunk(PyObject *self, PyObject *args) {
+    PyObject *ptr;
+    Py_ssize_t max_bytes;
+    if (!PyArg_ParseTuple(args, "On", &ptr, &max_bytes)) return NULL;
+    void *conn = conn_arg(ptr);
+    if (conn == NULL) return NULL;
+    size_t cap = (size_t)(max_bytes > 0 ? max_bytes : 0) + 65536, len = 0;
+    char *buf = malloc(cap);
+    if (buf == NULL) return PyErr_NoMemory();
+    int status = 1, nomem = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while ((Py_ssize_t)len < max_bytes) {
+        char *row = NULL;
+        int n = pq_get_copy_data(conn, &row, 0);
+        if (n < 0) {
+            status = n == -1 ? -1 : -2;
+            break;
+        }
+        if (n == 0) continue; /* cannot happen when blocking */
+        if (len + (size_t)n > cap) {
+            size_t grown = cap * 2 > len + (size_t)n ? cap * 2 : len + (size_t)n;
+            char *bigger = realloc(buf, grown);
+            if (bigger == NULL) {
+                pq_freemem(row);
+                nomem = 1;
+                break;
+            }
+            buf = bigger;
+            cap = grown;
+        }
+        memcpy(buf + len, row, (size_t)n);
+        len += (size_t)n;
+        pq_freemem(row);
+    }
+    Py_END_ALLOW_THREADS
+    if (nomem) {
+        free(buf);
+        return PyErr_NoMemory();
+    }
+    PyObject *data = PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
+    free(buf);
+    if (data == NULL) return NULL;
+    return Py_BuildValue("(Ni)", data, status);
+}
+
+#define XLOG_HEADER_BYTES 25
+
+/* wal_frames(conn_ptr, max_frames) -> (frames, others, status): the CopyData frames libpq
+ * already holds (non-blocking reads), at most max_frames. XLogData frames become
+ * (wal_start, payload) tuples of the bound message type; any other frame stays bytes
+ * (``others`` counts them). Status 0: nothing more buffered, 1: max_frames reached, -1:
+ * the stream ended, -2: it failed. */
+static PyObject *py_wal_frames(PyObject *self, PyObject *args) {
+    PyObject *ptr;
+    Py_ssize_t max_frames;
+    if (!PyArg_ParseTuple(args, "On", &ptr, &max_frames)) return NULL;
+    void *conn = conn_arg(ptr);
+    if (conn == NULL) return NULL;
+    if (wal_message_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "no message type bound (bind_libpq)");
+        return NULL;
+    }
+    PyObject *frames = PyList_New(0);
+    if (frames == NULL) return NULL;
+    Py_ssize_t others = 0;
+    int status = 1;
+    while (PyList_GET_SIZE(frames) < max_frames) {
+        char *data = NULL;
+        int n = pq_get_copy_data(conn, &data, 1);
+        if (n <= 0) {
+            status = n == 0 ? 0 : (n == -1 ? -1 : -2);
+            break;
+        }
+        PyObject *item;
+        if (data[0] == 'w' && n >= XLOG_HEADER_BYTES) {
+            const unsigned char *u = (const unsigned char *)data;
+            uint64_t start = 0;
+            for (int i = 1; i < 9; i++) start = (start << 8) | u[i];
+            item = wal_message_type->tp_alloc(wal_message_type, 2);
+            if (item != NULL) {
+                PyObject *lsn = PyLong_FromUnsignedLongLong(start);
+                PyObject *payload = PyBytes_FromStringAndSize(data + XLOG_HEADER_BYTES, n - XLOG_HEADER_BYTES);
+                if (lsn == NULL || payload == NULL) {
+                    Py_XDECREF(lsn);
+                    Py_XDECREF(payload);
+                    Py_CLEAR(item);
+                } else {
+                    PyTuple_SET_ITEM(item, 0, lsn);
+                    PyTuple_SET_ITEM(item, 1, payload);
+                }
+            }
+        } else {
+            item = PyBytes_FromStringAndSize(data, n);
+            others++;
+        }
+        pq_freemem(data);
+        if (item == NULL || PyList_Append(frames, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(frames);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    return Py_BuildValue("(Nni)", frames, others, status);
+}
+
+/* ------------------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
     {"murmur2", py_murmur2, METH_O, "Kafka's murmur2 of a bytes-like key (signed 32-bit)."},
@@ -1275,6 +1457,12 @@ static PyMethodDef methods[] = {
      "decode_change(data, in_stream) -> Insert | Update | Delete, or None (the Python decoder decides)."},
     {"read_tuple", py_read_tuple, METH_VARARGS,
      "read_tuple(data, pos, unchanged) -> (values, end), or None if malformed (the Python twin raises)."},
+    {"bind_libpq", py_bind_libpq, METH_VARARGS,
+     "bind_libpq(version, WalMessage) -> bool: find psycopg's loaded libpq (PQlibVersion == version)."},
+    {"copy_chunk", py_copy_chunk, METH_VARARGS,
+     "copy_chunk(conn_ptr, max_bytes) -> (data, status): COPY OUT messages read blocking, concatenated."},
+    {"wal_frames", py_wal_frames, METH_VARARGS,
+     "wal_frames(conn_ptr, max_frames) -> (frames, others, status): buffered COPY BOTH frames, non-blocking."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -75,3 +75,15 @@ class RowEncoder:
         /,
     ) -> tuple[int, int, int]:
         """Records of the run of simple changes from ``pos``: ``(consumed, index, order)`` after it."""
+
+def bind_libpq(version: int, message_type: type, /) -> bool:
+    """Find psycopg's loaded libpq (its PQlibVersion equals ``version``); False if none is loaded."""
+
+def copy_chunk(conn_ptr: int, max_bytes: int, /) -> tuple[bytes, int]:
+    """COPY OUT messages read blocking, concatenated until ``max_bytes``: status 1 more, -1 ended, -2 failed."""
+
+def wal_frames(conn_ptr: int, max_frames: int, /) -> tuple[list[Any], int, int]:
+    """Buffered COPY BOTH frames (XLogData as ``message_type``, others bytes), the others' count, a status.
+
+    Status 0: nothing more buffered, 1: ``max_frames`` reached, -1: ended, -2: failed.
+    """
