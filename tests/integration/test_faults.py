@@ -319,10 +319,8 @@ def test_sigkills_under_load_lose_nothing_and_apply_nothing_twice(backend, reque
     print(f"\nfaults: {summary}")
 
 
+@pytest.mark.skipif(persistent_broker_unavailable() is not None, reason=persistent_broker_unavailable() or "")
 def test_broker_sigkills_on_persistent_storage(pg_database, unique_name, tmp_path):
-    reason = persistent_broker_unavailable()
-    if reason is not None:
-        pytest.skip(reason)
     s3 = MotoS3().start()
     broker = TansuBroker(storage_engine=s3.storage_engine, env=s3.tansu_env()).start()
     try:
