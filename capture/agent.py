@@ -39,13 +39,21 @@ from psycopg import sql
 from capture.errors import SlotError
 from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, RowDecoder, RowDecoderFactory, SchemaRecord
 from capture.incremental_snapshot import IncrementalSnapshotter
+from capture.native import speedups
 from capture.pgoutput import LogicalMessage, PgoutputDecoder, Relation
 from capture.position import ResumePoint
 from capture.quarantine import append_or_quarantine, is_quarantine_topic
 from capture.resync import DELETE_INDEX_BASE, ResyncRequest, vanished_key_deletes
 from capture.slot import SlotStatus, create_slot, drop_slot, is_gone, slot_gone_error, slot_status
 from capture.snapshot import Chunk, SnapshotState, plan_chunks, read_chunk
-from capture.stream import ReplicationLostError, ReplicationStream, StreamOptions, WalMessage, pinned_options
+from capture.stream import (
+    ReplicationLostError,
+    ReplicationStream,
+    StreamOptions,
+    WalMessage,
+    libpq_speedups,
+    pinned_options,
+)
 from capture.transactions import Transaction, TransactionAssembler
 from headwater.config import LogConfig, SourceConfig, TypesConfig
 from log.base import SCHEMAS_TOPIC, Log, Record, TopicPartition, TopicSpec, append_keyed
@@ -309,26 +317,42 @@ class CaptureAgent:
         self._retry.resumed()
         last_heartbeat = time.monotonic()
         max_batch = self.settings.max_batch_records
-        decode, feed = decoder.decode, assembler.feed
+        decode, feed, open_lists = decoder.decode, assembler.feed, assembler.open_lists
+        # With the extension, the row changes of an open transaction go from a batch of frames
+        # into it in one call (decoded as decode would, appended as feed would); every other
+        # frame takes the loop below.
+        take = speedups.take_changes if speedups is not None and libpq_speedups() is not None else None
         try:
             while not self._stop.is_set():
-                for frame in stream.frames(self.settings.poll_timeout_s):
-                    if isinstance(frame, WalMessage):
-                        done = feed(decode(frame.payload), frame.wal_start)
-                        if done is None:
-                            continue
-                        if isinstance(done, Transaction):
-                            self._add_transaction(builder, done)
-                            if len(self._pending) >= max_batch:
-                                self._flush(resume, stream)
-                            if self._stop.is_set():
-                                break  # at a transaction boundary: flush and acknowledge below
-                        elif self._on_loose_message(done.message, marker, resume, stream):
-                            self._caught_up = True
-                            if not self.incremental.pending:
-                                return True
-                    elif frame.reply_requested:
-                        stream.send_status(self.stats.acked_lsn)
+                stopping = False
+                for batch in stream.batches(self.settings.poll_timeout_s):
+                    at, count = 0, len(batch)
+                    while at < count:
+                        if take is not None and (lists := open_lists()) is not None and not decoder.in_stream:
+                            at = take(batch, at, lists[0], lists[1])
+                            if at >= count:
+                                break
+                        frame = batch[at]
+                        at += 1
+                        if isinstance(frame, WalMessage):
+                            done = feed(decode(frame.payload), frame.wal_start)
+                            if done is None:
+                                continue
+                            if isinstance(done, Transaction):
+                                self._add_transaction(builder, done)
+                                if len(self._pending) >= max_batch:
+                                    self._flush(resume, stream)
+                                if self._stop.is_set():
+                                    stopping = True  # at a transaction boundary: flush and acknowledge below
+                                    break
+                            elif self._on_loose_message(done.message, marker, resume, stream):
+                                self._caught_up = True
+                                if not self.incremental.pending:
+                                    return True
+                        elif frame.reply_requested:
+                            stream.send_status(self.stats.acked_lsn)
+                    if stopping:
+                        break
                 if self._pending_end is not None:
                     self._flush(resume, stream)
                 if self._caught_up and not self.incremental.pending:

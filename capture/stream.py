@@ -170,7 +170,8 @@ class ReplicationStream:
         pgconn = self._require().pgconn
         native = libpq_speedups()
         if native is not None and pgconn_pointer(pgconn) is not None:
-            yield from self._native_frames(native, pgconn, timeout_s)
+            for batch in self._native_batches(native, pgconn, timeout_s):
+                yield from batch
             return
         waited = False
         xlog = FrameType.XLOG_DATA.value
@@ -202,9 +203,19 @@ class ReplicationStream:
                 raise ReplicationLostError.from_psycopg(exc, slot=self._options.slot, dsn=self._dsn) from None
             waited = True
 
-    def _native_frames(
+    def batches(self, timeout_s: float) -> Iterator[list[WalMessage | PrimaryKeepalive]]:
+        """The frames of :meth:`frames` in lists: with the extension, each list is every frame libpq held."""
+        pgconn = self._require().pgconn
+        native = libpq_speedups()
+        if native is None or pgconn_pointer(pgconn) is None:
+            for frame in self.frames(timeout_s):
+                yield [frame]
+            return
+        yield from self._native_batches(native, pgconn, timeout_s)
+
+    def _native_batches(
         self, native: ModuleType, pgconn: pq.abc.PGconn, timeout_s: float
-    ) -> Iterator[WalMessage | PrimaryKeepalive]:
+    ) -> Iterator[list[WalMessage | PrimaryKeepalive]]:
         # The loop of frames() with the libpq reads in the extension: one call returns every
         # frame libpq holds (up to NATIVE_FRAMES), XLogData frames already as WalMessage.
         read = native.wal_frames
@@ -213,15 +224,17 @@ class ReplicationStream:
         while True:
             batch, others, status = read(ptr, NATIVE_FRAMES)
             if others:
+                kept: list[WalMessage | PrimaryKeepalive] = []
                 for item in batch:
                     if type(item) is not bytes:
-                        yield item
+                        kept.append(item)
                         continue
                     frame = decode_copy_data(item)
                     if isinstance(frame, PrimaryKeepalive):
-                        yield frame
-            elif batch:
-                yield from batch
+                        kept.append(frame)
+                batch = kept
+            if batch:
+                yield batch
             if status > 0:
                 continue
             if status < 0:

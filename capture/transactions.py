@@ -91,6 +91,16 @@ class TransactionAssembler:
         """True between Begin and Commit of a non-streamed transaction."""
         return self._open is not None
 
+    def open_lists(self) -> tuple[list[Change], list[int]] | None:
+        """The change and LSN lists :meth:`feed` appends a row change to now, if it only appends.
+
+        That is inside an open transaction that is not streamed; the agent's native loop
+        (``take_changes``) appends decoded changes there directly, as feed would.
+        """
+        if self._stream_xid is None and self._open is not None:
+            return self._open.changes, self._open.lsns
+        return None
+
     def feed(self, message: PgoutputMessage, lsn: int = 0) -> Assembled | None:
         """Consume one message sent at WAL position ``lsn``; return a committed transaction or a loose message."""
         if type(message) in _ROW_CHANGES:  # the common case first: one set lookup per change

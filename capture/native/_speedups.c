@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <string.h>
 
+static PyTypeObject *wal_message_type; /* WalMessage: tuple subclass (wal_start, payload); bind_libpq */
+
 /* ------------------------------------------------------------------------------------ */
 /* A growable byte buffer.                                                               */
 
@@ -406,12 +408,7 @@ static inline uint32_t be32(const unsigned char *p) {
 
 /* decode_change(data, in_stream) -> Insert | Update | Delete, or None (not one, or malformed:
  * the Python decoder decides and raises). */
-static PyObject *py_decode_change(PyObject *self, PyObject *args) {
-    Py_buffer view;
-    int in_stream;
-    if (!PyArg_ParseTuple(args, "y*p", &view, &in_stream)) return NULL;
-    const unsigned char *d = view.buf;
-    Py_ssize_t n = view.len;
+static PyObject *decode_change_at(const unsigned char *d, Py_ssize_t n, int in_stream) {
     PyObject *old = NULL, *new = NULL, *xid = NULL, *obj = NULL;
     int t = -1;
     if (n < 1 || msg_types[0] == NULL) goto fallback;
@@ -475,7 +472,6 @@ static PyObject *py_decode_change(PyObject *self, PyObject *args) {
     int rc = set_field(obj, t, F_XID, xid);
     xid = NULL;
     if (rc < 0) goto error;
-    PyBuffer_Release(&view);
     return obj;
 maybe_error:
     if (PyErr_Occurred()) goto error;
@@ -484,15 +480,51 @@ fallback:
     Py_XDECREF(new);
     Py_XDECREF(xid);
     Py_XDECREF(obj);
-    PyBuffer_Release(&view);
     Py_RETURN_NONE;
 error:
     Py_XDECREF(old);
     Py_XDECREF(new);
     Py_XDECREF(xid);
     Py_XDECREF(obj);
-    PyBuffer_Release(&view);
     return NULL;
+}
+
+static PyObject *py_decode_change(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    int in_stream;
+    if (!PyArg_ParseTuple(args, "y*p", &view, &in_stream)) return NULL;
+    PyObject *out = decode_change_at(view.buf, view.len, in_stream);
+    PyBuffer_Release(&view);
+    return out;
+}
+
+/* take_changes(frames, pos, changes, lsns) -> pos: from frames[pos] on, each WalMessage whose
+ * payload is an Insert/Update/Delete outside a streamed transaction goes decoded into
+ * ``changes`` and its wal_start into ``lsns`` (TransactionAssembler.feed's open-transaction
+ * case); stops at the first other frame (or one decode_change hands back), returning its index. */
+static PyObject *py_take_changes(PyObject *self, PyObject *args) {
+    PyObject *frames, *changes, *lsns;
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "O!nO!O!", &PyList_Type, &frames, &pos, &PyList_Type, &changes, &PyList_Type, &lsns))
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(frames);
+    for (; pos < count; pos++) {
+        PyObject *frame = PyList_GET_ITEM(frames, pos);
+        if (wal_message_type == NULL || Py_TYPE(frame) != wal_message_type) break;
+        PyObject *payload = PyTuple_GET_ITEM(frame, 1);
+        if (!PyBytes_Check(payload)) break;
+        PyObject *change =
+            decode_change_at((const unsigned char *)PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), 0);
+        if (change == NULL) return NULL;
+        if (change == Py_None) {
+            Py_DECREF(change);
+            break;
+        }
+        int rc = PyList_Append(changes, change);
+        Py_DECREF(change);
+        if (rc < 0 || PyList_Append(lsns, PyTuple_GET_ITEM(frame, 0)) < 0) return NULL;
+    }
+    return PyLong_FromSsize_t(pos);
 }
 
 static PyObject *py_read_tuple(PyObject *self, PyObject *args) {
@@ -1277,7 +1309,6 @@ typedef int (*pq_lib_version_fn)(void);
 
 static pq_get_copy_data_fn pq_get_copy_data;
 static pq_freemem_fn pq_freemem;
-static PyTypeObject *wal_message_type; /* tuple subclass (wal_start, payload) */
 
 struct libpq_search {
     int version;
@@ -1457,6 +1488,8 @@ static PyMethodDef methods[] = {
      "decode_change(data, in_stream) -> Insert | Update | Delete, or None (the Python decoder decides)."},
     {"read_tuple", py_read_tuple, METH_VARARGS,
      "read_tuple(data, pos, unchanged) -> (values, end), or None if malformed (the Python twin raises)."},
+    {"take_changes", py_take_changes, METH_VARARGS,
+     "take_changes(frames, pos, changes, lsns) -> pos: decoded changes of an open transaction, appended."},
     {"bind_libpq", py_bind_libpq, METH_VARARGS,
      "bind_libpq(version, WalMessage) -> bool: find psycopg's loaded libpq (PQlibVersion == version)."},
     {"copy_chunk", py_copy_chunk, METH_VARARGS,

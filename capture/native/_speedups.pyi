@@ -87,3 +87,6 @@ def wal_frames(conn_ptr: int, max_frames: int, /) -> tuple[list[Any], int, int]:
 
     Status 0: nothing more buffered, 1: ``max_frames`` reached, -1: ended, -2: failed.
     """
+
+def take_changes(frames: list[Any], pos: int, changes: list[Any], lsns: list[int], /) -> int:
+    """Decoded Insert/Update/Delete frames from ``pos`` appended (as feed would): the index of the first other."""

@@ -35,7 +35,8 @@ from capture.pgoutput import (
     _read_tuple_python,
 )
 from capture.snapshot import CopyRows, parse_copy_text
-from capture.transactions import Transaction
+from capture.stream import WalMessage
+from capture.transactions import Transaction, TransactionAssembler
 from capture.typemap import Oid, RowConverter, TextRowDecoder, TypeMappingError, _native_kind
 from headwater.config import TypesConfig
 from log import batch_codec, partitioner
@@ -326,6 +327,77 @@ def test_malformed_tuple_still_raises_the_decode_error() -> None:
     message = b"I" + struct.pack(">I", 5) + b"N" + struct.pack(">h", 1) + b"x"
     with pytest.raises(PgoutputDecodeError, match="unknown tuple column kind"):
         PgoutputDecoder(2).decode(message)
+
+
+# -- replication frames into transactions -------------------------------------------------------
+
+
+@st.composite
+def wal_frames(draw: st.DrawFn) -> list[WalMessage]:
+    """Frames of transactions: Begin, row changes (some damaged), Commit; WAL positions increasing."""
+    payloads: list[bytes] = []
+    for xid in range(draw(st.integers(1, 3))):
+        payloads.append(b"B" + struct.pack(">QqI", 1000 + xid, 5, xid))
+        for _ in range(draw(st.integers(0, 8))):
+            oid = struct.pack(">I", draw(st.integers(1, 3)))
+            row = _tuple_bytes(draw(tuple_values))
+            kind = draw(st.sampled_from(["I", "U", "UK", "UO", "DK", "DO", "damaged"]))
+            if kind == "I":
+                payloads.append(b"I" + oid + b"N" + row)
+            elif kind.startswith("U"):
+                old = b"" if kind == "U" else kind[1].encode() + _tuple_bytes(draw(tuple_values))
+                payloads.append(b"U" + oid + old + b"N" + row)
+            elif kind.startswith("D"):
+                payloads.append(b"D" + oid + kind[1].encode() + row)
+            else:
+                payloads.append(b"I" + oid + b"N" + row[: draw(st.integers(0, max(len(row) - 1, 0)))] + b"?")
+        payloads.append(b"C" + struct.pack(">BQQq", 0, 1000 + xid, 1100 + xid, 7))
+    return [WalMessage(16 * (at + 1), payload) for at, payload in enumerate(payloads)]
+
+
+def _assemble(frames: list[WalMessage], *, take: bool) -> list[object]:
+    """Transactions out of ``frames`` as the agent's stream loop makes them (``take``: with take_changes)."""
+    decoder, assembler = PgoutputDecoder(2), TransactionAssembler()
+    out: list[object] = []
+    at = 0
+    while at < len(frames):
+        lists = assembler.open_lists()
+        if take and lists is not None and not decoder.in_stream:
+            assert native.speedups is not None
+            at = native.speedups.take_changes(frames, at, lists[0], lists[1])
+            if at >= len(frames):
+                break
+        frame = frames[at]
+        at += 1
+        try:
+            done = assembler.feed(decoder.decode(frame.payload), frame.wal_start)
+        except PgoutputDecodeError as exc:
+            out.append(("error", at, str(exc)))
+            break
+        if isinstance(done, Transaction):
+            out.append((done.xid, done.commit_lsn, list(done.changes), list(done.lsns)))
+    return out
+
+
+@FAST
+@given(frames=wal_frames())
+def test_take_changes_assembles_what_decode_and_feed_assemble(frames) -> None:
+    assert native.speedups is not None
+    native.speedups.bind_libpq(0, WalMessage)  # binds the message type (no libpq of version 0 exists)
+    assert _assemble(frames, take=True) == _assemble(frames, take=False)
+
+
+def test_take_changes_stops_at_other_frames_and_foreign_items() -> None:
+    assert native.speedups is not None
+    native.speedups.bind_libpq(0, WalMessage)
+    insert = b"I" + struct.pack(">I", 7) + b"N" + _tuple_bytes(["1", None])
+    frames: list[object] = [WalMessage(8, insert), WalMessage(9, b"C"), WalMessage(10, insert), (11, insert)]
+    changes: list[object] = []
+    lsns: list[int] = []
+    assert native.speedups.take_changes(frames, 0, changes, lsns) == 1
+    assert changes == [Insert(7, ("1", None))] and lsns == [8]
+    assert native.speedups.take_changes(frames, 2, changes, lsns) == 3  # a plain tuple is not a WalMessage
+    assert lsns == [8, 10]
 
 
 # -- murmur2 and file-log batches ----------------------------------------------------------------
