@@ -691,9 +691,15 @@ class CaptureAgent:
         # Pending records are in sequence order, so when the log holds nothing at or past the
         # first one (always, except right after a restart) no record needs the skip check.
         check = bool(pending) and (recheck or resume.may_hold(pending[0].commit_lsn, pending[0].txn_index))
-        groups: dict[str, list[list[OutRecord]]] = {}
         partitions = self._partition_counts
-        for record in pending:
+        grouped = None
+        if not check and speedups is not None:
+            # The loop below in one native call (same groups, same order); a topic not yet
+            # created comes back by name.
+            while isinstance(grouped := speedups.group_records(pending, partitions), str):
+                self._ensure_topic(grouped)
+        groups: dict[str, list[list[OutRecord]]] = grouped if grouped is not None else {}
+        for record in pending if grouped is None else ():
             topic = record.topic
             buckets = groups.get(topic)
             if buckets is None:

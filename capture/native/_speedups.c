@@ -154,6 +154,74 @@ static PyObject *py_partition_for(PyObject *self, PyObject *const *args, Py_ssiz
     return PyLong_FromLong((long)((uint32_t)h & 0x7fffffffU) % n);
 }
 
+/* group_records(records, counts) -> {topic: [records of partition 0, ...]}: the agent's
+ * per-(topic, partition) grouping of pending records (OutRecord: topic, key first), Kafka's
+ * partitioner on the key (None, or a one-partition topic: 0). A topic missing from counts
+ * comes back alone (a str: the caller creates it and calls again); a key that is not bytes
+ * gives None (the Python loop decides). */
+static PyObject *py_group_records(PyObject *self, PyObject *args) {
+    PyObject *records, *counts;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &records, &PyDict_Type, &counts)) return NULL;
+    PyObject *groups = PyDict_New();
+    if (groups == NULL) return NULL;
+    PyObject *last_topic = NULL, *last_buckets = NULL; /* borrowed */
+    Py_ssize_t total = PyList_GET_SIZE(records);
+    for (Py_ssize_t i = 0; i < total; i++) {
+        PyObject *record = PyList_GET_ITEM(records, i);
+        if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 2) goto fallback;
+        PyObject *topic = PyTuple_GET_ITEM(record, 0), *key = PyTuple_GET_ITEM(record, 1);
+        PyObject *buckets;
+        if (topic == last_topic) {
+            buckets = last_buckets;
+        } else {
+            if (!PyUnicode_CheckExact(topic)) goto fallback;
+            buckets = PyDict_GetItemWithError(groups, topic);
+            if (buckets == NULL) {
+                if (PyErr_Occurred()) goto error;
+                PyObject *count = PyDict_GetItemWithError(counts, topic);
+                if (count == NULL) {
+                    if (PyErr_Occurred()) goto error;
+                    Py_DECREF(groups);
+                    return Py_NewRef(topic);
+                }
+                Py_ssize_t n = PyLong_AsSsize_t(count);
+                if (n == -1 && PyErr_Occurred()) goto error;
+                if (n <= 0) goto fallback;
+                buckets = PyList_New(n);
+                if (buckets == NULL) goto error;
+                for (Py_ssize_t p = 0; p < n; p++) {
+                    PyObject *bucket = PyList_New(0);
+                    if (bucket == NULL) {
+                        Py_DECREF(buckets);
+                        goto error;
+                    }
+                    PyList_SET_ITEM(buckets, p, bucket);
+                }
+                int rc = PyDict_SetItem(groups, topic, buckets);
+                Py_DECREF(buckets); /* the dict holds it */
+                if (rc < 0) goto error;
+            }
+            last_topic = topic;
+            last_buckets = buckets;
+        }
+        Py_ssize_t n = PyList_GET_SIZE(buckets), partition = 0;
+        if (key != Py_None && n > 1) {
+            if (!PyBytes_Check(key)) goto fallback;
+            int32_t h = murmur2((const unsigned char *)PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key));
+            partition = (Py_ssize_t)(((uint32_t)h & 0x7fffffffU) % (uint32_t)n);
+        }
+        if (PyList_Append(PyList_GET_ITEM(buckets, partition), record) < 0) goto error;
+    }
+    return groups;
+fallback:
+    Py_DECREF(groups);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(groups);
+    return NULL;
+}
+
+
 static PyObject *py_partitions(PyObject *self, PyObject *args) {
     PyObject *keys;
     long n;
@@ -1488,6 +1556,8 @@ static PyMethodDef methods[] = {
      "decode_change(data, in_stream) -> Insert | Update | Delete, or None (the Python decoder decides)."},
     {"read_tuple", py_read_tuple, METH_VARARGS,
      "read_tuple(data, pos, unchanged) -> (values, end), or None if malformed (the Python twin raises)."},
+    {"group_records", py_group_records, METH_VARARGS,
+     "group_records(records, counts) -> {topic: [[record, ...] per partition]} | missing topic | None."},
     {"take_changes", py_take_changes, METH_VARARGS,
      "take_changes(frames, pos, changes, lsns) -> pos: decoded changes of an open transaction, appended."},
     {"bind_libpq", py_bind_libpq, METH_VARARGS,

@@ -90,3 +90,6 @@ def wal_frames(conn_ptr: int, max_frames: int, /) -> tuple[list[Any], int, int]:
 
 def take_changes(frames: list[Any], pos: int, changes: list[Any], lsns: list[int], /) -> int:
     """Decoded Insert/Update/Delete frames from ``pos`` appended (as feed would): the index of the first other."""
+
+def group_records(records: list[Any], counts: dict[str, int], /) -> dict[str, list[list[Any]]] | str | None:
+    """Records per topic and partition (Kafka's partitioner); a topic missing from ``counts``; None: Python decides."""

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from capture import native
-from capture.events import EventBuilder
+from capture.events import EventBuilder, OutRecord
 from capture.pgoutput import (
     UNCHANGED_TOAST,
     Delete,
@@ -398,6 +398,35 @@ def test_take_changes_stops_at_other_frames_and_foreign_items() -> None:
     assert changes == [Insert(7, ("1", None))] and lsns == [8]
     assert native.speedups.take_changes(frames, 2, changes, lsns) == 3  # a plain tuple is not a WalMessage
     assert lsns == [8, 10]
+
+
+@FAST
+@given(
+    picks=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.one_of(st.none(), st.binary(max_size=12))), max_size=40
+    ),
+    counts=st.fixed_dictionaries({"a": st.integers(1, 5), "b": st.integers(1, 5)}),
+)
+def test_group_records_groups_as_the_agent_loop(picks, counts) -> None:
+    assert native.speedups is not None
+    records = [OutRecord(topic, key, b"v", 1, at) for at, (topic, key) in enumerate(picks)]
+    expected: dict[str, list[list[OutRecord]]] = {}
+    missing = None
+    for record in records:
+        if record.topic not in counts:
+            missing = missing or record.topic
+            continue
+        buckets = expected.setdefault(record.topic, [[] for _ in range(counts[record.topic])])
+        n = len(buckets)
+        hashed = partitioner._murmur2_python(record.key) & 0x7FFFFFFF if record.key is not None else 0
+        buckets[0 if record.key is None or n == 1 else hashed % n].append(record)
+    grouped = native.speedups.group_records(records, counts)
+    if missing is not None:
+        assert grouped == missing  # the first record's topic that is not created yet
+    else:
+        assert grouped == expected
+        assert list(grouped) == list(expected)
+    assert native.speedups.group_records([OutRecord("a", "text key", None, 1, 1)], {"a": 3}) is None
 
 
 # -- murmur2 and file-log batches ----------------------------------------------------------------
