@@ -158,6 +158,8 @@ class FaultInjector:
         self._slots = [_Slot(c, s, random.Random(f"{seed}:{c.name}")) for c, s in plan]
         self._poll_s = poll_s
         self.events: list[str] = []
+        #: Wall-clock time (epoch s) at which :meth:`run` began: the zero of :attr:`events`.
+        self.started_wall = 0.0
 
     def start(self, ready_within_s: float = 180.0) -> None:
         """Start every component in plan order; one with a ready marker is waited for before the next starts.
@@ -195,6 +197,7 @@ class FaultInjector:
     def run(self, deadline_s: float, on_tick: Callable[[], None] | None = None) -> None:
         """Kill and restart until :meth:`done` or ``deadline_s`` seconds have passed."""
         started = time.monotonic()
+        self.started_wall = time.time()
         while not self.done() and time.monotonic() - started < deadline_s:
             now = time.monotonic()
             for slot in self._slots:

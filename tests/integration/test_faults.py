@@ -25,6 +25,7 @@ line (run with ``-s`` to see it).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import random
 import subprocess
@@ -71,7 +72,9 @@ CREATE TABLE accounts (id int PRIMARY KEY, email text, balance numeric(10,2));
 # publication: the independent record of what the log must hold.
 AUDIT = """
 CREATE TABLE audit (
-    n bigserial PRIMARY KEY, xid bigint NOT NULL DEFAULT txid_current(), tbl text, op text, old_key jsonb, new_key jsonb
+    n bigserial PRIMARY KEY, xid bigint NOT NULL DEFAULT txid_current(),
+    tbl text, op text, old_key jsonb, new_key jsonb,
+    at float8 NOT NULL DEFAULT extract(epoch FROM clock_timestamp())
 );
 CREATE FUNCTION audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -217,6 +220,30 @@ def expected_streamed(pg_database, after_n: int) -> Counter:
             expected[(xid, table, "d", key_text(old_key))] += 1
             expected[(xid, table, "c", key_text(new_key))] += 1
     return expected
+
+
+def diagnose(pg_database, config: ProjectConfig, topics, missing: Counter, started_wall: float) -> str:
+    """When (relative to the kills' clock) the missing transactions committed, and each partition's shape."""
+    xids = sorted({xid for xid, *_ in missing})
+    rows = pg_database.execute(
+        "SELECT mod(xid, 4294967296), min(at) FROM audit WHERE mod(xid, 4294967296) = ANY(%s) GROUP BY 1 ORDER BY 2",
+        (xids,),
+    )
+    lines = ["missing transactions at (s): " + ", ".join(f"{xid}@{at - started_wall:.2f}" for xid, at in rows)]
+    for topic in topics:
+        by_partition: dict[int, list] = {}
+        for record in read_topic(config, topic):
+            by_partition.setdefault(record.partition, []).append(record)
+        for partition, records in sorted(by_partition.items()):
+            offsets = [r.offset for r in records]
+            gaps = sum(1 for a, b in itertools.pairwise(offsets) if b != a + 1)
+            lsns = [orjson.loads(r.value)["source"]["commit_lsn"] for r in records if r.value is not None]
+            back = sum(1 for a, b in itertools.pairwise(lsns) if b < a)
+            lines.append(
+                f"{topic}[{partition}]: {len(records)} records, offsets {offsets[0]}..{offsets[-1]}, "
+                f"{gaps} gaps, commit_lsn goes back {back} times"
+            )
+    return "\n".join(lines)
 
 
 def warehouse(config: ProjectConfig, sql: str, table: str) -> list[tuple]:
@@ -444,7 +471,8 @@ def fault_scenario(
     assert duplicates == 0, f"{tag}: {duplicates} duplicate (commit_lsn, txn_index) in the log\n{history}"
     assert not missing and not extra, (
         f"{tag}: log differs from the audit: missing {sum(missing.values())} e.g. {list(missing)[:5]}, "
-        f"extra {sum(extra.values())} e.g. {list(extra)[:5]}\n{history}"
+        f"extra {sum(extra.values())} e.g. {list(extra)[:5]}\n"
+        f"{diagnose(pg_database, config, (items_topic, accounts_topic), missing, injector.started_wall)}\n{history}"
     )
 
     # 2. The warehouse equals the source, by checksum over every column.
