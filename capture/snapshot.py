@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+import queue
+import threading
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -208,7 +210,7 @@ def _read_chunk(conn: psycopg.Connection[Any], chunk: Chunk, columns: Sequence[s
     size = 0
     native = libpq_speedups()
     if native is not None and pgconn_pointer(conn.pgconn) is not None:
-        for read in _native_copy_out(native, conn, query):
+        for read in _prefetched(_native_copy_out(native, conn, query)):
             data = b"".join((*blocks, read)) if blocks else read
             blocks = []
             cut = data.rfind(b"\n") + 1
@@ -232,6 +234,57 @@ def _read_chunk(conn: psycopg.Connection[Any], chunk: Chunk, columns: Sequence[s
     rest = b"".join(blocks)
     if rest:
         yield CopyRows(rest)
+
+
+_END = object()
+
+
+def _prefetched(blocks: Generator[bytes, None, None]) -> Iterator[bytes]:
+    """``blocks``, read one block ahead in a thread (the extension's reads release the GIL).
+
+    The server produces the next block while the caller encodes and appends this one. The
+    thread alone drives ``blocks`` (and so the connection) until it ends; closing this
+    generator early stops it and waits for it, and ``blocks`` is closed (drained) there.
+    """
+    ahead: queue.Queue[object] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def pump() -> None:
+        try:
+            for block in blocks:
+                while not stop.is_set():
+                    try:
+                        ahead.put(block, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    break
+        except BaseException as exc:  # handed to the consumer, raised there
+            ahead.put(exc)
+            return
+        finally:
+            blocks.close()
+        ahead.put(_END)
+
+    thread = threading.Thread(target=pump, name="snapshot-copy-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ahead.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item  # type: ignore[misc]
+    finally:
+        stop.set()
+        while thread.is_alive():
+            try:
+                ahead.get(timeout=0.1)
+            except queue.Empty:
+                continue
+        thread.join()
 
 
 def _start_copy(conn: psycopg.Connection[Any], query: sql.Composable) -> None:
@@ -260,7 +313,9 @@ def _end_copy(conn: psycopg.Connection[Any], *, finished: bool) -> None:
         raise psycopg.errors.error_from_result(final, encoding=conn.info.encoding)
 
 
-def _native_copy_out(native: ModuleType, conn: psycopg.Connection[Any], query: sql.Composable) -> Iterator[bytes]:
+def _native_copy_out(
+    native: ModuleType, conn: psycopg.Connection[Any], query: sql.Composable
+) -> Generator[bytes, None, None]:
     """:func:`copy_out` with the reads in the extension: blocks of about ``BATCH_BYTES`` (whole messages)."""
     _start_copy(conn, query)
     pgconn = conn.pgconn

@@ -54,6 +54,22 @@ def test_native_copy_blocks_hold_the_rows_python_reads(pg_database: Any, monkeyp
     assert b"".join(native).count(b"\n") == ROWS
 
 
+def test_abandoned_snapshot_chunk_leaves_the_connection_usable(
+    pg_database: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _table(pg_database)
+    monkeypatch.setattr(snapshot_module, "BATCH_BYTES", 16 << 10)
+    with psycopg.connect(pg_database.dsn) as conn:
+        chunks = read_chunk(conn, Chunk("public", "t", 0, 0, None), ["id", "label", "note"])
+        first = next(chunks)
+        assert first.data.startswith(b"1\t")
+        chunks.close()  # the reading thread stops, the COPY is drained
+        assert conn.execute("SELECT count(*) FROM t").fetchone() == (ROWS,)
+        failing = sql.SQL("COPY (SELECT 1 / (g - 5000) FROM generate_series(1, 10000) g) TO STDOUT")
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            b"".join(snapshot_module._prefetched(snapshot_module._native_copy_out(libpq_speedups(), conn, failing)))
+
+
 def test_native_copy_failure_and_early_stop_match_python(pg_database: Any) -> None:
     failing = sql.SQL("COPY (SELECT 1 / (g - 5000) FROM generate_series(1, 10000) g) TO STDOUT")
     native = libpq_speedups()
