@@ -37,7 +37,13 @@ from log.base import (
     TopicSpec,
     validate_topic_name,
 )
-from log.errors import InvalidTopicNameError, LogError, UnknownPartitionError, UnknownTopicError
+from log.errors import (
+    InvalidTopicNameError,
+    LogError,
+    LogUnavailableError,
+    UnknownPartitionError,
+    UnknownTopicError,
+)
 from log.kafka_clients import (
     EARLIEST,
     LATEST,
@@ -223,6 +229,9 @@ class KafkaLog:
         if len(records) > MAX_BATCH_RECORDS or size > self.max_batch_bytes:
             raise BatchTooLargeError(topic, partition, len(records), size, self.max_batch_bytes)
         base, last = self._client.produce(topic, partition, records)
+        if base < 0:  # acknowledged without an offset (a "duplicate" answer): not proof it is stored
+            msg = f"{topic}/{partition}: acknowledged without an offset, the batch may or may not be stored"
+            raise LogUnavailableError(msg)
         if last - base + 1 != len(records):
             msg = f"{topic}/{partition}: {len(records)} records were acknowledged at offsets {base}..{last}"
             raise LogError(msg)
@@ -278,12 +287,13 @@ class KafkaLog:
         """The offset the next appended record will get (the high watermark)."""
         self._check_partition(topic, partition)
         end = self._client.list_offset(topic, partition, LATEST) or 0
-        if end > 0 and self.is_tansu:
+        if self.is_tansu:
             # tansu 0.6 answers ListOffsets(latest) with the base offset of the
             # partition's last record batch + 1, not the offset after its last
             # record. Derive the end from the last readable record instead: the
             # batch at end - 1 is the last one (or later ones arrived meanwhile).
-            position = end - 1
+            # After a restart it may answer 0 for a partition that holds records.
+            position = max(end - 1, 0)
             while records := self._client.fetch(topic, partition, position, _SCAN_CHUNK, self._read_wait_s):
                 position = records[-1].offset + 1
             end = max(end, position)
