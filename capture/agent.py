@@ -642,6 +642,8 @@ class CaptureAgent:
         paused_at: float | None = None
         while True:
             try:
+                if paused_at is not None:  # a failed Kafka append may have landed: skip what did
+                    resume.refresh(self.log, self._source_topics())
                 self._append_pending(resume, recheck=paused_at is not None)
                 break
             except (LogUnavailableError, OSError) as exc:

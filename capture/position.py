@@ -70,6 +70,11 @@ class ResumePoint:
                     last[TopicPartition(topic, partition)] = sequence
         return cls(last)
 
+    def refresh(self, log: Log, topics: Iterable[str]) -> None:
+        """Re-read the partitions' tails: an append that failed may still have landed (Kafka)."""
+        for where, (commit_lsn, txn_index) in ResumePoint.load(log, topics)._last.items():
+            self.advance_to(where, commit_lsn, txn_index)
+
     def may_hold(self, commit_lsn: int, txn_index: int) -> bool:
         """False when no partition holds ``(commit_lsn, txn_index)`` or anything after it.
 
