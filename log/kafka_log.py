@@ -24,6 +24,7 @@ compact at all, so :attr:`KafkaLog.supports_compaction` is ``False`` on it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -269,14 +270,25 @@ class KafkaLog:
         return taken
 
     def _fetch(self, topic: str, partition: int, offset: int, max_records: int) -> list[StoredRecord]:
-        fetched = self._client.fetch(topic, partition, offset, max_records, self._read_wait_s)
-        if fetched is None:
+        deadline = time.monotonic() + self._settings.timeout_s
+        while True:
+            fetched = self._client.fetch(topic, partition, offset, max_records, self._read_wait_s)
+            if fetched is not None:
+                return fetched
             # Nothing arrived and no fetch response confirmed the end: ask the broker
             # (this raises LogUnavailableError if it is gone) before calling it the end.
-            if offset >= self.end_offset(topic, partition):
+            # Below the end, an empty answer is never "no more records": tansu on s3://
+            # answers fetches with no records for seconds after a restart (measured), and
+            # readers take [] for the end (capture's tail, feeds' offset ranges).
+            end = self.end_offset(topic, partition)
+            if offset >= end:
                 return []
-            fetched = self._client.fetch(topic, partition, offset, max_records, self._read_wait_s)
-        return fetched or []
+            if time.monotonic() >= deadline:
+                msg = (
+                    f"{topic}/{partition}: the broker returned no records at offset {offset} (end {end}) "
+                    f"within {self._settings.timeout_s:g}s; the read can be retried"
+                )
+                raise LogUnavailableError(msg)
 
     def beginning_offset(self, topic: str, partition: int) -> int:
         """The lowest offset still held."""
