@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from harness.broker import MotoS3, TansuBroker, persistent_broker_unavailable
 from pydantic import SecretStr
 
 from headwater.config import KafkaConfig
@@ -277,3 +278,83 @@ def test_reads_see_appends_of_another_writer(client: str, log_kafka_bootstrap: s
         writer.append(topic_name, 0, records(2))
         assert [r.offset for r in reader.read(topic_name, 0, 3)] == [3, 4]
         assert reader._client.list_offset(topic_name, 0, EARLIEST) == 0
+
+
+@pytest.mark.skipif(persistent_broker_unavailable() is not None, reason=persistent_broker_unavailable() or "")
+def test_acknowledged_appends_survive_broker_sigkills(client: str) -> None:
+    """Appends while tansu (on s3://) is SIGKILLed and restarted: every acknowledged record is read once.
+
+    Issue 9: after a restart tansu answers a retried batch "duplicate sequence" without an
+    offset even when it does not hold the batch, and answers fetches below the end with no
+    records for seconds. KafkaLog must report the first as a failed append and must not
+    take the second for the end of the partition. An append that failed may have landed;
+    nothing else may appear.
+    """
+    import random
+    import threading
+
+    s3 = MotoS3().start()
+    broker = TansuBroker(storage_engine=s3.storage_engine, env=s3.tansu_env()).start()
+    config = KafkaConfig(bootstrap_servers=broker.bootstrap_servers, client=client)  # type: ignore[arg-type]
+    rng = random.Random(f"20261121:{client}")
+    acked: dict[int, tuple[int, int]] = {}
+    failed: set[int] = set()
+    crashed: list[BaseException] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        log, n = KafkaLog(config, timeout_s=5), 0
+        try:
+            while not stop.is_set():
+                size = rng.randint(1, 4)
+                batch = [Record(key=b"%d" % (n + i), value=b"%d" % (n + i)) for i in range(size)]
+                try:
+                    result = log.append("kills", n % 3, batch)
+                    acked.update({n + i: (n % 3, result.base_offset + i) for i in range(size)})
+                except LogUnavailableError:
+                    failed.update(range(n, n + size))
+                    log.close()
+                    log = KafkaLog(config, timeout_s=5)
+                n += size
+        except BaseException as exc:  # reported by the test thread
+            crashed.append(exc)
+        finally:
+            log.close()
+
+    try:
+        with KafkaLog(config, timeout_s=10) as log:
+            log.create_topic(TopicSpec("kills", partitions=3))
+        writer = threading.Thread(target=produce)
+        writer.start()
+        try:
+            for _ in range(5):
+                time.sleep(rng.uniform(0.5, 2.0))
+                broker.kill()
+                time.sleep(rng.uniform(0.0, 0.3))
+                broker.start()
+            time.sleep(1.0)
+        finally:
+            stop.set()
+            writer.join(60)
+        broker.kill()
+        broker.start()
+        seen: dict[int, list[tuple[int, int]]] = {}
+        with KafkaLog(config, timeout_s=30) as log:
+            for partition in range(3):
+                end, offset = log.end_offset("kills", partition), 0
+                while records := log.read("kills", partition, offset):
+                    for r in records:
+                        seen.setdefault(int(r.value or b"-1"), []).append((partition, r.offset))
+                    offset = records[-1].offset + 1
+                assert offset == end, f"partition {partition}: read up to {offset}, end offset {end}"
+    finally:
+        broker.stop()
+        s3.stop()
+    assert not crashed, f"the writer stopped: {crashed[0]!r}"
+    assert len(acked) > 100, f"only {len(acked)} records acknowledged"
+    lost = sorted(n for n in acked if n not in seen)
+    assert not lost, f"{len(lost)} of {len(acked)} acknowledged records lost, e.g. {lost[:5]}"
+    assert all(seen[n] == [acked[n]] for n in acked), "an acknowledged record moved or is there twice"
+    extra = sorted(n for n in seen if n not in acked and n not in failed)
+    twice = sorted(n for n in seen if len(seen[n]) > 1)
+    assert not extra and not twice, f"never appended: {extra[:5]}, twice: {twice[:5]}"
