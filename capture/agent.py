@@ -41,7 +41,7 @@ from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, Row
 from capture.incremental_snapshot import IncrementalSnapshotter
 from capture.native import speedups
 from capture.pgoutput import LogicalMessage, PgoutputDecoder, Relation
-from capture.position import ResumePoint
+from capture.position import ResumePoint, read_between
 from capture.quarantine import append_or_quarantine, is_quarantine_topic
 from capture.resync import DELETE_INDEX_BASE, ResyncRequest, vanished_key_deletes
 from capture.slot import SlotStatus, create_slot, drop_slot, is_gone, slot_gone_error, slot_status
@@ -735,7 +735,7 @@ class CaptureAgent:
         step = 1024
         while end > start:
             first = max(start, end - step)
-            for record in reversed(self.log.read(topic, partition, first, max_records=end - first)):
+            for record in reversed(read_between(self.log, topic, partition, first, end)):
                 if record.key == key:
                     value = orjson.loads(record.value) if record.value is not None else None
                     return value.get("after") if value else None

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import orjson
 
-from log.base import Log, TopicPartition
+from log.base import Log, StoredRecord, TopicPartition
 from log.sequence import Sequence
 
 # How far back from a partition's end to look for the last change event; records
@@ -32,6 +32,15 @@ def _sequence_of(value: bytes | None) -> Sequence | None:
     return Sequence(int(source["commit_lsn"]), int(source["txn_index"]))
 
 
+def read_between(log: Log, topic: str, partition: int, first: int, end: int) -> list[StoredRecord]:
+    """Every record of ``[first, end)``: one read may return fewer (tansu on s3:// sends a batch per fetch)."""
+    records: list[StoredRecord] = []
+    while first < end and (batch := log.read(topic, partition, first, max_records=end - first)):
+        records.extend(r for r in batch if r.offset < end)
+        first = batch[-1].offset + 1
+    return records
+
+
 def last_sequence(log: Log, topic: str, partition: int) -> Sequence | None:
     """The highest sequence stored in one partition (``None`` when it holds no event)."""
     end = log.end_offset(topic, partition)
@@ -39,7 +48,7 @@ def last_sequence(log: Log, topic: str, partition: int) -> Sequence | None:
     window = _TAIL_WINDOW
     while end > start:
         first = max(start, end - window)
-        records = log.read(topic, partition, first, max_records=end - first)
+        records = read_between(log, topic, partition, first, end)
         for record in reversed(records):
             sequence = _sequence_of(record.value)
             if sequence is not None:

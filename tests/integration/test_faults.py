@@ -230,6 +230,18 @@ def diagnose(pg_database, config: ProjectConfig, topics, missing: Counter, start
         (xids,),
     )
     lines = ["missing transactions at (s): " + ", ".join(f"{xid}@{at - started_wall:.2f}" for xid, at in rows)]
+    log = open_log(config)
+    try:
+        existing = set(log.list_topics())
+    finally:
+        log.close()
+    for topic in topics:  # bad records go to <topic>.quarantine, with the reason in a header
+        if f"{topic}.quarantine" in existing:
+            reasons = Counter(
+                dict(r.headers).get("headwater.error", b"?").decode(errors="replace")[:160]
+                for r in read_topic(config, f"{topic}.quarantine")
+            )
+            lines.append(f"{topic}.quarantine: {reasons.total()} records, reasons {dict(reasons.most_common(3))}")
     for topic in topics:
         by_partition: dict[int, list] = {}
         for record in read_topic(config, topic):
