@@ -296,6 +296,10 @@ class EmbeddedPostgres:
 
     def _pg_ctl(self, *args: str, action: str) -> None:
         assert self._bin_dir is not None
+        if os.geteuid() == 0:
+            # Again at every start/stop: another program may have taken o+x away meanwhile
+            # (a new pytest session resets its base temp dir to 0700, for one).
+            _make_traversable(self.data_dir.parent)
         self._run([str(self._bin_dir / "pg_ctl"), "-D", str(self.data_dir), *args], action=action)
 
     def _initdb(self) -> None:
