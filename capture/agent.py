@@ -725,8 +725,14 @@ class CaptureAgent:
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _previous_image(self, topic: str, key: bytes) -> dict[str, Any] | None:
-        """The key's latest stored after-image, scanning its partition backwards (rare: cache miss)."""
+    def _previous_image(self, topic: str, key: bytes, before: tuple[int, int]) -> dict[str, Any] | None:
+        """The key's latest after-image stored before sequence ``before``, scanning its partition backwards.
+
+        Rare (a cache miss, e.g. right after a restart). Records at or after ``before`` are
+        skipped: a crash between the per-partition appends of one flush can leave this very
+        change (say a key change's delete of the old key) or later ones in the log already,
+        and taking those for the previous image loses the unchanged TOAST value.
+        """
         if topic not in self.log.list_topics():
             return None
         partition = partition_for(key, self._partitions(topic))
@@ -736,9 +742,14 @@ class CaptureAgent:
         while end > start:
             first = max(start, end - step)
             for record in reversed(read_between(self.log, topic, partition, first, end)):
-                if record.key == key:
-                    value = orjson.loads(record.value) if record.value is not None else None
-                    return value.get("after") if value else None
+                if record.key != key or record.value is None:
+                    continue  # another key, or a tombstone (its delete event comes right before it)
+                value = orjson.loads(record.value)
+                source = value.get("source") or {}
+                if "commit_lsn" in source and (int(source["commit_lsn"]), int(source["txn_index"])) >= before:
+                    continue
+                after = value.get("after")
+                return after if isinstance(after, dict) else None
             end = first
         return None
 

@@ -58,7 +58,9 @@ RowDecoderFactory: TypeAlias = Callable[[Relation], RowDecoder]
 #: The primary-key column names of a relation from the catalog (None: no primary key).
 PrimaryKeyLookup: TypeAlias = Callable[[Relation], tuple[str, ...] | None]
 #: Finds the latest row image stored for ``(topic, key)``, or None.
-PreviousImage: TypeAlias = Callable[[str, bytes], Mapping[str, Any] | None]
+#: ``(topic, key, before)``: the key's latest stored after-image among records whose sequence
+#: ``(commit_lsn, txn_index)`` is below ``before`` (the change being built).
+PreviousImage: TypeAlias = Callable[[str, bytes, tuple[int, int]], Mapping[str, Any] | None]
 
 #: Prefix of logical messages Headwater writes itself (heartbeats, snapshot watermarks).
 INTERNAL_MESSAGE_PREFIX = "headwater."
@@ -559,7 +561,7 @@ class EventBuilder:
                 old_key = self._key(table, before) if before is not None else None
             new_key = self._key(table, after)
             if UNCHANGED_TOAST in after.values():
-                after = self._fill_toast(table, after, before, old_key or new_key)
+                after = self._fill_toast(table, after, before, old_key or new_key, (commit, index))
             if old_key is not None and old_key != new_key:
                 self._remember(topic, old_key, None)
             before_json = _NULL if before is None else orjson.dumps(before)
@@ -695,12 +697,15 @@ class EventBuilder:
         after: dict[str, Any],
         before: Mapping[str, Any] | None,
         key: bytes | None,
+        sequence: tuple[int, int],
     ) -> dict[str, Any]:
         previous: Mapping[str, Any] | None = before
         if previous is None or any(previous.get(n) is UNCHANGED_TOAST for n in after):
             looked_up: Mapping[str, Any] | None = self._remembered(table.topic, key) if key else None
             if looked_up is None and self._previous_image and key:
-                looked_up = self._previous_image(table.topic, key)
+                # Only records older than this change: after a crash mid-flush the log may
+                # already hold this very change (a key change's delete of the old key).
+                looked_up = self._previous_image(table.topic, key, sequence)
             previous = looked_up if looked_up is not None else previous
         filled = dict(after)
         for name, value in after.items():
