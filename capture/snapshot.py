@@ -344,17 +344,8 @@ def copy_out(conn: psycopg.Connection[Any], query: sql.Composable) -> Iterator[b
     snapshot row's work. Errors are psycopg's own (``error_from_result``). Stopping early
     drains the copy, so the connection stays usable.
     """
+    _start_copy(conn, query)
     pgconn = conn.pgconn
-    encoding = conn.info.encoding
-    pgconn.send_query(query.as_bytes(conn))
-    result = pgconn.get_result()
-    if result is None or result.status != pq.ExecStatus.COPY_OUT:
-        while pgconn.get_result() is not None:
-            pass
-        if result is None:
-            msg = f"COPY returned no result: {pgconn.get_error_message(encoding)}"
-            raise psycopg.OperationalError(msg)
-        raise psycopg.errors.error_from_result(result, encoding=encoding)
     finished = False
     try:
         while True:
@@ -364,15 +355,8 @@ def copy_out(conn: psycopg.Connection[Any], query: sql.Composable) -> Iterator[b
             elif nbytes == -1:
                 break
             else:
-                msg = f"COPY failed: {pgconn.get_error_message(encoding)}"
+                msg = f"COPY failed: {pgconn.get_error_message(conn.info.encoding)}"
                 raise psycopg.OperationalError(msg)
         finished = True
     finally:
-        if not finished and pgconn.status == pq.ConnStatus.OK:
-            while pgconn.get_copy_data(0)[0] > 0:
-                pass
-        final = None
-        while (next_result := pgconn.get_result()) is not None:
-            final = final or next_result
-    if final is not None and final.status != pq.ExecStatus.COMMAND_OK:
-        raise psycopg.errors.error_from_result(final, encoding=encoding)
+        _end_copy(conn, finished=finished)

@@ -187,20 +187,9 @@ class ReplicationStream:
                     yield frame
                 continue
             if nbytes < 0:
-                msg = f"replication stream on slot {self._options.slot!r} ended by the server; reconnecting"
-                raise ReplicationLostError(
-                    msg,
-                    slot=self._options.slot,
-                )
-            if waited:
+                raise self._ended()
+            if waited or not self._wait_for_input(pgconn, timeout_s):
                 return
-            ready, _, _ = select.select([pgconn.socket], [], [], timeout_s)
-            if not ready:
-                return
-            try:
-                pgconn.consume_input()
-            except psycopg.OperationalError as exc:
-                raise ReplicationLostError.from_psycopg(exc, slot=self._options.slot, dsn=self._dsn) from None
             waited = True
 
     def batches(self, timeout_s: float) -> Iterator[list[WalMessage | PrimaryKeepalive]]:
@@ -238,18 +227,25 @@ class ReplicationStream:
             if status > 0:
                 continue
             if status < 0:
-                msg = f"replication stream on slot {self._options.slot!r} ended by the server; reconnecting"
-                raise ReplicationLostError(msg, slot=self._options.slot)
-            if waited:
+                raise self._ended()
+            if waited or not self._wait_for_input(pgconn, timeout_s):
                 return
-            ready, _, _ = select.select([pgconn.socket], [], [], timeout_s)
-            if not ready:
-                return
-            try:
-                pgconn.consume_input()
-            except psycopg.OperationalError as exc:
-                raise ReplicationLostError.from_psycopg(exc, slot=self._options.slot, dsn=self._dsn) from None
             waited = True
+
+    def _ended(self) -> ReplicationLostError:
+        msg = f"replication stream on slot {self._options.slot!r} ended by the server; reconnecting"
+        return ReplicationLostError(msg, slot=self._options.slot)
+
+    def _wait_for_input(self, pgconn: pq.abc.PGconn, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for data on the socket and let libpq take it; False when quiet."""
+        ready, _, _ = select.select([pgconn.socket], [], [], timeout_s)
+        if not ready:
+            return False
+        try:
+            pgconn.consume_input()
+        except psycopg.OperationalError as exc:
+            raise ReplicationLostError.from_psycopg(exc, slot=self._options.slot, dsn=self._dsn) from None
+        return True
 
     def send_status(self, flushed: Lsn, *, reply: bool = False) -> None:
         """Report ``flushed`` as written, flushed and applied (everything before it is durable)."""

@@ -133,14 +133,7 @@ class TansuBroker:
     def stop(self) -> None:
         """Terminate the broker (kill after 5 s); a no-op when it is not running."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process)
 
     def kill(self) -> None:
         """SIGKILL the broker (no shutdown at all); a no-op when it is not running."""
@@ -151,6 +144,18 @@ class TansuBroker:
 
     def __repr__(self) -> str:
         return f"TansuBroker({self.bootstrap_servers}, running={self.process is not None})"
+
+
+def terminate(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM ``process`` and wait (SIGKILL after 5 s); a no-op when it is not running."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def moto_server_binary() -> str | None:
@@ -246,11 +251,4 @@ class MotoS3:
     def stop(self) -> None:
         """Terminate the service (kill after 5 s); a no-op when it is not running."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process)
