@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from derived_feeds.errors import DerivedFeedsError
+from headwater.config import loaded_config_name
 from headwater.errors import PermanentError
 
 
@@ -10,7 +11,7 @@ class FeedConfigError(DerivedFeedsError, PermanentError):
     """A feed's spec cannot run (unknown feed, column, expectation or argument); found before any batch."""
 
     def __init__(self, feed: str, field: str, message: str) -> None:
-        super().__init__(f"headwater.yaml: feeds.{feed}.{field}: {message}")
+        super().__init__(f"{loaded_config_name()}: feeds.{feed}.{field}: {message}")
         self.feed = feed
         self.field = field
 

@@ -313,4 +313,15 @@ def load_config(explicit: str | os.PathLike[str] | None = None, *, strict_env: b
         problem = getattr(exc, "problem", None) or "malformed YAML"
         msg = f"{path}: invalid YAML{where}: {problem}; fix the file and retry"
         raise ConfigError(msg, path=str(path)) from None
-    return parse_config(raw, path, strict_env=strict_env)
+    config = parse_config(raw, path, strict_env=strict_env)
+    _loaded_config_file[:] = [path]
+    return config
+
+
+#: The config file this process loaded last (errors found later name it, as load errors do).
+_loaded_config_file: list[Path] = []
+
+
+def loaded_config_name() -> str:
+    """The path of the config file this process loaded, for error messages; ``headwater.yaml`` if none."""
+    return str(_loaded_config_file[0]) if _loaded_config_file else DEFAULT_CONFIG_NAME

@@ -238,3 +238,13 @@ def test_unknown_option_is_one_line(tmp_path: Path) -> None:
     config = tmp_path / "headwater.yaml"
     config.write_text("project: p\n")
     assert_one_line_error(run_cli(config, "capture", "--bogus"), "No such option '--bogus'", "headwater capture --help")
+
+
+def test_feed_error_names_the_config_file_in_use(tmp_path: Path) -> None:
+    # A feed spec found wrong after loading names the file given with --config, not a default name.
+    config = tmp_path / "shop-config.yaml"
+    config.write_text(
+        "project: p\nfeeds:\n  clean:\n    from: shop.public.customers\n    sql: SELECT id FROM source\n    key: []\n"
+    )
+    line = assert_one_line_error(run_cli(config, "feeds", "run", "clean", "--available-now"), "feeds.clean.key")
+    assert line.startswith(f"error: {config}: feeds.clean.key: give at least one key column"), line
