@@ -324,7 +324,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=5_000, help="latency writer: changes per second")
     parser.add_argument("--latency-seconds", type=float, default=15.0)
     parser.add_argument("--profile", help="write a cProfile of the agent's streaming run here")
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: snapshot,latency")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: snapshot,latency,streaming")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     bin_dir = client_bin_dir()
@@ -356,6 +356,8 @@ def main() -> None:
                 conn.execute("SELECT pg_drop_replication_slot('lat_slot')")
                 conn.execute(f"ALTER PUBLICATION {PUBLICATION} DROP TABLE lat")
             print(f"capture latency at {args.rate:,} changes/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms ({count:,} events)")
+        if "streaming" in skip:
+            return
         agent_rate, recv_rate = bench_streaming(
             dsn, args.rows, args.changes, args.txn_rows, work, bin_dir, args.profile, ServerCpu(server.data_dir)
         )

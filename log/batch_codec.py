@@ -8,10 +8,16 @@ A batch is one atomic append. Layout (little-endian)::
                              | headers_len u32 | key | value | headers )
     headers repeated ( name_len u16 | name utf-8 | value_len u32 | value )
 
-``length`` is the whole batch including the header. ``crc`` is CRC-32 (zlib) of the
-``length`` field followed by every byte after the ``crc`` field, so a batch whose
-length, header or records changed fails the check. A length of -1 marks a null key
-or value (a tombstone). Compaction may drop records from a batch but keeps
+``length`` is the whole batch including the header. ``crc`` covers the ``length`` field
+followed by every byte after the ``crc`` field, so a batch whose length, header or records
+changed fails the check. Which CRC it is, ``attributes`` says:
+
+* bit 8 (``ATTR_CRC32C``, 0x0100) set: CRC-32C (Castagnoli, as Kafka's record batches;
+  hardware-computed by the extension), what every batch is written with now;
+* clear: CRC-32 (zlib), what batches were written with before; they stay readable.
+
+Any other attribute bit makes the bytes no batch this reader knows. A length of -1 marks
+a null key or value (a tombstone). Compaction may drop records from a batch but keeps
 ``base_offset`` and ``last_offset_delta``, so offsets are never renumbered.
 """
 
@@ -19,13 +25,16 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from capture import native
 from log.base import Record, StoredRecord
 
 MAGIC = b"HWB1"
+#: Attribute bit: the batch's CRC is CRC-32C (clear: zlib's CRC-32, the first format).
+ATTR_CRC32C = 0x0100
+_KNOWN_ATTRIBUTES = ATTR_CRC32C
 HEADER = struct.Struct("<II4sHqIIq")
 HEADER_SIZE = HEADER.size
 HEADER_CRC = struct.Struct("<I")
@@ -50,6 +59,7 @@ class BatchHeader(NamedTuple):
     last_offset_delta: int
     record_count: int
     max_timestamp: int
+    attributes: int = 0
 
     @property
     def last_offset(self) -> int:
@@ -87,19 +97,83 @@ def decode_headers(buf: bytes | memoryview) -> tuple[tuple[str, bytes], ...]:
     return tuple(out)
 
 
+_CRC32C_TABLE: list[int] = []
+
+
+def crc32c_python(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    """CRC-32C of ``data``, chained as ``zlib.crc32`` (table-driven; the reference of the fast ones)."""
+    if not _CRC32C_TABLE:
+        for byte in range(256):
+            crc = byte
+            for _ in range(8):
+                crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+            _CRC32C_TABLE.append(crc)
+    table = _CRC32C_TABLE
+    crc = value ^ 0xFFFFFFFF
+    for byte in bytes(data):
+        crc = (crc >> 8) ^ table[(crc ^ byte) & 0xFF]
+    return crc ^ 0xFFFFFFFF
+
+
+def _crc32c_implementation() -> Callable[[bytes | bytearray | memoryview, int], int]:
+    if native.speedups is not None:  # SSE4.2 when the CPU has it, else C tables
+        return native.speedups.crc32c  # type: ignore[no-any-return]
+    try:  # the well-kept package (hardware where it can); same values
+        import crc32c as package
+    except ImportError:
+        return crc32c_python
+    return package.crc32c  # type: ignore[no-any-return]
+
+
+#: CRC-32C, ``crc32c(data, value=0)``: the fastest implementation here (all give the same value).
+crc32c: Callable[[bytes | bytearray | memoryview, int], int] = _crc32c_implementation()
+
+
+def batch_crc(batch: bytes | bytearray | memoryview, length: int, attributes: int) -> int:
+    """The CRC of the batch starting at ``batch[0]`` that ``attributes`` names (see the module docstring)."""
+    view = memoryview(batch)
+    checksum = crc32c if attributes & ATTR_CRC32C else zlib.crc32
+    return checksum(view[8:length], checksum(view[:4], 0))
+
+
+class EncodedBatch:
+    """Records already encoded (``capture`` builds them from COPY text in one native pass).
+
+    ``buffer`` is a ``HEADER_SIZE`` placeholder followed by ``count`` records with offset
+    deltas ``0..count-1`` and timestamps up to ``max_timestamp``; :func:`encode_batch`
+    fills in the header (base offset, CRC) at append time. A sequence of records to the
+    file log's ``append`` (``len`` only; it cannot be iterated).
+    """
+
+    __slots__ = ("buffer", "count", "max_timestamp")
+
+    def __init__(self, buffer: bytearray, count: int, max_timestamp: int) -> None:
+        self.buffer = buffer
+        self.count = count
+        self.max_timestamp = max_timestamp
+
+    def __len__(self) -> int:
+        return self.count
+
+    def seal(self, base_offset: int) -> bytearray:
+        """The buffer as the batch starting at ``base_offset`` (header and CRC filled in place)."""
+        if _native is not None:
+            _native.seal_batch_header(self.buffer, base_offset, self.count, self.max_timestamp)
+            return self.buffer
+        return _seal_in_place(self.buffer, base_offset, self.count - 1, self.count, self.max_timestamp)
+
+
 def encode_batch(base_offset: int, records: Sequence[Record], now_ms: int) -> tuple[bytearray, int]:
     """Encode ``records`` as one batch starting at ``base_offset``; return it and its max timestamp.
 
-    Records without a timestamp get ``now_ms``.
+    Records without a timestamp get ``now_ms``. An :class:`EncodedBatch` is sealed as it is.
     """
+    if isinstance(records, EncodedBatch):
+        return records.seal(base_offset), records.max_timestamp
     if _native is not None:
         encoded = _native.encode_batch(base_offset, records, now_ms)
         if encoded is not None:  # None: a record has headers (or odd types); the Python encoder below
-            batch, max_ts = encoded
-            view = memoryview(batch)
-            HEADER_CRC.pack_into(batch, 4, zlib.crc32(view[8:], zlib.crc32(view[:4])))
-            view.release()
-            return batch, max_ts
+            return encoded  # type: ignore[no-any-return]
     return _encode_batch_python(base_offset, records, now_ms)
 
 
@@ -132,11 +206,18 @@ def _encode_batch_python(base_offset: int, records: Sequence[Record], now_ms: in
 def seal_batch(
     base_offset: int, last_offset_delta: int, record_count: int, max_timestamp: int, records: Sequence[bytes]
 ) -> bytearray:
-    """Join encoded records behind a header and its CRC (one copy of the records)."""
+    """Join encoded records behind a header and its CRC-32C (one copy of the records)."""
     batch = bytearray().join((_HEADER_PLACEHOLDER, *records))
-    HEADER.pack_into(batch, 0, len(batch), 0, MAGIC, 0, base_offset, last_offset_delta, record_count, max_timestamp)
-    view = memoryview(batch)
-    HEADER_CRC.pack_into(batch, 4, zlib.crc32(view[8:], zlib.crc32(view[:4])))
+    return _seal_in_place(batch, base_offset, last_offset_delta, record_count, max_timestamp)
+
+
+def _seal_in_place(
+    batch: bytearray, base_offset: int, last_offset_delta: int, record_count: int, max_timestamp: int
+) -> bytearray:
+    HEADER.pack_into(
+        batch, 0, len(batch), 0, MAGIC, ATTR_CRC32C, base_offset, last_offset_delta, record_count, max_timestamp
+    )
+    HEADER_CRC.pack_into(batch, 4, batch_crc(batch, len(batch), ATTR_CRC32C))
     return batch
 
 
@@ -144,17 +225,23 @@ def parse_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader | None:
     """The header at ``pos``, or ``None`` if the bytes there cannot start a batch."""
     if len(buf) - pos < HEADER_SIZE:
         return None
-    length, crc, magic, _attrs, base, last_delta, count, max_ts = HEADER.unpack_from(buf, pos)
-    if magic != MAGIC or length < HEADER_SIZE or length > MAX_BATCH_BYTES or base < 0 or count > last_delta + 1:
+    length, crc, magic, attrs, base, last_delta, count, max_ts = HEADER.unpack_from(buf, pos)
+    if (
+        magic != MAGIC
+        or attrs & ~_KNOWN_ATTRIBUTES
+        or length < HEADER_SIZE
+        or length > MAX_BATCH_BYTES
+        or base < 0
+        or count > last_delta + 1
+    ):
         return None
-    return BatchHeader(length, crc, base, last_delta, count, max_ts)
+    return BatchHeader(length, crc, base, last_delta, count, max_ts, attrs)
 
 
 def crc_ok(buf: bytes | memoryview, pos: int, header: BatchHeader) -> bool:
-    """Whether the batch at ``pos`` (fully inside ``buf``) matches its CRC."""
-    view = memoryview(buf)
-    crc = zlib.crc32(view[pos : pos + 4])
-    return zlib.crc32(view[pos + 8 : pos + header.length], crc) == header.crc
+    """Whether the batch at ``pos`` (fully inside ``buf``) matches its CRC (CRC-32C or, older, zlib's)."""
+    view = memoryview(buf)[pos : pos + header.length]
+    return batch_crc(view, header.length, header.attributes) == header.crc
 
 
 def decode_records(

@@ -25,13 +25,18 @@ typedef struct {
     Py_ssize_t cap;
 } Buf;
 
+/* Set while a thread runs without the GIL (RowEncoder.copy_batches): a failed allocation then
+ * only returns -1 and the caller raises MemoryError once it holds the GIL again. Buffers use the
+ * raw allocator, which needs no GIL. */
+static _Thread_local int without_gil;
+
 static int buf_reserve(Buf *b, Py_ssize_t extra) {
     if (b->len + extra <= b->cap) return 0;
     Py_ssize_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + extra) cap *= 2;
-    char *p = PyMem_Realloc(b->data, (size_t)cap);
+    char *p = PyMem_RawRealloc(b->data, (size_t)cap);
     if (p == NULL) {
-        PyErr_NoMemory();
+        if (!without_gil) PyErr_NoMemory();
         return -1;
     }
     b->data = p;
@@ -53,13 +58,19 @@ static inline int buf_byte(Buf *b, char c) {
 }
 
 static int buf_int(Buf *b, long long v) {
-    char tmp[32];
-    int n = snprintf(tmp, sizeof tmp, "%lld", v);
-    return buf_put(b, tmp, n);
+    char tmp[24];
+    char *end = tmp + sizeof tmp, *p = end;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do {
+        *--p = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0) *--p = '-';
+    return buf_put(b, p, end - p);
 }
 
 static void buf_free(Buf *b) {
-    PyMem_Free(b->data);
+    PyMem_RawFree(b->data);
     b->data = NULL;
     b->len = b->cap = 0;
 }
@@ -258,18 +269,151 @@ fail:
     return NULL;
 }
 
+
 /* ------------------------------------------------------------------------------------ */
-/* File-log record encoding (log/batch_codec.py encode_batch, records part).              */
+/* CRC-32C (Castagnoli, as Kafka's record batches): log/batch_codec.py crc32c_python.     */
+/* SSE4.2's crc32 instruction where the CPU has it, else slicing-by-8 tables; both give    */
+/* the same value. Chained like zlib.crc32: crc32c(b, crc32c(a)) == crc32c(a + b).         */
 
-static PyObject *s_key, *s_value, *s_headers, *s_timestamp_ms;
+static uint32_t crc32c_table[8][256];
 
+static void crc32c_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78U : c >> 1;
+        crc32c_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc32c_table[t][i] = (crc32c_table[t - 1][i] >> 8) ^ crc32c_table[0][crc32c_table[t - 1][i] & 0xff];
+}
+
+static uint32_t crc32c_portable(uint32_t crc, const unsigned char *p, size_t n) {
+    crc = ~crc;
+    while (n && ((uintptr_t)p & 7)) {
+        crc = (crc >> 8) ^ crc32c_table[0][(crc ^ *p++) & 0xff];
+        n--;
+    }
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        w ^= crc; /* little-endian host */
+        crc = crc32c_table[7][w & 0xff] ^ crc32c_table[6][(w >> 8) & 0xff] ^ crc32c_table[5][(w >> 16) & 0xff] ^
+              crc32c_table[4][(w >> 24) & 0xff] ^ crc32c_table[3][(w >> 32) & 0xff] ^
+              crc32c_table[2][(w >> 40) & 0xff] ^ crc32c_table[1][(w >> 48) & 0xff] ^ crc32c_table[0][w >> 56];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = (crc >> 8) ^ crc32c_table[0][(crc ^ *p++) & 0xff];
+    return ~crc;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <nmmintrin.h>
+#define HAVE_CRC32C_HW 1
+__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const unsigned char *p, size_t n) {
+    uint64_t c = ~crc;
+    while (n && ((uintptr_t)p & 7)) {
+        c = _mm_crc32_u8((uint32_t)c, *p++);
+        n--;
+    }
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        c = _mm_crc32_u64(c, w);
+        p += 8;
+        n -= 8;
+    }
+    while (n--) c = _mm_crc32_u8((uint32_t)c, *p++);
+    return ~(uint32_t)c;
+}
+#endif
+
+static int crc32c_hardware; /* set at import: the CPU has SSE4.2 */
+
+static inline uint32_t crc32c(uint32_t crc, const void *data, size_t n) {
+#ifdef HAVE_CRC32C_HW
+    if (crc32c_hardware) return crc32c_hw(crc, data, n);
+#endif
+    return crc32c_portable(crc, data, n);
+}
+
+/* crc32c(data, value=0, portable=False) -> int; the GIL is released for large inputs. */
+static PyObject *py_crc32c(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    unsigned int value = 0;
+    int portable = 0;
+    if (!PyArg_ParseTuple(args, "y*|Ip", &view, &value, &portable)) return NULL;
+    uint32_t crc;
+    if (view.len >= 65536) {
+        Py_BEGIN_ALLOW_THREADS
+        crc = portable ? crc32c_portable(value, view.buf, (size_t)view.len) : crc32c(value, view.buf, (size_t)view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        crc = portable ? crc32c_portable(value, view.buf, (size_t)view.len) : crc32c(value, view.buf, (size_t)view.len);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+/* seal_batch_header(batch, base_offset, count, max_ts): fill the header of a batch whose records
+ * follow a 38-byte placeholder (length, magic, attributes = CRC-32C, offsets, count, max timestamp)
+ * and its CRC-32C; the GIL is released for the CRC of a large batch. */
+#define BATCH_HEADER 38
+#define ATTR_CRC32C 0x0100
 static inline void put_u32(char *p, uint32_t v) { memcpy(p, &v, 4); } /* little-endian host */
 static inline void put_i64(char *p, int64_t v) { memcpy(p, &v, 8); }
 
+static void fill_header(char *p, Py_ssize_t total, long long base, Py_ssize_t count, long long max_ts) {
+    put_u32(p, (uint32_t)total);
+    put_u32(p + 4, 0);
+    memcpy(p + 8, "HWB1", 4);
+    uint16_t attrs = ATTR_CRC32C;
+    memcpy(p + 12, &attrs, 2);
+    put_i64(p + 14, (int64_t)base);
+    put_u32(p + 22, (uint32_t)(count - 1));
+    put_u32(p + 26, (uint32_t)count);
+    put_i64(p + 30, (int64_t)max_ts);
+}
+
+static inline uint32_t batch_crc(const char *p, Py_ssize_t total) {
+    return crc32c(crc32c(0, p, 4), p + 8, (size_t)(total - 8));
+}
+
+static PyObject *py_seal_batch_header(PyObject *self, PyObject *args) {
+    PyObject *batch;
+    long long base, max_ts;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "O!LnL", &PyByteArray_Type, &batch, &base, &count, &max_ts)) return NULL;
+    Py_ssize_t total = PyByteArray_GET_SIZE(batch);
+    if (total < BATCH_HEADER || total > UINT32_MAX || count < 1 || count > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "seal_batch_header(): not a batch");
+        return NULL;
+    }
+    char *p = PyByteArray_AS_STRING(batch);
+    fill_header(p, total, base, count, max_ts);
+    uint32_t crc;
+    if (total >= 65536) {
+        /* The bytearray cannot be resized meanwhile: only this thread's caller holds it. */
+        Py_BEGIN_ALLOW_THREADS
+        crc = batch_crc(p, total);
+        Py_END_ALLOW_THREADS
+    } else {
+        crc = batch_crc(p, total);
+    }
+    put_u32(p + 4, crc);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* File-log record encoding (log/batch_codec.py encode_batch).                            */
+
+static PyObject *s_key, *s_value, *s_headers, *s_timestamp_ms;
+
 /* encode_batch(base_offset, records, now_ms) -> (bytearray, max_ts) | None
  *
- * log/batch_codec.py's batch, header and records, in one buffer; the CRC field is left 0 for the
- * caller (zlib). None when a record needs the Python encoder (headers, odd types) or there are none. */
+ * log/batch_codec.py's batch, header, records and CRC-32C, in one buffer. None when a record
+ * needs the Python encoder (headers, odd types) or there are none. */
 static PyObject *py_encode_batch(PyObject *self, PyObject *args) {
     long long base, now_ms;
     PyObject *records;
@@ -341,16 +485,9 @@ static PyObject *py_encode_batch(PyObject *self, PyObject *args) {
     }
     PyObject *batch = PyByteArray_FromStringAndSize(NULL, total);
     if (batch == NULL) goto done;
-    char *p = PyByteArray_AS_STRING(batch);
-    put_u32(p, (uint32_t)total);
-    put_u32(p + 4, 0);
-    memcpy(p + 8, "HWB1", 4);
-    memset(p + 12, 0, 2);
-    put_i64(p + 14, (int64_t)base);
-    put_u32(p + 22, (uint32_t)(count - 1));
-    put_u32(p + 26, (uint32_t)count);
-    put_i64(p + 30, (int64_t)max_ts);
-    p += 38;
+    char *start = PyByteArray_AS_STRING(batch), *p = start;
+    fill_header(p, total, base, count, max_ts);
+    p += BATCH_HEADER;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *key = keys[i], *value = values[i];
         Py_ssize_t klen = key == Py_None ? -1 : PyBytes_GET_SIZE(key);
@@ -370,6 +507,7 @@ static PyObject *py_encode_batch(PyObject *self, PyObject *args) {
             p += vlen;
         }
     }
+    put_u32(start + 4, batch_crc(start, total));
     result = Py_BuildValue("(NL)", batch, max_ts);
 done:
     PyMem_Free(keys);
@@ -647,6 +785,8 @@ typedef struct {
     PyObject **objs;            /* the same values as str where known (borrowed), else NULL */
     Buf scratch;                /* unescaped COPY fields */
     Py_ssize_t *offs;           /* field offsets into scratch (-1: NULL) */
+    PyThreadState *released;    /* copy_batches runs without the GIL: its saved thread state */
+    int busy;                   /* inside copy_batches (one thread at a time per encoder) */
 } RowEncoder;
 
 static void RowEncoder_dealloc(RowEncoder *self) {
@@ -935,6 +1075,17 @@ static int convert_python(RowEncoder *self, Py_ssize_t col, PyObject *value) {
  * that quarantines the change); -1: error set. */
 static int encode_row(RowEncoder *self);
 
+/* convert_python, taking the GIL back for the call when copy_batches runs without it. */
+static int convert_python_gil(RowEncoder *self, Py_ssize_t col, PyObject *value) {
+    if (self->released == NULL) return convert_python(self, col, value);
+    without_gil = 0;
+    PyEval_RestoreThread(self->released);
+    int rc = convert_python(self, col, value);
+    self->released = PyEval_SaveThread();
+    without_gil = 1;
+    return rc;
+}
+
 static int encode_image(RowEncoder *self, PyObject *values) {
     if (!PyTuple_Check(values) || PyTuple_GET_SIZE(values) != self->ncols) return 0;
     for (Py_ssize_t i = 0; i < self->ncols; i++) {
@@ -978,7 +1129,7 @@ static int encode_row(RowEncoder *self) {
             int rc = 0;
             int kind = self->kinds[i];
             if (kind != K_PYTHON && (n > 0 || kind == K_STRING)) rc = convert_native(self, kind, self->params[i], s, n);
-            if (rc == 0) rc = convert_python(self, i, self->objs[i]);
+            if (rc == 0) rc = convert_python_gil(self, i, self->objs[i]);
             if (rc <= 0) return rc;
         }
         if (self->emit[i]) {
@@ -1238,6 +1389,52 @@ static PyObject *RowEncoder_events(RowEncoder *self, PyObject *const *args, Py_s
 }
 
 
+/* The fields of the COPY text row d[pos:end] into self->vals / lens (NULL: SQL NULL); escaped
+ * fields are unescaped into self->scratch. 1: done; 0: not ncols fields (the Python path decides);
+ * -1: no memory. */
+static int copy_fields(RowEncoder *self, const char *d, Py_ssize_t pos, Py_ssize_t end) {
+    Py_ssize_t ncols = self->ncols;
+    Buf *sc = &self->scratch;
+    sc->len = 0;
+    Py_ssize_t col = 0, f = pos;
+    while (1) {
+        const char *tab = memchr(d + f, '\t', (size_t)(end - f));
+        Py_ssize_t fe = tab ? tab - d : end;
+        if (col >= ncols) return 0;
+        Py_ssize_t len = fe - f;
+        if (len == 2 && d[f] == '\\' && d[f + 1] == 'N') {
+            self->offs[col] = -1;
+            self->vals[col] = NULL;
+        } else if (memchr(d + f, '\\', (size_t)len) == NULL) {
+            self->offs[col] = -2; /* points into data */
+            self->vals[col] = d + f;
+            self->lens[col] = len;
+        } else {
+            /* offsets, not pointers: scratch may move while growing */
+            self->offs[col] = sc->len;
+            if (buf_reserve(sc, len) < 0) return -1;
+            for (Py_ssize_t i = f; i < fe; i++) {
+                char c = d[i];
+                if (c == '\\' && i + 1 < fe) {
+                    char e = d[++i];
+                    c = e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : e == 't' ? '\t'
+                      : e == 'v' ? '\v' : e;
+                }
+                sc->data[sc->len++] = c;
+            }
+            self->lens[col] = sc->len - self->offs[col];
+        }
+        self->objs[col] = NULL;
+        col++;
+        if (!tab) break;
+        f = fe + 1;
+    }
+    if (col != ncols) return 0;
+    for (Py_ssize_t c = 0; c < ncols; c++)
+        if (self->offs[c] >= 0) self->vals[c] = sc->data + self->offs[c];
+    return 1;
+}
+
 /* copy_records(data, pos, head, pre, tail, index, lsn, topic, record_type, out) -> (pos, index)
  *
  * EventBuilder.snapshot_records' native loop over COPY text (capture/snapshot.py parse_copy_text):
@@ -1264,7 +1461,6 @@ static PyObject *RowEncoder_copy_records(RowEncoder *self, PyObject *const *args
     PyTypeObject *rt = (PyTypeObject *)rt_obj;
     const char *d = PyBytes_AS_STRING(data);
     Py_ssize_t n = PyBytes_GET_SIZE(data);
-    Py_ssize_t ncols = self->ncols;
     Buf *v = &self->value;
     while (pos < n) {
         const char *nl = memchr(d + pos, '\n', (size_t)(n - pos));
@@ -1273,48 +1469,9 @@ static PyObject *RowEncoder_copy_records(RowEncoder *self, PyObject *const *args
             pos = end + 1;
             continue;
         }
-        /* Split into fields; unescaped copies go to scratch (offsets: it may move while growing). */
-        Buf *sc = &self->scratch;
-        sc->len = 0;
-        Py_ssize_t col = 0, f = pos;
-        int ok = 1;
-        while (ok) {
-            const char *tab = memchr(d + f, '\t', (size_t)(end - f));
-            Py_ssize_t fe = tab ? tab - d : end;
-            if (col >= ncols) {
-                ok = 0;
-                break;
-            }
-            Py_ssize_t len = fe - f;
-            if (len == 2 && d[f] == '\\' && d[f + 1] == 'N') {
-                self->offs[col] = -1;
-                self->vals[col] = NULL;
-            } else if (memchr(d + f, '\\', (size_t)len) == NULL) {
-                self->offs[col] = -2; /* points into data */
-                self->vals[col] = d + f;
-                self->lens[col] = len;
-            } else {
-                self->offs[col] = sc->len;
-                if (buf_reserve(sc, len) < 0) return NULL;
-                for (Py_ssize_t i = f; i < fe; i++) {
-                    char c = d[i];
-                    if (c == '\\' && i + 1 < fe) {
-                        char e = d[++i];
-                        c = e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : e == 't' ? '\t'
-                          : e == 'v' ? '\v' : e;
-                    }
-                    sc->data[sc->len++] = c;
-                }
-                self->lens[col] = sc->len - self->offs[col];
-            }
-            self->objs[col] = NULL;
-            col++;
-            if (!tab) break;
-            f = fe + 1;
-        }
-        if (!ok || col != ncols) break; /* the Python path decides (quarantines) this row */
-        for (Py_ssize_t c = 0; c < ncols; c++)
-            if (self->offs[c] >= 0) self->vals[c] = sc->data + self->offs[c];
+        int split = copy_fields(self, d, pos, end);
+        if (split < 0) return NULL;
+        if (split == 0) break; /* the Python path decides (quarantines) this row */
         int rc = encode_row(self);
         if (rc < 0) return NULL;
         if (rc == 0) break;
@@ -1341,11 +1498,192 @@ static PyObject *RowEncoder_copy_records(RowEncoder *self, PyObject *const *args
     return Py_BuildValue("(nL)", pos < n ? pos : n, index);
 }
 
+/* copy_batches(data, pos, end, head, pre, tail, index, nparts, now_ms) -> (pos, index, batches)
+ *
+ * The snapshot records copy_records builds for the COPY text rows of data[pos:end], written
+ * straight into file-log batches instead of record objects: one per partition of nparts (Kafka's
+ * partitioner on the key; no key or one partition: 0). batches[p] is None or (batch, count,
+ * last_index): a bytearray of a 38-byte header placeholder (seal_batch_header fills it at append)
+ * and the records, offset deltas from 0, timestamp now_ms. Runs without the GIL (taken back only
+ * for a Python converter), so several encoders (one per thread: see copy()) work in parallel.
+ * Stops at the first row encode_row does not answer and returns its position, as copy_records
+ * does. data must be UTF-8. */
+static PyObject *RowEncoder_copy_batches(RowEncoder *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "copy_batches() takes 9 arguments");
+        return NULL;
+    }
+    PyObject *data = args[0], *head = args[3], *pre = args[4], *tail = args[5];
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]), end = PyLong_AsSsize_t(args[2]);
+    long long index = PyLong_AsLongLong(args[6]);
+    Py_ssize_t nparts = PyLong_AsSsize_t(args[7]);
+    long long now_ms = PyLong_AsLongLong(args[8]);
+    if (PyErr_Occurred()) return NULL;
+    if (!PyBytes_Check(data) || !PyBytes_Check(head) || !PyBytes_Check(pre) || !PyBytes_Check(tail) || nparts < 1 ||
+        nparts > 1 << 16 || pos < 0 || end < pos || end > PyBytes_GET_SIZE(data)) {
+        PyErr_SetString(PyExc_TypeError, "copy_batches(): bad arguments");
+        return NULL;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "copy_batches(): this RowEncoder is in use by another thread");
+        return NULL;
+    }
+    Buf *parts = PyMem_Calloc((size_t)nparts, sizeof(Buf));
+    Py_ssize_t *counts = PyMem_Calloc((size_t)nparts, sizeof(Py_ssize_t));
+    long long *lasts = PyMem_Calloc((size_t)nparts, sizeof(long long));
+    PyObject *batches = NULL;
+    if (!parts || !counts || !lasts) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const char *d = PyBytes_AS_STRING(data);
+    const char *hd = PyBytes_AS_STRING(head), *pr = PyBytes_AS_STRING(pre), *tl = PyBytes_AS_STRING(tail);
+    Py_ssize_t hn = PyBytes_GET_SIZE(head), pn = PyBytes_GET_SIZE(pre), tn = PyBytes_GET_SIZE(tail);
+    int rc = 1;
+    self->busy = 1;
+    without_gil = 1;
+    self->released = PyEval_SaveThread();
+    while (pos < end) {
+        const char *nl = memchr(d + pos, '\n', (size_t)(end - pos));
+        Py_ssize_t e = nl ? nl - d : end;
+        if (e == pos) {
+            pos = e + 1;
+            continue;
+        }
+        if ((rc = copy_fields(self, d, pos, e)) <= 0 || (rc = encode_row(self)) <= 0) break;
+        Py_ssize_t klen = self->nkeys ? self->key.len : -1, part = 0;
+        if (klen >= 0 && nparts > 1)
+            part = (Py_ssize_t)(((uint32_t)murmur2((const unsigned char *)self->key.data, klen) & 0x7fffffffU) %
+                                (uint32_t)nparts);
+        char digits_buf[24], *dend = digits_buf + sizeof digits_buf, *dp = dend;
+        unsigned long long u = index < 0 ? 0ULL - (unsigned long long)index : (unsigned long long)index;
+        do {
+            *--dp = (char)('0' + u % 10);
+            u /= 10;
+        } while (u);
+        if (index < 0) *--dp = '-';
+        Py_ssize_t dn = dend - dp;
+        Py_ssize_t vlen = hn + self->buf.len + pn + dn + tn;
+        Buf *b = &parts[part];
+        Py_ssize_t need = (b->len ? 0 : BATCH_HEADER) + 24 + (klen > 0 ? klen : 0) + vlen;
+        if (b->len + need > INT32_MAX) {
+            rc = 0; /* a batch this large: the Python path appends the row */
+            break;
+        }
+        if (buf_reserve(b, need) < 0) {
+            rc = -1;
+            break;
+        }
+        if (b->len == 0) {
+            memset(b->data, 0, BATCH_HEADER);
+            b->len = BATCH_HEADER;
+        }
+        char *o = b->data + b->len;
+        put_u32(o, (uint32_t)counts[part]);
+        put_i64(o + 4, (int64_t)now_ms);
+        put_u32(o + 12, (uint32_t)(int32_t)klen);
+        put_u32(o + 16, (uint32_t)vlen);
+        put_u32(o + 20, 0);
+        o += 24;
+        if (klen > 0) {
+            memcpy(o, self->key.data, (size_t)klen);
+            o += klen;
+        }
+        memcpy(o, hd, (size_t)hn);
+        o += hn;
+        memcpy(o, self->buf.data, (size_t)self->buf.len);
+        o += self->buf.len;
+        memcpy(o, pr, (size_t)pn);
+        o += pn;
+        memcpy(o, dp, (size_t)dn);
+        o += dn;
+        memcpy(o, tl, (size_t)tn);
+        o += tn;
+        b->len = o - b->data;
+        counts[part]++;
+        lasts[part] = index;
+        index++;
+        pos = e + 1;
+    }
+    PyEval_RestoreThread(self->released);
+    self->released = NULL;
+    without_gil = 0;
+    self->busy = 0;
+    if (rc < 0) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    batches = PyList_New(nparts);
+    if (batches == NULL) goto done;
+    for (Py_ssize_t p = 0; p < nparts; p++) {
+        PyObject *item;
+        if (counts[p] == 0) {
+            item = Py_NewRef(Py_None);
+        } else {
+            PyObject *batch = PyByteArray_FromStringAndSize(parts[p].data, parts[p].len);
+            item = batch ? Py_BuildValue("(NnL)", batch, counts[p], lasts[p]) : NULL;
+        }
+        if (item == NULL) {
+            Py_CLEAR(batches);
+            goto done;
+        }
+        PyList_SET_ITEM(batches, p, item);
+    }
+done:
+    if (parts)
+        for (Py_ssize_t p = 0; p < nparts; p++) buf_free(&parts[p]);
+    PyMem_Free(parts);
+    PyMem_Free(counts);
+    PyMem_Free(lasts);
+    if (batches == NULL) return NULL;
+    return Py_BuildValue("(nLN)", pos < end ? pos : end, index, batches);
+}
+
+/* copy() -> a new RowEncoder of the same configuration (its own buffers: one per thread). */
+static PyObject *RowEncoder_copy(RowEncoder *self, PyObject *unused) {
+    Py_ssize_t n = self->ncols;
+    PyObject *kinds = PyTuple_New(n), *params = PyTuple_New(n), *emit = PyTuple_New(n), *names = PyTuple_New(n);
+    PyObject *convs = PyTuple_New(n), *keys = PyTuple_New(self->nkeys), *args = NULL, *copy = NULL;
+    if (!kinds || !params || !emit || !names || !convs || !keys) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyLong_FromLong(self->kinds[i]), *p = PyLong_FromLong(self->params[i]);
+        if (!k || !p) {
+            Py_XDECREF(k);
+            Py_XDECREF(p);
+            goto done;
+        }
+        PyTuple_SET_ITEM(kinds, i, k);
+        PyTuple_SET_ITEM(params, i, p);
+        PyTuple_SET_ITEM(emit, i, PyBool_FromLong(self->emit[i]));
+        PyTuple_SET_ITEM(names, i, Py_NewRef(self->names_json[i]));
+        PyTuple_SET_ITEM(convs, i, Py_NewRef(self->converters[i]));
+    }
+    for (Py_ssize_t j = 0; j < self->nkeys; j++) {
+        PyObject *c = PyLong_FromSsize_t(self->key_cols[j]);
+        if (c == NULL) goto done;
+        PyTuple_SET_ITEM(keys, j, c);
+    }
+    args = PyTuple_Pack(8, kinds, params, emit, names, convs, keys, self->dumps, self->unchanged);
+    if (args != NULL) copy = PyObject_Call((PyObject *)Py_TYPE(self), args, NULL);
+done:
+    Py_XDECREF(kinds);
+    Py_XDECREF(params);
+    Py_XDECREF(emit);
+    Py_XDECREF(names);
+    Py_XDECREF(convs);
+    Py_XDECREF(keys);
+    Py_XDECREF(args);
+    return copy;
+}
+
 static PyMethodDef RowEncoder_methods[] = {
     {"encode", (PyCFunction)RowEncoder_encode, METH_O,
      "encode(values) -> (after_json, key_json | None), or None when the Python path must decide."},
     {"copy_records", (PyCFunction)(void (*)(void))RowEncoder_copy_records, METH_FASTCALL,
      "copy_records(data, pos, head, pre, tail, index, lsn, topic, record_type, out) -> (pos, index)."},
+    {"copy_batches", (PyCFunction)(void (*)(void))RowEncoder_copy_batches, METH_FASTCALL,
+     "copy_batches(data, pos, end, head, pre, tail, index, nparts, now_ms) -> (pos, index, batches)."},
+    {"copy", (PyCFunction)RowEncoder_copy, METH_NOARGS, "copy() -> a RowEncoder of the same configuration."},
     {"events", (PyCFunction)(void (*)(void))RowEncoder_events, METH_FASTCALL,
      "events(changes, lsns, pos, relation_oid, pieces, index, order, commit, topic, record_type, out, images, "
      "old_images, limit) -> (consumed, index, order)."},
@@ -1549,7 +1887,10 @@ static PyMethodDef methods[] = {
      "partition_for(key, n): Kafka's partition of key among n (None -> 0)."},
     {"partitions", py_partitions, METH_VARARGS, "partitions(keys, n): Kafka partition of each key (None -> 0)."},
     {"encode_batch", py_encode_batch, METH_VARARGS,
-     "encode_batch(base_offset, records, now_ms) -> (batch without CRC, max_ts), or None for the Python encoder."},
+     "encode_batch(base_offset, records, now_ms) -> (batch, max_ts), or None for the Python encoder."},
+    {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0, portable=False) -> CRC-32C, chained as zlib.crc32."},
+    {"seal_batch_header", py_seal_batch_header, METH_VARARGS,
+     "seal_batch_header(batch, base_offset, count, max_ts): header and CRC-32C of a batch after its placeholder."},
     {"configure", py_configure, METH_VARARGS,
      "configure(Insert, Update, Delete, unchanged): the classes decode_change builds."},
     {"decode_change", py_decode_change, METH_VARARGS,
@@ -1580,6 +1921,11 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     s_headers = PyUnicode_InternFromString("headers");
     s_timestamp_ms = PyUnicode_InternFromString("timestamp_ms");
     if (!s_key || !s_value || !s_headers || !s_timestamp_ms) return NULL;
+    crc32c_init();
+#ifdef HAVE_CRC32C_HW
+    __builtin_cpu_init();
+    crc32c_hardware = __builtin_cpu_supports("sse4.2");
+#endif
     if (PyType_Ready(&RowEncoderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

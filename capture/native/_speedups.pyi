@@ -13,7 +13,13 @@ def partitions(keys: Sequence[bytes | None], n: int, /) -> list[int]:
     """Kafka's partition of each key among ``n`` (``None`` -> 0)."""
 
 def encode_batch(base_offset: int, records: Sequence[Any], now_ms: int, /) -> tuple[bytearray, int] | None:
-    """A file-log batch (CRC field 0) and its max timestamp; None if a record needs the Python encoder."""
+    """A file-log batch (CRC-32C) and its max timestamp; None if a record needs the Python encoder."""
+
+def crc32c(data: bytes | bytearray | memoryview, value: int = 0, portable: bool = False, /) -> int:
+    """CRC-32C of ``data`` chained from ``value`` (SSE4.2, or the C tables when ``portable``)."""
+
+def seal_batch_header(batch: bytearray, base_offset: int, count: int, max_timestamp: int, /) -> None:
+    """Fill the header placeholder and CRC-32C of a batch of ``count`` records in place."""
 
 def configure(insert: type, update: type, delete: type, unchanged: object, /) -> None:
     """The message classes :func:`decode_change` builds and the unchanged-TOAST marker."""
@@ -56,6 +62,25 @@ class RowEncoder:
         /,
     ) -> tuple[int, int]:
         """Snapshot records of COPY text from byte ``pos``: ``(pos, index)`` of the first row left to Python."""
+    def copy_batches(
+        self,
+        data: bytes,
+        pos: int,
+        end: int,
+        head: bytes,
+        pre: bytes,
+        tail: bytes,
+        index: int,
+        nparts: int,
+        now_ms: int,
+        /,
+    ) -> tuple[int, int, list[tuple[bytearray, int, int] | None]]:
+        """Snapshot records of COPY text ``data[pos:end]`` as one batch body per partition (GIL released).
+
+        ``(pos, index, batches)``: ``pos`` is the first row left to Python (``end`` when none).
+        """
+    def copy(self) -> RowEncoder:
+        """A RowEncoder of the same configuration with its own buffers (one per thread)."""
     def events(
         self,
         changes: list[Any],

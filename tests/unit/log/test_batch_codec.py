@@ -1,10 +1,20 @@
+import struct
 import zlib
 
+import crc32c as crc32c_package
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from capture import native
+from log import batch_codec
 from log.base import Record
 from log.batch_codec import (
+    ATTR_CRC32C,
+    HEADER,
     HEADER_SIZE,
+    EncodedBatch,
+    crc32c_python,
     crc_ok,
     decode_headers,
     decode_records,
@@ -67,11 +77,98 @@ def test_any_flipped_byte_fails_the_crc_or_the_header(position):
     assert header is None or header.length != len(data) or not crc_ok(bytes(data), 0, header)
 
 
-def test_crc_covers_length_and_records():
+def test_crc_is_crc32c_of_length_and_everything_after_the_crc_field():
     data = encode_batch(0, [Record(b"k", b"v")], now_ms=1)[0]
     header = parse_header(data)
-    expected = zlib.crc32(data[8:], zlib.crc32(data[:4]))
-    assert header.crc == expected
+    assert header.attributes == ATTR_CRC32C
+    assert header.crc == crc32c_package.crc32c(data[8:], crc32c_package.crc32c(data[:4]))
+
+
+def _zlib_batch(base_offset, records, now_ms):
+    """A batch as the first format wrote it (attributes 0, zlib CRC-32): built here, not by the codec."""
+    parts = []
+    for delta, record in enumerate(records):
+        key, value = record.key, record.value
+        parts.append(struct.pack("<Iqiii", delta, now_ms, len(key), len(value), 0) + key + value)
+    body = b"".join(parts)
+    header = HEADER.pack(HEADER_SIZE + len(body), 0, b"HWB1", 0, base_offset, len(records) - 1, len(records), now_ms)
+    data = bytearray(header + body)
+    struct.pack_into("<I", data, 4, zlib.crc32(data[8:], zlib.crc32(data[:4])))
+    return bytes(data)
+
+
+def test_batches_of_the_first_format_with_zlib_crc_still_read():
+    data = _zlib_batch(7, [Record(b"k1", b"v1"), Record(b"k2", b"v2")], now_ms=5)
+    header = parse_header(data)
+    assert header.attributes == 0
+    assert [(r.offset, r.key, r.value, r.timestamp_ms) for r in decode(data)] == [
+        (7, b"k1", b"v1", 5),
+        (8, b"k2", b"v2", 5),
+    ]
+    damaged = bytearray(data)
+    damaged[-1] ^= 1
+    assert not crc_ok(bytes(damaged), 0, parse_header(bytes(damaged)))
+    # The same bytes claiming CRC-32C fail: the attribute picks the check.
+    relabelled = bytearray(data)
+    struct.pack_into("<H", relabelled, 12, ATTR_CRC32C)
+    assert not crc_ok(bytes(relabelled), 0, parse_header(bytes(relabelled)))
+
+
+def test_old_format_segment_reads_through_the_file_log_and_takes_new_appends(tmp_path):
+    from log.base import TopicSpec
+    from log.file_log import FileLog
+
+    log = FileLog(tmp_path / "log", fsync="always")
+    log.create_topic(TopicSpec("t", partitions=1))
+    log.close()
+    segment = tmp_path / "log" / "t" / "0" / "00000000000000000000.log"
+    assert segment.exists()
+    segment.write_bytes(_zlib_batch(0, [Record(b"a", b"1"), Record(b"b", b"2")], now_ms=3))
+    log = FileLog(tmp_path / "log", fsync="always")
+    try:
+        log.append("t", 0, [Record(b"c", b"3")])
+        assert [(r.offset, r.key) for r in log.read("t", 0, 0)] == [(0, b"a"), (1, b"b"), (2, b"c")]
+    finally:
+        log.close()
+
+
+def test_unknown_attribute_bits_are_no_batch():
+    data = bytearray(encode_batch(0, [Record(b"k", b"v")], now_ms=1)[0])
+    struct.pack_into("<H", data, 12, ATTR_CRC32C | 0x0001)
+    assert parse_header(bytes(data)) is None
+
+
+@given(st.binary(max_size=300), st.integers(0, 2**32 - 1), st.integers(0, 40))
+def test_crc32c_implementations_agree(data, value, cut):
+    expected = crc32c_package.crc32c(data, value)
+    assert crc32c_python(data, value) == expected
+    assert batch_codec.crc32c(data, value) == expected
+    assert crc32c_python(data[cut:], crc32c_python(data[:cut], value)) == expected  # chained as zlib.crc32
+    if native.speedups is not None:
+        assert native.speedups.crc32c(data, value) == expected
+        assert native.speedups.crc32c(data, value, True) == expected  # the portable tables
+
+
+def test_crc32c_of_large_inputs_hardware_and_tables():
+    data = bytes(range(256)) * 4099  # > 64 KiB: the GIL is released
+    expected = crc32c_package.crc32c(data)
+    assert batch_codec.crc32c(data, 0) == expected
+    if native.speedups is not None:
+        assert native.speedups.crc32c(memoryview(data)[3:], 0, True) == crc32c_package.crc32c(data[3:])
+
+
+def test_encoded_batch_seals_as_encode_batch_writes(monkeypatch):
+    records = [Record(b"k%d" % i, b"value %d" % i, (), 1234) for i in range(5)]
+    expected, _ = encode_batch(50, records, now_ms=1)
+    body = expected[HEADER_SIZE:]
+    for use_native in (True, False):
+        if not use_native:
+            monkeypatch.setattr(batch_codec, "_native", None)
+        encoded = EncodedBatch(bytearray(HEADER_SIZE) + body, 5, 1234)
+        assert len(encoded) == 5
+        assert encode_batch(50, encoded, now_ms=99) == (expected, 1234)
+        # sealed again at another base (an append retried after a failure)
+        assert parse_header(encode_batch(60, encoded, now_ms=99)[0]).base_offset == 60
 
 
 def test_parse_header_rejects_short_and_foreign_bytes():
