@@ -26,7 +26,9 @@ import secrets
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -45,7 +47,18 @@ from capture.position import ResumePoint, read_between
 from capture.quarantine import append_or_quarantine, is_quarantine_topic
 from capture.resync import DELETE_INDEX_BASE, ResyncRequest, vanished_key_deletes
 from capture.slot import SlotStatus, create_slot, drop_slot, is_gone, slot_gone_error, slot_status
-from capture.snapshot import Chunk, SnapshotState, plan_chunks, read_chunk
+from capture.snapshot import (
+    ENCODE_THREADS,
+    Chunk,
+    EncodedPiece,
+    PartitionBatch,
+    SnapshotState,
+    copy_pieces,
+    encodable,
+    encode_piece,
+    plan_chunks,
+    read_chunk,
+)
 from capture.stream import (
     ReplicationLostError,
     ReplicationStream,
@@ -58,6 +71,7 @@ from capture.transactions import Transaction, TransactionAssembler
 from headwater.config import LogConfig, SourceConfig, TypesConfig
 from log.base import SCHEMAS_TOPIC, Log, Record, TopicPartition, TopicSpec, append_keyed
 from log.errors import LogUnavailableError
+from log.file_log import FileLog
 from log.partitioner import partition_for
 from log.sequence import Lsn
 from log.sequence import Sequence as Seq
@@ -182,6 +196,8 @@ class CaptureAgent:
         self._stop = threading.Event()
         self._partition_counts: dict[str, int] = {}
         self._pending: list[OutRecord] = []
+        # Snapshot batches encoded natively (file log only): appended before ``_pending``.
+        self._pending_batches: list[tuple[str, PartitionBatch]] = []
         self._pending_schemas: list[SchemaRecord] = []
         self._pending_end: Lsn | None = None
         self._pending_since = 0.0
@@ -538,10 +554,15 @@ class CaptureAgent:
             if self.progress:
                 self.progress.start(total_rows)
             consistent = state.consistent_lsn or 0
+            # Natively encoded batches need the file log; a resync keeps the records (it collects their keys).
+            native = not reconcile and speedups is not None and isinstance(self.log, FileLog)
+            pool = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="snapshot-encode") if native else None
+            encoding: deque[tuple[Future[EncodedPiece], int]] = deque()
             for table_no, (oid, relation, chunks) in enumerate(plan):
                 columns = [c.name for c in relation.columns]
                 topic = builder.topic_of(oid)
                 seen = present.setdefault(topic, set())
+                encoder = builder.snapshot_pieces(oid, consistent)[0] if pool is not None else None
                 for chunk in chunks:
                     if chunk.id in state.done_chunks:
                         continue
@@ -550,6 +571,34 @@ class CaptureAgent:
                     for rows in read_chunk(reader, chunk, columns):
                         # Stamped with the read time (as Debezium does): the rows belong to the snapshot's day.
                         read_us = time.time_ns() // 1000
+                        if (
+                            pool is not None
+                            and encoder is not None
+                            and encodable(rows.data)
+                            # Right after a restart the log may hold some of these rows: the per-record check.
+                            and not resume.may_hold(consistent, next_index)
+                        ):
+                            self._flush(resume, None)  # records built before go first
+                            partitions = self._ensure_topic(topic)
+                            for piece in copy_pieces(rows.data):
+                                start = Seq(consistent, next_index)
+                                job = pool.submit(
+                                    encode_piece,
+                                    builder,
+                                    oid,
+                                    rows.data,
+                                    piece,
+                                    start,
+                                    partitions=partitions,
+                                    ts_us=read_us,
+                                )
+                                encoding.append((job, piece[2]))
+                                next_index += piece[2]
+                                while len(encoding) > ENCODE_THREADS:
+                                    self._append_piece(resume, topic, *encoding.popleft())
+                            continue
+                        while encoding:
+                            self._append_piece(resume, topic, *encoding.popleft())
                         records = builder.snapshot_records(oid, rows, Seq(consistent, next_index), ts_us=read_us)
                         next_index += len(rows)
                         if reconcile:
@@ -565,6 +614,9 @@ class CaptureAgent:
                             self._flush(resume, None)
                         if self.progress:
                             self.progress.advance(len(rows))
+                    while encoding:
+                        self._append_piece(resume, topic, *encoding.popleft())
+                    # Every event of the chunk is durable (each append fsynced) before the chunk counts as done.
                     self._flush(resume, None)
                     state.done_chunks.add(chunk.id)
                     state.save()
@@ -573,9 +625,28 @@ class CaptureAgent:
             self._flush(resume, None)
             reader.rollback()
         finally:
+            if pool is not None:
+                for job, _rows in encoding:
+                    job.cancel()
+                pool.shutdown(wait=True)
             reader.close()
             if self.progress:
                 self.progress.finish()
+
+    def _append_piece(self, resume: ResumePoint, topic: str, job: Future[EncodedPiece], rows: int) -> None:
+        """Append one encoded piece (its batches and Python-built records, in row order), durably."""
+        for part in job.result():
+            if part and isinstance(part[0], PartitionBatch):
+                self._pending_batches.extend((topic, batch) for batch in part if isinstance(batch, PartitionBatch))
+            else:
+                records = [record for record in part if isinstance(record, OutRecord)]
+                self._pending.extend(records)
+                self.stats.events += len(records)
+                rows -= 1  # a row the Python path built
+            self._flush(resume, None)
+        self.stats.events += rows
+        if self.progress:
+            self.progress.advance(rows)
 
     def _reconcile_deletes(
         self, resume: ResumePoint, present: dict[str, set[bytes]], quarantined: set[str], consistent: int
@@ -683,12 +754,21 @@ class CaptureAgent:
         return f"log unavailable ({_one_line(exc)}): capture paused, not acknowledging; {every}"
 
     def _append_pending(self, resume: ResumePoint, *, recheck: bool) -> None:
-        """Append schemas, then pending records per (topic, partition); clears what it wrote."""
+        """Append schemas, then pending batches, then pending records per (topic, partition); clears what it wrote."""
         if self._pending_schemas:
             self._ensure_topic(SCHEMAS_TOPIC)
             # Schemas go first: a reader never meets an event whose columns it cannot know.
             append_keyed(self.log, SCHEMAS_TOPIC, [Record(s.topic.encode(), s.value) for s in self._pending_schemas])
             self._pending_schemas.clear()
+        batches = self._pending_batches
+        while batches:
+            # One at a time, dropped once durable: a retry after a failed append goes on from there
+            # (a failed file-log append leaves nothing behind).
+            topic, encoded = batches[0]
+            self.log.append(topic, encoded.partition, encoded.batch)
+            resume.advance_to(TopicPartition(topic, encoded.partition), encoded.commit_lsn, encoded.last_index)
+            self.stats.records_written += len(encoded.batch)
+            del batches[0]
         pending = self._pending
         # Pending records are in sequence order, so when the log holds nothing at or past the
         # first one (always, except right after a restart) no record needs the skip check.

@@ -402,27 +402,7 @@ class EventBuilder:
         """
         table = self._tables[relation_oid]
         lsn, index = sequence_start.commit_lsn, sequence_start.txn_index
-        head = b'{"before":null,"after":'
-        pre = (
-            b',"source":{"version":%b,"connector":%b,"name":%b,"ts_ms":%d,"ts_us":%d,"snapshot":%b,'
-            b'"db":%b,"sequence":"[null,\\"%d\\"]","schema":%b,"table":%b,"txId":null,"lsn":%d,"xmin":null,'
-            b'"commit_lsn":%d,"txn_index":'
-            % (
-                _j(EVENT_VERSION),
-                _j(CONNECTOR),
-                table.name_json,
-                ts_us // 1000,
-                ts_us,
-                _j(marker.value),
-                self._db_json,
-                lsn,
-                table.schema_json,
-                table.table_json,
-                lsn,
-                lsn,
-            )
-        )
-        tail = b'},"op":"r","ts_ms":%d,"ts_us":%d,"transaction":null}' % (ts_us // 1000, ts_us)
+        head, pre, tail = self._snapshot_pieces(table, lsn, marker, ts_us)
         topic = table.topic
         encoder = table.encoder
         block = _SnapshotBlock(head, pre, tail, lsn, ts_us, marker)
@@ -450,6 +430,42 @@ class EventBuilder:
                 continue
             index = self._snapshot_rows_python(table, (row,), out, block, index)
         return out
+
+    def snapshot_pieces(
+        self, relation_oid: int, lsn: int, *, marker: SnapshotMarker = SnapshotMarker.TRUE, ts_us: int = 0
+    ) -> tuple[RowEncoder | None, bytes, bytes, bytes]:
+        """The native encoder of a table and the pieces of its snapshot values (``RowEncoder.copy_batches``).
+
+        A value is ``head + after + pre + txn_index + tail``, as :meth:`snapshot_records` builds it.
+        """
+        table = self._tables[relation_oid]
+        return (table.encoder, *self._snapshot_pieces(table, lsn, marker, ts_us))
+
+    def _snapshot_pieces(
+        self, table: _Table, lsn: int, marker: SnapshotMarker, ts_us: int
+    ) -> tuple[bytes, bytes, bytes]:
+        head = b'{"before":null,"after":'
+        pre = (
+            b',"source":{"version":%b,"connector":%b,"name":%b,"ts_ms":%d,"ts_us":%d,"snapshot":%b,'
+            b'"db":%b,"sequence":"[null,\\"%d\\"]","schema":%b,"table":%b,"txId":null,"lsn":%d,"xmin":null,'
+            b'"commit_lsn":%d,"txn_index":'
+            % (
+                _j(EVENT_VERSION),
+                _j(CONNECTOR),
+                table.name_json,
+                ts_us // 1000,
+                ts_us,
+                _j(marker.value),
+                self._db_json,
+                lsn,
+                table.schema_json,
+                table.table_json,
+                lsn,
+                lsn,
+            )
+        )
+        tail = b'},"op":"r","ts_ms":%d,"ts_us":%d,"transaction":null}' % (ts_us // 1000, ts_us)
+        return head, pre, tail
 
     def _snapshot_rows_python(
         self,

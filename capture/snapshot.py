@@ -10,6 +10,11 @@ Speed: ``COPY (SELECT ...) TO STDOUT`` in text format (the same text the stream
 sends, so one type map decodes both), split into chunks of heap pages
 (``ctid`` ranges, a TID range scan since PG 14).
 
+With the extension and the file log, each COPY block is cut into pieces of about
+``PIECE_BYTES`` that threads turn into finished file-log batches, one per partition, in
+one native pass without the GIL (:func:`encode_piece`), while the server produces the next
+block and the agent appends (fsync per append, as ever) the pieces before, in order.
+
 Resume: a chunk is recorded in the state file only after its events are appended.
 After a crash the slot (and its consistent point) stay; the chunks not yet done are
 read with a fresh snapshot taken later. Their rows may be newer than the consistent
@@ -23,11 +28,12 @@ import json
 import os
 import queue
 import threading
+import time
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import psycopg
 import psycopg.errors
@@ -35,11 +41,21 @@ from psycopg import pq, sql
 
 from capture.pgoutput import NonUtf8Text, TupleData
 from capture.stream import libpq_speedups, pgconn_pointer
+from log.batch_codec import EncodedBatch
+from log.sequence import Sequence as Seq
+
+if TYPE_CHECKING:
+    from capture.events import EventBuilder, OutRecord
+    from capture.native._speedups import RowEncoder
 
 #: Heap pages per chunk (8 KiB pages: about 8 MiB of table per COPY).
 CHUNK_PAGES = 1024
 #: COPY data parsed and appended at a time.
 BATCH_BYTES = 4 << 20
+#: COPY text per piece of the native snapshot pass (~17k rows of a narrow table, ~10 MB of records).
+PIECE_BYTES = 1 << 20
+#: Threads encoding pieces (the extension releases the GIL while it encodes).
+ENCODE_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -360,3 +376,109 @@ def copy_out(conn: psycopg.Connection[Any], query: sql.Composable) -> Iterator[b
         finished = True
     finally:
         _end_copy(conn, finished=finished)
+
+
+# -- the native snapshot pass ------------------------------------------------------------
+
+
+def encodable(data: bytes) -> bool:
+    """Whether COPY text can go through :func:`encode_piece`: UTF-8 and without empty lines.
+
+    Not UTF-8 (a SQL_ASCII database) or empty lines (no row): :meth:`EventBuilder.snapshot_records`.
+    """
+    if data.startswith(b"\n") or b"\n\n" in data:
+        return False
+    if data.isascii():
+        return True
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def copy_pieces(data: bytes, target: int | None = None) -> list[tuple[int, int, int]]:
+    """``(start, end, rows)`` of consecutive pieces of ``data`` (:func:`encodable`), cut after a newline."""
+    target = target or PIECE_BYTES
+    pieces = []
+    start, size = 0, len(data)
+    while start < size:
+        end = size if start + target >= size else (data.find(b"\n", start + target - 1) + 1 or size)
+        rows = data.count(b"\n", start, end) + (0 if data[end - 1] == 0x0A else 1)
+        pieces.append((start, end, rows))
+        start = end
+    return pieces
+
+
+@dataclass(frozen=True)
+class PartitionBatch:
+    """An encoded batch of one partition and the sequence of its last record."""
+
+    partition: int
+    batch: EncodedBatch
+    commit_lsn: int
+    last_index: int
+
+
+#: What a piece became, in row order: runs of native batches (one per partition with rows)
+#: and, between them, the records of rows the Python path built (quarantined ones included).
+EncodedPiece = list[list[PartitionBatch] | list["OutRecord"]]
+
+_threads = threading.local()
+_python_rows = threading.Lock()
+
+
+def _thread_encoder(encoder: RowEncoder) -> RowEncoder:
+    """This thread's own copy of ``encoder`` (an encoder's buffers serve one thread at a time)."""
+    copies: dict[int, tuple[RowEncoder, RowEncoder]] = _threads.__dict__.setdefault("copies", {})
+    held = copies.get(id(encoder))
+    if held is None or held[0] is not encoder:
+        held = copies[id(encoder)] = (encoder, encoder.copy())  # holding encoder keeps its id unique
+    return held[1]
+
+
+def encode_piece(
+    builder: EventBuilder,
+    relation_oid: int,
+    data: bytes,
+    piece: tuple[int, int, int],
+    sequence_start: Seq,
+    *,
+    partitions: int,
+    ts_us: int,
+) -> EncodedPiece:
+    """The snapshot events of ``data[start:end]`` as file-log batches (thread-safe; see the module docstring).
+
+    Byte-identical to what :meth:`EventBuilder.snapshot_records` builds and the file log encodes
+    (``tests/unit/capture/test_native.py``); a row the native pass hands back takes that Python
+    path alone, and the native pass goes on after it.
+    """
+    start, end, _rows = piece
+    lsn, index = sequence_start.commit_lsn, sequence_start.txn_index
+    shared, head, pre, tail = builder.snapshot_pieces(relation_oid, lsn, ts_us=ts_us)
+    if shared is None:
+        msg = "encode_piece needs the table's native encoder"
+        raise ValueError(msg)
+    encoder = _thread_encoder(shared)
+    now_ms = time.time_ns() // 1_000_000
+    out: EncodedPiece = []
+    at = start
+    while at < end:
+        at, index, batches = encoder.copy_batches(data, at, end, head, pre, tail, index, partitions, now_ms)
+        encoded = [
+            PartitionBatch(partition, EncodedBatch(found[0], found[1], now_ms), lsn, found[2])
+            for partition, found in enumerate(batches)
+            if found is not None
+        ]
+        if encoded:
+            out.append(encoded)
+        if at >= end:
+            break
+        line_end = data.find(b"\n", at, end)
+        line_end = end if line_end < 0 else line_end
+        rows = parse_copy_text(data[at:line_end])
+        with _python_rows:  # the shared encoder and the Python converters, one thread at a time
+            out.append(builder.snapshot_records(relation_oid, rows, Seq(lsn, index), ts_us=ts_us))
+        index += len(rows)
+        at = line_end + 1
+    return out
