@@ -556,13 +556,12 @@ class CaptureAgent:
             consistent = state.consistent_lsn or 0
             # Natively encoded batches need the file log; a resync keeps the records (it collects their keys).
             native = not reconcile and speedups is not None and isinstance(self.log, FileLog)
-            pool = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="snapshot-encode") if native else None
-            encoding: deque[tuple[Future[EncodedPiece], int]] = deque()
+            pipeline = _SnapshotPipeline(self, builder, resume) if native else None
             for table_no, (oid, relation, chunks) in enumerate(plan):
                 columns = [c.name for c in relation.columns]
                 topic = builder.topic_of(oid)
                 seen = present.setdefault(topic, set())
-                encoder = builder.snapshot_pieces(oid, consistent)[0] if pool is not None else None
+                encoder = builder.snapshot_pieces(oid, consistent)[0] if pipeline is not None else None
                 for chunk in chunks:
                     if chunk.id in state.done_chunks:
                         continue
@@ -572,33 +571,19 @@ class CaptureAgent:
                         # Stamped with the read time (as Debezium does): the rows belong to the snapshot's day.
                         read_us = time.time_ns() // 1000
                         if (
-                            pool is not None
+                            pipeline is not None
                             and encoder is not None
                             and encodable(rows.data)
                             # Right after a restart the log may hold some of these rows: the per-record check.
                             and not resume.may_hold(consistent, next_index)
                         ):
-                            self._flush(resume, None)  # records built before go first
-                            partitions = self._ensure_topic(topic)
-                            for piece in copy_pieces(rows.data):
-                                start = Seq(consistent, next_index)
-                                job = pool.submit(
-                                    encode_piece,
-                                    builder,
-                                    oid,
-                                    rows.data,
-                                    piece,
-                                    start,
-                                    partitions=partitions,
-                                    ts_us=read_us,
-                                )
-                                encoding.append((job, piece[2]))
-                                next_index += piece[2]
-                                while len(encoding) > ENCODE_THREADS:
-                                    self._append_piece(resume, topic, *encoding.popleft())
+                            if self._pending or self._pending_schemas:
+                                pipeline.drain()
+                                self._flush(resume, None)  # records built before go first
+                            next_index = pipeline.submit(topic, oid, rows.data, Seq(consistent, next_index), read_us)
                             continue
-                        while encoding:
-                            self._append_piece(resume, topic, *encoding.popleft())
+                        if pipeline is not None:
+                            pipeline.drain()
                         records = builder.snapshot_records(oid, rows, Seq(consistent, next_index), ts_us=read_us)
                         next_index += len(rows)
                         if reconcile:
@@ -614,8 +599,8 @@ class CaptureAgent:
                             self._flush(resume, None)
                         if self.progress:
                             self.progress.advance(len(rows))
-                    while encoding:
-                        self._append_piece(resume, topic, *encoding.popleft())
+                    if pipeline is not None:
+                        pipeline.drain()
                     # Every event of the chunk is durable (each append fsynced) before the chunk counts as done.
                     self._flush(resume, None)
                     state.done_chunks.add(chunk.id)
@@ -625,28 +610,11 @@ class CaptureAgent:
             self._flush(resume, None)
             reader.rollback()
         finally:
-            if pool is not None:
-                for job, _rows in encoding:
-                    job.cancel()
-                pool.shutdown(wait=True)
+            if pipeline is not None:
+                pipeline.close()
             reader.close()
             if self.progress:
                 self.progress.finish()
-
-    def _append_piece(self, resume: ResumePoint, topic: str, job: Future[EncodedPiece], rows: int) -> None:
-        """Append one encoded piece (its batches and Python-built records, in row order), durably."""
-        for part in job.result():
-            if part and isinstance(part[0], PartitionBatch):
-                self._pending_batches.extend((topic, batch) for batch in part if isinstance(batch, PartitionBatch))
-            else:
-                records = [record for record in part if isinstance(record, OutRecord)]
-                self._pending.extend(records)
-                self.stats.events += len(records)
-                rows -= 1  # a row the Python path built
-            self._flush(resume, None)
-        self.stats.events += rows
-        if self.progress:
-            self.progress.advance(rows)
 
     def _reconcile_deletes(
         self, resume: ResumePoint, present: dict[str, set[bytes]], quarantined: set[str], consistent: int
@@ -925,6 +893,76 @@ def primary_key_lookup(conn: psycopg.Connection[Any]) -> Callable[[Relation], tu
         return tuple(r[0] for r in rows) or None
 
     return lookup
+
+
+class _SnapshotPipeline:
+    """The native snapshot path: pieces encoded by threads, appended in order by one more thread.
+
+    The agent's reader thread submits each COPY block (cut into pieces); ``ENCODE_THREADS``
+    threads turn pieces into batches (the extension releases the GIL) while one writer thread
+    appends finished pieces in submission order through the agent's ``_flush`` (fsync per
+    append, pause/retry on a full disk), so reading, encoding and disk writes overlap. While
+    pieces are in flight only the writer touches the agent's pending lists; :meth:`drain`
+    waits until every submitted piece is durable (before a chunk counts as done, and before
+    the agent appends anything itself).
+    """
+
+    #: Pieces submitted but not yet appended (bounds memory: ~10 MB of records each).
+    AHEAD = ENCODE_THREADS + 2
+
+    def __init__(self, agent: CaptureAgent, builder: EventBuilder, resume: ResumePoint) -> None:
+        self._agent = agent
+        self._builder = builder
+        self._resume = resume
+        self._encoders = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="snapshot-encode")
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="snapshot-append")
+        self._appending: deque[Future[None]] = deque()
+
+    def submit(self, topic: str, relation_oid: int, data: bytes, start: Seq, ts_us: int) -> int:
+        """Encode and append the rows of ``data`` (COPY text, :func:`encodable`) from ``start``; the next index."""
+        partitions = self._agent._ensure_topic(topic)
+        index = start.txn_index
+        for piece in copy_pieces(data):
+            job = self._encoders.submit(
+                encode_piece,
+                self._builder,
+                relation_oid,
+                data,
+                piece,
+                Seq(start.commit_lsn, index),
+                partitions=partitions,
+                ts_us=ts_us,
+            )
+            self._appending.append(self._writer.submit(self._append, topic, job, piece[2]))
+            index += piece[2]
+            while len(self._appending) > self.AHEAD:
+                self._appending.popleft().result()  # an append's error is raised here
+        return index
+
+    def drain(self) -> None:
+        """Wait until every submitted piece is appended (durable)."""
+        while self._appending:
+            self._appending.popleft().result()
+
+    def close(self) -> None:
+        """Stop: pieces not yet started are dropped (nothing of them was appended)."""
+        self._encoders.shutdown(wait=True, cancel_futures=True)
+        self._writer.shutdown(wait=True, cancel_futures=True)
+
+    def _append(self, topic: str, job: Future[EncodedPiece], rows: int) -> None:
+        agent, resume = self._agent, self._resume
+        for part in job.result():
+            if part and isinstance(part[0], PartitionBatch):
+                agent._pending_batches.extend((topic, batch) for batch in part if isinstance(batch, PartitionBatch))
+            else:
+                records = [record for record in part if isinstance(record, OutRecord)]
+                agent._pending.extend(records)
+                agent.stats.events += len(records)
+                rows -= 1  # a row the Python path built
+            agent._flush(resume, None)
+        agent.stats.events += rows
+        if agent.progress:
+            agent.progress.advance(rows)
 
 
 def relation_from_catalog(conn: psycopg.Connection[Any], qualified: str) -> Relation:
