@@ -120,6 +120,12 @@ def _dagster_command(script: str) -> list[str]:
 def start_ui(config: ProjectConfig, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> UiProcesses:
     """Start the webserver (``host:port``) and the daemon for ``config``'s project; return at once."""
     home = prepare_dagster_home(config)
+    if not (home / "history" / "runs.db").exists():
+        # A fresh instance's SQLite storages are created on first open; the webserver, daemon and code
+        # server doing that at once can leave two alembic heads (dagster#27390): create them here first.
+        from dagster import DagsterInstance
+
+        DagsterInstance.from_config(str(home)).dispose()
     env = ui_environment(config)
     workspace = str(home / "workspace.yaml")
     cwd = str(config.home_dir.parent if config.config_path is None else config.config_path.parent)

@@ -2,11 +2,13 @@
 
 Needs the Debian package ``chromium`` (``/usr/bin/chromium``); skipped without it. No
 Playwright/WebDriver: ``chromium --headless --dump-dom`` gives the DOM after the page's
-scripts ran, ``--screenshot`` an image (kept in the test's tmp dir).
+scripts ran (kept in the test's tmp dir); ``--screenshot`` an image of a page whose checks
+failed (only then: each Chromium run costs seconds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -62,8 +65,8 @@ def graphql(base: str, query: str) -> dict:
         return json.loads(response.read())["data"]
 
 
-def chromium(url: str, shots: Path, name: str) -> str:
-    flags = [
+def chromium_flags(shots: Path) -> list[str]:
+    return [
         str(CHROMIUM),
         "--headless",
         "--no-sandbox",
@@ -77,10 +80,24 @@ def chromium(url: str, shots: Path, name: str) -> str:
         "--window-size=1600,1000",
         "--virtual-time-budget=20000",
     ]
-    subprocess.run([*flags, f"--screenshot={shots / (name + '.png')}", url], capture_output=True, timeout=120)
-    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120)
+
+
+def chromium(url: str, shots: Path, name: str) -> str:
+    """The page's DOM after its scripts ran (kept as ``<name>.html``; a failing test adds a screenshot)."""
+    dom = subprocess.run([*chromium_flags(shots), "--dump-dom", url], capture_output=True, text=True, timeout=120)
     (shots / f"{name}.html").write_text(dom.stdout)
     return dom.stdout
+
+
+@contextlib.contextmanager
+def screenshot_on_failure(url: str, shots: Path, name: str) -> Iterator[None]:
+    """Screenshot ``url`` only when the block's assertions fail: each Chromium run costs seconds."""
+    try:
+        yield
+    except AssertionError:
+        shot = [*chromium_flags(shots), f"--screenshot={shots / (name + '.png')}", url]
+        subprocess.run(shot, capture_output=True, timeout=120)
+        raise
 
 
 def wait_ready(base: str, process: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
@@ -138,9 +155,10 @@ def test_ui_shows_assets_and_check_results_and_the_report_renders(tmp_path):
     assert quality.returncode == 1, quality.stdout + quality.stderr  # the blocking uniqueness check fails
     assert "1 blocking expectation failed: orders.expect_column_values_to_be_unique__id" in quality.stderr
     rendered = chromium(report.as_uri(), shots, "quality_report")
-    assert "Data quality: shop" in rendered
-    assert "expect_column_values_to_be_between" in rendered and "-4.5" in rendered
-    assert "<svg" in rendered
+    with screenshot_on_failure(report.as_uri(), shots, "quality_report"):
+        assert "Data quality: shop" in rendered
+        assert "expect_column_values_to_be_between" in rendered and "-4.5" in rendered
+        assert "<svg" in rendered
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -158,14 +176,20 @@ def test_ui_shows_assets_and_check_results_and_the_report_renders(tmp_path):
         assert graphql(base, "mutation { setNuxSeen }")["setNuxSeen"] is True
         assert launch_quality_checks(base) == "FAILURE"  # a blocking check failed
 
-        graph = chromium(f"{base}/locations/shop/asset-groups/warehouse", shots, "asset_graph")
-        for name in ("orders", "customers_hist"):
-            assert name in graph, f"{name} not rendered in the asset graph"
-        checks = chromium(f"{base}/assets/warehouse/orders?view=checks", shots, "orders_checks")
-        assert "expect_column_values_to_be_between__total" in checks
-        assert "Failed" in checks
-        lineage = chromium(f"{base}/asset-groups", shots, "lineage")
-        assert "sources" in lineage and "warehouse" in lineage
+        url = f"{base}/locations/shop/asset-groups/warehouse"
+        graph = chromium(url, shots, "asset_graph")
+        with screenshot_on_failure(url, shots, "asset_graph"):
+            for name in ("orders", "customers_hist"):
+                assert name in graph, f"{name} not rendered in the asset graph"
+        url = f"{base}/assets/warehouse/orders?view=checks"
+        checks = chromium(url, shots, "orders_checks")
+        with screenshot_on_failure(url, shots, "orders_checks"):
+            assert "expect_column_values_to_be_between__total" in checks
+            assert "Failed" in checks
+        url = f"{base}/asset-groups"
+        lineage = chromium(url, shots, "lineage")
+        with screenshot_on_failure(url, shots, "lineage"):
+            assert "sources" in lineage and "warehouse" in lineage
     finally:
         started = time.monotonic()
         ui.send_signal(signal.SIGTERM)
