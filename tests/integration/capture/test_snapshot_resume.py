@@ -15,14 +15,14 @@ import orjson
 import psycopg
 
 from capture import snapshot
-from capture.agent import CaptureAgent, typemap_decoders
+from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
 from headwater.config import LogConfig, SourceConfig
 from log.file_log import FileLog
 
 ROWS = 15_000
 
 # The agent in a subprocess, with small chunks and pieces (many of both) and appends slowed
-# down, so that the SIGKILL lands while chunks are in flight.
+# down, so that the SIGKILL lands while chunks are in flight (native pieces or Python records).
 WORKER = """
 import sys, time
 from pathlib import Path
@@ -36,11 +36,14 @@ def throttled(self, *args, **kwargs):
 agent_module.CaptureAgent._append_pending = throttled
 sys.path.insert(0, sys.argv[3])
 from test_snapshot_resume import agent_for
-agent_for(sys.argv[1], Path(sys.argv[2])).run(until_caught_up=True)
+# the Python path (HEADWATER_NATIVE=0) appends every 300 records
+agent_for(sys.argv[1], Path(sys.argv[2]), settings=agent_module.AgentSettings(max_batch_records=300)).run(
+    until_caught_up=True
+)
 """
 
 
-def agent_for(dsn: str, home: Path, log: FileLog | None = None) -> CaptureAgent:
+def agent_for(dsn: str, home: Path, log: FileLog | None = None, settings: AgentSettings | None = None) -> CaptureAgent:
     source = SourceConfig(dsn=dsn, tables=("public.t",), snapshot="initial_only", publication="pub_snap")
     return CaptureAgent(
         "snap",
@@ -49,6 +52,7 @@ def agent_for(dsn: str, home: Path, log: FileLog | None = None) -> CaptureAgent:
         LogConfig(partitions=3),
         typemap_decoders(source.types),
         state_dir=home / "state",
+        settings=settings,
     )
 
 
