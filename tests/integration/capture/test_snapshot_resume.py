@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -21,25 +20,29 @@ from log.file_log import FileLog
 
 ROWS = 15_000
 
-# The agent in a subprocess, with small chunks and pieces (many of both) and appends slowed
-# down, so that the SIGKILL lands while chunks are in flight (native pieces or Python records).
+# The agent in a subprocess with small chunks and pieces. Once three chunks are recorded done,
+# it lets one more append of the table's topic through and SIGKILLs itself at the next: the
+# chunk in progress is then partly in the log (native pieces, or the Python path's records).
 WORKER = """
-import sys, time
+import json, os, signal, sys
 from pathlib import Path
-from capture import snapshot, agent as agent_module
+from capture import snapshot
+from log.file_log import FileLog
 snapshot.CHUNK_PAGES = 16
 snapshot.PIECE_BYTES = 8192
-slow = agent_module.CaptureAgent._append_pending
-def throttled(self, *args, **kwargs):
-    time.sleep(0.01)
-    return slow(self, *args, **kwargs)
-agent_module.CaptureAgent._append_pending = throttled
+state = Path(sys.argv[2]) / "state" / "snapshot.json"
+real_append = FileLog.append
+seen = []
+def append(self, topic, partition, records):
+    if topic == "snap.public.t" and state.exists() and len(json.loads(state.read_text())["done_chunks"]) >= 3:
+        seen.append(partition)
+        if len(seen) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return real_append(self, topic, partition, records)
+FileLog.append = append
 sys.path.insert(0, sys.argv[3])
 from test_snapshot_resume import agent_for
-# the Python path (HEADWATER_NATIVE=0) appends every 300 records
-agent_for(sys.argv[1], Path(sys.argv[2]), settings=agent_module.AgentSettings(max_batch_records=300)).run(
-    until_caught_up=True
-)
+agent_for(sys.argv[1], Path(sys.argv[2])).run(until_caught_up=True)
 """
 
 
@@ -76,21 +79,13 @@ def test_snapshot_sigkilled_mid_chunk_resumes_with_every_row_once(pg_server, uni
         )
         conn.execute("VACUUM ANALYZE t")  # relpages: the chunk plan
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    worker = subprocess.Popen([sys.executable, "-c", WORKER, dsn, str(tmp_path), str(Path(__file__).parent)], env=env)
+    worker = subprocess.run(
+        [sys.executable, "-c", WORKER, dsn, str(tmp_path), str(Path(__file__).parent)], env=env, timeout=120
+    )
+    assert worker.returncode == -signal.SIGKILL, "the snapshot ended before the kill: nothing was tested"
     state = tmp_path / "state" / "snapshot.json"
-    done: list[str] = []
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline and worker.poll() is None:
-            if state.exists() and len(json.loads(state.read_text()).get("done_chunks", [])) >= 3:
-                time.sleep(0.15)  # into the next chunk: some of its pieces appended, not all
-                break
-            time.sleep(0.02)
-    finally:
-        worker.send_signal(signal.SIGKILL)
-        worker.wait(timeout=30)
     done = json.loads(state.read_text())["done_chunks"]
-    assert len(done) >= 3, "the snapshot ended (or never started) before the kill: nothing was tested"
+    assert len(done) == 3
     assert json.loads(state.read_text())["completed"] is False
     # The log holds part of a chunk that is not done: the resume must not write those rows twice.
     before = read_values(FileLog(tmp_path / "log"))
