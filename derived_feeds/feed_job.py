@@ -41,6 +41,7 @@ from derived_feeds.progress import commit_progress, track_progress
 from derived_feeds.transform import (
     AFTER,
     META,
+    SRC_KEY,
     apply_sql,
     change_rows,
     current_images,
@@ -155,7 +156,8 @@ def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarke
     spec = plan.spec
     spark = batch.sparkSession
     reduced = cols.FIRST_OP in batch.columns  # read with latestPerKey: one row per key already
-    latest = (reduced_changes(batch) if reduced else latest_changes(batch)).persist()
+    latest = (reduced_changes(batch) if reduced else latest_changes(batch)).drop(cols.TOPIC, SRC_KEY)
+    latest = latest.persist()  # only what the SQL and the pairing read: the cache is built per batch
     try:
         output = apply_sql(spark, current_images(latest), spec.config.sql)
         changes = change_rows(latest, spec.key).toArrow()

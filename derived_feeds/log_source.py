@@ -286,7 +286,8 @@ class _RangeReading:
 
         if not batches:
             return
-        target = arrow_schema(self.builder.schema.add(FIRST_OP, StringType()))
+        # StructType.add changes the struct in place: add to a copy, the builder's schema stays as declared.
+        target = arrow_schema(StructType(list(self.builder.schema.fields)).add(FIRST_OP, StringType()))
         latest = latest_per_key(pa.Table.from_batches(batches))
         for batch in latest.to_batches(max_chunksize=READ_CHUNK * 5):
             yield pa.RecordBatch.from_arrays(batch.columns, schema=target)
