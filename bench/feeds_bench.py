@@ -15,7 +15,9 @@ wall-clock rates the bench prints CPU seconds per 100k events of this process an
 descendants (JVM, Python workers): on a machine shared with other jobs that is the
 number that does not move with the load; the load average is printed with it.
 
-    .venv/bin/python bench/feeds_bench.py [--events 400000] [--keys 200000] [--batch 100000]
+    .venv/bin/python bench/feeds_bench.py [--events 800000] [--keys 400000] [--batch 200000]
+
+``--batch`` defaults to the feed job's own micro-batch size (``feed_job.DEFAULT_MAX_RECORDS``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import orjson
 import yaml
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
-from derived_feeds.feed_job import run_feeds
+from derived_feeds.feed_job import DEFAULT_MAX_RECORDS, run_feeds
 from derived_feeds.log_source import register_log_source
 from derived_feeds.session import spark_session, stop_spark
 from headwater.config import load_config
@@ -44,11 +46,17 @@ TOPIC = "shop.public.customers"
 COLUMNS = [("id", 20, -1, True), ("name", 25, -1, False), ("country", 25, -1, False), ("balance", 1700, 655366, False)]
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds (user + system) of this process and its live descendants, from ``/proc``."""
+def tree_cpu_by_role() -> dict[str, float]:
+    """CPU seconds (user + system) of this process and its live descendants by role, from ``/proc``.
+
+    Roles: ``driver`` (this process: foreachBatch pairing, encoding, append), ``jvm`` (Spark),
+    ``python`` (Spark's Python workers: the source's reads and decoding, and the streaming
+    source's planner process).
+    """
     tick = os.sysconf("SC_CLK_TCK")
     parents: dict[int, int] = {}
     times: dict[int, float] = {}
+    reaped: dict[int, float] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -57,27 +65,46 @@ def tree_cpu_s() -> float:
         except OSError:
             continue
         parents[int(entry.name)] = int(fields[1])
+        # Own time, and (fields 16-17) that of children already reaped: Python workers come and go.
         times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
-    total, todo = 0.0, [os.getpid()]
+        reaped[int(entry.name)] = (int(fields[13]) + int(fields[14])) / tick
+    roles = {"driver": 0.0, "jvm": 0.0, "python": 0.0}
+    me = os.getpid()
+    todo = [me]
     while todo:
         pid = todo.pop()
-        total += times.get(pid, 0.0)
+        if pid == me:
+            role = "driver"
+        else:
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                command = b""
+            role = "jvm" if b"java" in command.split(b"\0", 1)[0] else "python"
+        roles[role] += times.get(pid, 0.0)
+        if pid != me:  # the JVM's and the Python daemon's reaped children are Python workers
+            roles["python"] += reaped.get(pid, 0.0)
         todo += [child for child, parent in parents.items() if parent == pid]
-    return total
+    return roles
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and its live descendants."""
+    return sum(tree_cpu_by_role().values())
 
 
 class CpuAtProgress(StreamingQueryListener):
     """Tree CPU seconds when each micro-batch's progress arrives (steady-state CPU per event)."""
 
     def __init__(self) -> None:
-        self.cpu: dict[int, float] = {}
+        self.cpu: dict[int, dict[str, float]] = {}
 
     def onQueryStarted(self, event: Any) -> None:
         """Nothing to do."""
 
     def onQueryProgress(self, event: Any) -> None:
         """Record the CPU clock at the end of the batch."""
-        self.cpu[event.progress.batchId] = tree_cpu_s()
+        self.cpu[event.progress.batchId] = tree_cpu_by_role()
 
     def onQueryIdle(self, event: Any) -> None:
         """Nothing to do."""
@@ -124,9 +151,9 @@ def write_source(config_path: Path, events: int, keys: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=400_000)
-    parser.add_argument("--keys", type=int, default=200_000)
-    parser.add_argument("--batch", type=int, default=100_000)
+    parser.add_argument("--events", type=int, default=800_000)
+    parser.add_argument("--keys", type=int, default=400_000)
+    parser.add_argument("--batch", type=int, default=DEFAULT_MAX_RECORDS)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="hw-feeds-bench-"))
     config_path = root / "headwater.yaml"
@@ -149,11 +176,14 @@ def main() -> None:
         register_log_source(spark)
         reader = spark.read.format("headwater_log").option("config", str(config_path)).option("topic", TOPIC)
         reader.load().write.format("noop").mode("overwrite").save()  # warm-up: workers, classes
-        cpu, start = tree_cpu_s(), time.perf_counter()
+        before, start = tree_cpu_by_role(), time.perf_counter()
         reader.load().write.format("noop").mode("overwrite").save()
         bare = args.events / (time.perf_counter() - start)
-        bare_cpu = (tree_cpu_s() - cpu) / args.events * 100_000
-        print(f"bare log read: {bare:,.0f} events/s, {bare_cpu:.2f} CPU s per 100k (load {load_average()})")
+        after = tree_cpu_by_role()
+        bare_roles = {role: (after[role] - before[role]) / args.events * 100_000 for role in after}
+        bare_cpu = sum(bare_roles.values())
+        detail = ", ".join(f"{r} {v:.2f}" for r, v in bare_roles.items())
+        print(f"bare log read: {bare:,.0f} events/s, {bare_cpu:.2f} CPU s per 100k ({detail}; load {load_average()})")
 
         listener = CpuAtProgress()
         spark.streams.addListener(listener)
@@ -174,9 +204,16 @@ def main() -> None:
         print(f"feed overall (incl. planning, query start): {overall:,.0f} events/s; {written:,} records written")
         time.sleep(2)  # the listener hears the last progress asynchronously
         ids = [p["batchId"] for p in steady if p["batchId"] in listener.cpu and p["batchId"] - 1 in listener.cpu]
-        steady_cpu = sum(listener.cpu[i] - listener.cpu[i - 1] for i in ids)
+        roles = {
+            role: sum(listener.cpu[i][role] - listener.cpu[i - 1][role] for i in ids)
+            for role in ("driver", "jvm", "python")
+        }
         steady_rows = sum(p["numInputRows"] for p in steady if p["batchId"] in ids)
-        steady_text = f"{steady_cpu / steady_rows * 100_000:.2f}" if steady_rows else "n/a"
+        if steady_rows:
+            per = {role: seconds / steady_rows * 100_000 for role, seconds in roles.items()}
+            steady_text = f"{sum(per.values()):.2f} (" + ", ".join(f"{r} {v:.2f}" for r, v in per.items()) + ")"
+        else:
+            steady_text = "n/a"
         print(
             f"  CPU s per 100k events: feed steady {steady_text}, feed incl. batch 0 and start {feed_cpu:.2f}, ", end=""
         )
