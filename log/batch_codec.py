@@ -26,7 +26,7 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 from capture import native
 from log.base import Record, StoredRecord
@@ -136,31 +136,39 @@ def batch_crc(batch: bytes | bytearray | memoryview, length: int, attributes: in
     return checksum(view[8:length], checksum(view[:4], 0))
 
 
-class EncodedBatch:
+class EncodedBatch(Sequence[Record]):
     """Records already encoded (``capture`` builds them from COPY text in one native pass).
 
-    ``buffer`` is a ``HEADER_SIZE`` placeholder followed by ``count`` records with offset
+    ``buffer`` is a ``HEADER_SIZE`` placeholder followed by ``record_count`` records with offset
     deltas ``0..count-1`` and timestamps up to ``max_timestamp``; :func:`encode_batch`
-    fills in the header (base offset, CRC) at append time. A sequence of records to the
-    file log's ``append`` (``len`` only; it cannot be iterated).
+    fills in the header (base offset, CRC) at append time. Only the file log's ``append``
+    takes it (it needs ``len`` alone); its records cannot be indexed or iterated.
     """
 
-    __slots__ = ("buffer", "count", "max_timestamp")
+    __slots__ = ("buffer", "max_timestamp", "record_count")
 
     def __init__(self, buffer: bytearray, count: int, max_timestamp: int) -> None:
         self.buffer = buffer
-        self.count = count
+        self.record_count = count
         self.max_timestamp = max_timestamp
 
     def __len__(self) -> int:
-        return self.count
+        return self.record_count
+
+    @overload
+    def __getitem__(self, index: int) -> Record: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Record]: ...
+    def __getitem__(self, index: int | slice) -> Record | Sequence[Record]:
+        msg = "an EncodedBatch holds encoded bytes: only the file log appends it"
+        raise TypeError(msg)
 
     def seal(self, base_offset: int) -> bytearray:
         """The buffer as the batch starting at ``base_offset`` (header and CRC filled in place)."""
         if _native is not None:
-            _native.seal_batch_header(self.buffer, base_offset, self.count, self.max_timestamp)
+            _native.seal_batch_header(self.buffer, base_offset, self.record_count, self.max_timestamp)
             return self.buffer
-        return _seal_in_place(self.buffer, base_offset, self.count - 1, self.count, self.max_timestamp)
+        return _seal_in_place(self.buffer, base_offset, self.record_count - 1, self.record_count, self.max_timestamp)
 
 
 def encode_batch(base_offset: int, records: Sequence[Record], now_ms: int) -> tuple[bytearray, int]:
