@@ -3,44 +3,48 @@
 ``lookups: {customers: shop.public.customers}`` makes view ``customers`` hold the latest
 value per key of that topic. Both sides arrive in one stream (the job reads the feed's
 ``from`` topic and its lookup topics together, so one Spark checkpoint orders them), and
-the job keeps, under the feed's checkpoint, versioned state of:
+the latest change per ``(topic, key)`` of both sides is kept in Spark's RocksDB state
+store (:mod:`derived_feeds.enrichment_state`): a micro-batch writes only the keys it
+changed, and a restart resumes from the checkpoint without rereading the topics.
 
-* ``source``: the current image per key of the ``from`` topic,
-* ``lookup_<view>``: the current image per key of each lookup topic,
-* ``output``: the feed row last emitted per feed key (as JSON, for diffs).
+Per micro-batch ``b`` (its changed keys, from the state store's aggregation):
 
-State version ``b`` is the state after micro-batch ``b`` (Parquet, written from the driver).
-Micro-batch ``b`` always starts from the newest complete version before ``b``, so a replay
-of ``b`` (crash before Spark's commit) recomputes the same result; the append is
-idempotent anyway (``feed_writer``). Two versions are kept.
+* changed source keys: the SQL over their current images with the lookup views as they
+  are after ``b``; a row is an upsert, no row is a delete (as plain feeds: a key that
+  never had a row gets a harmless delete, except a key whose only change is an insert);
+* when a lookup changed: every other source key is run through the SQL twice, with the
+  lookup views as they were before ``b`` and as they are after it (the SQL is arbitrary,
+  so which rows a lookup row reaches is only known by running it), and only the rows
+  that differ are written: changed rows as upserts, rows gone as deletes. What was
+  emitted before ``b`` is by induction the SQL over the views before ``b``.
 
-Per micro-batch: changed source keys are recomputed (SQL over their current images with
-the lookup views); when a lookup changed, every source key is recomputed (the SQL is
-arbitrary, so which rows a lookup row reaches is only known by running it) and only rows
-whose output differs from the last emitted one are written. A row that stops matching
-becomes a delete. Re-emitted rows carry the sequence of the lookup change that caused
-them when it is newer than their own, so sinks that apply only newer sequences take them
-(the lookup and the source must come from one database for the sequences to compare).
+The views before ``b`` are read from the state store as of committed batch ``b - 1``; the
+process keeps the lookup views of its last batch (checkpointed DataFrames) so a batch
+without lookup changes reads no state. Re-emitted rows carry the sequence of the lookup
+change that caused them when it is newer than their own, so sinks that apply only newer
+sequences take them (the lookup and the source must come from one database for the
+sequences to compare). A replayed batch recomputes the same result from the state of
+``b - 1``; the append is idempotent anyway (``feed_writer``).
 
-Honest limits: this is driver-orchestrated Spark with Parquet state, not Spark's RocksDB
-state store (the SQL is arbitrary Spark SQL, which ``transformWithStateInPandas``
-cannot run); a lookup change costs a pass over the source state.
+Cost: a batch of source changes only is O(changes) in the state store plus the SQL's join
+with the lookup views; a lookup change costs a pass over the source state (twice the SQL).
+The SQL must be deterministic, one row per source row (as for plain feeds).
 """
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from derived_feeds import event_schema as cols
+from derived_feeds.enrichment_state import CHANGES, state_tables
 from derived_feeds.feed_schema import JSON_OPTIONS
 from derived_feeds.feed_writer import BatchMarker
-from derived_feeds.transform import AFTER, IMAGE, KEY_JSON, META, SRC_KEY, apply_sql, latest_changes
+from derived_feeds.transform import AFTER, IMAGE, KEY_JSON, META, SRC_KEY, apply_sql
 from log.base import Log
 from log.envelope import Op
 
@@ -49,57 +53,77 @@ if TYPE_CHECKING:
 
     from derived_feeds.feed_job import FeedPlan
 
-_DONE = "_complete"
 _AFTER_JSON = "__hw_after_json"
+_POSITION = (cols.SEQ, cols.COMMIT_LSN, cols.TXN_INDEX)
 
 
-def _state_schema(image: StructType, meta: StructType) -> StructType:
-    return StructType([StructField(SRC_KEY, StringType()), StructField(IMAGE, image), *[meta[name] for name in META]])
+@dataclass(frozen=True)
+class LookupTables:
+    """Each lookup view's rows (``__hw_src_key``, ``__hw_image``) as they are after micro-batch ``batch_id``."""
+
+    batch_id: int
+    frames: Mapping[str, DataFrame]
 
 
-def _output_schema() -> StructType:
-    return StructType([StructField(n, StringType()) for n in (SRC_KEY, KEY_JSON, _AFTER_JSON)])
+#: Per (checkpoint, query session), the lookup tables after the query's last batch (valid for its next batch
+#: only). Per session because each streaming query runs on its own clone of the session, and the SQL sees
+#: only the temporary views of its own session.
+_last_tables: dict[tuple[str, str], LookupTables] = {}
 
 
-def _previous_version(root: Path, batch_id: int) -> Path | None:
-    if not root.exists():
-        return None
-    done = [int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / _DONE).exists()]
-    earlier = [n for n in done if n < batch_id]
-    return root / str(max(earlier)) if earlier else None
-
-
-def _load(spark: SparkSession, previous: Path | None, part: str, schema: StructType) -> DataFrame:
-    if previous is None or not (previous / part).exists():
-        return spark.createDataFrame([], schema)
-    return spark.read.schema(schema).parquet(str(previous / part))
+def _cache_key(spark: SparkSession, plan: FeedPlan) -> tuple[str, str]:
+    return (str(plan.spec.checkpoint), str(spark._jsparkSession.sessionUUID()))
 
 
 def _project(frame: DataFrame, image: StructType) -> DataFrame:
-    """Latest changes of one topic, their image cut to that topic's own columns."""
-    projected = F.struct(*[F.col(IMAGE)[name].alias(name) for name in image.fieldNames()])
-    return frame.select(SRC_KEY, cols.OP, projected.alias(IMAGE), *META)
+    """The rows of a view: ``frame``'s images cut to that topic's own columns."""
+    return frame.select(*[F.col(IMAGE)[name].alias(name) for name in image.fieldNames()])
 
 
-def _updated(state: DataFrame, changes: DataFrame) -> DataFrame:
-    """``state`` with ``changes`` applied: changed keys replaced, deleted keys removed."""
-    kept = state.join(changes.select(SRC_KEY), on=SRC_KEY, how="left_anti")
-    current = changes.where(F.col(cols.OP) != Op.DELETE.value).select(SRC_KEY, IMAGE, *META)
-    return kept.unionByName(current)
+def _key_json(columns: list[Column], plan: FeedPlan) -> Column:
+    """The feed key as JSON, each column typed as in the source image (so both sides compare equal)."""
+    pairs = zip(columns, plan.spec.key, strict=True)
+    typed = [column.cast(plan.source_struct[name].dataType).alias(name) for column, name in pairs]
+    return F.to_json(F.struct(*typed), JSON_OPTIONS)
 
 
-def _save(frame: DataFrame, path: Path) -> DataFrame:
-    frame.write.mode("overwrite").parquet(str(path))
-    return frame.sparkSession.read.schema(frame.schema).parquet(str(path))
+def _source_key_json(plan: FeedPlan) -> Column:
+    return _key_json([F.col(IMAGE)[name] for name in plan.spec.key], plan)
 
 
-def _key_match(key: tuple[str, ...]) -> Column:
-    condition: Column | None = None
-    for i in range(len(key)):
-        term = F.col(f"__hw_k{i}").eqNullSafe(F.col(f"__hw_o{i}"))
-        condition = term if condition is None else condition & term
-    assert condition is not None
-    return condition
+def _output_rows(output: DataFrame, plan: FeedPlan) -> DataFrame:
+    """SQL rows as (key JSON, row, row JSON)."""
+    row = F.struct(*[F.col(f"`{c}`") for c in output.columns])
+    return output.select(
+        _key_json([F.col(f"`{name}`") for name in plan.spec.key], plan).alias(KEY_JSON),
+        row.alias(AFTER),
+        F.to_json(row, JSON_OPTIONS).alias(_AFTER_JSON),
+    )
+
+
+def _prior_state(spark: SparkSession, plan: FeedPlan, batch_id: int, schema: StructType) -> DataFrame:
+    """Rows not deleted after batch ``batch_id - 1`` (empty before the first batch)."""
+    if batch_id == 0:
+        return spark.createDataFrame([], schema)
+    state = state_tables(spark, plan.spec.checkpoint / "spark", batch_id - 1)
+    return state.where(F.col(cols.OP) != Op.DELETE.value).select(*schema.fieldNames()).localCheckpoint()
+
+
+def _lookup_tables(spark: SparkSession, plan: FeedPlan, batch_id: int, prior: Callable[[], DataFrame]) -> LookupTables:
+    """The lookup views before ``batch_id``: this process's last ones if of ``batch_id - 1``, else the state's."""
+    cached = _last_tables.get(_cache_key(spark, plan))
+    if cached is not None and cached.batch_id == batch_id - 1:
+        return cached
+    state = prior()
+    frames = {
+        view: state.where(F.col(cols.TOPIC) == topic).select(SRC_KEY, IMAGE)
+        for view, topic in plan.spec.lookup_topics.items()
+    }
+    return LookupTables(batch_id - 1, frames)
+
+
+def _events(frame: DataFrame, op: Column, after: Column) -> DataFrame:
+    return frame.select(KEY_JSON, op.alias(cols.OP), after.alias(AFTER), *META)
 
 
 def process_enriched_batch(
@@ -109,98 +133,87 @@ def process_enriched_batch(
     marker: BatchMarker,
     write: Callable[[FeedPlan, Log, DataFrame, BatchMarker], None],
 ) -> None:
-    """One micro-batch of an enriched feed (see the module docstring); ``write`` appends the changes."""
+    """One micro-batch of an enriched feed (see the module docstring); ``write`` appends the changes.
+
+    ``batch``: the keys this micro-batch changed (:func:`derived_feeds.enrichment_state.latest_per_key`).
+    """
     spark = batch.sparkSession
-    spec = plan.spec
-    root = spec.state_dir
-    previous = _previous_version(root, marker.batch_id)
-    target = root / str(marker.batch_id)
-    shutil.rmtree(target, ignore_errors=True)  # a half-written attempt of this batch
+    spec, batch_id = plan.spec, marker.batch_id
+    # Eager: the state store aggregation runs once per batch, whatever reads it after.
+    changes = batch.localCheckpoint()
+    table_schema = StructType(
+        [StructField(cols.TOPIC, StringType()), StructField(SRC_KEY, StringType()), changes.schema[IMAGE]]
+        + [changes.schema[name] for name in (cols.OP, *META)]
+    )
+    prior_rows: list[DataFrame] = []
 
-    latest = latest_changes(batch).persist()
-    try:
-        meta = StructType([latest.schema[name] for name in META])
-        source_changes = _project(latest.where(F.col(cols.TOPIC) == spec.source_topic), plan.source_struct)
-        source_schema = _state_schema(plan.source_struct, meta)
-        source_state = _save(
-            _updated(_load(spark, previous, "source", source_schema), source_changes), target / "source"
-        )
-        views: dict[str, DataFrame] = {}
-        trigger: Column | None = None
-        lookup_changed = False
-        for view, topic in spec.lookup_topics.items():
-            struct = plan.lookup_structs[view]
-            changes = _project(latest.where(F.col(cols.TOPIC) == topic), struct)
-            state = _save(
-                _updated(_load(spark, previous, f"lookup_{view}", _state_schema(struct, meta)), changes),
-                target / f"lookup_{view}",
-            )
-            views[view] = state.select(f"{IMAGE}.*")
-            newest = changes.agg(F.max(F.struct(*[F.col(c) for c in (cols.SEQ, cols.COMMIT_LSN, cols.TXN_INDEX)])))
-            row = newest.first()
-            if row is not None and row[0] is not None:
-                lookup_changed = True
-                current = F.struct(
-                    F.lit(row[0][cols.SEQ]).alias(cols.SEQ),
-                    F.lit(row[0][cols.COMMIT_LSN]).cast("long").alias(cols.COMMIT_LSN),
-                    F.lit(row[0][cols.TXN_INDEX]).cast("long").alias(cols.TXN_INDEX),
-                )
-                trigger = current if trigger is None else F.greatest(trigger, current)
+    def prior() -> DataFrame:  # read at most once per batch, only when needed
+        if not prior_rows:
+            prior_rows.append(_prior_state(spark, plan, batch_id, table_schema))
+        return prior_rows[0]
 
-        changed_keys = source_changes.select(SRC_KEY)
-        affected = source_state if lookup_changed else source_state.join(changed_keys, on=SRC_KEY, how="left_semi")
-        changed_ops = source_changes.select(SRC_KEY, F.col(cols.OP).alias("__hw_changed_op"))
-        affected = affected.join(changed_ops, on=SRC_KEY, how="left").withColumn(
-            cols.OP, F.coalesce(F.col("__hw_changed_op"), F.lit(Op.UPDATE.value))
+    before = _lookup_tables(spark, plan, batch_id, prior)
+    lookup_topics = set(spec.lookup_topics.values())
+    newest = (
+        changes.where(F.col(cols.TOPIC).isin(*lookup_topics))
+        .groupBy(cols.TOPIC)
+        .agg(F.max(F.struct(*[F.col(c) for c in _POSITION])).alias("position"))
+        .collect()
+    )
+    positions = {row[cols.TOPIC]: row["position"] for row in newest}
+    after_frames = dict(before.frames)
+    for view, topic in spec.lookup_topics.items():
+        if topic in positions:
+            changed = changes.where(F.col(cols.TOPIC) == topic)
+            kept = before.frames[view].join(changed.select(SRC_KEY), on=SRC_KEY, how="left_anti")
+            current = changed.where(F.col(cols.OP) != Op.DELETE.value).select(SRC_KEY, IMAGE)
+            after_frames[view] = kept.unionByName(current).localCheckpoint()
+    trigger: Column | None = None
+    for newest_position in positions.values():
+        position = F.struct(
+            F.lit(newest_position[cols.SEQ]).alias(cols.SEQ),
+            F.lit(newest_position[cols.COMMIT_LSN]).cast("long").alias(cols.COMMIT_LSN),
+            F.lit(newest_position[cols.TXN_INDEX]).cast("long").alias(cols.TXN_INDEX),
         )
-        if trigger is not None:  # a lookup change re-emits with its (newer) sequence
-            own = F.struct(F.col(cols.SEQ), F.col(cols.COMMIT_LSN), F.col(cols.TXN_INDEX))
-            position = F.greatest(own, trigger)
-            affected = affected.withColumns(
-                {name: position[name] for name in (cols.SEQ, cols.COMMIT_LSN, cols.TXN_INDEX)}
-            )
+        trigger = position if trigger is None else F.greatest(trigger, position)
+    after = LookupTables(batch_id, after_frames)
+    views_after = {view: _project(frame, plan.lookup_structs[view]) for view, frame in after.frames.items()}
+    no_row = F.lit(None).cast(plan.output)
 
-        output = apply_sql(spark, affected.select(f"{IMAGE}.*"), spec.config.sql, views)
-        key = spec.key
-        left = affected.select(
-            SRC_KEY, cols.OP, *META, *[F.col(IMAGE)[name].alias(f"__hw_k{i}") for i, name in enumerate(key)]
-        )
-        right = output.select(
-            F.struct(*[F.col(f"`{c}`") for c in output.columns]).alias(AFTER),
-            *[F.col(f"`{name}`").alias(f"__hw_o{i}") for i, name in enumerate(key)],
-        )
-        key_json = F.to_json(F.struct(*[F.col(f"__hw_k{i}").alias(name) for i, name in enumerate(key)]), JSON_OPTIONS)
-        new = (
-            left.join(right, on=_key_match(key), how="inner")
-            .withColumn(KEY_JSON, key_json)
-            .withColumn(_AFTER_JSON, F.to_json(F.col(AFTER), JSON_OPTIONS))
-        )
-        output_prev = _load(spark, previous, "output", _output_schema())
-        upserts = new.join(output_prev.select(KEY_JSON, _AFTER_JSON), on=[KEY_JSON, _AFTER_JSON], how="left_anti")
+    # Changed source keys: their SQL rows with the lookups after this batch.
+    source_changes = changes.where(F.col(cols.TOPIC) == spec.source_topic).withColumn(KEY_JSON, _source_key_json(plan))
+    live = source_changes.where(F.col(cols.OP) != Op.DELETE.value)
+    output = _output_rows(apply_sql(spark, _project(live, plan.source_struct), spec.config.sql, views_after), plan)
+    upserts = live.join(output.select(KEY_JSON, AFTER), on=KEY_JSON, how="inner")
+    never_in_feed = (F.col(CHANGES) == 1) & F.col(cols.OP).isin(Op.CREATE.value, Op.READ.value)
+    deletes = source_changes.join(output.select(KEY_JSON), on=KEY_JSON, how="left_anti").where(~never_in_feed)
+    events = _events(upserts, F.col(cols.OP), F.col(AFTER)).unionByName(
+        _events(deletes, F.lit(Op.DELETE.value), no_row)
+    )
 
-        deleted = source_changes.where(F.col(cols.OP) == Op.DELETE.value).select(SRC_KEY, *META)
-        deciders = deleted.unionByName(affected.select(SRC_KEY, *META))
-        deletes = (
-            output_prev.select(SRC_KEY, KEY_JSON)
-            .join(deciders, on=SRC_KEY, how="inner")
-            .join(new.select(KEY_JSON), on=KEY_JSON, how="left_anti")
+    if trigger is not None:  # every other source key, before vs after the lookup changes
+        rest = (
+            prior()
+            .where(F.col(cols.TOPIC) == spec.source_topic)
+            .join(source_changes.select(SRC_KEY), on=SRC_KEY, how="left_anti")
+            .withColumn(KEY_JSON, _source_key_json(plan))
         )
-        after_type = right.schema[AFTER].dataType
-        changes_out = upserts.select(KEY_JSON, cols.OP, AFTER, *META).unionByName(
-            deletes.select(
-                KEY_JSON, F.lit(Op.DELETE.value).alias(cols.OP), F.lit(None).cast(after_type).alias(AFTER), *META
-            )
-        )
-        touched = deciders.select(SRC_KEY)
-        output_next = output_prev.join(touched, on=SRC_KEY, how="left_anti").unionByName(
-            new.select(SRC_KEY, KEY_JSON, _AFTER_JSON)
-        )
-        changes_out = _save(changes_out, target / "changes")
-        _save(output_next, target / "output")
-        (target / _DONE).touch()
-        write(plan, log, changes_out, marker)
-    finally:
-        latest.unpersist()
-    for old in root.iterdir():
-        if old.name.isdigit() and int(old.name) < marker.batch_id - 1:
-            shutil.rmtree(old, ignore_errors=True)
+        images = _project(rest, plan.source_struct)
+        views_before = {view: _project(frame, plan.lookup_structs[view]) for view, frame in before.frames.items()}
+        old = _output_rows(apply_sql(spark, images, spec.config.sql, views_before), plan)
+        new = _output_rows(apply_sql(spark, images, spec.config.sql, views_after), plan)
+        changed = new.join(old.select(KEY_JSON, _AFTER_JSON), on=[KEY_JSON, _AFTER_JSON], how="left_anti")
+        gone = old.select(KEY_JSON).join(new.select(KEY_JSON), on=KEY_JSON, how="left_anti")
+        sources = rest.select(KEY_JSON, *META)
+        events = events.unionByName(
+            _events(changed.join(sources, on=KEY_JSON), F.lit(Op.UPDATE.value), F.col(AFTER))
+        ).unionByName(_events(gone.join(sources, on=KEY_JSON), F.lit(Op.DELETE.value), no_row))
+        # A lookup change re-emits with its (newer) sequence.
+        position = F.greatest(F.struct(*[F.col(c) for c in _POSITION]), trigger)
+        events = events.withColumns({name: position[name] for name in _POSITION})
+
+    write(plan, log, events, marker)
+    key = _cache_key(spark, plan)
+    for stale in [other for other in _last_tables if other[0] == key[0]]:  # an earlier query of this feed
+        del _last_tables[stale]
+    _last_tables[key] = after

@@ -238,10 +238,15 @@ def start_feed(
     query_name = f"feed_{spec.name}"
     if not available_now:
         track_progress(spark, log, query_name, spec.group)
-    writer = reader.load().writeStream.queryName(query_name).foreachBatch(apply)
+    stream = reader.load()
+    if spec.lookup_topics:  # enrichment: the latest change per (topic, key) in Spark's state store
+        from derived_feeds.enrichment_state import latest_per_key, start_stateful
+
+        stream = latest_per_key(stream)
+    writer = stream.writeStream.queryName(query_name).foreachBatch(apply)
     writer = writer.option("checkpointLocation", str(spec.checkpoint / "spark"))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_interval)
-    return writer.start(), plan
+    return (start_stateful(spark, writer) if spec.lookup_topics else writer.start()), plan
 
 
 def run_feeds(
