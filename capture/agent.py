@@ -932,6 +932,7 @@ class _SnapshotPipeline:
                 Seq(start.commit_lsn, index),
                 partitions=partitions,
                 ts_us=ts_us,
+                compression=getattr(self._agent.log, "compression", "none"),
             )
             self._appending.append(self._writer.submit(self._append, topic, job, piece[2]))
             index += piece[2]

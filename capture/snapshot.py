@@ -41,7 +41,7 @@ from psycopg import pq, sql
 
 from capture.pgoutput import NonUtf8Text, TupleData
 from capture.stream import libpq_speedups, pgconn_pointer
-from log.batch_codec import EncodedBatch
+from log.batch_codec import Compression, EncodedBatch
 from log.sequence import Sequence as Seq
 
 if TYPE_CHECKING:
@@ -446,12 +446,15 @@ def encode_piece(
     *,
     partitions: int,
     ts_us: int,
+    compression: Compression = "none",
 ) -> EncodedPiece:
     """The snapshot events of ``data[start:end]`` as file-log batches (thread-safe; see the module docstring).
 
     Byte-identical to what :meth:`EventBuilder.snapshot_records` builds and the file log encodes
     (``tests/unit/capture/test_native.py``); a row the native pass hands back takes that Python
-    path alone, and the native pass goes on after it.
+    path alone, and the native pass goes on after it. With ``compression`` the batches' records
+    are compressed here, in the encoder thread (the codec releases the GIL), so compression
+    overlaps the COPY reads and the appends.
     """
     start, end, _rows = piece
     lsn, index = sequence_start.commit_lsn, sequence_start.txn_index
@@ -466,7 +469,7 @@ def encode_piece(
     while at < end:
         at, index, batches = encoder.copy_batches(data, at, end, head, pre, tail, index, partitions, now_ms)
         encoded = [
-            PartitionBatch(partition, EncodedBatch(found[0], found[1], now_ms), lsn, found[2])
+            PartitionBatch(partition, EncodedBatch(found[0], found[1], now_ms).compressed(compression), lsn, found[2])
             for partition, found in enumerate(batches)
             if found is not None
         ]

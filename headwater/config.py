@@ -49,6 +49,8 @@ class FileLogConfig(_Model):
 
     fsync: Literal["always", "never"] = "always"
     segment_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
+    #: Records sections of appended batches stored zstd-compressed (when smaller) or plain.
+    compression: Literal["none", "zstd"] = "zstd"
 
 
 class LogConfig(_Model):

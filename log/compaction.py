@@ -33,7 +33,7 @@ from pathlib import Path
 import orjson
 
 from log.base import TopicSpec
-from log.batch_codec import HEADER_SIZE, RECORD, seal_batch
+from log.batch_codec import ATTR_CODEC, RECORD, Compression, records_section, seal_batch
 from log.partition import Partition, fsync_directory
 from log.segment import CLEANED_SUFFIX
 from log.segment_index import SegmentIndex, index_path, time_index_path, write_index_files
@@ -153,12 +153,12 @@ def _compact(partition: Partition, spec: TopicSpec, now_ms: int) -> PartitionCle
             seg.records += header.record_count
             seg.max_ts = max(seg.max_ts, header.max_timestamp)
             first = header.base_offset
-            p = off + HEADER_SIZE
+            records, p = records_section(buf, off, header)
             for _ in range(header.record_count):
-                delta, _ts, klen, vlen, hlen = unpack(buf, p)
+                delta, _ts, klen, vlen, hlen = unpack(records, p)
                 p += record_size
                 if klen >= 0:
-                    latest[buf[p : p + klen]] = first + delta
+                    latest[bytes(records[p : p + klen])] = first + delta
                     p += klen
                 p += (vlen if vlen > 0 else 0) + hlen
     result = PartitionCleaning(records_before=sum(s.records for s in stats), bytes_before=sum(s.size for s in stats))
@@ -173,8 +173,8 @@ def _compact(partition: Partition, spec: TopicSpec, now_ms: int) -> PartitionCle
     # Tombstones first seen at or before this time have outlived their delete retention.
     expired_before = now_ms - spec.delete_retention_ms
     for seg in cleanable:
-        records, size = _rewrite_segment(partition, seg, latest, checkpoint, expired_before)
-        seg.records, seg.size = records, size
+        kept, size = _rewrite_segment(partition, seg, latest, checkpoint, expired_before)
+        seg.records, seg.size = kept, size
     checkpoint.save(partition.directory)
     result.records_after = sum(s.records for s in stats)
     result.bytes_after = sum(s.size for s in stats)
@@ -199,23 +199,23 @@ def _rewrite_segment(
     changed = False
     for header, buf, off in partition.scan_segment(seg.base, seg.path, active=False):
         first = header.base_offset
-        p = off + HEADER_SIZE
-        kept: list[bytes] = []
+        records, p = records_section(buf, off, header)
+        kept: list[bytes | memoryview] = []
         max_ts = _NO_TIMESTAMP
         for _ in range(header.record_count):
             start = p
-            delta, ts, klen, vlen, hlen = unpack(buf, p)
+            delta, ts, klen, vlen, hlen = unpack(records, p)
             p += record_size
             offset = first + delta
             keep = True
             if klen >= 0:
-                keep = latest.get(buf[p : p + klen]) == offset
+                keep = latest.get(bytes(records[p : p + klen])) == offset
                 if keep and vlen < 0:
                     seen = checkpoint.first_seen_ms(offset)
                     keep = seen is None or seen > expired_before
             p += (klen if klen > 0 else 0) + (vlen if vlen > 0 else 0) + hlen
             if keep:
-                kept.append(buf[start:p])
+                kept.append(records[start:p])
                 max_ts = max(max_ts, ts)
         batch: bytes | bytearray
         if len(kept) == header.record_count:
@@ -225,7 +225,9 @@ def _rewrite_segment(
             changed = True
             if not kept:
                 continue
-            batch = seal_batch(first, header.last_offset_delta, len(kept), max_ts, kept)
+            # A rewritten batch keeps its codec: compressed batches stay compressed.
+            compression: Compression = "zstd" if header.attributes & ATTR_CODEC else "none"
+            batch = seal_batch(first, header.last_offset_delta, len(kept), max_ts, kept, compression=compression)
         running = max(running, max_ts)
         if index.wants(position):
             index.add(first, position, running)

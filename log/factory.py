@@ -26,4 +26,5 @@ def open_log(config: ProjectConfig) -> Log:
         config.home_dir / "log",
         fsync=config.log.file.fsync,
         segment_bytes=config.log.file.segment_bytes,
+        compression=config.log.file.compression,
     )

@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Literal
 
 from log.base import AppendResult, CompactionResult, Record, StoredRecord, TopicPartition, TopicSpec
+from log.batch_codec import Compression
 from log.compaction import CleanerCheckpoint, clean_partition
 from log.consumer_groups import ConsumerOffsets
 from log.errors import UnknownPartitionError, UnknownTopicError
@@ -74,6 +75,7 @@ class FileLog:
         *,
         fsync: Literal["always", "never"] = "always",
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        compression: Compression = "zstd",
     ) -> None:
         if segment_bytes <= 0:
             msg = f"segment_bytes must be positive, not {segment_bytes}"
@@ -82,6 +84,8 @@ class FileLog:
         self.root.mkdir(parents=True, exist_ok=True)
         self._fsync = fsync == "always"
         self._segment_bytes = segment_bytes
+        #: How appended batches store their records (``log.file.compression``).
+        self.compression: Compression = compression
         self._lock = threading.RLock()
         self._topics: dict[str, _OpenTopic] = {}
         self._offsets = ConsumerOffsets(self)
@@ -135,6 +139,7 @@ class FileLog:
                     fsync=self._fsync,
                     segment_bytes=self._segment_bytes,
                     shared_writer=topic.startswith(_INTERNAL_PREFIX),
+                    compression=self.compression,
                 )
                 found.recover_if_unlocked()
                 opened.partitions[partition] = found

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from log.base import AppendResult, Record, StoredRecord
-from log.batch_codec import HEADER_SIZE, BatchHeader, decode_records, encode_batch, parse_header
+from log.batch_codec import HEADER_SIZE, BatchHeader, Compression, decode_records, encode_batch, parse_header
 from log.errors import LogUnavailableError
 from log.segment import ScanStop, Segment, list_segments, scan, segment_name
 from log.segment_index import (
@@ -107,8 +107,10 @@ class Partition:
         fsync: bool,
         segment_bytes: int,
         shared_writer: bool = False,
+        compression: Compression = "none",
     ) -> None:
         self.directory = directory
+        self._compression: Compression = compression
         self.topic = topic
         self.partition = partition
         self._fsync = fsync
@@ -417,7 +419,7 @@ class Partition:
         base = writer.next_offset
         if not records:
             return AppendResult(self.topic, self.partition, base, base - 1)
-        data, max_ts = encode_batch(base, records, int(time.time() * 1000))
+        data, max_ts = encode_batch(base, records, int(time.time() * 1000), self._compression)
         if writer.position > 0 and writer.position + len(data) > self._segment_bytes:
             writer = self._roll(writer)
         position = writer.position

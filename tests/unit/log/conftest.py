@@ -4,9 +4,18 @@ from log.base import TopicSpec
 from log.file_log import FileLog
 
 
+#: Segment size per compression: about the same number of batches per segment either way.
+SEGMENT_BYTES = {"none": 4096, "zstd": 1024}
+
+
+@pytest.fixture(params=["none", "zstd"])
+def compression(request):
+    return request.param
+
+
 @pytest.fixture
-def file_log(tmp_path):
-    log = FileLog(tmp_path / "log", fsync="always", segment_bytes=4096)
+def file_log(tmp_path, compression):
+    log = FileLog(tmp_path / "log", fsync="always", segment_bytes=SEGMENT_BYTES[compression], compression=compression)
     yield log
     log.close()
 
