@@ -19,7 +19,8 @@ from harness.broker import TansuBroker, free_port
 
 from headwater.config import KafkaConfig
 
-BACKENDS = ["file", "kafka-python", "confluent-kafka"]
+#: ``file`` stores batches zstd-compressed (the default), ``file-plain`` uncompressed.
+BACKENDS = ["file", "file-plain", "kafka-python", "confluent-kafka"]
 _RUN = uuid.uuid4().hex[:6]
 _COUNTER = itertools.count()
 
@@ -53,12 +54,10 @@ def log_kafka_bootstrap(request: pytest.FixtureRequest) -> str:
 
 
 def _open(backend: str, request: pytest.FixtureRequest, root: Path) -> Any:
-    if backend == "file":
-        try:
-            from log.file_log import FileLog
-        except ImportError:
-            pytest.skip("log.file_log (the file backend) is not written yet")
-        return FileLog(root)
+    if backend in {"file", "file-plain"}:
+        from log.file_log import FileLog
+
+        return FileLog(root, compression="none" if backend == "file-plain" else "zstd")
     from log.kafka_log import KafkaLog
 
     bootstrap = request.getfixturevalue("log_kafka_bootstrap")
@@ -67,7 +66,7 @@ def _open(backend: str, request: pytest.FixtureRequest, root: Path) -> Any:
 
 @pytest.fixture(params=BACKENDS)
 def log_backend(request: pytest.FixtureRequest) -> str:
-    """The backend of this parametrization: ``file``, ``kafka-python`` or ``confluent-kafka``."""
+    """The backend of this parametrization: ``file``, ``file-plain``, ``kafka-python`` or ``confluent-kafka``."""
     return str(request.param)
 
 

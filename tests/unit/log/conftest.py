@@ -3,7 +3,6 @@ import pytest
 from log.base import TopicSpec
 from log.file_log import FileLog
 
-
 #: Segment size per compression: about the same number of batches per segment either way.
 SEGMENT_BYTES = {"none": 4096, "zstd": 1024}
 

@@ -159,3 +159,51 @@ def test_missing_or_stale_indexes_are_rebuilt(tmp_path):
         segments[1][0] + 8,
     ]
     log.close()
+
+
+def compressible(i, n=50):
+    return [Record(b"k%d" % j, b'{"after": {"id": %d, "batch": %d, "pad": "........"}}' % (j, i)) for j in range(n)]
+
+
+def write_compressed(root, count):
+    from log.base import TopicSpec
+
+    log = FileLog(root, compression="zstd")
+    log.create_topic(TopicSpec("t", partitions=1))
+    for i in range(count):
+        log.append("t", 0, compressible(i))
+    log.close()
+    [(_, path)] = list_segments(root / "t" / "0")
+    data = path.read_bytes()
+    assert all(parse_header(data, pos).attributes & 0x07 == 4 for pos in batch_positions(path))
+    return path
+
+
+@pytest.mark.parametrize("cut_into", [1, 40, 45, -1])
+def test_torn_compressed_tail_is_truncated_on_open(tmp_path, caplog, cut_into):
+    root = tmp_path / "log"
+    path = write_compressed(root, 4)
+    last = batch_positions(path)[-1]
+    os.truncate(path, last + cut_into if cut_into > 0 else path.stat().st_size - 1)
+    with caplog.at_level(logging.WARNING, logger="log.partition"):
+        log = FileLog(root, compression="zstd")
+        assert log.end_offset("t", 0) == 150
+    assert path.stat().st_size == last
+    assert any(f"byte {last}" in m for m in caplog.messages)
+    assert log.append("t", 0, compressible(9)).base_offset == 150
+    log.close()
+    assert offsets(root) == list(range(200))
+
+
+def test_corrupted_compressed_batch_is_a_crc_error_not_a_codec_crash(tmp_path):
+    root = tmp_path / "log"
+    path = write_compressed(root, 5)
+    victim = batch_positions(path)[2]
+    data = bytearray(path.read_bytes())
+    data[victim + 60] ^= 0x5A  # inside the zstd frame
+    path.write_bytes(bytes(data))
+    log = FileLog(root, compression="zstd")
+    with pytest.raises(CorruptLogError) as info:
+        log.read("t", 0, 0, max_records=1000)
+    assert (info.value.path, info.value.position) == (str(path), victim)
+    log.close()
