@@ -16,6 +16,7 @@ Starts its own PostgreSQL (embedded, ``wal_level=logical``) and measures, in one
 The last line printed is ``capture streaming: <changes/s> (pg_recvlogical: <changes/s>, ratio <r>)``.
 
     .venv/bin/python bench/capture_bench.py [--changes N] [--latency-seconds S] [--profile FILE]
+        [--compression none|zstd] [--skip snapshot,latency,streaming]
 """
 
 from __future__ import annotations
@@ -43,12 +44,15 @@ import psycopg
 from capture.agent import CaptureAgent, typemap_decoders
 from headwater.config import LogConfig, SourceConfig
 from headwater.embedded_postgres import find_postgres_bin
+from log.batch_codec import Compression
 from log.file_log import FileLog
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "bench"
 _INSERT_RANGE = "INSERT INTO t SELECT g, g %% 1000, 'label ' || g, now() FROM generate_series(%s::bigint, %s::bigint) g"
 PUBLICATION = "headwater_bench"
+#: The file log's batch compression in every part (``--compression``).
+COMPRESSION: Compression = "zstd"
 
 
 def client_bin_dir() -> Path:
@@ -140,7 +144,7 @@ def bench_snapshot(dsn: str, rows: int, work: Path, bin_dir: Path) -> tuple[floa
         subprocess.run([str(bin_dir / "psql"), dsn, "-c", "COPY t TO STDOUT"], stdout=sink, check=True)
         copy_s = time.perf_counter() - started
     home = work / "snapshot"
-    log = FileLog(home / "log")
+    log = FileLog(home / "log", compression=COMPRESSION)
     try:
         agent_s = timed(
             "agent snapshot",
@@ -149,6 +153,8 @@ def bench_snapshot(dsn: str, rows: int, work: Path, bin_dir: Path) -> tuple[floa
         )
     finally:
         log.close()
+    stored = sum(path.stat().st_size for path in (home / "log").rglob("*.log"))
+    print(f"  snapshot log: {stored / 1e6:.0f} MB of segments ({COMPRESSION})", file=sys.stderr)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_drop_replication_slot('snap')")
     shutil.rmtree(home, ignore_errors=True)
@@ -216,7 +222,7 @@ def bench_streaming(
         file=sys.stderr,
     )
     home = work / "stream"
-    log = FileLog(home / "log")
+    log = FileLog(home / "log", compression=COMPRESSION)
     try:
         capture = agent(dsn, home, log, slot="agent_slot", snapshot="never")
         agent_s = timed("agent streaming", lambda: capture.run(until_caught_up=True), profile, count=changes)
@@ -243,11 +249,11 @@ def bench_latency(dsn: str, rate: int, seconds: float, work: Path) -> tuple[floa
     home = work / "latency"
     (home / "log").mkdir(parents=True)
     worker = subprocess.Popen(
-        [sys.executable, "-c", _FOLLOWER, dsn, str(home)],
+        [sys.executable, "-c", _FOLLOWER, dsn, str(home), COMPRESSION],
         env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
     )
     topic = f"{SOURCE}.public.lat"
-    log = FileLog(home / "log")
+    log = FileLog(home / "log", compression=COMPRESSION)
     latencies: list[float] = []
     stop = threading.Event()
     batch = max(rate // 100, 1)
@@ -303,10 +309,10 @@ from pathlib import Path
 from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
 from headwater.config import LogConfig, SourceConfig
 from log.file_log import FileLog
-dsn, home = sys.argv[1], Path(sys.argv[2])
+dsn, home, compression = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 source = SourceConfig(dsn=dsn, tables=("public.lat",), snapshot="never", slot="lat_slot",
                       publication="headwater_bench", heartbeat_interval_s=1)
-log = FileLog(home / "log")
+log = FileLog(home / "log", compression=compression)
 agent = CaptureAgent("bench", source, log, LogConfig(partitions=3), typemap_decoders(source.types),
                      state_dir=home / "state")
 agent.install_signal_handlers()
@@ -325,7 +331,11 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=15.0)
     parser.add_argument("--profile", help="write a cProfile of the agent's streaming run here")
     parser.add_argument("--skip", default="", help="comma list of parts to skip: snapshot,latency,streaming")
+    parser.add_argument("--compression", choices=["none", "zstd"], default="zstd", help="the file log's batches")
     args = parser.parse_args()
+    global COMPRESSION  # noqa: PLW0603
+    COMPRESSION = args.compression
+    print(f"file log compression: {COMPRESSION}", file=sys.stderr)
     skip = set(filter(None, args.skip.split(",")))
     bin_dir = client_bin_dir()
     server, stop_server = start_server()

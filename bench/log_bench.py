@@ -8,7 +8,7 @@ Reads go through ``Log.read`` from offset 0 to the end. Compaction: 1M records o
 Starts its own tansu; prints one line per measurement, the last one being
 ``log append: <file rec/s> (confluent-kafka+tansu: <rec/s>, ratio <r>)``.
 
-    .venv/bin/python bench/log_bench.py [--records N] [--kafka-python-records N]
+    .venv/bin/python bench/log_bench.py [--records N] [--kafka-python-records N] [--compression none|zstd]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from headwater.config import KafkaConfig
 from log.base import Log, Record, TopicSpec
+from log.batch_codec import Compression
 from log.file_log import FileLog
 from log.kafka_log import KafkaLog
 
@@ -99,10 +100,10 @@ def bench_append_read(label: str, log: Log, topic: str, records: list[Record]) -
     return append_rate
 
 
-def bench_compaction(root: Path, n: int, keys: int) -> None:
+def bench_compaction(root: Path, n: int, keys: int, compression: Compression) -> None:
     topic = "compaction"
     records = make_records(n, keys)
-    with FileLog(root, fsync="never", segment_bytes=32 * 1024 * 1024) as log:
+    with FileLog(root, fsync="never", segment_bytes=32 * 1024 * 1024, compression=compression) as log:
         log.create_topic(TopicSpec(topic, partitions=1, compacted=True, min_compaction_lag_ms=0, delete_retention_ms=0))
         for i in range(0, n, 10_000):
             log.append(topic, 0, records[i : i + 10_000])
@@ -111,7 +112,7 @@ def bench_compaction(root: Path, n: int, keys: int) -> None:
         result = log.compact(topic)
         elapsed = time.perf_counter() - started
     print(
-        f"file compaction: {n} records over {keys} keys in {elapsed:.2f} s "
+        f"file compaction ({compression}): {n} records over {keys} keys in {elapsed:.2f} s "
         f"({result.records_before} -> {result.records_after} records, "
         f"{result.bytes_before / 1e6:.0f} -> {result.bytes_after / 1e6:.1f} MB; target < 10 s)"
     )
@@ -123,13 +124,15 @@ def main() -> None:
     parser.add_argument("--kafka-python-records", type=int, default=100_000, help="records for kafka-python")
     parser.add_argument("--compaction-records", type=int, default=1_000_000)
     parser.add_argument("--compaction-keys", type=int, default=10_000)
+    parser.add_argument("--compression", choices=["none", "zstd"], default="zstd", help="the file log's batches")
     args = parser.parse_args()
 
     records = make_records(args.records, keys=10_000)
     rates: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="hw-log-bench-") as tmp:
-        with FileLog(Path(tmp) / "append", fsync="always") as file_log:
-            rates["file"] = bench_append_read("file (fsync per batch)", file_log, "bench", records)
+        with FileLog(Path(tmp) / "append", fsync="always", compression=args.compression) as file_log:
+            label = f"file (fsync per batch, {args.compression})"
+            rates["file"] = bench_append_read(label, file_log, "bench", records)
 
         tansu, bootstrap = start_tansu()
         try:
@@ -141,7 +144,7 @@ def main() -> None:
             tansu.terminate()
             tansu.wait(timeout=10)
 
-        bench_compaction(Path(tmp) / "compaction", args.compaction_records, args.compaction_keys)
+        bench_compaction(Path(tmp) / "compaction", args.compaction_records, args.compaction_keys, args.compression)
 
     ratio = rates["file"] / rates["confluent-kafka"]
     print(
