@@ -55,9 +55,13 @@ SEED = int(os.environ.get("HEADWATER_FAULT_SEED", "20261121"))
 CAPTURE = Schedule(kills=16, gap_s=(0.3, 5.0))
 FEEDS = Schedule(kills=2, gap_s=(0.2, 8.0), ready_marker="Ctrl-C to stop")
 LOAD = Schedule(kills=2, gap_s=(0.2, 8.0), ready_marker="Ctrl-C to stop")
-#: With broker kills (each stops every stage's log access for a while) capture takes fewer.
-CAPTURE_WITH_BROKER = Schedule(kills=12, gap_s=(0.3, 5.0))
-BROKER = Schedule(kills=4, gap_s=(3.0, 15.0))
+#: With broker kills (each stops every stage's log access for a while) capture takes fewer:
+#: the file-backend test above already gives capture 16 kills; here 6 capture kills (each
+#: restart re-reads the partitions' tails and TOAST look-ups from the S3-backed broker, the
+#: slow part) interleave with 3 broker kills, enough for a capture restart during and after a
+#: broker outage and for a broker kill while a restarted capture resumes. (Was 12 + 4: ~260 s.)
+CAPTURE_WITH_BROKER = Schedule(kills=6, gap_s=(0.3, 5.0))
+BROKER = Schedule(kills=3, gap_s=(3.0, 15.0))
 #: tansu on s3:// (moto) stores every produce as objects over HTTP: a gentler workload, or
 #: the capture restarts' TOAST look-ups (backward scans of a partition) take minutes.
 BROKER_WORKLOAD_PAUSE_S = 0.3
@@ -371,6 +375,7 @@ def test_sigkills_on_the_kafka_backend_with_an_in_memory_broker(kafka_broker, pg
 
 @pytest.mark.skipif(persistent_broker_unavailable() is not None, reason=persistent_broker_unavailable() or "")
 def test_broker_sigkills_on_persistent_storage(pg_database, unique_name, tmp_path):
+    """The Kafka backend on S3-backed tansu: capture, feed, load and broker killed (13 kills, 3 of the broker)."""
     s3 = MotoS3().start()
     broker = TansuBroker(storage_engine=s3.storage_engine, env=s3.tansu_env()).start()
     try:
@@ -472,6 +477,15 @@ def fault_scenario(
     final_start = time.monotonic()
     final, final_flakes = run_cli(config_path, logs / "final_run.log", "run", "--until-caught-up", timeout=600)
     flakes += final_flakes
+    retried = ""
+    if extra and final.returncode == 1 and "can be retried" in final.stderr:
+        # tansu on s3:// (moto) can hold back records for tens of seconds after its restarts when the
+        # machine is loaded ("the broker returned no records at offset N (end M) within 30s"): a
+        # transient error that `run --follow` would retry. Once, and said in the summary; a record
+        # the broker really lost fails the retry too, and every check below still runs.
+        retried = final.stderr.strip().splitlines()[-1][:200]
+        final, final_flakes = run_cli(config_path, logs / "final_run.log", "run", "--until-caught-up", timeout=600)
+        flakes += final_flakes
     timings["final_run_s"] = time.monotonic() - final_start
     assert final.returncode == 0, f"{tag}: final run failed: {final.stderr[-3000:]}"
 
@@ -559,5 +573,5 @@ def fault_scenario(
         f"snapshot_rows={snapshot_rows} duplicates={duplicates} missing={sum(missing.values())} "
         f"warehouse_mismatches={len(mismatches)} quarantined={len(quarantine)} failing_now={len(failing)} "
         f"own_exits={ {k: len(v) for k, v in own_exits.items()} } spark_worker_flakes={flakes} "
-        + " ".join(f"{k}={v:.1f}" for k, v in timings.items())
+        f"final_run_retried_after={retried!r} " + " ".join(f"{k}={v:.1f}" for k, v in timings.items())
     )
