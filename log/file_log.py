@@ -14,6 +14,8 @@ the first append and kept until :meth:`FileLog.close`; internal topics (``_headw
 written by every process, e.g. consumer offsets) take it around each append instead.
 A torn tail left by a crashed writer is truncated (with a warning) when a partition is
 first opened while no writer holds it, and always before a new writer appends.
+Appended batches store their records zstd-compressed when ``compression="zstd"`` (the
+default, ``log.file.compression``) and that is smaller; readers take either kind.
 """
 
 from __future__ import annotations
