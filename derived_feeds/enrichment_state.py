@@ -30,13 +30,17 @@ from typing import TYPE_CHECKING
 from pyspark.sql import functions as F
 
 from derived_feeds import event_schema as cols
+from derived_feeds.errors import DerivedFeedsError
 from derived_feeds.transform import IMAGE, META, ROW_OPS, SRC_KEY
+from headwater.errors import PermanentError
 from log.envelope import Op
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    from derived_feeds.feed_spec import FeedSpec
 
 #: Spark settings of the enrichment query (recorded in its checkpoint at the first batch).
 STATE_STORE_CONF = {
@@ -48,6 +52,20 @@ STATE_STORE_CONF = {
 #: How many changes the key has had since the feed started (1 with op ``c``/``r``: never in the feed before).
 CHANGES = "__hw_changes"
 _LATEST = "__hw_latest"
+
+
+class EnrichmentStateError(DerivedFeedsError, PermanentError):
+    """An enriched feed's checkpoint holds state this version cannot resume from."""
+
+
+def check_checkpoint(spec: FeedSpec) -> None:
+    """Refuse a checkpoint whose enrichment state is the earlier Parquet versions (it has no state store)."""
+    if spec.state_dir.exists():
+        msg = (
+            f"feed {spec.name}: its checkpoint keeps enrichment state as Parquet (an earlier Headwater), "
+            f"which the state store cannot resume from; run 'headwater reprocess {spec.name}' to rebuild it"
+        )
+        raise EnrichmentStateError(msg)
 
 
 def latest_per_key(events: DataFrame) -> DataFrame:

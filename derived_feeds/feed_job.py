@@ -240,8 +240,9 @@ def start_feed(
         track_progress(spark, log, query_name, spec.group)
     stream = reader.load()
     if spec.lookup_topics:  # enrichment: the latest change per (topic, key) in Spark's state store
-        from derived_feeds.enrichment_state import latest_per_key, start_stateful
+        from derived_feeds.enrichment_state import check_checkpoint, latest_per_key, start_stateful
 
+        check_checkpoint(spec)
         stream = latest_per_key(stream)
     writer = stream.writeStream.queryName(query_name).foreachBatch(apply)
     writer = writer.option("checkpointLocation", str(spec.checkpoint / "spark"))
