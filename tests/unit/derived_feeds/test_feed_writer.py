@@ -61,9 +61,7 @@ def test_unknown_expectation_or_column_is_a_config_error():
     unknown = ExpectationConfig.model_validate(
         {"expect": "expect_column_values_to_be_fancy", "column": "id", "action": "warn"}
     )
-    with pytest.raises(
-        FeedConfigError, match=r": feeds\.f\.expectations\[0\]: expect_column_values_to_be_fancy"
-    ):
+    with pytest.raises(FeedConfigError, match=r": feeds\.f\.expectations\[0\]: expect_column_values_to_be_fancy"):
         compile_checks("f", [unknown], output)
     missing = ExpectationConfig.model_validate(
         {"expect": "expect_column_values_to_not_be_null", "column": "nope", "action": "drop"}
