@@ -237,6 +237,8 @@ _zstd: pa.Codec | None = None
 def _zstd_codec() -> pa.Codec:
     # pyarrow is imported on first use only: a process that never compresses never loads it.
     global _zstd  # noqa: PLW0603
+    if _zstd is not None:  # pyarrow's zstd codec is stateless (one-shot ZSTD_compress): shared by threads
+        return _zstd
     with _codec_lock:
         if _zstd is None:
             import pyarrow as pa
