@@ -170,7 +170,7 @@ def project(pg_server: EmbeddedPostgres) -> Iterator[Project]:
     # A least-privilege role cannot create a publication for tables it does not own.
     shop.sql(f"CREATE PUBLICATION headwater_{source} FOR TABLE customers, items")
     shop.config.write_text(
-        yaml.safe_dump({"project": "catalogue", "log": {"partitions": 1, "file": {"segment_bytes": 2048}}})
+        yaml.safe_dump({"project": "catalogue", "log": {"partitions": 1, "file": {"segment_bytes": 256}}})
     )
     added = shop.headwater(
         "source", "add", source, "--dsn", shop.dsn(), "--tables", "public.customers,public.items", "--yes"
@@ -178,7 +178,7 @@ def project(pg_server: EmbeddedPostgres) -> Iterator[Project]:
     assert added.returncode == 0, added.stderr
     captured = shop.headwater("capture", "--until-caught-up")
     assert captured.returncode == 0, captured.stderr[-3000:]
-    for round_ in range(3):  # each capture run appends one batch, and a batch past 2 kB rolls the segment
+    for round_ in range(3):  # one batch per capture run; a batch past 256 B (compressed) rolls
         for i in range(4 * round_ + 1, 4 * round_ + 5):
             shop.sql("UPDATE customers SET n = n + 1 WHERE id = %s", (i,))
         streamed = shop.headwater("capture", "--until-caught-up")
