@@ -44,9 +44,9 @@ def raw_topic(config, topic: str) -> None:
         log.append(SCHEMAS_TOPIC, 0, [Record(topic.encode(), orjson.dumps(schema))])
 
 
-def append_inserts(config, topic: str, ids: range) -> None:
-    """Inserts committed now (so they fall on today's history partition)."""
-    now_us = time.time_ns() // 1000
+def append_inserts(config, topic: str, ids: range, days_ago: int = 0) -> None:
+    """Inserts committed ``days_ago`` days before now (so they fall on that day's history partition)."""
+    now_us = time.time_ns() // 1000 - days_ago * 86_400_000_000
     records = []
     for i in ids:
         source = SourceInfo("src", "db", "public", "t", i, 1000 + i, 10_000 + i, 0, now_us + i)
@@ -56,7 +56,7 @@ def append_inserts(config, topic: str, ids: range) -> None:
         append_keyed(log, topic, records)
 
 
-def test_daemon_sensor_runs_feeds_and_loads_with_todays_history_partition(unique_name, tmp_path):
+def test_daemon_sensor_runs_feeds_and_loads_with_the_history_partitions_of_each_commit_day(unique_name, tmp_path):
     topic = unique_name("raw")
     path = tmp_path / "headwater.yaml"
     document = {
@@ -71,7 +71,9 @@ def test_daemon_sensor_runs_feeds_and_loads_with_todays_history_partition(unique
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     config = load_config(path)
     raw_topic(config, topic)
-    append_inserts(config, topic, range(25))
+    # Changes committed two days ago (capture was down) and today: the run must mark three days.
+    append_inserts(config, topic, range(10), days_ago=2)
+    append_inserts(config, topic, range(10, 25))
 
     home = prepare_dagster_home(config)
     env = ui_environment(config)
@@ -117,18 +119,22 @@ def test_daemon_sensor_runs_feeds_and_loads_with_todays_history_partition(unique
     output = (tmp_path / "daemon.log").read_text(errors="replace")[-3000:]
     assert run is not None, f"no sensor run finished within {RUN_TIMEOUT_S} s; daemon log: {output}"
     assert run.status == DagsterRunStatus.SUCCESS, output
-    today = dt.datetime.now(dt.UTC).date().isoformat()
-    assert run.tags["dagster/partition"] == today
+    today = dt.datetime.now(dt.UTC).date()
+    days = [(today - dt.timedelta(days=back)).isoformat() for back in (2, 1, 0)]
+    assert run.tags["dagster/asset_partition_range_start"] == days[0]
+    assert run.tags["dagster/asset_partition_range_end"] == days[-1]
     assert run.tags["headwater/load"] == "incremental"
-    materialized = {
-        e.dagster_event.event_specific_data.materialization.asset_key: e.dagster_event.partition
+    materialized = sorted(
+        (
+            e.dagster_event.event_specific_data.materialization.asset_key.to_user_string(),
+            e.dagster_event.partition or "",
+        )
         for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
-    }
-    assert materialized == {
-        AssetKey(["feeds", "labels"]): None,
-        AssetKey(["warehouse", "labels_now"]): None,
-        AssetKey(["warehouse", "raw_hist"]): today,  # history: today's partition, loaded incrementally
-    }
+    )
+    # History: one incremental load, materialised for each day its new changes were committed on.
+    assert materialized == sorted(
+        [("feeds/labels", ""), ("warehouse/labels_now", ""), *(("warehouse/raw_hist", day) for day in days)]
+    )
     now = DeltaTable(str(table_path(config, "labels_now"))).to_pyarrow_table().to_pylist()
     assert {r["id"]: r["label"] for r in now} == {i: f"N{i}" for i in range(25)}
     assert DeltaTable(str(table_path(config, "raw_hist"))).to_pyarrow_table().num_rows == 25
@@ -148,3 +154,4 @@ def test_daemon_sensor_runs_feeds_and_loads_with_todays_history_partition(unique
         AssetKey(["warehouse", "raw_hist"]),
     }
     assert again.run_key != run.tags["dagster/run_key"]
+    assert again.partition_key == days[-1]  # only today's changes are pending now
