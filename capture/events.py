@@ -129,7 +129,8 @@ _CHANGE_VALUE = b'{"before":%b,"after":%b%b%d%b%d%b%d%b%d,"data_collection_order
 _NULL = b"null"
 
 
-def _is_utf8(data: bytes) -> bool:
+def is_utf8(data: bytes) -> bool:
+    """Whether ``data`` is valid UTF-8 (COPY text of a SQL_ASCII database may not be)."""
     if data.isascii():
         return True
     try:
@@ -408,7 +409,7 @@ class EventBuilder:
         block = _SnapshotBlock(head, pre, tail, lsn, ts_us, marker)
         out: list[OutRecord] = []
         append = out.append
-        if isinstance(rows, CopyRows) and encoder is not None and _is_utf8(rows.data):
+        if isinstance(rows, CopyRows) and encoder is not None and is_utf8(rows.data):
             # COPY text straight to records in native code; a row it hands back (position ``at``)
             # takes the Python path below, alone, and the native loop goes on after it. Not UTF-8
             # (a SQL_ASCII database): the Python path sends the rows that are not to quarantine.

@@ -386,15 +386,11 @@ def encodable(data: bytes) -> bool:
 
     Not UTF-8 (a SQL_ASCII database) or empty lines (no row): :meth:`EventBuilder.snapshot_records`.
     """
+    from capture.events import is_utf8  # events imports this module
+
     if data.startswith(b"\n") or b"\n\n" in data:
         return False
-    if data.isascii():
-        return True
-    try:
-        data.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
+    return is_utf8(data)
 
 
 def copy_pieces(data: bytes, target: int | None = None) -> list[tuple[int, int, int]]:
