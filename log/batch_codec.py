@@ -193,10 +193,10 @@ class EncodedBatch(Sequence[Record]):
         """
         if compression == "none" or self.codec:
             return self
-        body = compress_records(memoryview(self.buffer)[HEADER_SIZE:])
-        if body is None:
+        buffer = _compressed(self.buffer)
+        if buffer is None:
             return self
-        return EncodedBatch(bytearray(_HEADER_PLACEHOLDER) + body, self.record_count, self.max_timestamp, CODEC_ZSTD)
+        return EncodedBatch(buffer, self.record_count, self.max_timestamp, CODEC_ZSTD)
 
     def seal(self, base_offset: int) -> bytearray:
         """The buffer as the batch starting at ``base_offset`` (header and CRC filled in place)."""
@@ -255,15 +255,20 @@ def compress_records(records: bytes | bytearray | memoryview) -> bytes | None:
     return _RAW_LENGTH.pack(len(records)) + frame
 
 
+def _compressed(batch: bytearray | memoryview) -> bytearray | None:
+    """A header placeholder and ``batch``'s plain records (after its header) compressed; None when no smaller."""
+    body = compress_records(memoryview(batch)[HEADER_SIZE:])
+    return None if body is None else bytearray(_HEADER_PLACEHOLDER) + body
+
+
 def compress_batch(batch: bytearray) -> bytearray:
     """The sealed plain ``batch`` with its records stored compressed (itself when that is no smaller)."""
     header = parse_header(memoryview(batch))
     if header is None or header.attributes & ATTR_CODEC:
         return batch
-    body = compress_records(memoryview(batch)[HEADER_SIZE : header.length])
-    if body is None:
+    out = _compressed(memoryview(batch)[: header.length])
+    if out is None:
         return batch
-    out = bytearray(_HEADER_PLACEHOLDER) + body
     return _seal_in_place(
         out, header.base_offset, header.last_offset_delta, header.record_count, header.max_timestamp, codec=CODEC_ZSTD
     )
@@ -325,13 +330,8 @@ def seal_batch(
 ) -> bytearray:
     """Join encoded records behind a header and its CRC-32C (one copy of the records), compressed if asked."""
     batch = bytearray().join((_HEADER_PLACEHOLDER, *records))
-    if compression != "none":
-        body = compress_records(memoryview(batch)[HEADER_SIZE:])
-        if body is not None:
-            compressed = bytearray(_HEADER_PLACEHOLDER) + body
-            return _seal_in_place(
-                compressed, base_offset, last_offset_delta, record_count, max_timestamp, codec=CODEC_ZSTD
-            )
+    if compression != "none" and (compressed := _compressed(batch)) is not None:
+        return _seal_in_place(compressed, base_offset, last_offset_delta, record_count, max_timestamp, codec=CODEC_ZSTD)
     return _seal_in_place(batch, base_offset, last_offset_delta, record_count, max_timestamp)
 
 
@@ -393,10 +393,7 @@ def decode_records(
     append = out.append
     used = 0
     room = max_records - len(out)
-    if header.attributes & ATTR_CODEC:
-        buf, p = records_section(buf, pos, header)  # type: ignore[assignment]
-    else:
-        p = pos + HEADER_SIZE
+    buf, p = records_section(buf, pos, header)  # type: ignore[assignment]  # plain: buf itself
     for _ in range(header.record_count):
         delta, ts, klen, vlen, hlen = unpack(buf, p)
         start = p
