@@ -70,6 +70,7 @@ from capture.stream import (
 from capture.transactions import Transaction, TransactionAssembler
 from headwater.config import LogConfig, SourceConfig, TypesConfig
 from log.base import SCHEMAS_TOPIC, Log, Record, TopicPartition, TopicSpec, append_keyed
+from log.batch_codec import Compression
 from log.errors import LogUnavailableError
 from log.file_log import FileLog
 from log.partitioner import partition_for
@@ -917,6 +918,7 @@ class _SnapshotPipeline:
         self._encoders = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="snapshot-encode")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="snapshot-append")
         self._appending: deque[Future[None]] = deque()
+        self._compression: Compression = getattr(agent.log, "compression", "none")  # the file log's setting
 
     def submit(self, topic: str, relation_oid: int, data: bytes, start: Seq, ts_us: int) -> int:
         """Encode and append the rows of ``data`` (COPY text, :func:`encodable`) from ``start``; the next index."""
@@ -932,7 +934,7 @@ class _SnapshotPipeline:
                 Seq(start.commit_lsn, index),
                 partitions=partitions,
                 ts_us=ts_us,
-                compression=getattr(self._agent.log, "compression", "none"),
+                compression=self._compression,
             )
             self._appending.append(self._writer.submit(self._append, topic, job, piece[2]))
             index += piece[2]
