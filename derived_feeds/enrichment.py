@@ -80,6 +80,11 @@ def _project(frame: DataFrame, image: StructType) -> DataFrame:
     return frame.select(*[F.col(IMAGE)[name].alias(name) for name in image.fieldNames()])
 
 
+def _views(tables: LookupTables, plan: FeedPlan) -> dict[str, DataFrame]:
+    """The lookup views the SQL reads, from ``tables``."""
+    return {view: _project(frame, plan.lookup_structs[view]) for view, frame in tables.frames.items()}
+
+
 def _key_json(columns: list[Column], plan: FeedPlan) -> Column:
     """The feed key as JSON, each column typed as in the source image (so both sides compare equal)."""
     pairs = zip(columns, plan.spec.key, strict=True)
@@ -177,7 +182,7 @@ def process_enriched_batch(
         )
         trigger = position if trigger is None else F.greatest(trigger, position)
     after = LookupTables(batch_id, after_frames)
-    views_after = {view: _project(frame, plan.lookup_structs[view]) for view, frame in after.frames.items()}
+    views_after = _views(after, plan)
     no_row = F.lit(None).cast(plan.output)
 
     # Changed source keys: their SQL rows with the lookups after this batch.
@@ -199,8 +204,7 @@ def process_enriched_batch(
             .withColumn(KEY_JSON, _source_key_json(plan))
         )
         images = _project(rest, plan.source_struct)
-        views_before = {view: _project(frame, plan.lookup_structs[view]) for view, frame in before.frames.items()}
-        old = _output_rows(apply_sql(spark, images, spec.config.sql, views_before), plan)
+        old = _output_rows(apply_sql(spark, images, spec.config.sql, _views(before, plan)), plan)
         new = _output_rows(apply_sql(spark, images, spec.config.sql, views_after), plan)
         changed = new.join(old.select(KEY_JSON, _AFTER_JSON), on=[KEY_JSON, _AFTER_JSON], how="left_anti")
         gone = old.select(KEY_JSON).join(new.select(KEY_JSON), on=KEY_JSON, how="left_anti")
