@@ -1,4 +1,4 @@
-"""Hatch build hook: compile the native hot path (capture/native/_speedups.c) with the system C compiler.
+"""Hatch build hook: compile the native hot path (capture/native/*.c, one module) with the system C compiler.
 
 Editable installs (``uv sync``) put the extension next to its source, where the
 editable path finds it; wheels carry it as an artifact. Without a working compiler
@@ -18,7 +18,7 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SOURCE = Path("capture/native/_speedups.c")
+SOURCE = Path("capture/native/_speedups.c")  # creates the module; the other *.c files add functions to it
 
 
 def compile_extension(root: Path) -> Path:
@@ -34,7 +34,7 @@ def compile_extension(root: Path) -> Path:
         "-shared",
         "-Wall",
         f"-I{sysconfig.get_paths()['include']}",
-        str(source),
+        *[str(path) for path in sorted(source.parent.glob("*.c"))],
         "-o",
         str(partial),
     ]

@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "speedups.h"
+
 static PyTypeObject *wal_message_type; /* WalMessage: tuple subclass (wal_start, payload); bind_libpq */
 
 /* ------------------------------------------------------------------------------------ */
@@ -330,6 +332,11 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const 
 #endif
 
 static int crc32c_hardware; /* set at import: the CPU has SSE4.2 */
+
+static inline uint32_t crc32c(uint32_t crc, const void *data, size_t n);
+
+/* For the other translation units of the extension (speedups.h). */
+uint32_t hw_crc32c(uint32_t crc, const void *data, size_t n) { return crc32c(crc, data, n); }
 
 static inline uint32_t crc32c(uint32_t crc, const void *data, size_t n) {
 #ifdef HAVE_CRC32C_HW
@@ -1929,7 +1936,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyType_Ready(&RowEncoderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    if (PyModule_AddObjectRef(m, "RowEncoder", (PyObject *)&RowEncoderType) < 0) {
+    if (PyModule_AddObjectRef(m, "RowEncoder", (PyObject *)&RowEncoderType) < 0 ||
+        PyModule_AddFunctions(m, hw_log_columns_methods) < 0 || PyModule_AddFunctions(m, hw_batch_columns_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }
