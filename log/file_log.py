@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from log.base import AppendResult, CompactionResult, Record, StoredRecord, TopicPartition, TopicSpec
 from log.batch_codec import Compression
@@ -43,6 +43,9 @@ from log.topic_store import (
     read_spec,
     topic_directory,
 )
+
+if TYPE_CHECKING:
+    from log.columns import RecordColumns
 
 DEFAULT_SEGMENT_BYTES = 128 * 1024 * 1024
 _INTERNAL_PREFIX = "_headwater."
@@ -189,6 +192,23 @@ class FileLog:
     ) -> list[StoredRecord]:
         """Read records at or after ``offset`` in offset order (see :meth:`log.base.Log.read`)."""
         return self._partition(topic, partition).read(max(offset, 0), max_records, max_bytes)
+
+    def read_columns(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        end: int,
+        *,
+        max_records: int = 10_000,
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> tuple[RecordColumns, int]:
+        """The records :meth:`read` gives, those before ``end``, as Arrow columns; and the offset to go on from.
+
+        Read ``[start, end)`` by calling again at the returned offset until it reaches ``end``
+        or stays where it was (nothing more held). See :mod:`log.columns`.
+        """
+        return self._partition(topic, partition).read_columns(max(offset, 0), end, max_records, max_bytes)
 
     def beginning_offset(self, topic: str, partition: int) -> int:
         """The lowest offset still held (the end offset when the partition is empty)."""

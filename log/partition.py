@@ -20,9 +20,18 @@ from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from log.base import AppendResult, Record, StoredRecord
-from log.batch_codec import HEADER_SIZE, BatchHeader, Compression, decode_records, encode_batch, parse_header
+from log.batch_codec import (
+    HEADER_SIZE,
+    BatchHeader,
+    Compression,
+    decode_records,
+    encode_batch,
+    parse_header,
+    records_section,
+)
 from log.errors import LogUnavailableError
 from log.segment import ScanStop, Segment, list_segments, scan, segment_name
 from log.segment_index import (
@@ -33,6 +42,9 @@ from log.segment_index import (
     write_index_files,
 )
 from log.writer_lock import WriterLock
+
+if TYPE_CHECKING:
+    from log.columns import RecordColumns
 
 logger = logging.getLogger(__name__)
 
@@ -262,6 +274,38 @@ class Partition:
                     break
                 budget -= used
         return out
+
+    def read_columns(self, offset: int, end: int, max_records: int, max_bytes: int) -> tuple[RecordColumns, int]:
+        """The records :meth:`read` gives at ``offset`` (those before ``end``) as columns, and where to go on.
+
+        The second value is the offset the next read starts at: after the last record read,
+        or past the batches read when they held nothing more before ``end`` (compacted gaps),
+        or ``end``. Equal to ``offset`` when nothing was there (the end of the partition).
+        """
+        from log.columns import RecordColumns, RecordsSection, decode_columns
+
+        sections: list[RecordsSection] = []
+        # Batches are gathered until they may hold enough records or bytes; the decoder stops exactly.
+        room, budget, resume = max_records, max_bytes, offset
+        with self._lock:
+            if max_records > 0 and offset < end:
+                for header, buf, off in self.batches(offset):
+                    if header.base_offset >= end:
+                        break
+                    data, start = records_section(buf, off, header)
+                    stop = off + header.length if data is buf else len(data)  # plain: in place
+                    sections.append(RecordsSection(data, start, stop, header.record_count, header.base_offset))
+                    resume = min(header.next_offset, end)
+                    room -= min(header.record_count, resume - max(header.base_offset, offset))
+                    budget -= stop - start
+                    if room <= 0 or budget < 0 or resume >= end:
+                        break
+        decoded = decode_columns(
+            sections, min_offset=offset, end_offset=end, max_records=max_records, max_bytes=max_bytes
+        )
+        if decoded.next_offset >= 0:
+            resume = decoded.next_offset
+        return RecordColumns.of(self.topic, self.partition, decoded), resume
 
     def end_offset(self) -> int:
         """The offset the next appended record gets."""
