@@ -27,7 +27,9 @@ from log.segment import list_segments
 
 HOUR = 3600 * 1000
 
-needs_native = pytest.mark.skipif(native.speedups is None, reason="the extension is off (HEADWATER_NATIVE=0) or not built")
+needs_native = pytest.mark.skipif(
+    native.speedups is None, reason="the extension is off (HEADWATER_NATIVE=0) or not built"
+)
 
 
 def _record_bytes(delta, ts, key, value, headers):
@@ -141,9 +143,7 @@ def test_native_and_python_decoders_select_the_same_records(batches, min_offset,
     assert _rows(python) == expected_rows
     assert python.next_offset == expected_next
     if native.speedups is not None:
-        assert native.speedups.decode_columns(sections, min_offset, end_offset, max_records, max_bytes) == tuple(
-            python
-        )
+        assert native.speedups.decode_columns(sections, min_offset, end_offset, max_records, max_bytes) == tuple(python)
 
 
 def test_columns_are_arrow_arrays_with_nulls_where_keys_and_values_are_missing():
