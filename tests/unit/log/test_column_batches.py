@@ -123,7 +123,8 @@ def test_file_log_segments_are_identical_to_the_record_paths(tmp_path, compressi
         reference = record_path(keys, values, deletes, MARKER)
         routed = partitions_for([r.key for r in reference], 3)
         for partition in range(3):
-            logs["records"].append("feed", partition, [r for r, p in zip(reference, routed, strict=True) if p == partition])
+            mine = [r for r, p in zip(reference, routed, strict=True) if p == partition]
+            logs["records"].append("feed", partition, mine)
         columns = ColumnRecords(pa.array(keys), pa.array(values), pa.array(deletes), MARKER)
         for partition, batch in enumerate(columns.partition_batches(3, NOW)):
             assert batch is not None
