@@ -12,6 +12,7 @@ partition holds all of a batch's records or none of them.
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,9 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 from derived_feeds.expectations import ERROR_HEADER, EXPECTATION_HEADER, Check
 from derived_feeds.feed_errors import FeedExpectationError
 from log.base import Log, Record
+from log.column_batches import ColumnRecords
 from log.envelope import Op
+from log.file_log import FileLog
 from log.partitioner import partitions_for
 
 #: Header marking the micro-batch a record was written by.
@@ -76,9 +79,13 @@ class CheckCount:
 
 @dataclass
 class PlannedBatch:
-    """What one micro-batch writes: feed records, quarantine records, and expectation counts."""
+    """What one micro-batch writes: feed records, quarantine records, and expectation counts.
 
-    records: list[Record] = field(default_factory=list)
+    ``records`` is a :class:`ColumnRecords` (the encoded Arrow columns themselves) when planned
+    from a batch: the file log appends it without a ``Record`` per row.
+    """
+
+    records: Sequence[Record] = field(default_factory=list)
     quarantine: list[Record] = field(default_factory=list)
     counts: list[CheckCount] = field(default_factory=list)
     upserts: int = 0
@@ -93,12 +100,16 @@ def _sample(value: bytes, column: str) -> str:
 def plan_batch(feed: str, table: pa.Table, checks: Sequence[Check], marker: BatchMarker) -> PlannedBatch:
     """Turn the encoded batch (``key``, ``op``, ``value``, ``dropped_value``, check flags) into records.
 
+    Every row is a record carrying the batch marker; a delete is followed by its tombstone; a
+    row a ``drop`` expectation fails is quarantined (original value, the reason in headers)
+    and written to the feed as its ``dropped_value`` delete instead.
     Raises :class:`FeedExpectationError` when a ``fail`` expectation fails (nothing is written).
     """
     plan = PlannedBatch()
     rows = table.num_rows
     ops = table.column("op")
-    upsert = pc.fill_null(pc.not_equal(ops, Op.DELETE.value), False)
+    is_delete = pc.fill_null(pc.equal(ops, Op.DELETE.value), False)
+    upsert = pc.fill_null(pc.not_equal(ops, Op.DELETE.value), False)  # a null op is neither: not evaluated
     flags: dict[int, Any] = {}
     for check in checks:
         ok = pc.fill_null(table.column(check.flag), True)
@@ -111,46 +122,39 @@ def plan_batch(feed: str, table: pa.Table, checks: Sequence[Check], marker: Batc
             first = pc.index(failing, True).as_py()
             value = table.column("value")[first].as_py().encode()
             raise FeedExpectationError(feed, check.expectation, check.column, _sample(value, check.column), failed)
-    keys = table.column("key").cast(pa.binary()).to_pylist()  # UTF-8 bytes without a Python encode per row
-    values = table.column("value").cast(pa.binary()).to_pylist()
-    op_list = ops.to_pylist()
     header = (marker.header(),)
-    drop_checks = [c for c in checks if c.action == "drop"]
-    dropped_rows: dict[int, Check] = {}
-    for check in drop_checks:
+    keys, values = table.column("key"), table.column("value")
+    # A row the first failing drop check takes out of the feed: quarantined, then deleted from the feed.
+    dropped_by: dict[int, Check] = {}
+    dropped = None
+    for check in (c for c in checks if c.action == "drop"):
         failing = flags[check.index]
         if pc.any(failing).as_py():
             for index in pc.indices_nonzero(failing).to_pylist():
-                dropped_rows.setdefault(index, check)
-    records = plan.records
-    if not dropped_rows:
-        for key, value, op in zip(keys, values, op_list, strict=True):
-            records.append(Record(key, value, header))
-            if op == Op.DELETE.value:
-                records.append(Record(key, None, header))
-        plan.deletes = op_list.count(Op.DELETE.value)
-        plan.upserts = rows - plan.deletes
-        return plan
-    dropped_values = table.column("dropped_value").to_pylist()
-    for index, (key, upsert_value, upsert_op) in enumerate(zip(keys, values, op_list, strict=True)):
-        value, op = upsert_value, upsert_op
-        dropped_by = dropped_rows.get(index)
-        if dropped_by is not None:
-            reason = f"{dropped_by.describe()} failed: {dropped_by.column} = {_sample(value, dropped_by.column)}"
-            headers = (
-                marker.header(),
-                (EXPECTATION_HEADER, dropped_by.expectation.encode()),
-                (ERROR_HEADER, reason.encode()),
-            )
-            plan.quarantine.append(Record(key, value, headers))
-            value, op = dropped_values[index].encode(), Op.DELETE.value
-        records.append(Record(key, value, header))
-        if op == Op.DELETE.value:
-            records.append(Record(key, None, header))
-            plan.deletes += 1
-        else:
-            plan.upserts += 1
+                dropped_by.setdefault(index, check)
+            dropped = failing if dropped is None else pc.or_(dropped, failing)
+    if dropped is not None:
+        plan.quarantine = _quarantine(table, sorted(dropped_by.items()), marker)
+        values = pc.if_else(dropped, table.column("dropped_value"), values)
+        is_delete = pc.or_(is_delete, dropped)
+    records = ColumnRecords(keys, values, is_delete, header)
+    plan.records = records
+    plan.deletes = records.delete_count
+    plan.upserts = rows - plan.deletes
     return plan
+
+
+def _quarantine(table: pa.Table, dropped: Sequence[tuple[int, Check]], marker: BatchMarker) -> list[Record]:
+    """The quarantine records of the dropped rows ``(index, check)``: the original value, the reason in headers."""
+    indices = pa.array([index for index, _ in dropped], pa.int64())
+    keys = table.column("key").take(indices).cast(pa.binary()).to_pylist()
+    values = table.column("value").take(indices).cast(pa.binary()).to_pylist()
+    out = []
+    for (_, check), key, value in zip(dropped, keys, values, strict=True):
+        reason = f"{check.describe()} failed: {check.column} = {_sample(value, check.column)}"
+        headers = (marker.header(), (EXPECTATION_HEADER, check.expectation.encode()), (ERROR_HEADER, reason.encode()))
+        out.append(Record(key, value, headers))
+    return out
 
 
 #: What a process appended last per ``(topic, partition)``: the partition's end after it, and the batch.
@@ -165,13 +169,23 @@ def append_once(
     ``memo`` (kept by the caller across batches) remembers this process's last append per
     partition: while the partition's end is still where that append left it, its last
     record is known without reading it back (a read decodes the whole last batch).
+    A :class:`ColumnRecords` goes to a file log as its encoded per-partition batches (no
+    ``Record`` per row, the same bytes); any other log takes its records.
     """
     if not records:
         return 0
     partitions = log.describe_topic(topic).partitions
-    by_partition: dict[int, list[Record]] = {}
-    for record, partition in zip(records, partitions_for([r.key for r in records], partitions), strict=True):
-        by_partition.setdefault(partition, []).append(record)
+    by_partition: dict[int, Sequence[Record]]
+    if isinstance(records, ColumnRecords) and isinstance(log, FileLog):
+        now_ms = time.time_ns() // 1_000_000  # what the file log stamps a record without a timestamp with
+        batches = records.partition_batches(partitions, now_ms)
+        by_partition = {partition: batch for partition, batch in enumerate(batches) if batch is not None}
+    else:
+        grouped: dict[int, list[Record]] = {}
+        listed = records.records() if isinstance(records, ColumnRecords) else records
+        for record, partition in zip(listed, partitions_for([r.key for r in listed], partitions), strict=True):
+            grouped.setdefault(partition, []).append(record)
+        by_partition = dict(grouped)
     written = 0
     for partition, batch in sorted(by_partition.items()):
         if _already_appended(log, topic, partition, marker, memo):

@@ -100,3 +100,80 @@ def test_append_once_with_memo_skips_the_read_back_and_still_sees_other_writers(
         assert append_once(log, "f", records, BatchMarker("run1", 7), memo) == sum(
             1 for r in records if partition_for(r.key, 2) == 1
         )
+
+
+def old_records(table, checks, marker):
+    """The records plan_batch built one ``Record`` at a time before it kept the columns."""
+    header = (marker.header(),)
+    flags = {c.index: table.column(c.flag).to_pylist() for c in checks if c.action == "drop"}
+    out = []
+    for index, (key, op, val, dropped) in enumerate(
+        zip(*(table.column(n).to_pylist() for n in ("key", "op", "value", "dropped_value")), strict=True)
+    ):
+        if op != "d" and any(flags[i][index] is False for i in flags):
+            val, op = dropped, "d"
+        out.append(Record(key.encode(), val.encode(), header))
+        if op == "d":
+            out.append(Record(key.encode(), None, header))
+    return out
+
+
+class NotAFileLog:
+    """A real file log behind another type: append_once takes the path of logs that need Record objects."""
+
+    def __init__(self, log):
+        self._log = log
+        self.appended = []
+
+    def __getattr__(self, name):
+        return getattr(self._log, name)
+
+    def append(self, topic, partition, records):
+        self.appended.append(type(records))
+        return self._log.append(topic, partition, records)
+
+
+def read_all(log, topic, partitions):
+    return {p: [(r.key, r.value, r.headers) for r in log.read(topic, p, 0)] for p in range(partitions)}
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_columnar_append_writes_what_the_record_path_writes_and_replays_nothing(tmp_path, compression):
+    check = Check(0, "expect_column_values_to_not_be_null", "email", "drop")
+    rows = [(i, None if i % 5 == 0 else f"é{i}@x", "d" if i % 7 == 0 else "u") for i in range(300)]
+    table = batch(rows, [r[1] is not None or r[2] == "d" for r in rows])
+    marker = BatchMarker("run1", 3)
+    plan = plan_batch("f", table, [check], marker)
+    expected = old_records(table, [check], marker)
+    assert [(r.key, r.value, r.headers) for r in plan.records] == [(r.key, r.value, r.headers) for r in expected]
+    assert (plan.upserts, plan.deletes) == (
+        sum(1 for _, e, op in rows if op != "d" and e is not None),
+        sum(1 for _, e, op in rows if op == "d" or e is None),
+    )
+    assert len(plan.records) == plan.upserts + 2 * plan.deletes
+    with FileLog(tmp_path / "columns", compression=compression) as log, FileLog(tmp_path / "records") as ref:
+        for target in (log, ref):
+            target.create_topic(TopicSpec("f", partitions=3))
+        memo: dict = {}
+        assert append_once(log, "f", plan.records, marker, memo) == len(expected)
+        assert append_once(ref, "f", expected, marker) == len(expected)
+        assert read_all(log, "f", 3) == read_all(ref, "f", 3)
+        assert append_once(log, "f", plan.records, marker, memo) == 0, "a replay of batch 3 appends nothing"
+        assert append_once(log, "f", plan.records, marker) == 0, "without the memo the last record says so"
+        other = NotAFileLog(log)
+        later = BatchMarker("run1", 4)
+        replanned = plan_batch("f", table, [check], later).records
+        assert append_once(other, "f", replanned, later) == len(expected)
+        assert set(other.appended) == {list}, "a log that is no file log gets Record objects"
+        assert sum(log.end_offset("f", p) for p in range(3)) == 2 * len(expected)
+        assert append_once(other, "f", replanned, later) == 0, "the Record path replays nothing either"
+
+
+def test_plan_without_checks_keeps_the_columns_and_counts_deletes():
+    rows = [(1, "a", "c"), (2, "b", "u"), (3, None, "d"), (4, "c", "r")]
+    table = batch(rows, [True] * 4).drop_columns(["__hw_ok0"])
+    plan = plan_batch("f", table, [], BatchMarker("r", 0))
+    assert (plan.upserts, plan.deletes, len(plan.records)) == (3, 1, 5)
+    expected = old_records(table, [], BatchMarker("r", 0))
+    assert [(r.key, r.value) for r in plan.records] == [(r.key, r.value) for r in expected]
+    assert plan.quarantine == [] and plan.counts == []
