@@ -35,6 +35,7 @@ from derived_feeds.errors import UndecodableValueError
 from derived_feeds.event_schema import RowSchema
 from derived_feeds.value_decoder import BadValue, decode_values, decode_wire, wire_type
 from log.base import StoredRecord
+from log.columns import RecordColumns
 from log.sequence import Sequence as Seq
 
 _ENVELOPE_KEYS = ("op", "before", "after")
@@ -100,6 +101,21 @@ class EventBatchBuilder:
             decoders.append((index, column))
         return pa.struct(fields), decoders
 
+    def build_columns(self, columns: RecordColumns) -> pa.RecordBatch:
+        """The batch :meth:`build` makes of the same records, from a columnar read (no object per record)."""
+        target = arrow_schema(self.schema)
+        if not self.include_tombstones and columns.values.null_count:
+            columns = columns.filter(columns.values.is_valid())
+        if len(columns):
+            n = len(columns)
+            topic = _repeated(columns.topic, n)
+            partition = pa.array(np.full(n, columns.partition, np.int32))
+            arrays = (topic, partition, columns.offsets, columns.timestamps_ms, columns.keys, columns.values)
+            bulk = self._build_bulk_arrays(columns.topic, arrays, target)
+            if bulk is not None:
+                return bulk
+        return self.build(columns.to_records())
+
     def _build_bulk(self, records: Sequence[StoredRecord], target: pa.Schema) -> pa.RecordBatch | None:
         """The batch by the bulk path, or ``None`` when the per-value path must build it (module docstring)."""
         if not records or self.row_schemas is None:
@@ -107,21 +123,37 @@ class EventBatchBuilder:
         topic = records[0].topic
         if any(r.topic != topic for r in records):
             return None
+        arrays = (
+            pa.array([r.topic for r in records], pa.string()),
+            pa.array([r.partition for r in records], pa.int32()),
+            pa.array([r.offset for r in records], pa.int64()),
+            pa.array([r.timestamp_ms for r in records], pa.int64()),
+            pa.array([r.key for r in records], pa.binary()),
+            pa.array([r.value for r in records], pa.binary()),
+        )
+        return self._build_bulk_arrays(topic, arrays, target)
+
+    def _build_bulk_arrays(self, topic: str, arrays: tuple[pa.Array, ...], target: pa.Schema) -> pa.RecordBatch | None:
+        """The bulk path over the records' columns: topic, partition, offset, timestamp (ms), key, value."""
+        if self.row_schemas is None:
+            return None
+        topics, partitions, offsets, timestamps_ms, keys, values = arrays
         image_type = target.field(cols.AFTER).type
         wire = self._wire(topic, image_type)
         if wire is None:
             return None
         image_wire, decoders = wire
-        values = [r.value for r in records if r.value is not None]
-        # One line per value, each an object: then the parser's rows are the values, in order.
-        if not values or not all(v[:1] == b"{" for v in values):
-            return None
-        text = b"\n".join(values)
-        if text.count(b"\n") != len(values) - 1 or b"\r" in text:
+        present = values.is_valid()
+        tombstones = values.null_count
+        if tombstones:
+            values = values.filter(present)
+        text = _json_lines(values)
+        if text is None:
             return None
         envelope = pa.schema(
             [("op", pa.string()), ("before", image_wire), ("after", image_wire), ("source", _SOURCE_WIRE)]
         )
+        utc = pa.timestamp("us", tz="UTC")
         try:
             parsed = pa_json.read_json(
                 pa.BufferReader(text),
@@ -139,22 +171,21 @@ class EventBatchBuilder:
             if seq is None:
                 return None
             images = [self._bulk_image(side, image_type, decoders) for side in (before, after)]
-            keys = pa.array([r.key for r in records], pa.binary()).cast(pa.string())
+            keys = keys.cast(pa.string())
+            timestamps = pc.multiply_checked(timestamps_ms, 1000).cast(utc)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, BadValue, OverflowError):
             return None
-        utc = pa.timestamp("us", tz="UTC")
         parsed_columns = [op, seq, lsn, index, ts_us.cast(utc), snapshot, db, schema_name, table, *images]
-        if len(values) != len(records):  # tombstones kept: their rows are null in every parsed column
-            positions = np.cumsum([r.value is not None for r in records]) - 1
-            mask = np.array([r.value is None for r in records])
-            take = pa.array(positions, pa.int64(), mask=mask)
+        if tombstones:  # tombstones kept: their rows are null in every parsed column
+            valid = present.to_numpy(zero_copy_only=False)
+            take = pa.array(np.cumsum(valid) - 1, pa.int64(), mask=~valid)
             parsed_columns = [column.take(take) for column in parsed_columns]
         op, seq, lsn, index, commit_ts, snapshot, db, schema_name, table, before_image, after_image = parsed_columns
         columns = [
-            pa.array([r.topic for r in records], pa.string()),
-            pa.array([r.partition for r in records], pa.int32()),
-            pa.array([r.offset for r in records], pa.int64()),
-            pa.array([r.timestamp_ms * 1000 for r in records], pa.int64()).cast(utc),
+            topics,
+            partitions,
+            offsets,
+            timestamps,
             keys,
             op,
             seq,
@@ -268,6 +299,33 @@ def _sortable_seqs(lsns: pa.Array, indexes: pa.Array) -> pa.Array | None:
     seqs = pa.Array.from_buffers(pa.string(), len(lsn), [None, pa.py_buffer(offsets), pa.py_buffer(text)])
     valid = pc.and_(lsns.is_valid(), indexes.is_valid())
     return seqs if pc.all(valid).as_py() else pc.if_else(valid, seqs, pa.scalar(None, pa.string()))
+
+
+def _repeated(text: str, count: int) -> pa.Array:
+    """A string array of ``text`` ``count`` times, built from its buffers."""
+    raw = text.encode()
+    offsets = np.arange(count + 1, dtype=np.int32) * np.int32(len(raw))
+    return pa.Array.from_buffers(pa.string(), count, [None, pa.py_buffer(offsets), pa.py_buffer(raw * count)])
+
+
+def _json_lines(values: pa.Array) -> pa.Buffer | None:
+    """The (non-null) values joined by newlines, or ``None`` unless each is one line starting with ``{``.
+
+    Then the JSON reader's rows are the values, in order.
+    """
+    count = len(values)
+    if not count:
+        return None
+    bounds = np.frombuffer(values.buffers()[1], np.int32, count + 1, values.offset * 4)
+    data = np.frombuffer(values.buffers()[2], np.uint8)[bounds[0] : bounds[-1]]
+    starts = bounds[:-1] - bounds[0]
+    if (bounds[1:] <= bounds[:-1]).any() or (data[starts] != ord("{")).any():
+        return None
+    raw = data.tobytes()
+    if raw.find(b"\n") >= 0 or raw.find(b"\r") >= 0:
+        return None
+    lists = pa.ListArray.from_arrays(pa.array([0, count], pa.int32()), values)
+    return pc.binary_join(lists, pa.scalar(b"\n", pa.binary()))[0].as_buffer()
 
 
 def _parse(records: Sequence[StoredRecord]) -> list[dict[str, Any] | None]:

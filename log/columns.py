@@ -29,12 +29,12 @@ _INT32_MAX = (1 << 31) - 1
 
 
 class RecordsSection(NamedTuple):
-    """The plain records of one checked batch: ``buffer[start:stop]`` holds ``count`` records."""
+    """The plain records of one checked batch: ``buffer[start:stop]`` holds ``records`` records."""
 
     buffer: bytes | bytearray | memoryview
     start: int
     stop: int
-    count: int
+    records: int
     base_offset: int
 
 
@@ -45,7 +45,7 @@ class DecodedColumns(NamedTuple):
     end). Validity bitmaps are ``None`` when nothing is null.
     """
 
-    count: int
+    rows: int
     next_offset: int
     offsets: bytes
     timestamps_ms: bytes
@@ -87,13 +87,13 @@ def _decode_columns_python(
     next_offset = -1 if max_records > 0 else min_offset
     for section in sections if max_records > 0 else ():
         buf = memoryview(section.buffer)
-        if section.start < 0 or section.stop < section.start or section.stop > len(buf) or section.count < 0:
+        if section.start < 0 or section.stop < section.start or section.stop > len(buf) or section.records < 0:
             msg = f"batch at offset {section.base_offset}: its section lies outside its buffer"
             raise ValueError(msg)
         stop = section.stop
         p = section.start
         done = False
-        for _ in range(section.count):
+        for _ in range(section.records):
             if stop - p < RECORD.size:
                 _overrun(section)
             delta, ts, klen, vlen, hlen = unpack(buf, p)
@@ -179,10 +179,15 @@ class RecordColumns:
     def __len__(self) -> int:
         return len(self.offsets)
 
+    def filter(self, mask: pa.Array) -> RecordColumns:
+        """The rows where ``mask`` (a boolean array of this length) is true."""
+        chosen = (column.filter(mask) for column in (self.offsets, self.timestamps_ms, self.keys, self.values))
+        return RecordColumns(self.topic, self.partition, *chosen)
+
     @classmethod
     def of(cls, topic: str, partition: int, decoded: DecodedColumns) -> RecordColumns:
         """Arrow arrays over the decoded buffers (no copy)."""
-        n = decoded.count
+        n = decoded.rows
         validity = [decoded.key_validity, decoded.value_validity]
         key_bitmap, value_bitmap = (None if bits is None else pa.py_buffer(bits) for bits in validity)
         return cls(
