@@ -39,9 +39,10 @@ import psycopg
 import psycopg.errors
 from psycopg import pq, sql
 
+from capture import native
 from capture.pgoutput import NonUtf8Text, TupleData
 from capture.stream import libpq_speedups, pgconn_pointer
-from log.batch_codec import Compression, EncodedBatch
+from log.batch_codec import ZSTD_LEVEL, Compression, EncodedBatch
 from log.sequence import Sequence as Seq
 
 if TYPE_CHECKING:
@@ -433,6 +434,11 @@ def _thread_encoder(encoder: RowEncoder) -> RowEncoder:
     return held[1]
 
 
+def _native_zstd() -> bool:
+    """Whether the extension compresses batches itself (it found libzstd)."""
+    return native.speedups is not None and native.speedups.zstd_version() is not None
+
+
 def encode_piece(
     builder: EventBuilder,
     relation_oid: int,
@@ -460,15 +466,21 @@ def encode_piece(
         raise ValueError(msg)
     encoder = _thread_encoder(shared)
     now_ms = time.time_ns() // 1_000_000
+    # The extension compresses inside its pass (without the GIL, no plain copy for Python) when it
+    # has libzstd; else the batches come back plain and are compressed here.
+    level = ZSTD_LEVEL if compression == "zstd" and _native_zstd() else None
     out: EncodedPiece = []
     at = start
     while at < end:
-        at, index, batches = encoder.copy_batches(data, at, end, head, pre, tail, index, partitions, now_ms)
-        encoded = [
-            PartitionBatch(partition, EncodedBatch(found[0], found[1], now_ms).compressed(compression), lsn, found[2])
-            for partition, found in enumerate(batches)
-            if found is not None
-        ]
+        at, index, batches = encoder.copy_batches(data, at, end, head, pre, tail, index, partitions, now_ms, level)
+        encoded = []
+        for partition, found in enumerate(batches):
+            if found is None:
+                continue
+            batch = EncodedBatch(found[0], found[1], now_ms, found[3])
+            if level is None:
+                batch = batch.compressed(compression)
+            encoded.append(PartitionBatch(partition, batch, lsn, found[2]))
         if encoded:
             out.append(encoded)
         if at >= end:

@@ -413,6 +413,63 @@ static PyObject *py_seal_batch_header(PyObject *self, PyObject *args) {
 }
 
 /* ------------------------------------------------------------------------------------ */
+/* zstd for compressed batches (log/batch_codec.py: codec 4, ``raw_length u32 | frame``).  */
+/*                                                                                       */
+/* The system's libzstd, opened at first use (never linked at build time): without it the */
+/* batches come back plain and the Python side compresses them (pyarrow's codec).         */
+
+typedef void *(*zstd_create_cctx_fn)(void);
+typedef size_t (*zstd_free_cctx_fn)(void *cctx);
+typedef size_t (*zstd_compress_cctx_fn)(void *cctx, void *dst, size_t cap, const void *src, size_t n, int level);
+typedef size_t (*zstd_bound_fn)(size_t n);
+typedef unsigned (*zstd_is_error_fn)(size_t code);
+typedef unsigned (*zstd_version_fn)(void);
+
+static int zstd_state; /* 0: not tried yet, 1: bound, -1: no usable libzstd */
+static zstd_create_cctx_fn zstd_create_cctx;
+static zstd_free_cctx_fn zstd_free_cctx;
+static zstd_compress_cctx_fn zstd_compress_cctx;
+static zstd_bound_fn zstd_bound;
+static zstd_is_error_fn zstd_is_error;
+static unsigned zstd_version_number;
+
+/* Called with the GIL held (it serialises the first binding). */
+static int zstd_bind(void) {
+    if (zstd_state != 0) return zstd_state > 0;
+    zstd_state = -1;
+    const char *off = getenv("HEADWATER_NATIVE_ZSTD");
+    if (off != NULL && strcmp(off, "0") == 0) return 0;
+    void *handle = dlopen("libzstd.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (handle == NULL) return 0;
+    zstd_version_fn version = (zstd_version_fn)dlsym(handle, "ZSTD_versionNumber");
+    zstd_create_cctx = (zstd_create_cctx_fn)dlsym(handle, "ZSTD_createCCtx");
+    zstd_free_cctx = (zstd_free_cctx_fn)dlsym(handle, "ZSTD_freeCCtx");
+    zstd_compress_cctx = (zstd_compress_cctx_fn)dlsym(handle, "ZSTD_compressCCtx");
+    zstd_bound = (zstd_bound_fn)dlsym(handle, "ZSTD_compressBound");
+    zstd_is_error = (zstd_is_error_fn)dlsym(handle, "ZSTD_isError");
+    /* Negative levels (level -1, batch_codec.ZSTD_LEVEL) need 1.3.4; the frame format is the same. */
+    if (!version || !zstd_create_cctx || !zstd_free_cctx || !zstd_compress_cctx || !zstd_bound || !zstd_is_error ||
+        version() < 10304) {
+        dlclose(handle);
+        return 0;
+    }
+    zstd_version_number = version();
+    zstd_state = 1;
+    return 1;
+}
+
+static void zstd_free_context(void *cctx) {
+    if (cctx != NULL && zstd_free_cctx != NULL) zstd_free_cctx(cctx);
+}
+
+/* zstd_version() -> the bound libzstd's version number (10504 for 1.5.4), or None when batches
+ * are compressed by the Python side (no libzstd, or HEADWATER_NATIVE_ZSTD=0). */
+static PyObject *py_zstd_version(PyObject *self, PyObject *unused) {
+    if (!zstd_bind()) Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(zstd_version_number);
+}
+
+/* ------------------------------------------------------------------------------------ */
 /* File-log record encoding (log/batch_codec.py encode_batch).                            */
 
 static PyObject *s_key, *s_value, *s_headers, *s_timestamp_ms;
@@ -794,9 +851,38 @@ typedef struct {
     Py_ssize_t *offs;           /* field offsets into scratch (-1: NULL) */
     PyThreadState *released;    /* copy_batches runs without the GIL: its saved thread state */
     int busy;                   /* inside copy_batches (one thread at a time per encoder) */
+    /* copy_batches' buffers, kept from call to call: a fresh multi-MiB buffer per piece costs a
+     * page fault per 4 KiB (zeroing, unmapping), more than encoding the rows into it. */
+    Buf *parts;                 /* per partition: header placeholder + records */
+    Py_ssize_t nparts;          /* parts allocated */
+    Py_ssize_t *counts;
+    long long *lasts;
+    Py_ssize_t *zoffs, *zlens;  /* per partition: its compressed batch in zout (zlens -1: stored plain) */
+    Buf zout;
+    void *zcctx;                /* zstd compression context (libzstd, bound at first use) */
 } RowEncoder;
 
+static void zstd_free_context(void *cctx);
+
+static void RowEncoder_free_parts(RowEncoder *self) {
+    if (self->parts)
+        for (Py_ssize_t p = 0; p < self->nparts; p++) buf_free(&self->parts[p]);
+    PyMem_RawFree(self->parts);
+    PyMem_RawFree(self->counts);
+    PyMem_RawFree(self->lasts);
+    PyMem_RawFree(self->zoffs);
+    PyMem_RawFree(self->zlens);
+    self->parts = NULL;
+    self->counts = NULL;
+    self->lasts = NULL;
+    self->zoffs = self->zlens = NULL;
+    self->nparts = 0;
+}
+
 static void RowEncoder_dealloc(RowEncoder *self) {
+    RowEncoder_free_parts(self);
+    buf_free(&self->zout);
+    zstd_free_context(self->zcctx);
     for (Py_ssize_t i = 0; i < self->ncols; i++) {
         if (self->names_json) Py_XDECREF(self->names_json[i]);
         if (self->converters) Py_XDECREF(self->converters[i]);
@@ -1505,19 +1591,65 @@ static PyObject *RowEncoder_copy_records(RowEncoder *self, PyObject *const *args
     return Py_BuildValue("(nL)", pos < n ? pos : n, index);
 }
 
-/* copy_batches(data, pos, end, head, pre, tail, index, nparts, now_ms) -> (pos, index, batches)
+/* copy_batches(data, pos, end, head, pre, tail, index, nparts, now_ms, level=None) -> (pos, index, batches)
  *
  * The snapshot records copy_records builds for the COPY text rows of data[pos:end], written
  * straight into file-log batches instead of record objects: one per partition of nparts (Kafka's
  * partitioner on the key; no key or one partition: 0). batches[p] is None or (batch, count,
- * last_index): a bytearray of a 38-byte header placeholder (seal_batch_header fills it at append)
- * and the records, offset deltas from 0, timestamp now_ms. Runs without the GIL (taken back only
- * for a Python converter), so several encoders (one per thread: see copy()) work in parallel.
- * Stops at the first row encode_row does not answer and returns its position, as copy_records
- * does. data must be UTF-8. */
+ * last_index, codec): a bytearray of a 38-byte header placeholder (filled in at append) and the
+ * records section, offset deltas from 0, timestamp now_ms. With a zstd level (and libzstd bound:
+ * zstd_version()) the records section is stored compressed (codec 4: raw_length u32 | frame)
+ * when that is smaller, else plain (codec 0), as batch_codec.compress_records decides. Runs
+ * without the GIL (taken back only for a Python converter), compression included, so several
+ * encoders (one per thread: see copy()) work in parallel. Stops at the first row encode_row does
+ * not answer and returns its position, as copy_records does. data must be UTF-8. */
+static int copy_batches_parts(RowEncoder *self, Py_ssize_t nparts) {
+    if (self->nparts >= nparts) return 0;
+    RowEncoder_free_parts(self);
+    self->parts = PyMem_RawCalloc((size_t)nparts, sizeof(Buf));
+    self->counts = PyMem_RawCalloc((size_t)nparts, sizeof(Py_ssize_t));
+    self->lasts = PyMem_RawCalloc((size_t)nparts, sizeof(long long));
+    self->zoffs = PyMem_RawCalloc((size_t)nparts, sizeof(Py_ssize_t));
+    self->zlens = PyMem_RawCalloc((size_t)nparts, sizeof(Py_ssize_t));
+    if (!self->parts || !self->counts || !self->lasts || !self->zoffs || !self->zlens) {
+        RowEncoder_free_parts(self);
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->nparts = nparts;
+    return 0;
+}
+
+/* Compress the records of every partition with rows into self->zout (without the GIL). 0, or -1: no memory. */
+static int compress_parts(RowEncoder *self, Py_ssize_t nparts, int level) {
+    Buf *z = &self->zout;
+    z->len = 0;
+    if (self->zcctx == NULL && (self->zcctx = zstd_create_cctx()) == NULL) return -1;
+    for (Py_ssize_t p = 0; p < nparts; p++) {
+        self->zlens[p] = -1;
+        if (self->counts[p] == 0) continue;
+        const char *records = self->parts[p].data + BATCH_HEADER;
+        size_t raw = (size_t)(self->parts[p].len - BATCH_HEADER);
+        size_t bound = zstd_bound(raw);
+        if (buf_reserve(z, BATCH_HEADER + 4 + (Py_ssize_t)bound) < 0) return -1;
+        char *o = z->data + z->len;
+        size_t got = zstd_compress_cctx(self->zcctx, o + BATCH_HEADER + 4, bound, records, raw, level);
+        if (zstd_is_error(got) || got + 4 >= raw) continue; /* stored plain, as compress_records decides */
+        memset(o, 0, BATCH_HEADER);
+        put_u32(o + BATCH_HEADER, (uint32_t)raw);
+        self->zoffs[p] = z->len;
+        self->zlens[p] = BATCH_HEADER + 4 + (Py_ssize_t)got;
+        z->len += self->zlens[p];
+    }
+    return 0;
+}
+
+/* Buffers larger than this are given back after a call (a huge row must not stay allocated). */
+#define KEEP_BUFFER_BYTES (64 << 20)
+
 static PyObject *RowEncoder_copy_batches(RowEncoder *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "copy_batches() takes 9 arguments");
+    if (nargs != 9 && nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "copy_batches() takes 9 or 10 arguments");
         return NULL;
     }
     PyObject *data = args[0], *head = args[3], *pre = args[4], *tail = args[5];
@@ -1525,6 +1657,8 @@ static PyObject *RowEncoder_copy_batches(RowEncoder *self, PyObject *const *args
     long long index = PyLong_AsLongLong(args[6]);
     Py_ssize_t nparts = PyLong_AsSsize_t(args[7]);
     long long now_ms = PyLong_AsLongLong(args[8]);
+    int compress = nargs == 10 && args[9] != Py_None;
+    int level = compress ? (int)PyLong_AsLong(args[9]) : 0;
     if (PyErr_Occurred()) return NULL;
     if (!PyBytes_Check(data) || !PyBytes_Check(head) || !PyBytes_Check(pre) || !PyBytes_Check(tail) || nparts < 1 ||
         nparts > 1 << 16 || pos < 0 || end < pos || end > PyBytes_GET_SIZE(data)) {
@@ -1535,14 +1669,16 @@ static PyObject *RowEncoder_copy_batches(RowEncoder *self, PyObject *const *args
         PyErr_SetString(PyExc_RuntimeError, "copy_batches(): this RowEncoder is in use by another thread");
         return NULL;
     }
-    Buf *parts = PyMem_Calloc((size_t)nparts, sizeof(Buf));
-    Py_ssize_t *counts = PyMem_Calloc((size_t)nparts, sizeof(Py_ssize_t));
-    long long *lasts = PyMem_Calloc((size_t)nparts, sizeof(long long));
-    PyObject *batches = NULL;
-    if (!parts || !counts || !lasts) {
-        PyErr_NoMemory();
-        goto done;
+    if (compress && !zstd_bind()) compress = 0; /* plain: the caller compresses (zstd_version() is None) */
+    if (copy_batches_parts(self, nparts) < 0) return NULL;
+    Buf *parts = self->parts;
+    Py_ssize_t *counts = self->counts;
+    long long *lasts = self->lasts;
+    for (Py_ssize_t p = 0; p < nparts; p++) {
+        parts[p].len = 0;
+        counts[p] = 0;
     }
+    PyObject *batches = NULL;
     const char *d = PyBytes_AS_STRING(data);
     const char *hd = PyBytes_AS_STRING(head), *pr = PyBytes_AS_STRING(pre), *tl = PyBytes_AS_STRING(tail);
     Py_ssize_t hn = PyBytes_GET_SIZE(head), pn = PyBytes_GET_SIZE(pre), tn = PyBytes_GET_SIZE(tail);
@@ -1612,6 +1748,7 @@ static PyObject *RowEncoder_copy_batches(RowEncoder *self, PyObject *const *args
         index++;
         pos = e + 1;
     }
+    if (rc >= 0 && compress && compress_parts(self, nparts, level) < 0) rc = -1;
     PyEval_RestoreThread(self->released);
     self->released = NULL;
     without_gil = 0;
@@ -1627,8 +1764,10 @@ static PyObject *RowEncoder_copy_batches(RowEncoder *self, PyObject *const *args
         if (counts[p] == 0) {
             item = Py_NewRef(Py_None);
         } else {
-            PyObject *batch = PyByteArray_FromStringAndSize(parts[p].data, parts[p].len);
-            item = batch ? Py_BuildValue("(NnL)", batch, counts[p], lasts[p]) : NULL;
+            int zipped = compress && self->zlens[p] >= 0;
+            PyObject *batch = zipped ? PyByteArray_FromStringAndSize(self->zout.data + self->zoffs[p], self->zlens[p])
+                                     : PyByteArray_FromStringAndSize(parts[p].data, parts[p].len);
+            item = batch ? Py_BuildValue("(NnLi)", batch, counts[p], lasts[p], zipped ? 4 : 0) : NULL;
         }
         if (item == NULL) {
             Py_CLEAR(batches);
@@ -1637,11 +1776,9 @@ static PyObject *RowEncoder_copy_batches(RowEncoder *self, PyObject *const *args
         PyList_SET_ITEM(batches, p, item);
     }
 done:
-    if (parts)
-        for (Py_ssize_t p = 0; p < nparts; p++) buf_free(&parts[p]);
-    PyMem_Free(parts);
-    PyMem_Free(counts);
-    PyMem_Free(lasts);
+    for (Py_ssize_t p = 0; p < nparts; p++)
+        if (parts[p].cap > KEEP_BUFFER_BYTES) buf_free(&parts[p]);
+    if (self->zout.cap > KEEP_BUFFER_BYTES) buf_free(&self->zout);
     if (batches == NULL) return NULL;
     return Py_BuildValue("(nLN)", pos < end ? pos : end, index, batches);
 }
@@ -1689,7 +1826,7 @@ static PyMethodDef RowEncoder_methods[] = {
     {"copy_records", (PyCFunction)(void (*)(void))RowEncoder_copy_records, METH_FASTCALL,
      "copy_records(data, pos, head, pre, tail, index, lsn, topic, record_type, out) -> (pos, index)."},
     {"copy_batches", (PyCFunction)(void (*)(void))RowEncoder_copy_batches, METH_FASTCALL,
-     "copy_batches(data, pos, end, head, pre, tail, index, nparts, now_ms) -> (pos, index, batches)."},
+     "copy_batches(data, pos, end, head, pre, tail, index, nparts, now_ms, level=None) -> (pos, index, batches)."},
     {"copy", (PyCFunction)RowEncoder_copy, METH_NOARGS, "copy() -> a RowEncoder of the same configuration."},
     {"events", (PyCFunction)(void (*)(void))RowEncoder_events, METH_FASTCALL,
      "events(changes, lsns, pos, relation_oid, pieces, index, order, commit, topic, record_type, out, images, "
@@ -1786,12 +1923,13 @@ static PyObject *py_copy_chunk(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "On", &ptr, &max_bytes)) return NULL;
     void *conn = conn_arg(ptr);
     if (conn == NULL) return NULL;
-    size_t cap = (size_t)(max_bytes > 0 ? max_bytes : 0) + 65536, len = 0;
-    char *buf = malloc(cap);
-    if (buf == NULL) return PyErr_NoMemory();
-    int status = 1, nomem = 0;
+    /* The messages go straight into the bytes object returned (one copy, no scratch buffer). */
+    Py_ssize_t cap = (max_bytes > 0 ? max_bytes : 0) + 65536, len = 0;
+    PyObject *data = PyBytes_FromStringAndSize(NULL, cap);
+    if (data == NULL) return NULL;
+    int status = 1;
     Py_BEGIN_ALLOW_THREADS
-    while ((Py_ssize_t)len < max_bytes) {
+    while (len < max_bytes) {
         char *row = NULL;
         int n = pq_get_copy_data(conn, &row, 0);
         if (n < 0) {
@@ -1799,29 +1937,23 @@ static PyObject *py_copy_chunk(PyObject *self, PyObject *args) {
             break;
         }
         if (n == 0) continue; /* cannot happen when blocking */
-        if (len + (size_t)n > cap) {
-            size_t grown = cap * 2 > len + (size_t)n ? cap * 2 : len + (size_t)n;
-            char *bigger = realloc(buf, grown);
-            if (bigger == NULL) {
+        if (len + n > cap) {
+            Py_ssize_t grown = cap * 2 > len + n ? cap * 2 : len + n;
+            Py_BLOCK_THREADS
+            int failed = _PyBytes_Resize(&data, grown) < 0; /* data is NULL then, MemoryError set */
+            Py_UNBLOCK_THREADS
+            if (failed) {
                 pq_freemem(row);
-                nomem = 1;
                 break;
             }
-            buf = bigger;
             cap = grown;
         }
-        memcpy(buf + len, row, (size_t)n);
-        len += (size_t)n;
+        memcpy(PyBytes_AS_STRING(data) + len, row, (size_t)n);
+        len += n;
         pq_freemem(row);
     }
     Py_END_ALLOW_THREADS
-    if (nomem) {
-        free(buf);
-        return PyErr_NoMemory();
-    }
-    PyObject *data = PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
-    free(buf);
-    if (data == NULL) return NULL;
+    if (data == NULL || _PyBytes_Resize(&data, len) < 0) return NULL;
     return Py_BuildValue("(Ni)", data, status);
 }
 
@@ -1910,6 +2042,8 @@ static PyMethodDef methods[] = {
      "take_changes(frames, pos, changes, lsns) -> pos: decoded changes of an open transaction, appended."},
     {"bind_libpq", py_bind_libpq, METH_VARARGS,
      "bind_libpq(version, WalMessage) -> bool: find psycopg's loaded libpq (PQlibVersion == version)."},
+    {"zstd_version", py_zstd_version, METH_NOARGS,
+     "zstd_version() -> libzstd's version number, or None: copy_batches leaves compression to Python."},
     {"copy_chunk", py_copy_chunk, METH_VARARGS,
      "copy_chunk(conn_ptr, max_bytes) -> (data, status): COPY OUT messages read blocking, concatenated."},
     {"wal_frames", py_wal_frames, METH_VARARGS,

@@ -73,11 +73,15 @@ class RowEncoder:
         index: int,
         nparts: int,
         now_ms: int,
+        level: int | None = None,
         /,
-    ) -> tuple[int, int, list[tuple[bytearray, int, int] | None]]:
+    ) -> tuple[int, int, list[tuple[bytearray, int, int, int] | None]]:
         """Snapshot records of COPY text ``data[pos:end]`` as one batch body per partition (GIL released).
 
-        ``(pos, index, batches)``: ``pos`` is the first row left to Python (``end`` when none).
+        ``(pos, index, batches)``: ``pos`` is the first row left to Python (``end`` when none);
+        ``batches[p]`` is ``(batch, count, last_index, codec)``. With a zstd ``level`` (and
+        :func:`zstd_version` not None) a batch's records are stored compressed (codec 4) when
+        that is smaller.
         """
     def copy(self) -> RowEncoder:
         """A RowEncoder of the same configuration with its own buffers (one per thread)."""
@@ -103,6 +107,9 @@ class RowEncoder:
 
 def bind_libpq(version: int, message_type: type, /) -> bool:
     """Find psycopg's loaded libpq (its PQlibVersion equals ``version``); False if none is loaded."""
+
+def zstd_version() -> int | None:
+    """The version number of the libzstd ``copy_batches`` compresses with; None: it leaves that to Python."""
 
 def copy_chunk(conn_ptr: int, max_bytes: int, /) -> tuple[bytes, int]:
     """COPY OUT messages read blocking, concatenated until ``max_bytes``: status 1 more, -1 ended, -2 failed."""
