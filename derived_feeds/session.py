@@ -132,6 +132,10 @@ def spark_session(
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
         "spark.python.worker.reuse": "true",
+        # Python workers connect back over a Unix socket at a fresh path, not a loopback port:
+        # under load a worker another JVM gave up on (10 s) could otherwise reach this JVM on
+        # a reused port and fail its start with "Authentication failed" (seen in CI).
+        "spark.python.unix.domain.socket.enabled": "true",
         # Micro-batches persisted by feeds are small and short-lived; CPU is the scarce resource.
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
     }
