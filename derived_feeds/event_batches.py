@@ -7,7 +7,7 @@ anything else).
 Two paths, one result. The bulk path parses the whole batch's values at once with
 ``pyarrow.json`` into the envelope's regular JSON types (no Python object per value)
 and converts columns with Arrow kernels (:func:`value_decoder.decode_wire`); it is
-taken only when every value is a one-line JSON envelope and every value has its
+taken only when every value is one JSON envelope object and every value has its
 column's regular JSON type. Anything else (a parse or cast error, a value that is no
 envelope, array columns, JSON-string images) sends the batch to the per-value path:
 each record's JSON parsed once (orjson) into per-column lists, typed column by column
@@ -147,7 +147,7 @@ class EventBatchBuilder:
         tombstones = values.null_count
         if tombstones:
             values = values.filter(present)
-        text = _json_lines(values)
+        text = _json_documents(values)
         if text is None:
             return None
         envelope = pa.schema(
@@ -308,24 +308,24 @@ def _repeated(text: str, count: int) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), count, [None, pa.py_buffer(offsets), pa.py_buffer(raw * count)])
 
 
-def _json_lines(values: pa.Array) -> pa.Buffer | None:
-    """The (non-null) values joined by newlines, or ``None`` unless each is one line starting with ``{``.
+def _json_documents(values: pa.Array) -> pa.Buffer | None:
+    """The (non-null) values' bytes, one after the other (no copy), or ``None`` unless each is ``{...}``.
 
-    Then the JSON reader's rows are the values, in order.
+    The JSON reader reads a sequence of documents, whitespace between them or not; with one
+    object per value and as many rows as values, its rows are the values, in order.
     """
     count = len(values)
     if not count:
         return None
     bounds = np.frombuffer(values.buffers()[1], np.int32, count + 1, values.offset * 4)
-    data = np.frombuffer(values.buffers()[2], np.uint8)[bounds[0] : bounds[-1]]
-    starts = bounds[:-1] - bounds[0]
-    if (bounds[1:] <= bounds[:-1]).any() or (data[starts] != ord("{")).any():
+    data = np.frombuffer(values.buffers()[2], np.uint8)
+    if (
+        (bounds[1:] <= bounds[:-1]).any()
+        or (data[bounds[:-1]] != ord("{")).any()
+        or (data[bounds[1:] - 1] != ord("}")).any()
+    ):
         return None
-    raw = data.tobytes()
-    if raw.find(b"\n") >= 0 or raw.find(b"\r") >= 0:
-        return None
-    lists = pa.ListArray.from_arrays(pa.array([0, count], pa.int32()), values)
-    return pc.binary_join(lists, pa.scalar(b"\n", pa.binary()))[0].as_buffer()
+    return values.buffers()[2].slice(int(bounds[0]), int(bounds[-1] - bounds[0]))
 
 
 def _parse(records: Sequence[StoredRecord]) -> list[dict[str, Any] | None]:
