@@ -20,6 +20,7 @@ Resume points and invariants:
 from __future__ import annotations
 
 import errno
+import functools
 import gc
 import logging
 import secrets
@@ -53,8 +54,6 @@ from capture.snapshot import (
     EncodedPiece,
     PartitionBatch,
     SnapshotState,
-    copy_pieces,
-    encodable,
     encode_piece,
     plan_chunks,
     read_chunk,
@@ -571,17 +570,14 @@ class CaptureAgent:
                     for rows in read_chunk(reader, chunk, columns):
                         # Stamped with the read time (as Debezium does): the rows belong to the snapshot's day.
                         read_us = time.time_ns() // 1000
-                        if (
-                            pipeline is not None
-                            and encoder is not None
-                            and encodable(rows.data)
-                            # Right after a restart the log may hold some of these rows: the per-record check.
-                            and not resume.may_hold(consistent, next_index)
-                        ):
+                        pieces = rows.native_pieces() if pipeline is not None and encoder is not None else None
+                        # Right after a restart the log may hold some of these rows: the per-record check.
+                        if pipeline is not None and pieces is not None and not resume.may_hold(consistent, next_index):
                             if self._pending or self._pending_schemas:
                                 pipeline.drain()
                                 self._flush(resume, None)  # records built before go first
-                            next_index = pipeline.submit(topic, oid, rows.data, Seq(consistent, next_index), read_us)
+                            start = Seq(consistent, next_index)
+                            next_index = pipeline.submit(topic, oid, rows.data, pieces, start, ts_us=read_us)
                             continue
                         if pipeline is not None:
                             pipeline.drain()
@@ -600,12 +596,17 @@ class CaptureAgent:
                             self._flush(resume, None)
                         if self.progress:
                             self.progress.advance(len(rows))
+                    # Every event of the chunk is durable (each append fsynced) before the chunk counts as done.
+                    if pipeline is not None and not (self._pending or self._pending_schemas):
+                        # The writer records it after the chunk's last append, while the next chunk is read.
+                        pipeline.after_appends(functools.partial(self._chunk_done, state, chunk.id))
+                        continue
                     if pipeline is not None:
                         pipeline.drain()
-                    # Every event of the chunk is durable (each append fsynced) before the chunk counts as done.
                     self._flush(resume, None)
-                    state.done_chunks.add(chunk.id)
-                    state.save()
+                    self._chunk_done(state, chunk.id)
+            if pipeline is not None:
+                pipeline.drain()
             if reconcile:
                 self._reconcile_deletes(resume, present, quarantined, consistent)
             self._flush(resume, None)
@@ -616,6 +617,11 @@ class CaptureAgent:
             reader.close()
             if self.progress:
                 self.progress.finish()
+
+    @staticmethod
+    def _chunk_done(state: SnapshotState, chunk_id: str) -> None:
+        state.done_chunks.add(chunk_id)
+        state.save()
 
     def _reconcile_deletes(
         self, resume: ResumePoint, present: dict[str, set[bytes]], quarantined: set[str], consistent: int
@@ -904,8 +910,10 @@ class _SnapshotPipeline:
     appends finished pieces in submission order through the agent's ``_flush`` (fsync per
     append, pause/retry on a full disk), so reading, encoding and disk writes overlap. While
     pieces are in flight only the writer touches the agent's pending lists; :meth:`drain`
-    waits until every submitted piece is durable (before a chunk counts as done, and before
-    the agent appends anything itself).
+    waits until every submitted piece is durable (before the agent appends anything itself).
+    A chunk counts as done when the writer, after the chunk's last append, records it
+    (:meth:`after_appends`), so the next chunk's COPY runs meanwhile; after a failed step the
+    writer writes nothing more.
     """
 
     #: Pieces submitted but not yet appended (bounds memory: ~10 MB of records each).
@@ -918,13 +926,19 @@ class _SnapshotPipeline:
         self._encoders = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="snapshot-encode")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="snapshot-append")
         self._appending: deque[Future[None]] = deque()
+        self._failed = False  # set by the writer thread only
         self._compression: Compression = getattr(agent.log, "compression", "none")  # the file log's setting
 
-    def submit(self, topic: str, relation_oid: int, data: bytes, start: Seq, ts_us: int) -> int:
-        """Encode and append the rows of ``data`` (COPY text, :func:`encodable`) from ``start``; the next index."""
+    def submit(
+        self, topic: str, relation_oid: int, data: bytes, pieces: list[tuple[int, int, int]], start: Seq, *, ts_us: int
+    ) -> int:
+        """Encode and append the rows of ``data`` (COPY text, :func:`encodable`) from ``start``; the next index.
+
+        ``pieces`` are ``data``'s :func:`copy_pieces`.
+        """
         partitions = self._agent._ensure_topic(topic)
         index = start.txn_index
-        for piece in copy_pieces(data):
+        for piece in pieces:
             job = self._encoders.submit(
                 encode_piece,
                 self._builder,
@@ -936,11 +950,18 @@ class _SnapshotPipeline:
                 ts_us=ts_us,
                 compression=self._compression,
             )
-            self._appending.append(self._writer.submit(self._append, topic, job, piece[2]))
+            self._appending.append(self._writer.submit(self._in_order, self._append, topic, job, piece[2]))
             index += piece[2]
             while len(self._appending) > self.AHEAD:
                 self._appending.popleft().result()  # an append's error is raised here
         return index
+
+    def after_appends(self, step: Callable[[], None]) -> None:
+        """Run ``step`` in the writer thread once every piece submitted before is appended (durable).
+
+        Its error is raised as an append's (:meth:`submit`, :meth:`drain`); after an error it does not run.
+        """
+        self._appending.append(self._writer.submit(self._in_order, step))
 
     def drain(self) -> None:
         """Wait until every submitted piece is appended (durable)."""
@@ -951,6 +972,19 @@ class _SnapshotPipeline:
         """Stop: pieces not yet started are dropped (nothing of them was appended)."""
         self._encoders.shutdown(wait=True, cancel_futures=True)
         self._writer.shutdown(wait=True, cancel_futures=True)
+
+    def _in_order(self, step: Callable[..., None], *args: Any) -> None:
+        # After a failed step nothing more is written: a later piece appended after a missing one
+        # would make the resume check take the missing rows for stored (lost), and a chunk marked
+        # done after it would never be read again.
+        if self._failed:
+            msg = "snapshot append skipped: an earlier append failed"
+            raise RuntimeError(msg)
+        try:
+            step(*args)
+        except BaseException:
+            self._failed = True
+            raise
 
     def _append(self, topic: str, job: Future[EncodedPiece], rows: int) -> None:
         agent, resume = self._agent, self._resume

@@ -33,7 +33,7 @@ from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import psycopg
 import psycopg.errors
@@ -174,11 +174,20 @@ class CopyRows(Sequence[TupleData]):
     never become Python tuples.
     """
 
-    __slots__ = ("_rows", "data")
+    __slots__ = ("_rows", "blank", "data", "pieces")
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, pieces: list[tuple[int, int, int]] | None = None, blank: bool = True) -> None:
         self.data = data
         self._rows: list[TupleData] | None = None
+        #: :func:`copy_pieces` of ``data`` and whether a line is empty, when the reader knows them (native reads).
+        self.pieces = pieces
+        self.blank = blank
+
+    def native_pieces(self) -> list[tuple[int, int, int]] | None:
+        """The :func:`copy_pieces` of ``data`` when it can take the native pass (:func:`encodable`), else None."""
+        if self.pieces is None:
+            return copy_pieces(self.data) if encodable(self.data) else None
+        return None if self.blank or not encodable_text(self.data) else self.pieces
 
     def _parsed(self) -> list[TupleData]:
         if self._rows is None:
@@ -227,7 +236,10 @@ def _read_chunk(conn: psycopg.Connection[Any], chunk: Chunk, columns: Sequence[s
     size = 0
     native = libpq_speedups()
     if native is not None and pgconn_pointer(conn.pgconn) is not None:
-        for read in _prefetched(_native_copy_out(native, conn, query)):
+        for read, pieces, blank in _prefetched(_native_copy_blocks(native, conn, query, PIECE_BYTES)):
+            if not blocks and pieces is not None:  # whole rows, as COPY sends them: pieces cut by the reader
+                yield CopyRows(read, pieces, blank)
+                continue
             data = b"".join((*blocks, read)) if blocks else read
             blocks = []
             cut = data.rfind(b"\n") + 1
@@ -254,9 +266,10 @@ def _read_chunk(conn: psycopg.Connection[Any], chunk: Chunk, columns: Sequence[s
 
 
 _END = object()
+_Block = TypeVar("_Block")
 
 
-def _prefetched(blocks: Generator[bytes, None, None]) -> Iterator[bytes]:
+def _prefetched(blocks: Generator[_Block, None, None]) -> Iterator[_Block]:
     """``blocks``, read one block ahead in a thread (the extension's reads release the GIL).
 
     The server produces the next block while the caller encodes and appends this one. The
@@ -334,15 +347,27 @@ def _native_copy_out(
     native: ModuleType, conn: psycopg.Connection[Any], query: sql.Composable
 ) -> Generator[bytes, None, None]:
     """:func:`copy_out` with the reads in the extension: blocks of about ``BATCH_BYTES`` (whole messages)."""
+    blocks = _native_copy_blocks(native, conn, query, 0)
+    try:
+        for data, _pieces, _blank in blocks:
+            yield data
+    finally:
+        blocks.close()
+
+
+def _native_copy_blocks(
+    native: ModuleType, conn: psycopg.Connection[Any], query: sql.Composable, piece_bytes: int
+) -> Generator[tuple[bytes, list[tuple[int, int, int]] | None, bool], None, None]:
+    """:func:`_native_copy_out` with each block's pieces and blank-line flag (``copy_chunk``)."""
     _start_copy(conn, query)
     pgconn = conn.pgconn
     ptr = pgconn_pointer(pgconn)
     finished = False
     try:
         while True:
-            data, status = native.copy_chunk(ptr, BATCH_BYTES)
+            data, status, pieces, blank = native.copy_chunk(ptr, BATCH_BYTES, piece_bytes)
             if data:
-                yield data
+                yield data, pieces, blank
             if status == -1:
                 break
             if status < 0:
@@ -387,10 +412,15 @@ def encodable(data: bytes) -> bool:
 
     Not UTF-8 (a SQL_ASCII database) or empty lines (no row): :meth:`EventBuilder.snapshot_records`.
     """
-    from capture.events import is_utf8  # events imports this module
-
     if data.startswith(b"\n") or b"\n\n" in data:
         return False
+    return encodable_text(data)
+
+
+def encodable_text(data: bytes) -> bool:
+    """Whether COPY text is UTF-8 (:func:`encodable` without the empty-line check)."""
+    from capture.events import is_utf8  # events imports this module
+
     return is_utf8(data)
 
 

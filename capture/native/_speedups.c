@@ -424,6 +424,7 @@ typedef size_t (*zstd_compress_cctx_fn)(void *cctx, void *dst, size_t cap, const
 typedef size_t (*zstd_bound_fn)(size_t n);
 typedef unsigned (*zstd_is_error_fn)(size_t code);
 typedef unsigned (*zstd_version_fn)(void);
+typedef size_t (*zstd_decompress_fn)(void *dst, size_t cap, const void *src, size_t n);
 
 static int zstd_state; /* 0: not tried yet, 1: bound, -1: no usable libzstd */
 static zstd_create_cctx_fn zstd_create_cctx;
@@ -431,6 +432,7 @@ static zstd_free_cctx_fn zstd_free_cctx;
 static zstd_compress_cctx_fn zstd_compress_cctx;
 static zstd_bound_fn zstd_bound;
 static zstd_is_error_fn zstd_is_error;
+static zstd_decompress_fn zstd_decompress;
 static unsigned zstd_version_number;
 
 /* Called with the GIL held (it serialises the first binding). */
@@ -447,9 +449,10 @@ static int zstd_bind(void) {
     zstd_compress_cctx = (zstd_compress_cctx_fn)dlsym(handle, "ZSTD_compressCCtx");
     zstd_bound = (zstd_bound_fn)dlsym(handle, "ZSTD_compressBound");
     zstd_is_error = (zstd_is_error_fn)dlsym(handle, "ZSTD_isError");
+    zstd_decompress = (zstd_decompress_fn)dlsym(handle, "ZSTD_decompress");
     /* Negative levels (level -1, batch_codec.ZSTD_LEVEL) need 1.3.4; the frame format is the same. */
     if (!version || !zstd_create_cctx || !zstd_free_cctx || !zstd_compress_cctx || !zstd_bound || !zstd_is_error ||
-        version() < 10304) {
+        !zstd_decompress || version() < 10304) {
         dlclose(handle);
         return 0;
     }
@@ -460,6 +463,72 @@ static int zstd_bind(void) {
 
 static void zstd_free_context(void *cctx) {
     if (cctx != NULL && zstd_free_cctx != NULL) zstd_free_cctx(cctx);
+}
+
+/* zstd_compress(data, level) -> one zstd frame of data, or None without libzstd (zstd_version()).
+ * The GIL is released while compressing. */
+static PyObject *py_zstd_compress(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    int level;
+    if (!PyArg_ParseTuple(args, "y*i", &view, &level)) return NULL;
+    if (!zstd_bind()) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    size_t bound = zstd_bound((size_t)view.len);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bound);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    size_t got;
+    Py_BEGIN_ALLOW_THREADS
+    void *cctx = zstd_create_cctx();
+    got = cctx ? zstd_compress_cctx(cctx, PyBytes_AS_STRING(out), bound, view.buf, (size_t)view.len, level) : 0;
+    if (cctx == NULL) got = (size_t)-1;
+    zstd_free_context(cctx);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (zstd_is_error(got)) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_MemoryError, "zstd could not compress (no memory)");
+        return NULL;
+    }
+    if (_PyBytes_Resize(&out, (Py_ssize_t)got) < 0) return NULL;
+    return out;
+}
+
+/* zstd_decompress(frame, size) -> the size bytes frame holds (ValueError when it does not hold
+ * exactly that many, or is no zstd frame), or None without libzstd. The GIL is released. */
+static PyObject *py_zstd_decompress(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "y*n", &view, &size)) return NULL;
+    if (!zstd_bind()) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    if (size < 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "zstd_decompress(): negative size");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    size_t got;
+    Py_BEGIN_ALLOW_THREADS
+    got = zstd_decompress(PyBytes_AS_STRING(out), (size_t)size, view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (zstd_is_error(got) || got != (size_t)size) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_ValueError, zstd_is_error(got) ? "not a zstd frame of that size" : "zstd frame of another size");
+        return NULL;
+    }
+    return out;
 }
 
 /* zstd_version() -> the bound libzstd's version number (10504 for 1.5.4), or None when batches
@@ -1914,20 +1983,27 @@ static void *conn_arg(PyObject *arg) {
     return conn;
 }
 
-/* copy_chunk(conn_ptr, max_bytes) -> (data, status): CopyData messages of a COPY OUT,
- * concatenated, read blocking (the GIL released) until at least max_bytes are in hand
- * (status 1), the copy ends (-1) or fails (-2; the data read before comes along). */
+/* copy_chunk(conn_ptr, max_bytes, piece_bytes=0) -> (data, status, pieces, blank): CopyData
+ * messages of a COPY OUT, concatenated, read blocking (the GIL released) until at least max_bytes
+ * are in hand (status 1), the copy ends (-1) or fails (-2; the data read before comes along).
+ * A COPY TO text message is one row ending in a newline, so the reader knows what
+ * capture.snapshot.copy_pieces and encodable would scan the block for: pieces is the block cut
+ * after the first row ending at or past each piece_bytes, as [(start, end, rows), ...] (None
+ * when piece_bytes is 0 or a message does not end in a newline), blank whether a row is an
+ * empty line. */
 static PyObject *py_copy_chunk(PyObject *self, PyObject *args) {
     PyObject *ptr;
-    Py_ssize_t max_bytes;
-    if (!PyArg_ParseTuple(args, "On", &ptr, &max_bytes)) return NULL;
+    Py_ssize_t max_bytes, piece_bytes = 0;
+    if (!PyArg_ParseTuple(args, "On|n", &ptr, &max_bytes, &piece_bytes)) return NULL;
     void *conn = conn_arg(ptr);
     if (conn == NULL) return NULL;
     /* The messages go straight into the bytes object returned (one copy, no scratch buffer). */
     Py_ssize_t cap = (max_bytes > 0 ? max_bytes : 0) + 65536, len = 0;
     PyObject *data = PyBytes_FromStringAndSize(NULL, cap);
     if (data == NULL) return NULL;
-    int status = 1;
+    Py_ssize_t *cuts = NULL, ncuts = 0, cuts_cap = 0; /* (end, rows) pairs */
+    Py_ssize_t rows = 0, piece_start = 0, piece_rows = 0;
+    int status = 1, blank = 0, whole = piece_bytes > 0, nomem = 0;
     Py_BEGIN_ALLOW_THREADS
     while (len < max_bytes) {
         char *row = NULL;
@@ -1950,11 +2026,56 @@ static PyObject *py_copy_chunk(PyObject *self, PyObject *args) {
         }
         memcpy(PyBytes_AS_STRING(data) + len, row, (size_t)n);
         len += n;
+        rows++;
+        blank |= n == 1 && row[0] == '\n';
+        whole &= row[n - 1] == '\n';
         pq_freemem(row);
+        if (whole && len - piece_start >= piece_bytes) {
+            if (ncuts == cuts_cap) {
+                Py_ssize_t grown = cuts_cap ? cuts_cap * 2 : 16;
+                Py_ssize_t *bigger = realloc(cuts, (size_t)grown * 2 * sizeof(Py_ssize_t));
+                if (bigger == NULL) {
+                    nomem = 1;
+                    break;
+                }
+                cuts = bigger;
+                cuts_cap = grown;
+            }
+            cuts[2 * ncuts] = len;
+            cuts[2 * ncuts + 1] = rows - piece_rows;
+            ncuts++;
+            piece_start = len;
+            piece_rows = rows;
+        }
     }
     Py_END_ALLOW_THREADS
-    if (data == NULL || _PyBytes_Resize(&data, len) < 0) return NULL;
-    return Py_BuildValue("(Ni)", data, status);
+    PyObject *pieces = NULL;
+    if (nomem) PyErr_NoMemory();
+    if (nomem || data == NULL || _PyBytes_Resize(&data, len) < 0) goto fail;
+    if (!whole) {
+        pieces = Py_NewRef(Py_None);
+    } else {
+        if ((pieces = PyList_New(0)) == NULL) goto fail;
+        Py_ssize_t at = 0;
+        for (Py_ssize_t i = 0; i <= ncuts; i++) {
+            Py_ssize_t end = i < ncuts ? cuts[2 * i] : len, count = i < ncuts ? cuts[2 * i + 1] : rows - piece_rows;
+            if (end == at) continue;
+            PyObject *piece = Py_BuildValue("(nnn)", at, end, count);
+            if (piece == NULL || PyList_Append(pieces, piece) < 0) {
+                Py_XDECREF(piece);
+                goto fail;
+            }
+            Py_DECREF(piece);
+            at = end;
+        }
+    }
+    free(cuts);
+    return Py_BuildValue("(NiNO)", data, status, pieces, blank ? Py_True : Py_False);
+fail:
+    free(cuts);
+    Py_XDECREF(data);
+    Py_XDECREF(pieces);
+    return NULL;
 }
 
 #define XLOG_HEADER_BYTES 25
@@ -2042,10 +2163,13 @@ static PyMethodDef methods[] = {
      "take_changes(frames, pos, changes, lsns) -> pos: decoded changes of an open transaction, appended."},
     {"bind_libpq", py_bind_libpq, METH_VARARGS,
      "bind_libpq(version, WalMessage) -> bool: find psycopg's loaded libpq (PQlibVersion == version)."},
+    {"zstd_compress", py_zstd_compress, METH_VARARGS, "zstd_compress(data, level) -> a zstd frame, or None."},
+    {"zstd_decompress", py_zstd_decompress, METH_VARARGS,
+     "zstd_decompress(frame, size) -> its size bytes (ValueError otherwise), or None."},
     {"zstd_version", py_zstd_version, METH_NOARGS,
      "zstd_version() -> libzstd's version number, or None: copy_batches leaves compression to Python."},
     {"copy_chunk", py_copy_chunk, METH_VARARGS,
-     "copy_chunk(conn_ptr, max_bytes) -> (data, status): COPY OUT messages read blocking, concatenated."},
+     "copy_chunk(conn_ptr, max_bytes, piece_bytes=0) -> (data, status, pieces, blank): COPY OUT rows read blocking."},
     {"wal_frames", py_wal_frames, METH_VARARGS,
      "wal_frames(conn_ptr, max_frames) -> (frames, others, status): buffered COPY BOTH frames, non-blocking."},
     {NULL, NULL, 0, NULL},

@@ -111,8 +111,14 @@ def bind_libpq(version: int, message_type: type, /) -> bool:
 def zstd_version() -> int | None:
     """The version number of the libzstd ``copy_batches`` compresses with; None: it leaves that to Python."""
 
-def copy_chunk(conn_ptr: int, max_bytes: int, /) -> tuple[bytes, int]:
-    """COPY OUT messages read blocking, concatenated until ``max_bytes``: status 1 more, -1 ended, -2 failed."""
+def copy_chunk(
+    conn_ptr: int, max_bytes: int, piece_bytes: int = 0, /
+) -> tuple[bytes, int, list[tuple[int, int, int]] | None, bool]:
+    """COPY OUT rows read blocking, concatenated until ``max_bytes``: ``(data, status, pieces, blank)``.
+
+    Status 1 more, -1 ended, -2 failed. ``pieces``: ``copy_pieces(data, piece_bytes)`` (None when
+    ``piece_bytes`` is 0 or a message is no whole line); ``blank``: a row is an empty line.
+    """
 
 def wal_frames(conn_ptr: int, max_frames: int, /) -> tuple[list[Any], int, int]:
     """Buffered COPY BOTH frames (XLogData as ``message_type``, others bytes), the others' count, a status.

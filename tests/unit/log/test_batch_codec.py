@@ -323,3 +323,25 @@ def test_plain_zlib_and_compressed_batches_read_from_one_segment(tmp_path):
         assert log.offset_for_time("t", 0, at) == min(r.offset for r in got if r.timestamp_ms >= at)
     finally:
         log.close()
+
+
+NATIVE_ZSTD = native.speedups is not None and native.speedups.zstd_version() is not None
+
+
+@pytest.mark.skipif(not NATIVE_ZSTD, reason="the extension found no libzstd (libzstd.so.1): pyarrow's codec only")
+@given(st.binary(max_size=5000), st.integers(1, 40))
+def test_the_extensions_zstd_frames_and_pyarrows_read_each_other(data, repeat):
+    import pyarrow as pa
+
+    plain = data * repeat
+    codec = pa.Codec("zstd", compression_level=batch_codec.ZSTD_LEVEL)
+    mine = native.speedups.zstd_compress(plain, batch_codec.ZSTD_LEVEL)
+    theirs = codec.compress(plain, asbytes=True)
+    assert codec.decompress(mine, decompressed_size=len(plain), asbytes=True) == plain
+    assert native.speedups.zstd_decompress(theirs, len(plain)) == plain
+    assert native.speedups.zstd_decompress(mine, len(plain)) == plain
+    for wrong in (len(plain) + 1, max(len(plain) - 1, 0) if plain else 1):
+        with pytest.raises(ValueError):
+            native.speedups.zstd_decompress(mine, wrong)
+    with pytest.raises(ValueError):
+        native.speedups.zstd_decompress(b"no frame", 10)
