@@ -33,36 +33,36 @@ def latest_per_key(table: pa.Table) -> pa.Table:
     tombstones (ops other than row changes) are left out. A null ``__hw_seq`` sorts
     before every sequence, as in Spark's ordering of the same struct.
     """
-    changes = table.filter(pc.fill_null(pc.is_in(table.column(cols.OP), pa.array(CHANGE_OPS)), False))
+    ops = table.column(cols.OP)
+    is_change = pc.fill_null(pc.is_in(ops, pa.array(CHANGE_OPS)), False)
+    changes = table if pc.all(is_change).as_py() else table.filter(is_change)
     has_key = changes.column(cols.KEY).is_valid()
-    keyless = changes.filter(pc.invert(has_key))
-    keyed = changes.filter(has_key)
-    order = pc.sort_indices(
-        keyed,
-        sort_keys=[
-            (cols.TOPIC, "ascending", "at_start"),
-            (cols.KEY, "ascending", "at_start"),
-            (cols.SEQ, "ascending", "at_start"),
-            (cols.PARTITION, "ascending", "at_start"),
-            (cols.OFFSET, "ascending", "at_start"),
-        ],
-    )
-    ordered = keyed.take(order)
-    rows = ordered.num_rows
+    if pc.all(has_key).as_py():
+        keyless, keyed = changes.slice(0, 0), changes
+    else:
+        keyless, keyed = changes.filter(pc.invert(has_key)), changes.filter(has_key)
+    # A column with one value orders nothing (a reader's table is one topic's partition): left out, same order.
+    sort_keys = [
+        (name, "ascending", "at_start")
+        for name in (cols.TOPIC, cols.KEY, cols.SEQ, cols.PARTITION, cols.OFFSET)
+        if name not in (cols.TOPIC, cols.PARTITION) or pc.count_distinct(keyed.column(name), mode="all").as_py() > 1
+    ]
+    order = pc.sort_indices(keyed, sort_keys=sort_keys).to_numpy()
+    rows = len(order)
     if rows:
-        keys = ordered.column(cols.KEY).combine_chunks()
-        topics = ordered.column(cols.TOPIC).combine_chunks()
-        # new_group[i]: row i starts a (topic, key) group.
-        same = pc.and_(
-            pc.equal(keys.slice(1), keys.slice(0, rows - 1)), pc.equal(topics.slice(1), topics.slice(0, rows - 1))
-        )
-        new_group = np.concatenate([[True], ~same.to_numpy(zero_copy_only=False)])
+        # new_group[i]: the i-th row in order starts a (topic, key) group.
+        new_group = np.zeros(rows, np.bool_)
+        new_group[0] = True
+        for name in (cols.KEY, cols.TOPIC):
+            column = keyed.column(name).take(order).combine_chunks()
+            same = pc.equal(column.slice(1), column.slice(0, rows - 1)).to_numpy(zero_copy_only=False)
+            new_group[1:] |= ~same
         firsts = np.flatnonzero(new_group)
         lasts = np.concatenate([firsts[1:] - 1, [rows - 1]])
-        latest = ordered.take(pa.array(lasts))
-        first_ops = ordered.column(cols.OP).take(pa.array(firsts))
+        latest = keyed.take(pa.array(order[lasts]))
+        first_ops = keyed.column(cols.OP).take(pa.array(order[firsts]))
     else:
-        latest, first_ops = ordered, pa.array([], pa.string())
+        latest, first_ops = keyed, pa.array([], pa.string())
     latest = latest.append_column(cols.FIRST_OP, first_ops)
     keyless = keyless.append_column(cols.FIRST_OP, keyless.column(cols.OP))
     return pa.concat_tables([latest, keyless])

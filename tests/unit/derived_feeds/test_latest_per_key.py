@@ -72,3 +72,20 @@ def test_empty_and_message_only_input():
     empty = pa.Table.from_batches([build.build([])])
     assert latest_per_key(empty).num_rows == 0
     assert "__hw_first_op" in latest_per_key(empty).column_names
+
+
+def test_several_topics_and_partitions_in_one_table():
+    """Topic and partition order the rows when they vary (a reader's table has one of each)."""
+    schema = row_schema(TOPIC, [SCHEMA], TypesConfig())
+    other = "shop.public.others"
+    build = EventBatchBuilder(output_schema(schema.struct()), {TOPIC: schema, other: schema})
+    mixed = [
+        StoredRecord(other if i % 3 == 0 else TOPIC, i % 2, r.offset, 0, r.key, r.value)
+        for i, r in enumerate(records(7))
+    ]
+    batch = build.build(mixed)
+    got = latest_per_key(pa.Table.from_batches([batch])).to_pylist()
+    assert {r["topic"] for r in got} == {TOPIC, other}
+    assert sorted(((r["topic"], r["key"], r["offset"], r["op"], r["__hw_first_op"]) for r in got), key=repr) == (
+        expected(batch.to_pylist())
+    )
