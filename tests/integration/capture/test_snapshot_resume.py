@@ -12,6 +12,7 @@ from pathlib import Path
 
 import orjson
 import psycopg
+import pytest
 
 from capture import snapshot
 from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
@@ -114,3 +115,50 @@ def test_snapshot_sigkilled_mid_chunk_resumes_with_every_row_once(pg_server, uni
     assert all(v["after"]["label"].endswith("\twith a tab") for v in values)
     sequences = [(v["source"]["commit_lsn"], v["source"]["txn_index"]) for v in values]
     assert len(set(sequences)) == len(sequences)
+
+
+def test_snapshot_append_failure_stops_the_writer_and_resumes_with_every_row_once(
+    pg_server, unique_name, tmp_path, monkeypatch
+):
+    """A failed append mid-snapshot: nothing after it is written (no gap behind a later batch), the
+    chunk is not done, and the next run writes every row once."""
+    dsn = pg_server.create_database(unique_name("snapfail"))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE t (id bigint PRIMARY KEY, label text, at timestamptz);"
+            f"INSERT INTO t SELECT g, 'row ' || g, now() FROM generate_series(1, {ROWS}) g;"
+            "CREATE PUBLICATION pub_snap FOR TABLE t"
+        )
+        conn.execute("VACUUM ANALYZE t")
+    monkeypatch.setattr(snapshot, "CHUNK_PAGES", 16)
+    monkeypatch.setattr(snapshot, "PIECE_BYTES", 4096)
+    real_append = FileLog.append
+    calls = Counter()
+
+    def append(self, topic, partition, records):
+        if topic == "snap.public.t" and partition == 1:
+            calls[partition] += 1
+            if calls[partition] == 6:
+                raise RuntimeError("injected append failure")
+        return real_append(self, topic, partition, records)
+
+    monkeypatch.setattr(FileLog, "append", append)
+    log = FileLog(tmp_path / "log")
+    try:
+        with pytest.raises(RuntimeError, match="injected append failure"):
+            agent_for(dsn, tmp_path, log).run(until_caught_up=True)
+        stored = read_values(log)
+    finally:
+        log.close()
+    assert calls[1] == 6, "the writer went on appending to the partition after its failed append"
+    assert 0 < len(stored) < ROWS
+    monkeypatch.setattr(FileLog, "append", real_append)
+    log = FileLog(tmp_path / "log")
+    try:
+        agent_for(dsn, tmp_path, log).run(until_caught_up=True)
+        values = read_values(log)
+    finally:
+        log.close()
+    ids = Counter(v["after"]["id"] for v in values)
+    assert sorted(ids) == list(range(1, ROWS + 1)), "a row is missing"
+    assert max(ids.values()) == 1, "rows written twice"
