@@ -686,22 +686,36 @@ def test_the_native_pass_compresses_its_batches_itself_and_reuses_its_buffers() 
     columns = [RelationColumn(True, "id", Oid.INT8, -1), RelationColumn(False, "label", Oid.TEXT, -1)]
     encoder = RowConverter(columns, TypesConfig()).native_encoder([0, 1], [0])
     assert encoder is not None
-    data = b"".join(b"%d\tlabel %d\n" % (i, i) for i in range(3000))
+    import pyarrow as pa
+
+    rows = 30_000  # ~1.5 MB of records: several zstd frames (COMPRESS_SEGMENT) per batch
+    data = b"".join(b"%d\tlabel %d\n" % (i, i) for i in range(rows))
     for nparts in (3, 1, 5, 2):  # fewer and more partitions than the call before
         plain = encoder.copy_batches(data, 0, len(data), b"<", b">", b".", 7, nparts, 9)
         zipped = encoder.copy_batches(data, 0, len(data), b"<", b">", b".", 7, nparts, 9, batch_codec.ZSTD_LEVEL)
-        assert plain[:2] == zipped[:2] == (len(data), 3007)
+        assert plain[:2] == zipped[:2] == (len(data), rows + 7)
         for mine, small in zip(plain[2], zipped[2], strict=True):
             assert (mine is None) == (small is None)
             if mine is None or small is None:
                 continue
             assert mine[1:] == (*small[1:3], 0) and small[3] == batch_codec.CODEC_ZSTD
-            assert len(small[0]) < len(mine[0]) // 5
+            assert len(small[0]) < len(mine[0]) // 3
             sealed = bytes(batch_codec.EncodedBatch(small[0], small[1], 9, small[3]).seal(0))
             header = batch_codec.parse_header(sealed)
             assert header is not None and batch_codec.crc_ok(sealed, 0, header)
             records, at = batch_codec.records_section(sealed, 0, header)
             assert bytes(records[at:]) == bytes(mine[0][batch_codec.HEADER_SIZE :])
+            # The frames read with pyarrow's codec too (readers without the extension).
+            raw = len(mine[0]) - batch_codec.HEADER_SIZE
+            frames = small[0][batch_codec.HEADER_SIZE + 4 :]
+            assert small[0][batch_codec.HEADER_SIZE : batch_codec.HEADER_SIZE + 4] == raw.to_bytes(4, "little")
+            unpacked = pa.Codec("zstd").decompress(frames, decompressed_size=raw, asbytes=True)
+            assert unpacked == bytes(mine[0][batch_codec.HEADER_SIZE :])
+    # Records zstd cannot make smaller (one short row: the frame's own bytes are more) come back
+    # plain (codec 0), as compress_records decides, the same as without compression.
+    one = b"1\ta\n"
+    tiny = encoder.copy_batches(one, 0, len(one), b"", b"", b"", 0, 1, 9, batch_codec.ZSTD_LEVEL)
+    assert tiny == encoder.copy_batches(one, 0, len(one), b"", b"", b"", 0, 1, 9) and tiny[2][0][3] == 0
 
 
 def test_without_native_zstd_the_batches_come_back_plain_and_python_compresses_them(monkeypatch) -> None:
