@@ -12,6 +12,7 @@ partition holds all of a batch's records or none of them.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -26,7 +27,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 from derived_feeds.expectations import ERROR_HEADER, EXPECTATION_HEADER, Check
 from derived_feeds.feed_errors import FeedExpectationError
 from log.base import Log, Record
-from log.column_batches import ColumnRecords
+from log.column_batches import BatchScratch, ColumnRecords
 from log.envelope import Op
 from log.file_log import FileLog
 from log.partitioner import partitions_for
@@ -178,7 +179,7 @@ def append_once(
     by_partition: dict[int, Sequence[Record]]
     if isinstance(records, ColumnRecords) and isinstance(log, FileLog):
         now_ms = time.time_ns() // 1_000_000  # what the file log stamps a record without a timestamp with
-        batches = records.partition_batches(partitions, now_ms)
+        batches = records.partition_batches(partitions, now_ms, _thread_scratch())
         by_partition = {partition: batch for partition, batch in enumerate(batches) if batch is not None}
     else:
         grouped: dict[int, list[Record]] = {}
@@ -195,6 +196,17 @@ def append_once(
             memo[(topic, partition)] = (result.last_offset + 1, marker)
         written += len(batch)
     return written
+
+
+_scratch = threading.local()
+
+
+def _thread_scratch() -> BatchScratch:
+    """This thread's batch buffers (``foreachBatch`` calls of one query come on one thread at a time)."""
+    scratch: BatchScratch | None = getattr(_scratch, "buffers", None)
+    if scratch is None:
+        scratch = _scratch.buffers = BatchScratch()
+    return scratch
 
 
 def _already_appended(log: Log, topic: str, partition: int, marker: BatchMarker, memo: AppendMemo | None) -> bool:

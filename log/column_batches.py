@@ -117,8 +117,13 @@ class ColumnRecords(Sequence[Record]):
             self._records = out
         return self._records
 
-    def partition_batches(self, partitions: int, now_ms: int) -> list[EncodedBatch | None]:
-        """Per partition, its records (timestamp ``now_ms``) as a batch the file log appends; None where none."""
+    def partition_batches(
+        self, partitions: int, now_ms: int, scratch: BatchScratch | None = None
+    ) -> list[EncodedBatch | None]:
+        """Per partition, its records (timestamp ``now_ms``) as a batch the file log appends; None where none.
+
+        With ``scratch`` the batches are built in its buffers where it can (see :class:`BatchScratch`).
+        """
         if partitions <= 0:
             msg = "partitions must be positive"
             raise ValueError(msg)
@@ -131,10 +136,40 @@ class ColumnRecords(Sequence[Record]):
         if self.deletes is not None:
             flags = self.deletes.cast(pa.uint8())  # one byte per row, as the extension reads them
             deletes = memoryview(flags.buffers()[1])[flags.offset :]
+        buffers = None if scratch is None else scratch.buffers_for(partitions)
         found = _native.column_batches(
-            self.rows, _buffers(self.keys), _buffers(self.values), deletes, partitions, headers, now_ms
+            self.rows, _buffers(self.keys), _buffers(self.values), deletes, partitions, headers, now_ms, buffers
         )
+        if scratch is not None:
+            scratch.trim()
         return [None if entry is None else EncodedBatch(entry[0], entry[1], now_ms) for entry in found]
+
+
+class BatchScratch:
+    """Buffers that :meth:`ColumnRecords.partition_batches` builds batches in from call to call.
+
+    A fresh multi-MiB buffer costs its page faults (more than encoding the records into it).
+    A buffer is reused only while nothing but this scratch holds it (the extension checks), so
+    a batch still referenced is never overwritten. At most ``max_bytes`` are kept between
+    calls. One user at a time (a thread's own).
+    """
+
+    __slots__ = ("buffers", "max_bytes")
+
+    def __init__(self, max_bytes: int = 256 << 20) -> None:
+        self.buffers: list[bytearray | None] = []
+        self.max_bytes = max_bytes
+
+    def buffers_for(self, partitions: int) -> list[bytearray | None]:
+        """One slot per partition (the extension puts a new buffer where it could not reuse one)."""
+        if len(self.buffers) != partitions:
+            self.buffers = [None] * partitions
+        return self.buffers
+
+    def trim(self) -> None:
+        """Let go of the buffers when they hold more than ``max_bytes``."""
+        if sum(len(b) for b in self.buffers if b is not None) > self.max_bytes:
+            self.buffers = [None] * len(self.buffers)
 
 
 def _buffers(array: pa.Array) -> tuple[pa.Buffer | None, pa.Buffer, pa.Buffer | bytes, int, bool]:

@@ -122,22 +122,48 @@ static inline char *put_record(char *p, uint32_t delta, int64_t ts, const char *
     return p;
 }
 
-/* column_batches(n, keys, values, deletes, partitions, headers, now_ms) -> [(bytearray, count) | None]
+/* A bytearray of size bytes for partition p: scratch[p] resized when nothing but the scratch list
+ * holds it (no batch of an earlier call still uses it, no buffer export), else a new one put there.
+ * Reusing the memory saves the page faults of a fresh multi-MiB buffer (~60 % of this function's
+ * CPU for a 100k-event batch here). */
+static PyObject *batch_buffer(PyObject *scratch, Py_ssize_t p, Py_ssize_t size) {
+    if (scratch != Py_None) {
+        PyObject *old = PyList_GET_ITEM(scratch, p);
+        if (PyByteArray_CheckExact(old) && Py_REFCNT(old) == 1) {
+            if (PyByteArray_Resize(old, size) == 0) return Py_NewRef(old);
+            PyErr_Clear(); /* exported meanwhile: a new one */
+        }
+    }
+    PyObject *fresh = PyByteArray_FromStringAndSize(NULL, size);
+    if (fresh == NULL || scratch == Py_None) return fresh;
+    if (PyList_SetItem(scratch, p, Py_NewRef(fresh)) < 0) {
+        Py_DECREF(fresh);
+        return NULL;
+    }
+    return fresh;
+}
+
+/* column_batches(n, keys, values, deletes, partitions, headers, now_ms, scratch) -> [(bytearray, count) | None]
  *
  * keys, values: (validity | None, offsets, data, offset, wide) of an Arrow string/binary array of
  * n rows; deletes: n bytes (non-zero: the row is a delete and a tombstone follows it) or None;
- * headers: every record's encoded headers. One entry per partition: None, or the records routed
+ * headers: every record's encoded headers; scratch: None or a list of `partitions` items whose
+ * bytearrays are reused (see batch_buffer). One entry per partition: None, or the records routed
  * there behind a header placeholder and how many. Every record's timestamp is now_ms. */
 static PyObject *py_column_batches(PyObject *self, PyObject *args) {
     Py_ssize_t n, partitions, hlen;
-    PyObject *key_spec, *value_spec, *deletes_obj;
+    PyObject *key_spec, *value_spec, *deletes_obj, *scratch;
     const char *headers;
     long long now_ms;
-    if (!PyArg_ParseTuple(args, "nO!O!Ony#L", &n, &PyTuple_Type, &key_spec, &PyTuple_Type, &value_spec,
-                          &deletes_obj, &partitions, &headers, &hlen, &now_ms))
+    if (!PyArg_ParseTuple(args, "nO!O!Ony#LO", &n, &PyTuple_Type, &key_spec, &PyTuple_Type, &value_spec,
+                          &deletes_obj, &partitions, &headers, &hlen, &now_ms, &scratch))
         return NULL;
     if (partitions <= 0 || partitions > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "column_batches(): partitions must be positive");
+        return NULL;
+    }
+    if (scratch != Py_None && (!PyList_CheckExact(scratch) || PyList_GET_SIZE(scratch) != partitions)) {
+        PyErr_SetString(PyExc_TypeError, "column_batches(): scratch must be None or a list of one item per partition");
         return NULL;
     }
     if (hlen > UINT32_MAX) {
@@ -207,7 +233,7 @@ static PyObject *py_column_batches(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "column_batches(): a partition's batch would exceed 4 GiB");
             goto done;
         }
-        PyObject *buffer = PyByteArray_FromStringAndSize(NULL, PLACEHOLDER + sizes[p]);
+        PyObject *buffer = batch_buffer(scratch, p, PLACEHOLDER + sizes[p]);
         if (buffer == NULL) goto done;
         PyObject *entry = Py_BuildValue("(Nn)", buffer, counts[p]);
         if (entry == NULL) goto done;
@@ -248,8 +274,8 @@ done:
 
 PyMethodDef hw_batch_columns_methods[] = {
     {"column_batches", py_column_batches, METH_VARARGS,
-     "column_batches(n, keys, values, deletes, partitions, headers, now_ms) -> [(batch, count) | None per "
-     "partition]\n\nkeys, values: (validity, offsets, data, offset, wide) of Arrow string/binary arrays. See "
-     "log/column_batches.py."},
+     "column_batches(n, keys, values, deletes, partitions, headers, now_ms, scratch) -> [(batch, count) | None per "
+     "partition]\n\nkeys, values: (validity, offsets, data, offset, wide) of Arrow string/binary arrays; scratch: "
+     "None or a list of reusable bytearrays, one per partition. See log/column_batches.py."},
     {NULL, NULL, 0, NULL},
 };

@@ -11,13 +11,15 @@ from capture import native
 from log import column_batches
 from log.base import Record, TopicSpec
 from log.batch_codec import encode_batch, encode_headers
-from log.column_batches import ColumnRecords, _column_batches_python
+from log.column_batches import BatchScratch, ColumnRecords, _column_batches_python
 from log.file_log import FileLog
 from log.partitioner import partitions_for
 
 NOW = 1_763_700_000_123
 MARKER = (("headwater.feed.batch", b"0123456789abcdef:42"),)
 TYPES = [pa.string(), pa.large_string(), pa.binary()]
+#: Reused by every example: a buffer left longer by an earlier example must not leak into a batch.
+SCRATCH = BatchScratch()
 
 texts = st.one_of(st.none(), st.text(max_size=12), st.sampled_from(["", '{"id":1}', "é€😀", '{"k":"\\u0000"}']))
 rows = st.lists(st.tuples(texts, texts, st.one_of(st.none(), st.booleans())), max_size=40)
@@ -74,6 +76,7 @@ def test_batches_are_the_record_paths_bytes_native_and_python(data, partitions, 
     assert sealed(python) == want
     if native.speedups is not None:
         assert sealed(records.partition_batches(partitions, NOW)) == want
+        assert sealed(records.partition_batches(partitions, NOW, SCRATCH)) == want
 
 
 def test_chunked_columns_and_no_delete_flags():
@@ -139,3 +142,29 @@ def test_file_log_segments_are_identical_to_the_record_paths(tmp_path, compressi
     finally:
         for log in logs.values():
             log.close()
+
+
+@pytest.mark.skipif(native.speedups is None, reason="the scratch buffers are the extension's (HEADWATER_NATIVE=0)")
+def test_scratch_buffers_are_reused_only_when_no_batch_holds_them():
+    scratch = BatchScratch()
+    first = ColumnRecords(pa.array(['{"id":1}', '{"id":2}']), pa.array(["a", "b"]), None, MARKER)
+    second = ColumnRecords(
+        pa.array(['{"id":1}', '{"id":2}']), pa.array(["x" * 500, "y"]), pa.array([True, True]), MARKER
+    )
+    held = first.partition_batches(1, NOW, scratch)
+    kept = bytes(held[0].buffer)
+    again = second.partition_batches(1, NOW, scratch)
+    assert again[0].buffer is not held[0].buffer and bytes(held[0].buffer) == kept, "a held batch is never overwritten"
+    buffer = id(again[0].buffer)  # the scratch keeps it alive: the id stays its own
+    want = sealed(second.partition_batches(1, NOW))
+    del again, held
+    reused = second.partition_batches(1, NOW, scratch)
+    assert id(reused[0].buffer) == buffer, "a buffer only the scratch holds is built in again"
+    assert sealed(reused) == want
+    del reused
+    small = first.partition_batches(1, NOW, scratch)  # the same buffer, shrunk: no byte of the longer batch left
+    assert id(small[0].buffer) == buffer
+    assert sealed(small) == sealed(first.partition_batches(1, NOW))
+    tiny = BatchScratch(max_bytes=10)
+    second.partition_batches(1, NOW, tiny)
+    assert tiny.buffers == [None], "more than max_bytes is not kept"
