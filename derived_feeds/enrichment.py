@@ -110,7 +110,9 @@ def _prior_state(spark: SparkSession, plan: FeedPlan, batch_id: int, schema: Str
     """Rows not deleted after batch ``batch_id - 1`` (empty before the first batch)."""
     if batch_id == 0:
         return spark.createDataFrame([], schema)
-    state = state_tables(spark, plan.spec.checkpoint / "spark", batch_id - 1)
+    image_type = schema[IMAGE].dataType
+    assert isinstance(image_type, StructType)
+    state = state_tables(spark, plan.spec.checkpoint / "spark", batch_id - 1, image_type)
     return state.where(F.col(cols.OP) != Op.DELETE.value).select(*schema.fieldNames()).localCheckpoint()
 
 

@@ -18,6 +18,14 @@ load 12-17): the Python processor makes state calls per key over a socket, 5,000
 20 s per micro-batch (``applyInPandasWithState`` 37-49 s); the aggregation runs in the JVM,
 20,000 keys took 1.7-4.3 s. Deleted keys stay in the state with op ``d`` (an aggregation
 cannot drop a key); rows without a key (keyless tables, truncates) are left out.
+
+The state keeps each row image as JSON text, not as a STRUCT of the topics' columns: Spark
+refuses to resume a state whose value schema changed, and a captured table gaining,
+losing or renaming a column changes the row type of the stream. The text is parsed back
+with the row type of the running query (a column added later is null in images written
+before it; a dropped column is ignored), so the feed goes on across schema changes.
+Checkpoints written while the state kept STRUCT images are refused with one line naming
+``headwater reprocess``.
 """
 
 from __future__ import annotations
@@ -28,15 +36,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from derived_feeds import event_schema as cols
 from derived_feeds.errors import DerivedFeedsError
+from derived_feeds.feed_schema import JSON_OPTIONS
 from derived_feeds.transform import IMAGE, META, ROW_OPS, SRC_KEY
 from headwater.errors import PermanentError
 from log.envelope import Op
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
@@ -52,6 +62,10 @@ STATE_STORE_CONF = {
 #: How many changes the key has had since the feed started (1 with op ``c``/``r``: never in the feed before).
 CHANGES = "__hw_changes"
 _LATEST = "__hw_latest"
+#: The row image in the state, as JSON text (see the module docstring).
+_IMAGE_JSON = "__hw_image_json"
+#: Lossless both ways for the types a row image holds (microsecond timestamps, NaN/Infinity, base64 bytes).
+_STATE_JSON = {**JSON_OPTIONS, "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"}
 
 
 class EnrichmentStateError(DerivedFeedsError, PermanentError):
@@ -59,13 +73,23 @@ class EnrichmentStateError(DerivedFeedsError, PermanentError):
 
 
 def check_checkpoint(spec: FeedSpec) -> None:
-    """Refuse a checkpoint whose enrichment state is the earlier Parquet versions (it has no state store)."""
+    """Refuse a checkpoint whose enrichment state an earlier Headwater wrote (Parquet, or STRUCT images)."""
     if spec.state_dir.exists():
-        msg = (
-            f"feed {spec.name}: its checkpoint keeps enrichment state as Parquet (an earlier Headwater), "
-            f"which the state store cannot resume from; run 'headwater reprocess {spec.name}' to rebuild it"
-        )
-        raise EnrichmentStateError(msg)
+        kept = "as Parquet"
+    elif any(b'"name":"__hw_image",' in path.read_bytes() for path in _state_schemas(spec.checkpoint / "spark")):
+        kept = "with typed row images"
+    else:
+        return
+    msg = (
+        f"feed {spec.name}: its checkpoint keeps enrichment state {kept} (an earlier Headwater), "
+        f"which this version cannot resume from; run 'headwater reprocess {spec.name}' to rebuild it"
+    )
+    raise EnrichmentStateError(msg)
+
+
+def _state_schemas(checkpoint: Path) -> list[Path]:
+    """The state schema files Spark keeps per operator (``state/<op>/<partition>/_metadata/schema``)."""
+    return sorted((checkpoint / "state").glob("*/*/_metadata/schema"))
 
 
 def latest_per_key(events: DataFrame) -> DataFrame:
@@ -75,15 +99,28 @@ def latest_per_key(events: DataFrame) -> DataFrame:
     delete), META, ``__hw_changes``. Order is the source order ``(__hw_seq, partition, offset)``,
     as :func:`derived_feeds.transform.latest_changes`.
     """
+    image_type = events.schema[cols.AFTER].dataType
+    assert isinstance(image_type, StructType), "enriched topics are typed (checked by plan_feed)"
     image = F.when(F.col(cols.OP) == Op.DELETE.value, F.col(cols.BEFORE)).otherwise(F.col(cols.AFTER))
     rows = events.where(F.col(cols.OP).isin(*ROW_OPS) & F.col(cols.KEY).isNotNull())
     order = F.struct(F.col(cols.SEQ), F.col(cols.PARTITION), F.col(cols.OFFSET))
-    latest = F.max_by(F.struct(cols.OP, image.alias(IMAGE), *META), order)
+    latest = F.max_by(F.struct(cols.OP, F.to_json(image, _STATE_JSON).alias(_IMAGE_JSON), *META), order)
     return (
         rows.groupBy(F.col(cols.TOPIC), F.col(cols.KEY).alias(SRC_KEY))
         .agg(latest.alias(_LATEST), F.count(F.lit(1)).alias(CHANGES))
-        .select(cols.TOPIC, SRC_KEY, f"{_LATEST}.*", CHANGES)
+        .select(
+            cols.TOPIC,
+            SRC_KEY,
+            F.col(_LATEST)[cols.OP].alias(cols.OP),
+            _parsed(F.col(_LATEST)[_IMAGE_JSON], image_type),
+            *[F.col(_LATEST)[name].alias(name) for name in META],
+            CHANGES,
+        )
     )
+
+
+def _parsed(image_json: Column, image_type: StructType) -> Column:
+    return F.from_json(image_json, image_type, _STATE_JSON).alias(IMAGE)
 
 
 def start_stateful(spark: SparkSession, writer: DataStreamWriter) -> StreamingQuery:
@@ -111,8 +148,10 @@ def _session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[Non
                 spark.conf.set(name, old)
 
 
-def state_tables(spark: SparkSession, checkpoint: Path, batch_id: int) -> DataFrame:
+def state_tables(spark: SparkSession, checkpoint: Path, batch_id: int, image_type: StructType) -> DataFrame:
     """The state after committed micro-batch ``batch_id``, in :func:`latest_per_key`'s columns.
+
+    ``image_type``: the running query's row type (the images are parsed with it).
 
     The operator's key is the grouping ``(topic, key)``, its value the aggregation buffer:
     ``max_by``'s (value, ordering) and ``count``. Both are read by position, so Spark's
@@ -125,6 +164,8 @@ def state_tables(spark: SparkSession, checkpoint: Path, batch_id: int) -> DataFr
     return state.select(
         F.col("key")[keys[0]].alias(cols.TOPIC),
         F.col("key")[keys[1]].alias(SRC_KEY),
-        *[latest[name].alias(name) for name in (cols.OP, IMAGE, *META)],
+        latest[cols.OP].alias(cols.OP),
+        _parsed(latest[_IMAGE_JSON], image_type),
+        *[latest[name].alias(name) for name in META],
         count.alias(CHANGES),
     )
