@@ -52,10 +52,29 @@ def pair_changes(changes: pa.Table, outputs: pa.Table, checks: Sequence[Check] =
     ``__hw_key``, ``op``, ``__hw_after_json`` (null for deletes), META, and check flags
     (null for deletes, which pass every check).
     """
-    ops = _array(changes, cols.OP)
-    is_truncate = pc.fill_null(pc.equal(ops, Op.TRUNCATE.value), False)
-    rows = changes.filter(pc.invert(is_truncate))
-    joined = rows.join(outputs, keys=KEY_JSON, join_type="left outer", use_threads=False)
+    is_truncate = _is_truncate(changes)
+    joined = changes.filter(pc.invert(is_truncate)).join(
+        outputs, keys=KEY_JSON, join_type="left outer", use_threads=False
+    )
+    return _feed_ops(joined, changes.filter(is_truncate), checks)
+
+
+def paired_events(rows: pa.Table, checks: Sequence[Check] = ()) -> pa.Table:
+    """:func:`pair_changes` of changes already paired in Spark (``transform.paired_rows``: one pass).
+
+    ``rows`` has every latest change with its SQL row's JSON and check flags (null where
+    the SQL dropped the row); the same rule, the same columns.
+    """
+    is_truncate = _is_truncate(rows)
+    return _feed_ops(rows.filter(pc.invert(is_truncate)), rows.filter(is_truncate), checks)
+
+
+def _is_truncate(changes: pa.Table) -> pa.Array:
+    return pc.fill_null(pc.equal(_array(changes, cols.OP), Op.TRUNCATE.value), False)
+
+
+def _feed_ops(joined: pa.Table, truncates: pa.Table, checks: Sequence[Check]) -> pa.Table:
+    """The feed rule over changes paired with their SQL rows (``joined``), then the truncates."""
     op = _array(joined, cols.OP)
     is_delete = pc.equal(op, Op.DELETE.value)
     passed = pc.and_(_array(joined, AFTER_JSON).is_valid(), pc.invert(is_delete))
@@ -73,7 +92,6 @@ def pair_changes(changes: pa.Table, outputs: pa.Table, checks: Sequence[Check] =
         **{check.flag: _null_where(deleted, _array(joined, check.flag)) for check in checks},
     }
     events = pa.table(columns).filter(keep)
-    truncates = changes.filter(is_truncate)
     if truncates.num_rows:
         empty = {AFTER_JSON: pa.string(), **{check.flag: pa.bool_() for check in checks}}
         truncate_columns = {

@@ -32,7 +32,7 @@ from pyspark.sql.types import StructType
 from derived_feeds import event_schema as cols
 from derived_feeds.expectations import Check, compile_checks, with_checks
 from derived_feeds.feed_errors import FeedConfigError
-from derived_feeds.feed_events import AFTER_JSON, KEY_JSON, encode_events, pair_changes
+from derived_feeds.feed_events import AFTER_JSON, KEY_JSON, encode_events, pair_changes, paired_events
 from derived_feeds.feed_graph import run_order
 from derived_feeds.feed_schema import JSON_OPTIONS, schema_columns, schema_record, wire_struct
 from derived_feeds.feed_spec import FeedSpec, feed_spec
@@ -47,6 +47,7 @@ from derived_feeds.transform import (
     current_images,
     latest_changes,
     output_rows,
+    paired_rows,
     reduced_changes,
 )
 from headwater.config import ProjectConfig
@@ -72,9 +73,13 @@ class FeedPlan:
     log: Log
     #: The Headwater error that stopped a micro-batch (Spark re-raises it wrapped; this keeps the original).
     error: Exception | None = None
-    stats: dict[str, int] = field(default_factory=lambda: {"batches": 0, "upserts": 0, "deletes": 0, "dropped": 0})
+    stats: dict[str, int] = field(
+        default_factory=lambda: {"batches": 0, "upserts": 0, "deletes": 0, "dropped": 0, "one_pass": 0}
+    )
     #: This process's last append per partition of the feed's topics (``feed_writer.append_once``).
     appended: AppendMemo = field(default_factory=dict)
+    #: The feed key holds every version's key of the source topic: one change per feed key in a batch.
+    unique_key: bool = False
 
 
 def _image_struct(spark: SparkSession, config: ProjectConfig, feed: str, field_name: str, topic: str) -> StructType:
@@ -118,7 +123,19 @@ def plan_feed(spark: SparkSession, config: ProjectConfig, log: Log, spec: FeedSp
     checks = compile_checks(spec.name, spec.config.expectations, output)
     _create_topics(config, log, spec)
     _write_schema(log, spec, output)
-    return FeedPlan(spec, source, lookups, output, checks, log)
+    return FeedPlan(spec, source, lookups, output, checks, log, unique_key=_unique_key(log, spec))
+
+
+def _unique_key(log: Log, spec: FeedSpec) -> bool:
+    """Whether the feed key contains the source topic's key columns in every schema version (none keyless).
+
+    Then the latest changes of a batch (one per source key) have distinct feed keys.
+    """
+    from derived_feeds.log_source import read_schema_records
+
+    versions = read_schema_records(log, [spec.source_topic]).get(spec.source_topic, [])
+    keys = [{c["name"] for c in record.get("columns", []) if c.get("key")} for record in versions]
+    return bool(keys) and all(key and key <= set(spec.key) for key in keys)
 
 
 def _create_topics(config: ProjectConfig, log: Log, spec: FeedSpec) -> None:
@@ -151,12 +168,22 @@ def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarke
 
     Spark computes the latest change per key (already done by the source when read with
     ``latestPerKey``) and the SQL; the driver pairs changes with SQL rows and writes the
-    events' JSON in Arrow (``feed_events``): no shuffle, no join in Spark.
+    events' JSON in Arrow (``feed_events``): no shuffle, no join in Spark. When the SQL is
+    projections and filters over ``source`` and the feed key holds the source's key, one
+    Spark pass returns each change with its SQL row (``transform.paired_rows``); otherwise
+    the reduced changes are cached and read twice (changes, SQL rows) and joined here.
     """
     spec = plan.spec
     spark = batch.sparkSession
     reduced = cols.FIRST_OP in batch.columns  # read with latestPerKey: one row per key already
     latest = (reduced_changes(batch) if reduced else latest_changes(batch)).drop(cols.TOPIC, SRC_KEY)
+    if plan.unique_key:
+        paired = paired_rows(spark, latest, spec.config.sql, spec.key, plan.output, checks=plan.checks)
+        if paired is not None:  # projections/filters: one Spark pass, no cache, no join
+            events = paired_events(paired.toArrow(), plan.checks)
+            _append(plan, log, encode_events(events, spec.name, plan.checks), marker)
+            plan.stats["one_pass"] += 1
+            return
     latest = latest.persist()  # only what the SQL and the pairing read: the cache is built per batch
     try:
         output = apply_sql(spark, current_images(latest), spec.config.sql)

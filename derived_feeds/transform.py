@@ -10,7 +10,9 @@ Per micro-batch of the feed's input (``headwater_log`` rows):
 3. :func:`change_rows` and :func:`output_rows` are what the driver pairs by the feed key
    (``derived_feeds.feed_events.pair_changes``) to decide each key's event: the SQL's row
    as an upsert (the source op ``c``/``u``/``r``), or a delete when the source row was
-   deleted or no longer passes the SQL.
+   deleted or no longer passes the SQL. For SQL that is projections and filters over
+   ``source`` (the common case), :func:`paired_rows` does 2 and 3 in one pass instead:
+   each change with its own SQL row, no second read, no join (same events).
 
 Why deletes without state (decision): a key whose latest image fails the filter gets a
 delete (and a tombstone) whether or not it was in the feed before. Deleting an absent key
@@ -27,7 +29,7 @@ Feed keys are source columns passed through the SQL unchanged (checked at start)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -40,7 +42,7 @@ from derived_feeds.feed_schema import JSON_OPTIONS, wire_struct
 from log.envelope import Op
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 #: Columns of :func:`latest_changes` besides the image.
 SRC_KEY = "__hw_src_key"
@@ -133,3 +135,130 @@ def output_rows(output: DataFrame, key: Sequence[str], image: StructType, checks
         F.to_json(wire_struct(F.col(AFTER), after_type), JSON_OPTIONS).alias(AFTER_JSON),
         *[check.flag for check in checks],
     )
+
+
+# --------------------------------------------------------------------------- one pass (projection/filter SQL)
+
+#: The change behind each row of :func:`source_rows` (hidden from the SQL's output, see :func:`paired_rows`).
+CHANGE = "__hw_change"
+
+
+def source_rows(latest: DataFrame) -> DataFrame:
+    """Every latest change's image columns (deletes: ``before``), plus the change itself as STRUCT ``__hw_change``."""
+    return latest.select(F.col(f"{IMAGE}.*"), F.struct(cols.OP, FIRST_OP, *META).alias(CHANGE))
+
+
+def paired_rows(
+    spark: SparkSession, latest: DataFrame, sql: str, key: Sequence[str], output: StructType, *, checks: Sequence[Check]
+) -> DataFrame | None:
+    """:func:`change_rows` already paired with :func:`output_rows`, in one pass over ``latest``; None if not possible.
+
+    Possible when the SQL's analyzed plan is projections and filters over ``source`` (no
+    join, aggregate, window, subquery, generator or Python UDF), only its top projection
+    computes, and it passes the feed key through unchanged: then each change has at most
+    one SQL row, whose key is the change's, and the SQL's expressions can be evaluated on
+    the change's own row. Filters become one condition (the SQL's WHERE: null fails),
+    evaluated only on the images of changes that are not deletes or truncates; the
+    projection only where it holds. Columns: ``__hw_key``, ``op``, ``__hw_first_op``,
+    META, ``__hw_after_json`` (null where the SQL has no row) and the check flags, i.e.
+    what ``feed_events.paired_events`` reads. The caller makes sure the feed key is
+    unique per change (one row per key in the SQL's output, as in the join).
+    """
+    if CHANGE in latest.schema[IMAGE].dataType.fieldNames():  # type: ignore[attr-defined]
+        return None
+    rows = source_rows(latest)
+    shape = _projection_shape(apply_sql(spark, rows, sql), rows)
+    if shape is None:
+        return None
+    projection, conditions, names = shape
+    if [f.name for f in output.fields] != [name for name, _ in projection] or not all(names.get(k) == k for k in key):
+        return None
+    live = ~F.col(f"{CHANGE}.{cols.OP}").isin(Op.DELETE.value, Op.TRUNCATE.value)
+    passes = F.coalesce(live, F.lit(False))
+    for condition in conditions:  # bottom-up, each evaluated only where the ones below hold (as the SQL)
+        passes = F.when(passes, F.coalesce(condition, F.lit(False))).otherwise(F.lit(False))
+    after = F.when(passes, F.struct(*[column for _, column in projection]))
+    key_json = F.to_json(F.struct(*[rows[name].alias(name) for name in key]), JSON_OPTIONS)
+    change = [F.col(f"{CHANGE}.{name}").alias(name) for name in (cols.OP, FIRST_OP, *META)]
+    paired = rows.select(
+        F.when(F.col(f"{CHANGE}.{cols.OP}") != Op.TRUNCATE.value, key_json).alias(KEY_JSON), *change, after.alias(AFTER)
+    )
+    checked: DataFrame = with_checks(paired, checks)
+    return checked.select(
+        KEY_JSON,
+        cols.OP,
+        FIRST_OP,
+        *META,
+        F.to_json(wire_struct(F.col(AFTER), output), JSON_OPTIONS).alias(AFTER_JSON),
+        *[check.flag for check in checks],
+    )
+
+
+def _projection_shape(
+    frame: DataFrame, rows: DataFrame
+) -> tuple[list[tuple[str, Column]], list[Column], dict[str, str]] | None:
+    """The SQL over ``rows`` as (its top projection, its filters bottom-up, pass-through columns), or None.
+
+    Walks the analyzed plan (py4j) from the top: one ``Project`` (the SQL's select list),
+    then only ``Filter``, pass-through ``Project`` (bare columns), ``SubqueryAlias`` and
+    the ``source`` view over ``rows``. The projection leaves ``__hw_change`` out (a
+    ``SELECT *`` expands it); the third item maps each output column that is a bare
+    column of ``rows`` to that column's name.
+    """
+    from pyspark.sql.classic.column import Column as ClassicColumn
+
+    jvm = frame.sparkSession.sparkContext._jvm
+    assert jvm is not None
+    pattern = jvm.org.apache.spark.sql.catalyst.trees.TreePattern
+    unsafe = [
+        pattern.withName(name)
+        for name in ("PLAN_EXPRESSION", "PYTHON_UDF", "GENERATOR", "AGGREGATE_EXPRESSION", "WINDOW_EXPRESSION")
+    ]
+    base = rows._jdf.queryExecution().analyzed()
+    base_ids = {attribute.exprId().id(): attribute.name() for attribute in _seq(base.output())}
+    hidden = next(i for i, name in base_ids.items() if name == CHANGE)
+    to_column = jvm.org.apache.spark.sql.classic.ExpressionUtils.column
+
+    def is_attribute(expression: Any) -> bool:
+        return bool(expression.getClass().getName() == _ATTRIBUTE)
+
+    node = frame._jdf.queryExecution().analyzed()
+    if node.nodeName() != "Project":
+        return None
+    top = _seq(node.projectList())
+    conditions: list[Any] = []
+    node = node.child()
+    while True:
+        kind = node.nodeName()
+        if kind == "Filter":
+            conditions.append(node.condition())
+        elif kind == "Project":
+            if not all(is_attribute(e) for e in _seq(node.projectList())):
+                return None
+        elif kind == "SubqueryAlias":
+            pass
+        elif kind == "View":
+            child = node.child()
+            if [a.exprId().id() for a in _seq(child.output())] != list(base_ids):
+                return None
+            break
+        else:
+            return None
+        node = node.child()
+    for expression in [*top, *conditions]:
+        if any(expression.containsPattern(p) for p in unsafe):
+            return None
+    projection: list[tuple[str, Column]] = [
+        (str(e.name()), ClassicColumn(to_column(e))) for e in top if not (is_attribute(e) and e.exprId().id() == hidden)
+    ]
+    passed = {str(e.name()): base_ids[e.exprId().id()] for e in top if is_attribute(e) and e.exprId().id() in base_ids}
+    filters: list[Column] = [ClassicColumn(to_column(c)) for c in reversed(conditions)]
+    return projection, filters, passed
+
+
+_ATTRIBUTE = "org.apache.spark.sql.catalyst.expressions.AttributeReference"
+
+
+def _seq(items: Any) -> list[Any]:
+    """A Scala ``Seq`` (py4j) as a list."""
+    return [items.apply(i) for i in range(items.size())]

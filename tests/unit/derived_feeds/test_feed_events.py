@@ -8,7 +8,7 @@ import orjson
 import pyarrow as pa
 
 from derived_feeds.expectations import Check
-from derived_feeds.feed_events import AFTER_JSON, KEY_JSON, encode_events, pair_changes
+from derived_feeds.feed_events import AFTER_JSON, KEY_JSON, encode_events, pair_changes, paired_events
 from log.envelope import CONNECTOR, EVENT_VERSION
 
 UTC = dt.UTC
@@ -124,3 +124,36 @@ def test_several_sql_rows_per_key_and_empty_batches():
     assert encode_events(pair_changes(changes, outputs), "f").num_rows == 2
     empty = pair_changes(changes_table([]), outputs_table([]))
     assert encode_events(empty, "f").num_rows == 0
+
+
+def test_changes_paired_in_spark_make_the_same_events_as_the_driver_join():
+    rows = [
+        ('{"id":1}', "u", "u", 10),
+        ('{"id":2}', "d", "u", 11),
+        ('{"id":3}', "u", "c", 12),
+        ('{"id":4}', "u", "u", 13),
+        (None, "t", "t", 14),
+        ('{"id":5}', "c", "c", 15),
+    ]
+    afters = {'{"id":1}': '{"id":1,"name":"a"}', '{"id":5}': '{"id":5,"name":null}'}
+    flags = {'{"id":1}': True, '{"id":5}': False}
+    check = Check(0, "expect_column_values_to_not_be_null", "name", "drop")
+    changes = changes_table(rows)
+    outputs = outputs_table(list(afters.items()), {check.flag: list(flags.values())})
+    paired = changes.append_column(AFTER_JSON, pa.array([afters.get(r[0]) for r in rows], pa.string()))
+    paired = paired.append_column(check.flag, pa.array([flags.get(r[0]) for r in rows], pa.bool_()))
+
+    joined = encode_events(pair_changes(changes, outputs, [check]), "f", [check])
+    one_pass = encode_events(paired_events(paired, [check]), "f", [check])
+
+    def key(row):
+        return (row["key"] or "", row["op"])
+
+    assert sorted(one_pass.to_pylist(), key=key) == sorted(joined.to_pylist(), key=key)
+    assert {(r["key"], r["op"]) for r in one_pass.to_pylist()} == {
+        ('{"id":1}', "u"),
+        ('{"id":2}', "d"),
+        ('{"id":4}', "d"),
+        (None, "t"),
+        ('{"id":5}', "c"),
+    }

@@ -1,0 +1,132 @@
+"""One Spark pass per micro-batch (``transform.paired_rows``) makes exactly the events of the general path.
+
+The general path runs the feed's SQL over the current images, collects the SQL's rows and
+the latest changes separately and pairs them on the driver by the key's JSON. The one pass
+evaluates a projection/filter SQL on each change's own row. Both run here on the session
+Spark over the same latest changes (deletes, truncates, inserts that never passed, nulls,
+quotes and non-ASCII text, decimals, a drop expectation) and must encode the same events.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import orjson
+import pytest
+import yaml
+from pyspark.sql.types import StructType
+
+from derived_feeds import transform
+from derived_feeds.expectations import compile_checks
+from derived_feeds.feed_events import encode_events, pair_changes, paired_events
+from derived_feeds.feed_job import _unique_key
+from derived_feeds.feed_spec import feed_spec
+from headwater.config import ExpectationConfig, load_config
+from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
+from log.factory import open_log
+
+LATEST = (
+    "__hw_image struct<id:bigint,name:string,balance:decimal(10,2),country:string>, op string, "
+    "__hw_first_op string, __hw_seq string, commit_lsn bigint, txn_index bigint, commit_ts timestamp, "
+    "snapshot string, source_db string, source_schema string, source_table string"
+)
+CHANGES = [
+    ((1, "Ann", Decimal("5.00"), "PT"), "c", "c"),  # insert that passes
+    ((2, "Bob", Decimal("-1.00"), "DE"), "u", "c"),  # first seen as insert, fails the filter: nothing
+    ((3, 'C"y\\', Decimal("-2.00"), "DE"), "u", "u"),  # fails the filter now: delete
+    ((4, None, None, None), "d", "u"),  # deleted (before image: key only)
+    (None, "t", "t"),  # truncate
+    ((5, "Dée ☃", Decimal("7.00"), None), "r", "r"),  # snapshot read, null country
+    ((6, "EVE", Decimal("0.00"), "MX"), "u", "d"),
+    ((7, None, Decimal("3.50"), "US"), "u", "u"),  # null name: fails the drop expectation
+]
+ONE_PASS = [
+    "SELECT id, lower(name) AS name, country FROM source WHERE balance >= 0",
+    "SELECT * FROM source",
+    "SELECT * FROM source WHERE country IS NOT NULL",
+    "SELECT upper(name) AS name, id FROM (SELECT * FROM source WHERE balance >= 0) WHERE country <> 'MX'",
+    "SELECT id, concat(name, '!') AS name, balance * 2 AS balance FROM source WHERE id % 2 = 1 AND balance > 0",
+]
+GENERAL = [
+    "SELECT id, name FROM source WHERE id IN (SELECT id FROM source WHERE balance > 0)",  # subquery
+    "SELECT id, max(name) AS name FROM source GROUP BY id",  # aggregate
+    "SELECT id + 0 AS id, name FROM source",  # key not passed through unchanged
+    "SELECT s.id, t.name FROM source s JOIN source t ON s.id = t.id",  # join
+    "SELECT id, name FROM (SELECT id, upper(name) AS name FROM source) WHERE name <> 'ANN'",  # computed below
+]
+
+
+@pytest.fixture
+def latest(spark):
+    ts = dt.datetime(2026, 1, 2, 3, 4, 5, 678901)
+    rows = [
+        (image, op, first, f"{i:016x}", 100 + i, i, ts, "false", "db", "public", "t")
+        for i, (image, op, first) in enumerate(CHANGES)
+    ]
+    return spark.createDataFrame(rows, LATEST)
+
+
+def general_events(spark, latest, sql, checks):
+    output = transform.apply_sql(spark, transform.current_images(latest), sql)
+    image = latest.schema["__hw_image"].dataType
+    changes = transform.change_rows(latest, ["id"]).toArrow()
+    outputs = transform.output_rows(output, ["id"], image, checks).toArrow()
+    return encode_events(pair_changes(changes, outputs, checks), "f", checks)
+
+
+def output_of(spark, latest, sql) -> StructType:
+    return transform.apply_sql(spark, transform.current_images(latest), sql).schema
+
+
+def sorted_rows(table):
+    return sorted(table.to_pylist(), key=lambda row: (row["key"] or "", row["op"]))
+
+
+@pytest.mark.parametrize("sql", ONE_PASS)
+def test_one_pass_makes_the_events_of_the_general_path(spark, latest, sql):
+    output = output_of(spark, latest, sql)
+    expectations = [{"expect": "expect_column_values_to_not_be_null", "column": "name", "action": "drop"}]
+    checks = compile_checks("f", [ExpectationConfig.model_validate(e) for e in expectations], output)
+
+    paired = transform.paired_rows(spark, latest, sql, ["id"], output, checks=checks)
+
+    assert paired is not None
+    one_pass = encode_events(paired_events(paired.toArrow(), checks), "f", checks)
+    general = general_events(spark, latest, sql, checks)
+    assert sorted_rows(one_pass) == sorted_rows(general)
+    assert general.num_rows >= 4  # upserts, deletes and the truncate are all there
+
+
+@pytest.mark.parametrize("sql", GENERAL)
+def test_sql_that_is_not_projections_and_filters_over_source_takes_the_general_path(spark, latest, sql):
+    assert transform.paired_rows(spark, latest, sql, ["id"], output_of(spark, latest, sql), checks=[]) is None
+
+
+def test_one_pass_only_where_the_feed_key_holds_the_source_key(tmp_path):
+    body = {
+        "project": "p",
+        "home": str(tmp_path / "home"),
+        "feeds": {
+            "by_id": {"from": "s.public.t", "sql": "SELECT * FROM source", "key": ["id"]},
+            "by_country": {"from": "s.public.t", "sql": "SELECT * FROM source", "key": ["country"]},
+            "by_id_country": {"from": "s.public.t", "sql": "SELECT * FROM source", "key": ["id", "country"]},
+            "keyless": {"from": "s.public.k", "sql": "SELECT * FROM source", "key": ["id"]},
+        },
+    }
+    path = tmp_path / "headwater.yaml"
+    path.write_text(yaml.safe_dump(body))
+    config = load_config(path)
+    log = open_log(config)
+    try:
+        log.create_topic(TopicSpec(SCHEMAS_TOPIC, partitions=1))
+
+        def schema(topic, key):
+            columns = [{"name": n, "type_oid": 25, "typmod": -1, "key": n in key} for n in ("id", "country")]
+            return Record(topic.encode(), orjson.dumps({"topic": topic, "columns": columns, "version": 1}))
+
+        append_keyed(log, SCHEMAS_TOPIC, [schema("s.public.t", {"id"}), schema("s.public.k", set())])
+        unique = {name: _unique_key(log, feed_spec(config, name)) for name in body["feeds"]}
+    finally:
+        log.close()
+    assert unique == {"by_id": True, "by_country": False, "by_id_country": True, "keyless": False}
