@@ -955,8 +955,9 @@ class _SnapshotPipeline:
     writer writes nothing more.
     """
 
-    #: Pieces submitted but not yet appended (bounds memory: ~10 MB of records each).
-    AHEAD = ENCODE_THREADS + 2
+    #: Pieces submitted but not yet appended (bounds memory: 2 MiB of COPY text each, and their
+    #: batches: ~0.7 MB compressed, ~18 MB plain).
+    AHEAD = ENCODE_THREADS + 4
 
     def __init__(self, agent: CaptureAgent, builder: EventBuilder, resume: ResumePoint) -> None:
         self._agent = agent
