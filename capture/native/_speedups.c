@@ -32,8 +32,7 @@ typedef struct {
  * raw allocator, which needs no GIL. */
 static _Thread_local int without_gil;
 
-static int buf_reserve(Buf *b, Py_ssize_t extra) {
-    if (b->len + extra <= b->cap) return 0;
+static int buf_grow(Buf *b, Py_ssize_t extra) {
     Py_ssize_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + extra) cap *= 2;
     char *p = PyMem_RawRealloc(b->data, (size_t)cap);
@@ -44,6 +43,11 @@ static int buf_reserve(Buf *b, Py_ssize_t extra) {
     b->data = p;
     b->cap = cap;
     return 0;
+}
+
+/* Room for extra more bytes (the check inline: it runs several times per encoded value). */
+static inline int buf_reserve(Buf *b, Py_ssize_t extra) {
+    return b->len + extra <= b->cap ? 0 : buf_grow(b, extra);
 }
 
 static inline int buf_put(Buf *b, const char *s, Py_ssize_t n) {
