@@ -78,8 +78,9 @@ class FeedPlan:
     )
     #: This process's last append per partition of the feed's topics (``feed_writer.append_once``).
     appended: AppendMemo = field(default_factory=dict)
-    #: The feed key holds every version's key of the source topic: one change per feed key in a batch.
-    unique_key: bool = False
+    #: Whether to try the one-pass batch (``transform.paired_rows``): the feed key holds every version's
+    #: key of the source topic (one change per feed key in a batch), and the SQL has not been found unfit.
+    one_pass: bool = False
 
 
 def _image_struct(spark: SparkSession, config: ProjectConfig, feed: str, field_name: str, topic: str) -> StructType:
@@ -123,7 +124,7 @@ def plan_feed(spark: SparkSession, config: ProjectConfig, log: Log, spec: FeedSp
     checks = compile_checks(spec.name, spec.config.expectations, output)
     _create_topics(config, log, spec)
     _write_schema(log, spec, output)
-    return FeedPlan(spec, source, lookups, output, checks, log, unique_key=_unique_key(log, spec))
+    return FeedPlan(spec, source, lookups, output, checks, log, one_pass=_unique_key(log, spec))
 
 
 def _unique_key(log: Log, spec: FeedSpec) -> bool:
@@ -177,13 +178,14 @@ def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarke
     spark = batch.sparkSession
     reduced = cols.FIRST_OP in batch.columns  # read with latestPerKey: one row per key already
     latest = (reduced_changes(batch) if reduced else latest_changes(batch)).drop(cols.TOPIC, SRC_KEY)
-    if plan.unique_key:
+    if plan.one_pass:
         paired = paired_rows(spark, latest, spec.config.sql, spec.key, plan.output, checks=plan.checks)
         if paired is not None:  # projections/filters: one Spark pass, no cache, no join
             events = paired_events(paired.toArrow(), plan.checks)
             _append(plan, log, encode_events(events, spec.name, plan.checks), marker)
             plan.stats["one_pass"] += 1
             return
+        plan.one_pass = False  # the SQL's shape does not change: not tried again
     latest = latest.persist()  # only what the SQL and the pairing read: the cache is built per batch
     try:
         output = apply_sql(spark, current_images(latest), spec.config.sql)

@@ -167,7 +167,11 @@ def paired_rows(
     if CHANGE in latest.schema[IMAGE].dataType.fieldNames():  # type: ignore[attr-defined]
         return None
     rows = source_rows(latest)
-    shape = _projection_shape(apply_sql(spark, rows, sql), rows)
+    try:
+        frame = apply_sql(spark, rows, sql)
+    except Exception:  # e.g. a UNION with SELECT *: the extra column changes its width; the general path runs it
+        return None
+    shape = _projection_shape(frame, rows)
     if shape is None:
         return None
     projection, conditions, names = shape

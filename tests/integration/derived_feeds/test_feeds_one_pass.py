@@ -54,6 +54,7 @@ GENERAL = [
     "SELECT id + 0 AS id, name FROM source",  # key not passed through unchanged
     "SELECT s.id, t.name FROM source s JOIN source t ON s.id = t.id",  # join
     "SELECT id, name FROM (SELECT id, upper(name) AS name FROM source) WHERE name <> 'ANN'",  # computed below
+    "SELECT * FROM source UNION ALL SELECT 9, 'x', 1.0, 'y'",  # fails over the rows with the hidden column
 ]
 
 
