@@ -123,7 +123,7 @@ def batch_lists(draw):
     return batches
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     batches=batch_lists(),
     min_offset=st.integers(0, 30),
