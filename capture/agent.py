@@ -28,7 +28,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,8 +51,10 @@ from capture.slot import SlotStatus, create_slot, drop_slot, is_gone, slot_gone_
 from capture.snapshot import (
     ENCODE_THREADS,
     Chunk,
+    CopyRows,
     EncodedPiece,
     PartitionBatch,
+    ReadAhead,
     SnapshotState,
     encode_piece,
     plan_chunks,
@@ -532,6 +534,10 @@ class CaptureAgent:
         reader = psycopg.connect(self._dsn, options=pinned_options())
         present: dict[str, set[bytes]] = {}
         quarantined: set[str] = set()
+        pipeline: _SnapshotPipeline | None = None
+        readers: _ChunkReaders | None = None
+        ahead: ReadAhead[CopyRows] | None = None  # the next chunk, read meanwhile
+        chunk_rows: Iterator[CopyRows] | None = None
         try:
             reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             if exported is not None:
@@ -559,54 +565,71 @@ class CaptureAgent:
             # Natively encoded batches need the file log; a resync keeps the records (it collects their keys).
             native = not reconcile and speedups is not None and isinstance(self.log, FileLog)
             pipeline = _SnapshotPipeline(self, builder, resume) if native else None
-            for table_no, (oid, relation, chunks) in enumerate(plan):
+            todo = [
+                (table_no, oid, relation, chunk)
+                for table_no, (oid, relation, chunks) in enumerate(plan)
+                for chunk in chunks
+                if chunk.id not in state.done_chunks
+            ]
+            if pipeline is not None and len(todo) > 1:
+                readers = _ChunkReaders.on_snapshot(self._dsn, reader, exported)
+            for position, (table_no, oid, relation, chunk) in enumerate(todo):
                 columns = [c.name for c in relation.columns]
                 topic = builder.topic_of(oid)
                 seen = present.setdefault(topic, set())
                 encoder = builder.snapshot_pieces(oid, consistent)[0] if pipeline is not None else None
-                for chunk in chunks:
-                    if chunk.id in state.done_chunks:
-                        continue
-                    # txn_index is unique per (table, chunk, row): chunks resume independently.
-                    next_index = (table_no << 40) | (chunk.number << 24)
-                    for rows in read_chunk(reader, chunk, columns):
-                        # Stamped with the read time (as Debezium does): the rows belong to the snapshot's day.
-                        read_us = time.time_ns() // 1000
-                        pieces = rows.native_pieces() if pipeline is not None and encoder is not None else None
-                        # Right after a restart the log may hold some of these rows: the per-record check.
-                        if pipeline is not None and pieces is not None and not resume.may_hold(consistent, next_index):
-                            if self._pending or self._pending_schemas:
-                                pipeline.drain()
-                                self._flush(resume, None)  # records built before go first
-                            start = Seq(consistent, next_index)
-                            next_index = pipeline.submit(topic, oid, rows.data, pieces, start, ts_us=read_us)
-                            continue
-                        if pipeline is not None:
+                if ahead is not None and readers is not None and readers.ready(position):
+                    chunk_rows, ahead = ahead, None
+                else:
+                    if ahead is not None:  # no second connection: the reader takes every chunk from now on
+                        ahead.close()
+                        ahead, readers = None, None
+                    chunk_rows = read_chunk(reader, chunk, columns)
+                if readers is not None and position + 1 < len(todo):
+                    # The next chunk's COPY starts now on the other connection (the two take turns), so the
+                    # server runs it while this one is taken; its rows are still appended after this chunk's.
+                    _table, _oid, following, upcoming = todo[position + 1]
+                    ahead = readers.start(position + 1, upcoming, [c.name for c in following.columns])
+                # txn_index is unique per (table, chunk, row): chunks resume independently.
+                next_index = (table_no << 40) | (chunk.number << 24)
+                for rows in chunk_rows:
+                    # Stamped with the read time (as Debezium does): the rows belong to the snapshot's day.
+                    read_us = time.time_ns() // 1000
+                    pieces = rows.native_pieces() if pipeline is not None and encoder is not None else None
+                    # Right after a restart the log may hold some of these rows: the per-record check.
+                    if pipeline is not None and pieces is not None and not resume.may_hold(consistent, next_index):
+                        if self._pending or self._pending_schemas:
                             pipeline.drain()
-                        records = builder.snapshot_records(oid, rows, Seq(consistent, next_index), ts_us=read_us)
-                        next_index += len(rows)
-                        if reconcile:
-                            for record in records:
-                                if record.topic == topic:
-                                    if record.key is not None:
-                                        seen.add(record.key)
-                                else:
-                                    quarantined.add(topic)
-                        self._pending.extend(records)
-                        self.stats.events += len(records)
-                        if len(self._pending) >= self.settings.max_batch_records:
-                            self._flush(resume, None)
-                        if self.progress:
-                            self.progress.advance(len(rows))
-                    # Every event of the chunk is durable (each append fsynced) before the chunk counts as done.
-                    if pipeline is not None and not (self._pending or self._pending_schemas):
-                        # The writer records it after the chunk's last append, while the next chunk is read.
-                        pipeline.after_appends(functools.partial(self._chunk_done, state, chunk.id))
+                            self._flush(resume, None)  # records built before go first
+                        start = Seq(consistent, next_index)
+                        next_index = pipeline.submit(topic, oid, rows.data, pieces, start, ts_us=read_us)
                         continue
                     if pipeline is not None:
                         pipeline.drain()
-                    self._flush(resume, None)
-                    self._chunk_done(state, chunk.id)
+                    records = builder.snapshot_records(oid, rows, Seq(consistent, next_index), ts_us=read_us)
+                    next_index += len(rows)
+                    if reconcile:
+                        for record in records:
+                            if record.topic == topic:
+                                if record.key is not None:
+                                    seen.add(record.key)
+                            else:
+                                quarantined.add(topic)
+                    self._pending.extend(records)
+                    self.stats.events += len(records)
+                    if len(self._pending) >= self.settings.max_batch_records:
+                        self._flush(resume, None)
+                    if self.progress:
+                        self.progress.advance(len(rows))
+                # Every event of the chunk is durable (each append fsynced) before the chunk counts as done.
+                if pipeline is not None and not (self._pending or self._pending_schemas):
+                    # The writer records it after the chunk's last append, while the next chunk is read.
+                    pipeline.after_appends(functools.partial(self._chunk_done, state, chunk.id))
+                    continue
+                if pipeline is not None:
+                    pipeline.drain()
+                self._flush(resume, None)
+                self._chunk_done(state, chunk.id)
             if pipeline is not None:
                 pipeline.drain()
             if reconcile:
@@ -614,8 +637,14 @@ class CaptureAgent:
             self._flush(resume, None)
             reader.rollback()
         finally:
+            for unfinished in (chunk_rows, ahead):  # after an error: their threads stop, their COPYs drain
+                close = getattr(unfinished, "close", None)
+                if close is not None:
+                    close()
             if pipeline is not None:
                 pipeline.close()
+            if readers is not None:
+                readers.close()
             reader.close()
             if self.progress:
                 self.progress.finish()
@@ -935,6 +964,70 @@ def primary_key_lookup(conn: psycopg.Connection[Any]) -> Callable[[Relation], tu
         return tuple(r[0] for r in rows) or None
 
     return lookup
+
+
+class _ChunkReaders:
+    """Two connections on one snapshot taking turns at the chunks (the agent's reader, and one more).
+
+    :meth:`start` begins a chunk's COPY in a thread (:class:`ReadAhead`) while the chunk before
+    is still read on the other connection. The second connection is opened by the first read-ahead
+    thread; when it cannot be (``max_connections``), :meth:`ready` says so and the agent's reader
+    goes on alone.
+    """
+
+    def __init__(self, dsn: str, reader: psycopg.Connection[Any], snapshot: str) -> None:
+        self._dsn = dsn
+        self._snapshot = snapshot
+        self._conns: list[psycopg.Connection[Any] | None] = [reader, None]
+        self._opened = threading.Event()
+
+    @classmethod
+    def on_snapshot(cls, dsn: str, reader: psycopg.Connection[Any], exported: str | None) -> _ChunkReaders | None:
+        """Readers on ``exported``, or on the snapshot ``reader``'s transaction exports; None if it cannot."""
+        if exported is not None:
+            return cls(dsn, reader, exported)
+        try:
+            with reader.transaction():  # a savepoint: a failure leaves the reader's snapshot as it was
+                row = reader.execute("SELECT pg_export_snapshot()").fetchone()
+        except psycopg.Error as exc:
+            logger.debug("snapshot: one reader connection (%s)", _one_line(exc))
+            return None
+        return cls(dsn, reader, str(row[0])) if row else None
+
+    def start(self, position: int, chunk: Chunk, columns: list[str]) -> ReadAhead[CopyRows]:
+        """Read the chunk at ``position`` of the agent's list on its connection, from now on."""
+        return ReadAhead(self._rows(position % 2, chunk, columns), name="snapshot-next-chunk")
+
+    def ready(self, position: int) -> bool:
+        """Whether the chunk at ``position`` has its connection (the second one may have failed to open)."""
+        if position % 2 == 0:
+            return True
+        self._opened.wait()
+        return self._conns[1] is not None
+
+    def _rows(self, which: int, chunk: Chunk, columns: list[str]) -> Iterator[CopyRows]:
+        conn = self._conns[which]
+        if conn is None and not self._opened.is_set():
+            try:
+                conn = psycopg.connect(self._dsn, options=pinned_options())
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(self._snapshot)))
+                self._conns[which] = conn
+            except psycopg.Error as exc:
+                logger.debug("snapshot: no second reader connection (%s)", _one_line(exc))
+                if conn is not None:
+                    conn.close()
+                return
+            finally:
+                self._opened.set()
+        if conn is not None:
+            yield from read_chunk(conn, chunk, columns)
+
+    def close(self) -> None:
+        """Close the second connection (its transaction read only: nothing to commit)."""
+        second, self._conns[1] = self._conns[1], None
+        if second is not None:
+            second.close()
 
 
 #: Partitions a snapshot appends to at the same time (their fsyncs overlap).

@@ -162,3 +162,46 @@ def test_snapshot_append_failure_stops_the_writer_and_resumes_with_every_row_onc
     ids = Counter(v["after"]["id"] for v in values)
     assert sorted(ids) == list(range(1, ROWS + 1)), "a row is missing"
     assert max(ids.values()) == 1, "rows written twice"
+
+
+def test_snapshot_goes_on_with_one_reader_when_a_second_connection_is_refused(
+    pg_server, unique_name, tmp_path, monkeypatch
+):
+    """The next chunk is read ahead on a second connection; when the server refuses it (e.g. at
+    max_connections), the agent's own reader takes every chunk and nothing is lost."""
+    import threading
+
+    from capture import agent as agent_module
+
+    dsn = pg_server.create_database(unique_name("snaponeconn"))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE t (id bigint PRIMARY KEY, label text, at timestamptz);"
+            f"INSERT INTO t SELECT g, 'row ' || g, now() FROM generate_series(1, {ROWS}) g;"
+            "CREATE PUBLICATION pub_snap FOR TABLE t"
+        )
+        conn.execute("VACUUM ANALYZE t")
+    monkeypatch.setattr(snapshot, "CHUNK_PAGES", 16)
+    real_connect = psycopg.connect
+    refused = []
+
+    def connect(*args, **kwargs):
+        if threading.current_thread().name == "snapshot-next-chunk":
+            refused.append(1)
+            raise psycopg.OperationalError("FATAL: sorry, too many clients already")
+        return real_connect(*args, **kwargs)
+
+    monkeypatch.setattr(agent_module.psycopg, "connect", connect)
+    log = FileLog(tmp_path / "log")
+    try:
+        agent_for(dsn, tmp_path, log).run(until_caught_up=True)
+        values = read_values(log)
+    finally:
+        log.close()
+    from capture.native import speedups
+
+    assert refused == ([] if speedups is None else [1])  # the Python path reads on one connection
+    ids = Counter(v["after"]["id"] for v in values)
+    assert sorted(ids) == list(range(1, ROWS + 1)), "a row is missing"
+    assert max(ids.values()) == 1, "rows written twice"
+    assert json.loads((tmp_path / "state" / "snapshot.json").read_text())["completed"] is True
