@@ -100,7 +100,7 @@ def timed(label: str, fn: Any, profile: str | None = None, count: int | None = N
     else:
         fn()
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    per = f", {cpu / count * 1e6:.1f} us CPU per change" if count else ""
+    per = f", {cpu / count * 1e6:.2f} us CPU per change" if count else ""
     print(f"  {label}: {elapsed:.2f} s wall, {cpu:.2f} s CPU{per}", file=sys.stderr)
     return elapsed
 
@@ -122,7 +122,10 @@ class ServerCpu:
         fields = Path(f"/proc/{self._pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[13]) + int(fields[14])) / self._tick  # cutime, cstime
 
-    def lap(self) -> float:
+    def lap(self, settle_s: float = 0.0) -> float:
+        """CPU seconds since the last call; ``settle_s``: wait first, so backends whose connections
+        just closed have exited and been reaped."""
+        time.sleep(settle_s)
         now = self._read()
         used, self._last = now - self._last, now
         return used
@@ -134,15 +137,27 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def bench_snapshot(dsn: str, rows: int, work: Path, bin_dir: Path) -> tuple[float, float]:
-    """Rows/s of the agent's initial snapshot and of ``COPY t TO STDOUT`` into /dev/null."""
+def bench_snapshot(dsn: str, rows: int, work: Path, bin_dir: Path, server_cpu: ServerCpu) -> tuple[float, float]:
+    """Rows/s of the agent's initial snapshot and of ``COPY t TO STDOUT`` into /dev/null.
+
+    Also prints the CPU per row of each side's server backends (reaped when their connections
+    close) and of psql: the agent's and the server's CPU share the same 2 vCPUs.
+    """
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO t SELECT g, g %% 1000, 'label ' || g, now() FROM generate_series(1, %s) g", (rows,))
         conn.execute("VACUUM ANALYZE t")
     with open(os.devnull, "wb") as sink:
+        server_cpu.lap(settle_s=0.5)
+        psql_cpu = children_cpu()
         started = time.perf_counter()
         subprocess.run([str(bin_dir / "psql"), dsn, "-c", "COPY t TO STDOUT"], stdout=sink, check=True)
         copy_s = time.perf_counter() - started
+        psql_cpu = children_cpu() - psql_cpu
+    print(
+        f"  COPY to /dev/null: {copy_s:.2f} s wall, server backend {server_cpu.lap(0.5) / rows * 1e6:.2f} us CPU "
+        f"per row, psql {psql_cpu / rows * 1e6:.2f} us",
+        file=sys.stderr,
+    )
     home = work / "snapshot"
     log = FileLog(home / "log", compression=COMPRESSION)
     try:
@@ -153,6 +168,7 @@ def bench_snapshot(dsn: str, rows: int, work: Path, bin_dir: Path) -> tuple[floa
         )
     finally:
         log.close()
+    print(f"  agent snapshot: server backends {server_cpu.lap(0.5) / rows * 1e6:.2f} us CPU per row", file=sys.stderr)
     stored = sum(path.stat().st_size for path in (home / "log").rglob("*.log"))
     print(f"  snapshot log: {stored / 1e6:.0f} MB of segments ({COMPRESSION})", file=sys.stderr)
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -349,7 +365,7 @@ def main() -> None:
             )
             conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE t")
         if "snapshot" not in skip:
-            agent_rate, copy_rate = bench_snapshot(dsn, args.rows, work, bin_dir)
+            agent_rate, copy_rate = bench_snapshot(dsn, args.rows, work, bin_dir, ServerCpu(server.data_dir))
             ratio = agent_rate / copy_rate
             print(f"capture snapshot: {agent_rate:,.0f} rows/s (COPY: {copy_rate:,.0f} rows/s, ratio {ratio:.2f})")
         else:
