@@ -36,6 +36,12 @@ are typed STRUCTs from the topics' latest schema in ``_headwater.schemas`` (JSON
 when a topic has none). The schema is fixed when the query is planned: a streaming query
 picks up a new column at its next start (from its checkpoint).
 
+Reading: a file log's ranges are read as Arrow columns straight from the segments' bytes
+(:mod:`log.columns`, no object per record) and built by
+:meth:`~derived_feeds.event_batches.EventBatchBuilder.build_columns`; other backends hand
+``StoredRecord`` chunks to :meth:`~derived_feeds.event_batches.EventBatchBuilder.build`. Both
+give the same rows.
+
 Offsets: one position per partition, ``{"<topic>": {"<partition>": next offset}}``; a
 micro-batch ends at the partitions' ``end_offset`` seen when Spark asks for the latest
 offset, so records appended later go to a later batch, never twice.
