@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 CHUNK_PAGES = 1024
 #: COPY data parsed and appended at a time.
 BATCH_BYTES = 4 << 20
+#: The first native COPY read of a chunk: the encoders start on it while the rest arrives.
+FIRST_BLOCK_BYTES = 1 << 20
 #: COPY text per piece of the native snapshot pass (~35k rows of a narrow table, ~18 MB of records
 #: before compression): two pieces per COPY block, one per encoder thread; each piece is one append
 #: (one fsync) per partition, so larger pieces mean fewer fsyncs.
@@ -429,9 +431,11 @@ def _native_copy_blocks(
     pgconn = conn.pgconn
     ptr = pgconn_pointer(pgconn)
     finished = False
+    size = min(FIRST_BLOCK_BYTES, BATCH_BYTES)
     try:
         while True:
-            data, status, pieces, blank = native.copy_chunk(ptr, BATCH_BYTES, piece_bytes)
+            data, status, pieces, blank = native.copy_chunk(ptr, size, piece_bytes)
+            size = BATCH_BYTES
             if data:
                 yield data, pieces, blank
             if status == -1:
