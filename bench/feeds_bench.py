@@ -10,12 +10,18 @@ a fresh file log; then, in one Spark session:
   pairing and JSON encoding on the driver in Arrow, batch-marked append to the feed topic),
   micro-batches of ``--batch`` records.
 
-"Steady" leaves out the first micro-batch (JVM warm-up, Python workers start). Besides
-wall-clock rates the bench prints CPU seconds per 100k events of this process and its
-descendants (JVM, Python workers): on a machine shared with other jobs that is the
-number that does not move with the load; the load average is printed with it.
+"Steady" means a warm process, as a feed that keeps running: before the measured run the
+same feed SQL runs over a warm-up topic (``--warmup`` events, default three micro-batches:
+class loading, code generation, the JIT's C2 compilations of the generated stages, ICU's
+case tables, Python workers), and the measured run's first micro-batch (query start) is
+left out. Each micro-batch's line shows its CPU per 100k events, so a share still falling
+from batch to batch (not steady yet) is visible. Besides wall-clock rates the bench prints
+CPU seconds per 100k events of this process and its descendants by role (this process:
+the ``foreachBatch`` driver work; the JVM; Spark's Python workers): on a machine shared
+with other jobs that is the number that does not move with the load; the load average is
+printed with it.
 
-    .venv/bin/python bench/feeds_bench.py [--events 800000] [--keys 400000] [--batch 200000]
+    .venv/bin/python bench/feeds_bench.py [--events 800000] [--keys 400000] [--batch 200000] [--warmup 600000]
 
 ``--batch`` defaults to the feed job's own micro-batch size (``feed_job.DEFAULT_MAX_RECORDS``).
 """
@@ -43,6 +49,9 @@ from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
 
 TOPIC = "shop.public.customers"
+WARMUP_TOPIC = "shop.public.customers_warmup"
+SQL = "SELECT id, lower(name) AS name, country FROM source WHERE balance >= 0"
+ROLES = ("driver", "jvm", "python")
 COLUMNS = [("id", 20, -1, True), ("name", 25, -1, False), ("country", 25, -1, False), ("balance", 1700, 655366, False)]
 
 
@@ -88,11 +97,6 @@ def tree_cpu_by_role() -> dict[str, float]:
     return roles
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds (user + system) of this process and its live descendants."""
-    return sum(tree_cpu_by_role().values())
-
-
 class CpuAtProgress(StreamingQueryListener):
     """Tree CPU seconds when each micro-batch's progress arrives (steady-state CPU per event)."""
 
@@ -117,14 +121,14 @@ def load_average() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def write_source(config_path: Path, events: int, keys: int) -> None:
+def write_source(config_path: Path, events: int, keys: int, topic: str = TOPIC) -> None:
     log = open_log(load_config(config_path))
     try:
-        log.create_topic(TopicSpec(TOPIC, partitions=2))
+        log.create_topic(TopicSpec(topic, partitions=2))
         log.create_topic(TopicSpec(SCHEMAS_TOPIC, partitions=1))
         columns = [{"name": n, "type_oid": o, "typmod": t, "key": k} for n, o, t, k in COLUMNS]
-        schema = {"topic": TOPIC, "schema": "public", "table": "customers", "columns": columns, "version": 1}
-        log.append(SCHEMAS_TOPIC, 0, [Record(TOPIC.encode(), orjson.dumps(schema))])
+        schema = {"topic": topic, "schema": "public", "table": "customers", "columns": columns, "version": 1}
+        log.append(SCHEMAS_TOPIC, 0, [Record(topic.encode(), orjson.dumps(schema))])
         countries = ["PT", "DE", "MX", "US", "JP"]
         chunk: list[Record] = []
         for i in range(events):
@@ -141,12 +145,18 @@ def write_source(config_path: Path, events: int, keys: int) -> None:
             event = ChangeEvent(Op.CREATE if i < keys else Op.UPDATE, source, None, after, 0)
             chunk.append(Record(encode_key({"id": key}), encode_value(event)))
             if len(chunk) == 50_000:
-                append_keyed(log, TOPIC, chunk)
+                append_keyed(log, topic, chunk)
                 chunk = []
         if chunk:
-            append_keyed(log, TOPIC, chunk)
+            append_keyed(log, topic, chunk)
     finally:
         log.close()
+
+
+def per_100k(cpu: dict[str, float], rows: int) -> str:
+    """``total (driver d, jvm j, python p)`` CPU seconds per 100k events."""
+    per = {role: cpu[role] / rows * 100_000 for role in ROLES}
+    return f"{sum(per.values()):.2f} (" + ", ".join(f"{role} {per[role]:.2f}" for role in ROLES) + ")"
 
 
 def main() -> None:
@@ -154,20 +164,22 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=800_000)
     parser.add_argument("--keys", type=int, default=400_000)
     parser.add_argument("--batch", type=int, default=DEFAULT_MAX_RECORDS)
+    parser.add_argument("--warmup", type=int, default=3 * DEFAULT_MAX_RECORDS, help="warm-up events (0: none)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="hw-feeds-bench-"))
     config_path = root / "headwater.yaml"
-    sql = "SELECT id, lower(name) AS name, country FROM source WHERE balance >= 0"
-    body = {
-        "project": "bench",
-        "home": str(root / "home"),
-        "log": {"partitions": 2},
-        "feeds": {"clean": {"from": TOPIC, "sql": sql, "key": ["id"]}},
-    }
+    feeds = {"clean": {"from": TOPIC, "sql": SQL, "key": ["id"]}}
+    if args.warmup:
+        feeds["warmup"] = {"from": WARMUP_TOPIC, "sql": SQL, "key": ["id"]}
+    body = {"project": "bench", "home": str(root / "home"), "log": {"partitions": 2}, "feeds": feeds}
     config_path.write_text(yaml.safe_dump(body))
     start = time.perf_counter()
     write_source(config_path, args.events, args.keys)
-    print(f"wrote {args.events:,} events in {time.perf_counter() - start:.1f} s", flush=True)
+    if args.warmup:
+        write_source(config_path, args.warmup, args.warmup // 2, WARMUP_TOPIC)
+    print(
+        f"wrote {args.events:,} events (+ {args.warmup:,} warm-up) in {time.perf_counter() - start:.1f} s", flush=True
+    )
 
     config = load_config(config_path)
     spark = spark_session("feeds-bench", local_dir=root / "spark")
@@ -180,44 +192,41 @@ def main() -> None:
         reader.load().write.format("noop").mode("overwrite").save()
         bare = args.events / (time.perf_counter() - start)
         after = tree_cpu_by_role()
-        bare_roles = {role: (after[role] - before[role]) / args.events * 100_000 for role in after}
-        bare_cpu = sum(bare_roles.values())
-        detail = ", ".join(f"{r} {v:.2f}" for r, v in bare_roles.items())
-        print(f"bare log read: {bare:,.0f} events/s, {bare_cpu:.2f} CPU s per 100k ({detail}; load {load_average()})")
+        bare_cpu = {role: after[role] - before[role] for role in ROLES}
+        bare_text = per_100k(bare_cpu, args.events)
+        print(f"bare log read: {bare:,.0f} events/s, {bare_text} CPU s per 100k (load {load_average()})")
 
+        if args.warmup:
+            start = time.perf_counter()
+            run_feeds(spark, config, log, ["warmup"], available_now=True, max_records_per_batch=args.batch)
+            print(f"warm-up feed: {args.warmup:,} events in {time.perf_counter() - start:.1f} s (not measured)")
         listener = CpuAtProgress()
         spark.streams.addListener(listener)
-        cpu, start = tree_cpu_s(), time.perf_counter()
-        [(query, plan)] = [
-            (q, p)
-            for q, p in run_feeds(spark, config, log, ["clean"], available_now=True, max_records_per_batch=args.batch)
-        ]
+        cpu, start = tree_cpu_by_role(), time.perf_counter()
+        listener.cpu[-1] = cpu  # batch 0's line: from the query's start
+        [(query, plan)] = run_feeds(spark, config, log, ["clean"], available_now=True, max_records_per_batch=args.batch)
         overall = args.events / (time.perf_counter() - start)
-        feed_cpu = (tree_cpu_s() - cpu) / args.events * 100_000
+        end_cpu = tree_cpu_by_role()
+        time.sleep(2)  # the listener hears the last progress asynchronously
         batches = [p for p in query.recentProgress if p["numInputRows"]]
-        for p in batches:
-            rows, ms = p["numInputRows"], p["durationMs"]["triggerExecution"]
-            print(f"  batch {p['batchId']}: {rows:,} events in {ms / 1000:.2f} s ({rows / ms * 1000:,.0f} events/s)")
         steady = batches[1:] or batches
+        for p in batches:
+            rows, ms, batch_id = p["numInputRows"], p["durationMs"]["triggerExecution"], p["batchId"]
+            line = f"  batch {batch_id}: {rows:,} events in {ms / 1000:.2f} s ({rows / ms * 1000:,.0f} events/s)"
+            if batch_id in listener.cpu and batch_id - 1 in listener.cpu:
+                spent = {role: listener.cpu[batch_id][role] - listener.cpu[batch_id - 1][role] for role in ROLES}
+                line += f", CPU s per 100k {per_100k(spent, rows)}"
+            print(line)
         rate = sum(p["numInputRows"] for p in steady) / sum(p["durationMs"]["triggerExecution"] for p in steady) * 1000
         written = sum(log.end_offset("clean", p) for p in range(2))
         print(f"feed overall (incl. planning, query start): {overall:,.0f} events/s; {written:,} records written")
-        time.sleep(2)  # the listener hears the last progress asynchronously
         ids = [p["batchId"] for p in steady if p["batchId"] in listener.cpu and p["batchId"] - 1 in listener.cpu]
-        roles = {
-            role: sum(listener.cpu[i][role] - listener.cpu[i - 1][role] for i in ids)
-            for role in ("driver", "jvm", "python")
-        }
+        spent = {role: sum(listener.cpu[i][role] - listener.cpu[i - 1][role] for i in ids) for role in ROLES}
         steady_rows = sum(p["numInputRows"] for p in steady if p["batchId"] in ids)
-        if steady_rows:
-            per = {role: seconds / steady_rows * 100_000 for role, seconds in roles.items()}
-            steady_text = f"{sum(per.values()):.2f} (" + ", ".join(f"{r} {v:.2f}" for r, v in per.items()) + ")"
-        else:
-            steady_text = "n/a"
-        print(
-            f"  CPU s per 100k events: feed steady {steady_text}, feed incl. batch 0 and start {feed_cpu:.2f}, ", end=""
-        )
-        print(f"bare read {bare_cpu:.2f}")
+        steady_text = per_100k(spent, steady_rows) if steady_rows else "n/a"
+        whole = per_100k({role: end_cpu[role] - cpu[role] for role in ROLES}, args.events)
+        print(f"  CPU s per 100k events: feed steady {steady_text}, feed incl. batch 0 and start {whole}, ", end="")
+        print(f"bare read {sum(bare_cpu.values()) / args.events * 100_000:.2f}")
         print(f"  load average now: {load_average()}")
         print(f"  {plan.stats}")
         print(f"feed: {rate:,.0f} events/s (bare log read: {bare:,.0f} events/s, ratio {rate / bare:.2f})")
