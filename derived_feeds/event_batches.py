@@ -31,6 +31,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from derived_feeds import event_schema as cols
+from derived_feeds.envelope_scan import scan_envelopes
 from derived_feeds.errors import UndecodableValueError
 from derived_feeds.event_schema import RowSchema
 from derived_feeds.value_decoder import BadValue, decode_values, decode_wire, wire_type
@@ -147,26 +148,18 @@ class EventBatchBuilder:
         tombstones = values.null_count
         if tombstones:
             values = values.filter(present)
-        text = _json_documents(values)
-        if text is None:
-            return None
-        envelope = pa.schema(
-            [("op", pa.string()), ("before", image_wire), ("after", image_wire), ("source", _SOURCE_WIRE)]
-        )
         utc = pa.timestamp("us", tz="UTC")
         try:
-            parsed = pa_json.read_json(
-                pa.BufferReader(text),
-                read_options=pa_json.ReadOptions(use_threads=False, block_size=len(text) + 1),
-                parse_options=pa_json.ParseOptions(explicit_schema=envelope, unexpected_field_behavior="ignore"),
-            )
-            if parsed.num_rows != len(values):
+            envelope = _scanned_envelope(values, image_wire)
+            if envelope is None:
+                envelope = _parsed_envelope(values, image_wire)
+            if envelope is None:
                 return None
-            op, before, after, source = (parsed.column(i).combine_chunks() for i in range(4))
+            op, before, after, source_fields = envelope
             not_envelope = pc.and_(pc.and_(op.is_null(), before.is_null()), after.is_null())
             if pc.any(not_envelope).as_py():
                 return None
-            lsn, index, ts_us, snapshot, db, schema_name, table = source.flatten()
+            lsn, index, ts_us, snapshot, db, schema_name, table = source_fields
             seq = _sortable_seqs(lsn, index)
             if seq is None:
                 return None
@@ -326,6 +319,59 @@ def _json_documents(values: pa.Array) -> pa.Buffer | None:
     ):
         return None
     return values.buffers()[2].slice(int(bounds[0]), int(bounds[-1] - bounds[0]))
+
+
+def _parsed_envelope(values: pa.Array, image_wire: pa.DataType) -> tuple[Any, ...] | None:
+    """op, before, after and the source fields of ``values`` by one ``pyarrow.json`` parse of the whole envelopes.
+
+    ``None`` unless each value is one JSON object; raises the reader's errors on the rest.
+    """
+    text = _json_documents(values)
+    if text is None:
+        return None
+    envelope = pa.schema([("op", pa.string()), ("before", image_wire), ("after", image_wire), ("source", _SOURCE_WIRE)])
+    parsed = _read_json(text, envelope)
+    if parsed.num_rows != len(values):
+        return None
+    op, before, after, source = (parsed.column(i).combine_chunks() for i in range(4))
+    return op, before, after, source.flatten()
+
+
+def _scanned_envelope(values: pa.Array, image_wire: pa.DataType) -> tuple[Any, ...] | None:
+    """What :func:`_parsed_envelope` gives, with only the images parsed by ``pyarrow.json``.
+
+    ``None`` when the scanner does not take the batch or an image does not parse (the
+    whole-envelope parse then decides, and fails the same way).
+    """
+    scanned = scan_envelopes(values)
+    if scanned is None:
+        return None
+    images = []
+    try:
+        for side in (cols.BEFORE, cols.AFTER):
+            present = scanned.image_validity(side)
+            if not pc.any(present).as_py():
+                images.append(pa.nulls(len(values), image_wire))
+                continue
+            parsed = _read_json(pa.py_buffer(getattr(scanned, f"{side}_documents")), pa.schema(list(image_wire)))
+            if parsed.num_rows != len(values):
+                return None
+            children = [column.combine_chunks() for column in parsed.columns]
+            images.append(pa.StructArray.from_arrays(children, fields=list(image_wire), mask=pc.invert(present)))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+    ints = [scanned.integer(name) for name in ("commit_lsn", "txn_index", "ts_us")]
+    strings = [scanned.string(name) for name in ("snapshot", "db", "schema", "table")]
+    return scanned.string("op"), images[0], images[1], [*ints, *strings]
+
+
+def _read_json(text: pa.Buffer, schema: pa.Schema) -> pa.Table:
+    """The JSON documents of ``text`` read with ``schema`` (fields it does not name ignored), in one block."""
+    return pa_json.read_json(
+        pa.BufferReader(text),
+        read_options=pa_json.ReadOptions(use_threads=False, block_size=len(text) + 1),
+        parse_options=pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+    )
 
 
 def _parse(records: Sequence[StoredRecord]) -> list[dict[str, Any] | None]:

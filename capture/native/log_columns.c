@@ -273,10 +273,582 @@ out:
     return result;
 }
 
+/*
+ * Change envelopes (the Debezium-shaped JSON values) -> the envelope's columns.
+ *
+ * scan_envelopes(value_offsets, value_data, first, count) reads each value (Arrow binary
+ * buffers: int32 offsets from index `first`, `count` values) as one JSON object and returns
+ * op and the source fields as column buffers, and the before/after images as two streams of
+ * JSON documents (a null or absent image is written `{}` and marked null), so that only the
+ * images go through pyarrow.json. It validates each whole value (RFC 8259, UTF-8) and answers
+ * None for anything it does not take exactly: text pyarrow.json might read otherwise, an
+ * escaped key, escaped op/source strings, duplicate fields it reads, numbers that are no
+ * plain int64 of at most 18 digits, a wrong JSON type, a value that is no envelope (op, before
+ * and after all null). The caller then builds the batch the way it did without the scanner.
+ * derived_feeds/envelope_scan.py's _scan_envelopes_python is its twin and defines the result.
+ */
+#define ENV_MAX_DEPTH 200
+
+typedef struct {
+    uint8_t *data;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+} EnvBuf;
+
+static int env_reserve(EnvBuf *b, Py_ssize_t extra) {
+    if (b->cap - b->len >= extra)
+        return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 256;
+    while (cap - b->len < extra) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    uint8_t *data = PyMem_Realloc(b->data, (size_t)cap);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+static int env_put(EnvBuf *b, const uint8_t *src, Py_ssize_t n) {
+    if (env_reserve(b, n) < 0)
+        return -1;
+    if (n > 0)
+        memcpy(b->data + b->len, src, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+/* Scanning results: 1 taken, 0 not taken (the caller answers None), -1 Python error. */
+typedef struct {
+    const uint8_t *p;
+    const uint8_t *end;
+} EnvCur;
+
+static void env_ws(EnvCur *c) {
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))
+        c->p++;
+}
+
+static int env_hex4(const uint8_t *p, const uint8_t *end, unsigned *out) {
+    unsigned v = 0;
+    if (end - p < 4)
+        return 0;
+    for (int i = 0; i < 4; i++) {
+        uint8_t h = p[i];
+        v <<= 4;
+        if (h >= '0' && h <= '9')
+            v |= (unsigned)(h - '0');
+        else if (h >= 'a' && h <= 'f')
+            v |= (unsigned)(h - 'a' + 10);
+        else if (h >= 'A' && h <= 'F')
+            v |= (unsigned)(h - 'A' + 10);
+        else
+            return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* A string at c->p (its opening quote): its raw content [*start, *start + *len) and whether it has escapes.
+   Taken only with valid UTF-8, no control characters, valid escapes and surrogate escapes only in pairs. */
+static int env_string(EnvCur *c, const uint8_t **start, Py_ssize_t *len, int *escaped) {
+    const uint8_t *p = c->p + 1, *end = c->end;
+    *escaped = 0;
+    *start = p;
+    while (p < end) {
+        uint8_t ch = *p;
+        if (ch == '"') {
+            *len = p - *start;
+            c->p = p + 1;
+            return 1;
+        }
+        if (ch < 0x20)
+            return 0;
+        if (ch == '\\') {
+            *escaped = 1;
+            if (end - p < 2)
+                return 0;
+            uint8_t e = p[1];
+            if (e == 'u') {
+                unsigned cp;
+                if (!env_hex4(p + 2, end, &cp))
+                    return 0;
+                p += 6;
+                if (cp >= 0xDC00 && cp <= 0xDFFF)
+                    return 0;
+                if (cp >= 0xD800 && cp <= 0xDBFF) {
+                    unsigned low;
+                    if (end - p < 2 || p[0] != '\\' || p[1] != 'u' || !env_hex4(p + 2, end, &low))
+                        return 0;
+                    if (low < 0xDC00 || low > 0xDFFF)
+                        return 0;
+                    p += 6;
+                }
+                continue;
+            }
+            if (e != '"' && e != '\\' && e != '/' && e != 'b' && e != 'f' && e != 'n' && e != 'r' && e != 't')
+                return 0;
+            p += 2;
+            continue;
+        }
+        if (ch < 0x80) {
+            p++;
+            continue;
+        }
+        /* UTF-8 (Unicode table 3-7): no overlong forms, no surrogates, at most U+10FFFF. */
+        Py_ssize_t need;
+        uint8_t lo = 0x80, hi = 0xBF;
+        if (ch >= 0xC2 && ch <= 0xDF)
+            need = 1;
+        else if (ch >= 0xE0 && ch <= 0xEF) {
+            need = 2;
+            if (ch == 0xE0)
+                lo = 0xA0;
+            else if (ch == 0xED)
+                hi = 0x9F;
+        } else if (ch >= 0xF0 && ch <= 0xF4) {
+            need = 3;
+            if (ch == 0xF0)
+                lo = 0x90;
+            else if (ch == 0xF4)
+                hi = 0x8F;
+        } else
+            return 0;
+        if (end - p <= need)
+            return 0;
+        if (p[1] < lo || p[1] > hi)
+            return 0;
+        for (Py_ssize_t k = 2; k <= need; k++)
+            if (p[k] < 0x80 || p[k] > 0xBF)
+                return 0;
+        p += need + 1;
+    }
+    return 0;
+}
+
+/* A number at c->p (JSON grammar); *integer: it is -?digits with at most 18 digits, its value in *value. */
+static int env_number(EnvCur *c, int *integer, long long *value) {
+    const uint8_t *p = c->p, *end = c->end;
+    int negative = 0;
+    long long v = 0;
+    Py_ssize_t digits = 0;
+    if (p < end && *p == '-') {
+        negative = 1;
+        p++;
+    }
+    if (p >= end || *p < '0' || *p > '9')
+        return 0;
+    if (*p == '0') {
+        p++;
+        digits = 1;
+    } else {
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (digits < 18)
+                v = v * 10 + (*p - '0');
+            digits++;
+            p++;
+        }
+    }
+    *integer = digits <= 18;
+    if (p < end && *p == '.') {
+        *integer = 0;
+        p++;
+        if (p >= end || *p < '0' || *p > '9')
+            return 0;
+        while (p < end && *p >= '0' && *p <= '9')
+            p++;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        *integer = 0;
+        p++;
+        if (p < end && (*p == '+' || *p == '-'))
+            p++;
+        if (p >= end || *p < '0' || *p > '9')
+            return 0;
+        while (p < end && *p >= '0' && *p <= '9')
+            p++;
+    }
+    *value = negative ? -v : v;
+    c->p = p;
+    return 1;
+}
+
+static int env_literal(EnvCur *c, const char *word, Py_ssize_t n) {
+    if (c->end - c->p < n || memcmp(c->p, word, (size_t)n) != 0)
+        return 0;
+    c->p += n;
+    return 1;
+}
+
+/* Any JSON value at c->p (whitespace skipped before it), checked and passed over. */
+static int env_skip(EnvCur *c, int depth) {
+    env_ws(c);
+    if (c->p >= c->end)
+        return 0;
+    uint8_t ch = *c->p;
+    if (ch == '"') {
+        const uint8_t *s;
+        Py_ssize_t n;
+        int esc;
+        return env_string(c, &s, &n, &esc);
+    }
+    if (ch == '{' || ch == '[') {
+        uint8_t close = ch == '{' ? '}' : ']';
+        if (depth >= ENV_MAX_DEPTH)
+            return 0;
+        c->p++;
+        env_ws(c);
+        if (c->p < c->end && *c->p == close) {
+            c->p++;
+            return 1;
+        }
+        for (;;) {
+            if (ch == '{') {
+                const uint8_t *s;
+                Py_ssize_t n;
+                int esc;
+                env_ws(c);
+                if (c->p >= c->end || *c->p != '"' || !env_string(c, &s, &n, &esc))
+                    return 0;
+                env_ws(c);
+                if (c->p >= c->end || *c->p != ':')
+                    return 0;
+                c->p++;
+            }
+            if (!env_skip(c, depth + 1))
+                return 0;
+            env_ws(c);
+            if (c->p >= c->end)
+                return 0;
+            if (*c->p == ',') {
+                c->p++;
+                continue;
+            }
+            if (*c->p == close) {
+                c->p++;
+                return 1;
+            }
+            return 0;
+        }
+    }
+    if (ch == 't')
+        return env_literal(c, "true", 4);
+    if (ch == 'f')
+        return env_literal(c, "false", 5);
+    if (ch == 'n')
+        return env_literal(c, "null", 4);
+    int integer;
+    long long v;
+    return env_number(c, &integer, &v);
+}
+
+enum { ENV_OP, ENV_SNAPSHOT, ENV_DB, ENV_SCHEMA, ENV_TABLE, ENV_STRINGS };
+enum { ENV_LSN, ENV_INDEX, ENV_TS, ENV_INTS };
+
+typedef struct {
+    EnvBuf data[ENV_STRINGS];
+    int32_t *offsets[ENV_STRINGS];
+    uint8_t *string_valid[ENV_STRINGS];
+    int64_t *ints[ENV_INTS];
+    uint8_t *int_valid[ENV_INTS];
+    EnvBuf images[2]; /* before, after */
+    uint8_t *image_valid[2];
+} EnvColumns;
+
+static int env_key_is(const uint8_t *s, Py_ssize_t n, const char *name) {
+    return (Py_ssize_t)strlen(name) == n && memcmp(s, name, (size_t)n) == 0;
+}
+
+/* An unescaped string or null into string column `col` of row i (its bytes at the end of its data). */
+static int env_string_field(EnvCur *c, EnvColumns *cols, int col, Py_ssize_t i, int *seen) {
+    if (*seen)
+        return 0;
+    *seen = 1;
+    if (*c->p == 'n')
+        return env_literal(c, "null", 4);
+    if (*c->p != '"')
+        return 0;
+    const uint8_t *s;
+    Py_ssize_t n;
+    int esc;
+    if (!env_string(c, &s, &n, &esc) || esc)
+        return 0;
+    if (env_put(&cols->data[col], s, n) < 0)
+        return -1;
+    cols->string_valid[col][i >> 3] |= (uint8_t)(1u << (i & 7));
+    return 1;
+}
+
+static int env_int_field(EnvCur *c, EnvColumns *cols, int col, Py_ssize_t i, int *seen) {
+    if (*seen)
+        return 0;
+    *seen = 1;
+    if (*c->p == 'n')
+        return env_literal(c, "null", 4);
+    int integer;
+    long long v;
+    if (!env_number(c, &integer, &v) || !integer)
+        return 0;
+    cols->ints[col][i] = v;
+    cols->int_valid[col][i >> 3] |= (uint8_t)(1u << (i & 7));
+    return 1;
+}
+
+/* The source object (or null) of row i. */
+static int env_source(EnvCur *c, EnvColumns *cols, Py_ssize_t i) {
+    static const char *const names[] = {"commit_lsn", "txn_index", "ts_us", "snapshot", "db", "schema", "table"};
+    int seen[7] = {0, 0, 0, 0, 0, 0, 0};
+    if (*c->p == 'n')
+        return env_literal(c, "null", 4);
+    if (*c->p != '{')
+        return 0;
+    c->p++;
+    env_ws(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+        return 1;
+    }
+    for (;;) {
+        const uint8_t *key;
+        Py_ssize_t n;
+        int esc, r = -2;
+        env_ws(c);
+        if (c->p >= c->end || *c->p != '"' || !env_string(c, &key, &n, &esc) || esc)
+            return 0;
+        env_ws(c);
+        if (c->p >= c->end || *c->p != ':')
+            return 0;
+        c->p++;
+        env_ws(c);
+        if (c->p >= c->end)
+            return 0;
+        for (int k = 0; k < 7; k++) {
+            if (env_key_is(key, n, names[k])) {
+                r = k < 3 ? env_int_field(c, cols, ENV_LSN + k, i, &seen[k])
+                          : env_string_field(c, cols, ENV_SNAPSHOT + (k - 3), i, &seen[k]);
+                break;
+            }
+        }
+        if (r == -2)
+            r = env_skip(c, 2);
+        if (r <= 0)
+            return r;
+        env_ws(c);
+        if (c->p >= c->end)
+            return 0;
+        if (*c->p == ',') {
+            c->p++;
+            continue;
+        }
+        if (*c->p == '}') {
+            c->p++;
+            return 1;
+        }
+        return 0;
+    }
+}
+
+/* Value i: one envelope object filling row i of every column. */
+static int env_value(const uint8_t *v, Py_ssize_t len, EnvColumns *cols, Py_ssize_t i) {
+    EnvCur c = {v, v + len};
+    int seen_op = 0, seen_source = 0, seen_image[2] = {0, 0};
+    const uint8_t *image[2] = {NULL, NULL};
+    Py_ssize_t image_len[2] = {0, 0};
+    if (len < 2 || v[0] != '{' || v[len - 1] != '}')
+        return 0;
+    c.p++;
+    env_ws(&c);
+    if (c.p < c.end && *c.p == '}') {
+        c.p++;
+    } else {
+        for (;;) {
+            const uint8_t *key;
+            Py_ssize_t n;
+            int esc, r;
+            env_ws(&c);
+            if (c.p >= c.end || *c.p != '"' || !env_string(&c, &key, &n, &esc) || esc)
+                return 0;
+            env_ws(&c);
+            if (c.p >= c.end || *c.p != ':')
+                return 0;
+            c.p++;
+            env_ws(&c);
+            if (c.p >= c.end)
+                return 0;
+            if (env_key_is(key, n, "op")) {
+                r = env_string_field(&c, cols, ENV_OP, i, &seen_op);
+            } else if (env_key_is(key, n, "source")) {
+                r = seen_source ? 0 : env_source(&c, cols, i);
+                seen_source = 1;
+            } else if (env_key_is(key, n, "before") || env_key_is(key, n, "after")) {
+                int side = key[0] == 'a';
+                if (seen_image[side])
+                    return 0;
+                seen_image[side] = 1;
+                if (*c.p == '{') {
+                    const uint8_t *start = c.p;
+                    r = env_skip(&c, 1);
+                    image[side] = start;
+                    image_len[side] = c.p - start;
+                } else {
+                    r = env_literal(&c, "null", 4);
+                }
+            } else {
+                r = env_skip(&c, 1);
+            }
+            if (r <= 0)
+                return r;
+            env_ws(&c);
+            if (c.p >= c.end)
+                return 0;
+            if (*c.p == ',') {
+                c.p++;
+                continue;
+            }
+            if (*c.p == '}') {
+                c.p++;
+                break;
+            }
+            return 0;
+        }
+    }
+    if (c.p != c.end)
+        return 0;
+    if (image[0] == NULL && image[1] == NULL && !(cols->string_valid[ENV_OP][i >> 3] & (1u << (i & 7))))
+        return 0; /* no envelope: the per-value path reads it as `after` */
+    for (int side = 0; side < 2; side++) {
+        if (image[side] == NULL) {
+            if (env_put(&cols->images[side], (const uint8_t *)"{}", 2) < 0)
+                return -1;
+        } else {
+            if (env_put(&cols->images[side], image[side], image_len[side]) < 0)
+                return -1;
+            cols->image_valid[side][i >> 3] |= (uint8_t)(1u << (i & 7));
+        }
+    }
+    for (int col = 0; col < ENV_STRINGS; col++)
+        cols->offsets[col][i + 1] = (int32_t)cols->data[col].len;
+    return 1;
+}
+
+static PyObject *scan_envelopes(PyObject *self, PyObject *args) {
+    Py_buffer offsets_view, data_view;
+    Py_ssize_t first, count;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*nn:scan_envelopes", &offsets_view, &data_view, &first, &count))
+        return NULL;
+    PyObject *result = NULL;
+    /* 0-4 string validity, 5-9 string offsets, 10-12 int validity, 13-15 ints, 16-17 image validity */
+    PyObject *objs[18] = {NULL};
+    EnvColumns cols;
+    memset(&cols, 0, sizeof(cols));
+    const int32_t *bounds = (const int32_t *)offsets_view.buf;
+    const uint8_t *data = (const uint8_t *)data_view.buf;
+    if (first < 0 || count < 0 || first > offsets_view.len / 4 || offsets_view.len / 4 - first < count + 1) {
+        PyErr_SetString(PyExc_ValueError, "scan_envelopes: the offsets do not cover the values");
+        goto out;
+    }
+    Py_ssize_t bitmap = (count + 7) / 8;
+    char *raw;
+    for (int col = 0; col < ENV_STRINGS; col++) {
+        if ((objs[col] = new_bytes(bitmap, &raw)) == NULL)
+            goto out;
+        cols.string_valid[col] = (uint8_t *)raw;
+        if ((objs[5 + col] = new_bytes((count + 1) * 4, &raw)) == NULL)
+            goto out;
+        cols.offsets[col] = (int32_t *)raw;
+    }
+    for (int col = 0; col < ENV_INTS; col++) {
+        if ((objs[10 + col] = new_bytes(bitmap, &raw)) == NULL)
+            goto out;
+        cols.int_valid[col] = (uint8_t *)raw;
+        if ((objs[13 + col] = new_bytes(count * 8, &raw)) == NULL)
+            goto out;
+        cols.ints[col] = (int64_t *)raw;
+    }
+    for (int side = 0; side < 2; side++) {
+        if ((objs[16 + side] = new_bytes(bitmap, &raw)) == NULL)
+            goto out;
+        cols.image_valid[side] = (uint8_t *)raw;
+    }
+    int taken = 1;
+    for (Py_ssize_t i = 0; i < count && taken == 1; i++) {
+        int32_t lo, hi;
+        memcpy(&lo, bounds + first + i, 4);
+        memcpy(&hi, bounds + first + i + 1, 4);
+        if (lo < 0 || hi < lo || hi > data_view.len) {
+            PyErr_SetString(PyExc_ValueError, "scan_envelopes: a value's offsets lie outside the data");
+            goto out;
+        }
+        taken = env_value(data + lo, hi - lo, &cols, i);
+        if (taken < 0)
+            goto out;
+    }
+    for (int col = 0; col < ENV_STRINGS; col++)
+        if (cols.data[col].len > INT32_MAX)
+            taken = 0;
+    if (!taken) {
+        result = Py_NewRef(Py_None);
+        goto out;
+    }
+    PyObject *strings[ENV_STRINGS] = {NULL}, *images[2] = {NULL};
+    int failed = 0;
+    for (int col = 0; col < ENV_STRINGS; col++)
+        if ((strings[col] = PyBytes_FromStringAndSize((const char *)cols.data[col].data, cols.data[col].len)) == NULL)
+            failed = 1;
+    for (int side = 0; side < 2; side++)
+        if ((images[side] = PyBytes_FromStringAndSize((const char *)cols.images[side].data, cols.images[side].len)) ==
+            NULL)
+            failed = 1;
+    if (!failed) {
+        result = PyTuple_New(25);
+        if (result != NULL) {
+            Py_ssize_t k = 0;
+            for (int col = 0; col < ENV_STRINGS; col++) {
+                PyTuple_SET_ITEM(result, k++, Py_NewRef(objs[col]));
+                PyTuple_SET_ITEM(result, k++, Py_NewRef(objs[5 + col]));
+                PyTuple_SET_ITEM(result, k++, Py_NewRef(strings[col]));
+            }
+            for (int col = 0; col < ENV_INTS; col++) {
+                PyTuple_SET_ITEM(result, k++, Py_NewRef(objs[10 + col]));
+                PyTuple_SET_ITEM(result, k++, Py_NewRef(objs[13 + col]));
+            }
+            for (int side = 0; side < 2; side++) {
+                PyTuple_SET_ITEM(result, k++, Py_NewRef(objs[16 + side]));
+                PyTuple_SET_ITEM(result, k++, Py_NewRef(images[side]));
+            }
+        }
+    }
+    for (int col = 0; col < ENV_STRINGS; col++)
+        Py_XDECREF(strings[col]);
+    for (int side = 0; side < 2; side++)
+        Py_XDECREF(images[side]);
+out:
+    for (int k = 0; k < 18; k++)
+        Py_XDECREF(objs[k]);
+    for (int col = 0; col < ENV_STRINGS; col++)
+        PyMem_Free(cols.data[col].data);
+    for (int side = 0; side < 2; side++)
+        PyMem_Free(cols.images[side].data);
+    PyBuffer_Release(&offsets_view);
+    PyBuffer_Release(&data_view);
+    return result;
+}
+
 PyMethodDef hw_log_columns_methods[] = {
     {"decode_columns", decode_columns, METH_VARARGS,
      "decode_columns(parts, min_offset, end_offset, max_records, max_bytes) -> (count, next_offset, offsets, "
      "timestamps_ms, key_validity, key_offsets, key_data, value_validity, value_offsets, value_data)\n\n"
      "parts: (buffer, start, stop, record_count, base_offset) of plain records sections. See log/columns.py."},
+    {"scan_envelopes", scan_envelopes, METH_VARARGS,
+     "scan_envelopes(value_offsets, value_data, first, count) -> 25 column buffers or None. "
+     "See derived_feeds/envelope_scan.py."},
     {NULL, NULL, 0, NULL},
 };
