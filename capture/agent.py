@@ -72,7 +72,7 @@ from capture.transactions import Transaction, TransactionAssembler
 from headwater.config import LogConfig, SourceConfig, TypesConfig
 from log.base import SCHEMAS_TOPIC, Log, Record, TopicPartition, TopicSpec, append_keyed
 from log.batch_codec import Compression
-from log.errors import LogUnavailableError
+from log.errors import LogUnavailableError, UnknownTopicError
 from log.file_log import FileLog
 from log.partitioner import partition_for
 from log.sequence import Lsn
@@ -590,6 +590,11 @@ class CaptureAgent:
                     # server runs it while this one is taken; its rows are still appended after this chunk's.
                     _table, _oid, following, upcoming = todo[position + 1]
                     ahead = readers.start(position + 1, upcoming, [c.name for c in following.columns])
+                if pipeline is not None and position == 0:
+                    # The schemas go to the log first, from the writer thread (creating a topic costs
+                    # directory fsyncs: tens of ms on a busy disk), while the first COPY runs.
+                    chunk_rows = ReadAhead(chunk_rows, name="snapshot-first-chunk")
+                    pipeline.append_schemas()
                 # txn_index is unique per (table, chunk, row): chunks resume independently.
                 next_index = (table_no << 40) | (chunk.number << 24)
                 for rows in chunk_rows:
@@ -598,7 +603,7 @@ class CaptureAgent:
                     pieces = rows.native_pieces() if pipeline is not None and encoder is not None else None
                     # Right after a restart the log may hold some of these rows: the per-record check.
                     if pipeline is not None and pieces is not None and not resume.may_hold(consistent, next_index):
-                        if self._pending or self._pending_schemas:
+                        if self._pending:  # (the schemas went to the writer first: append_schemas)
                             pipeline.drain()
                             self._flush(resume, None)  # records built before go first
                         start = Seq(consistent, next_index)
@@ -622,7 +627,7 @@ class CaptureAgent:
                     if self.progress:
                         self.progress.advance(len(rows))
                 # Every event of the chunk is durable (each append fsynced) before the chunk counts as done.
-                if pipeline is not None and not (self._pending or self._pending_schemas):
+                if pipeline is not None and not self._pending:
                     # The writer records it after the chunk's last append, while the next chunk is read.
                     pipeline.after_appends(functools.partial(self._chunk_done, state, chunk.id))
                     continue
@@ -878,6 +883,16 @@ class CaptureAgent:
             count = self._partition_counts[topic] = self.log.describe_topic(topic).partitions
         return count
 
+    def _planned_partitions(self, topic: str) -> int:
+        """The partition count ``topic`` has, or will have once :meth:`_ensure_topic` creates it."""
+        count = self._partition_counts.get(topic)
+        if count is not None:
+            return count
+        try:
+            return self._partitions(topic)
+        except UnknownTopicError:
+            return 1 if topic == SCHEMAS_TOPIC else self.log_config.partitions
+
     def _ensure_topic(self, topic: str) -> int:
         """Create ``topic`` unless it exists; return its partition count (cached: topics never shrink)."""
         count = self._partition_counts.get(topic)
@@ -886,7 +901,7 @@ class CaptureAgent:
         cfg = self.log_config
         spec = TopicSpec(
             name=topic,
-            partitions=1 if topic == SCHEMAS_TOPIC else cfg.partitions,
+            partitions=1 if topic == SCHEMAS_TOPIC else cfg.partitions,  # as _planned_partitions says
             # Quarantine keeps every bad record; table topics keep the latest image per key.
             compacted=not is_quarantine_topic(topic),
             min_compaction_lag_ms=cfg.min_compaction_lag_s * 1000,
@@ -1061,6 +1076,7 @@ class _SnapshotPipeline:
         agent._batch_appenders = ThreadPoolExecutor(PARALLEL_APPENDS, thread_name_prefix="snapshot-partition-append")
         self._appending: deque[Future[None]] = deque()
         self._failed = False  # set by the writer thread only
+        self._topics: dict[str, int] = {}  # partition counts of the topics pieces were submitted for
         self._compression: Compression = getattr(agent.log, "compression", "none")  # the file log's setting
 
     def submit(
@@ -1070,7 +1086,11 @@ class _SnapshotPipeline:
 
         ``pieces`` are ``data``'s :func:`copy_pieces`.
         """
-        partitions = self._agent._ensure_topic(topic)
+        partitions = self._topics.get(topic)
+        if partitions is None:
+            # The writer creates the topic before its first append; the encoders need only its count.
+            partitions = self._topics[topic] = self._agent._planned_partitions(topic)
+            self.after_appends(functools.partial(self._agent._ensure_topic, topic))
         index = start.txn_index
         for piece in pieces:
             job = self._encoders.submit(
@@ -1090,7 +1110,23 @@ class _SnapshotPipeline:
                 self._appending.popleft().result()  # an append's error is raised here
         return index
 
-    def after_appends(self, step: Callable[[], None]) -> None:
+    def append_schemas(self) -> None:
+        """Append the agent's pending schema records from the writer thread, before anything submitted later.
+
+        The agent's thread adds no schema record while the pipeline runs (every table's was built
+        before the first chunk), so from here on it looks at its pending records alone.
+        """
+        agent, resume = self._agent, self._resume
+        schemas = list(agent._pending_schemas)
+        agent._pending_schemas.clear()
+
+        def append() -> None:
+            agent._pending_schemas[:0] = schemas
+            agent._flush(resume, None)
+
+        self.after_appends(append)
+
+    def after_appends(self, step: Callable[[], object]) -> None:
         """Run ``step`` in the writer thread once every piece submitted before is appended (durable).
 
         Its error is raised as an append's (:meth:`submit`, :meth:`drain`); after an error it does not run.
@@ -1110,7 +1146,7 @@ class _SnapshotPipeline:
         if appenders is not None:
             appenders.shutdown(wait=True)
 
-    def _in_order(self, step: Callable[..., None], *args: Any) -> None:
+    def _in_order(self, step: Callable[..., object], *args: Any) -> None:
         # After a failed step nothing more is written: a later piece appended after a missing one
         # would make the resume check take the missing rows for stored (lost), and a chunk marked
         # done after it would never be read again.
