@@ -358,11 +358,25 @@ static int env_hex4(const uint8_t *p, const uint8_t *end, unsigned *out) {
 
 /* A string at c->p (its opening quote): its raw content [*start, *start + *len) and whether it has escapes.
    Taken only with valid UTF-8, no control characters, valid escapes and surrogate escapes only in pairs. */
+/* 1 for the bytes a string holds as they are: printable ASCII but the quote and the backslash. */
+static const uint8_t env_plain[256] = {
+    ['\x20'] = 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x20-0x2F, '"' is 0x22 */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,              /* 0x30-0x3F */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,              /* 0x40-0x4F */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1,              /* 0x50-0x5F, '\\' is 0x5C */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,              /* 0x60-0x6F */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,              /* 0x70-0x7F */
+};
+
 static int env_string(EnvCur *c, const uint8_t **start, Py_ssize_t *len, int *escaped) {
     const uint8_t *p = c->p + 1, *end = c->end;
     *escaped = 0;
     *start = p;
     while (p < end) {
+        while (p < end && env_plain[*p])
+            p++;
+        if (p >= end)
+            break;
         uint8_t ch = *p;
         if (ch == '"') {
             *len = p - *start;
@@ -562,9 +576,7 @@ typedef struct {
     uint8_t *image_valid[2];
 } EnvColumns;
 
-static int env_key_is(const uint8_t *s, Py_ssize_t n, const char *name) {
-    return (Py_ssize_t)strlen(name) == n && memcmp(s, name, (size_t)n) == 0;
-}
+#define env_key_is(s, n, name) ((n) == (Py_ssize_t)sizeof(name) - 1 && memcmp((s), (name), sizeof(name) - 1) == 0)
 
 /* An unescaped string or null into string column `col` of row i (its bytes at the end of its data). */
 static int env_string_field(EnvCur *c, EnvColumns *cols, int col, Py_ssize_t i, int *seen) {
@@ -604,6 +616,7 @@ static int env_int_field(EnvCur *c, EnvColumns *cols, int col, Py_ssize_t i, int
 /* The source object (or null) of row i. */
 static int env_source(EnvCur *c, EnvColumns *cols, Py_ssize_t i) {
     static const char *const names[] = {"commit_lsn", "txn_index", "ts_us", "snapshot", "db", "schema", "table"};
+    static const Py_ssize_t lengths[] = {10, 9, 5, 8, 2, 6, 5};
     int seen[7] = {0, 0, 0, 0, 0, 0, 0};
     if (*c->p == 'n')
         return env_literal(c, "null", 4);
@@ -630,7 +643,7 @@ static int env_source(EnvCur *c, EnvColumns *cols, Py_ssize_t i) {
         if (c->p >= c->end)
             return 0;
         for (int k = 0; k < 7; k++) {
-            if (env_key_is(key, n, names[k])) {
+            if (n == lengths[k] && memcmp(key, names[k], (size_t)n) == 0) {
                 r = k < 3 ? env_int_field(c, cols, ENV_LSN + k, i, &seen[k])
                           : env_string_field(c, cols, ENV_SNAPSHOT + (k - 3), i, &seen[k]);
                 break;
