@@ -6,7 +6,11 @@ anything else).
 
 Two paths, one result. The bulk path parses the whole batch's values at once with
 ``pyarrow.json`` into the envelope's regular JSON types (no Python object per value)
-and converts columns with Arrow kernels (:func:`value_decoder.decode_wire`); it is
+and converts columns with Arrow kernels (:func:`value_decoder.decode_wire`). Of a batch
+the envelope scanner takes (:mod:`derived_feeds.envelope_scan`: each value read exactly
+as the whole parse would read it), ``op`` and the source fields come from the scanner and
+only the before/after images go through ``pyarrow.json``; other batches are parsed whole,
+so the scanner changes neither a row nor an error. The bulk path is
 taken only when every value is one JSON envelope object and every value has its
 column's regular JSON type. Anything else (a parse or cast error, a value that is no
 envelope, array columns, JSON-string images) sends the batch to the per-value path:

@@ -195,6 +195,9 @@ REGULAR = RECORDS[0].value
         b'{"op":"\\u0063","after":{"id":1,"price":"1.00"}}',  # escaped op
         b'{"o\\u0070":"c","after":{"id":1,"price":"1.00"}}',  # escaped key
         b'{"op":"c","op":"u","after":{"id":1,"price":"1.00"}}',
+        b'{"op":"c","after":{"id":1,"price":"1.00"},"x":1,"x":[2]}',  # a field nobody reads, twice
+        b'{"op":"c","after":{"id":1,"price":"1.00","id":2}}',  # an image field twice
+        b'{"op":"c","after":{"id":1,"price":"1.00"},"source":{"v":1,"v":2,"db":"a"}}',
         b'{"op":"c","after":"{\\"id\\":1}"}',  # image as a JSON string
         b'{"op":"c","after":[1]}',
         b'{"op":"c","after":{"id":1,"price":"1.00"},"source":[]}',
