@@ -20,10 +20,11 @@ from pyspark.sql.types import StructType
 from derived_feeds import transform
 from derived_feeds.expectations import compile_checks
 from derived_feeds.feed_events import encode_events, pair_changes, paired_events
-from derived_feeds.feed_job import _unique_key
+from derived_feeds.feed_job import _unique_key, run_feeds
 from derived_feeds.feed_spec import feed_spec
 from headwater.config import ExpectationConfig, load_config
 from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
+from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
 
 LATEST = (
@@ -131,3 +132,79 @@ def test_one_pass_only_where_the_feed_key_holds_the_source_key(tmp_path):
     finally:
         log.close()
     assert unique == {"by_id": True, "by_country": False, "by_id_country": True, "keyless": False}
+
+
+TOPIC = "s.public.customers"
+COLUMNS = [("id", 20, -1, True), ("name", 25, -1, False), ("country", 25, -1, False), ("balance", 1700, 655366, False)]
+
+
+def write_changes(log) -> None:
+    """Inserts, updates (some failing the filter), deletes and null names over 30 keys, in 120 changes."""
+    log.create_topic(TopicSpec(TOPIC, partitions=2))
+    log.create_topic(TopicSpec(SCHEMAS_TOPIC, partitions=1))
+    columns = [{"name": n, "type_oid": o, "typmod": t, "key": k} for n, o, t, k in COLUMNS]
+    schema = {"topic": TOPIC, "schema": "public", "table": "customers", "columns": columns, "version": 1}
+    append_keyed(log, SCHEMAS_TOPIC, [Record(TOPIC.encode(), orjson.dumps(schema))])
+    changes = []
+    for i in range(120):
+        key = (i * 7) % 30
+        source = SourceInfo("s", "s", "public", "customers", i, i, 1_000 + i, 0, 1_700_000_000_000_000 + i)
+        if i % 11 == 10:
+            event = ChangeEvent(Op.DELETE, source, {"id": key}, None, 0)
+        else:
+            name = None if i % 13 == 0 else f'Na"me-{i}-é'
+            after = {"id": key, "name": name, "country": ["PT", "DE", None][i % 3], "balance": f"{(i % 9) - 3}.50"}
+            event = ChangeEvent(Op.CREATE if i < 30 else Op.UPDATE, source, None, after, 0)
+        changes.append(Record(encode_key({"id": key}), encode_value(event)))
+    for start in range(0, len(changes), 25):  # several appends: several micro-batches of 40
+        append_keyed(log, TOPIC, changes[start : start + 25])
+
+
+def feed_records(log, topic: str) -> list:
+    """The topic's records as comparable values: key, value without the feed's name, headers' names."""
+    out = []
+    for partition in range(log.describe_topic(topic).partitions):
+        offset = 0
+        while batch := log.read(topic, partition, offset):
+            for record in batch:
+                value = orjson.loads(record.value) if record.value is not None else None
+                if isinstance(value, dict) and isinstance(value.get("source"), dict):
+                    value["source"].pop("name")
+                headers = sorted(k for k, _ in record.headers if not k.startswith("headwater.batch"))
+                out.append((partition, record.key, orjson.dumps(value, option=orjson.OPT_SORT_KEYS), headers))
+            offset = batch[-1].offset + 1
+    return sorted(out, key=repr)
+
+
+def test_feed_runs_write_the_same_records_in_one_pass_and_in_the_general_path(spark, tmp_path):
+    sql = "SELECT id, lower(name) AS name, country FROM source WHERE balance >= 0"
+    expectation = {"expect": "expect_column_values_to_not_be_null", "column": "name", "action": "drop"}
+    feeds = {
+        "one": {"from": TOPIC, "sql": sql, "key": ["id"], "expectations": [expectation]},
+        "general": {"from": TOPIC, "sql": f"{sql} ORDER BY id", "key": ["id"], "expectations": [expectation]},
+    }
+    path = tmp_path / "headwater.yaml"
+    body = {"project": "p", "home": str(tmp_path / "home"), "log": {"partitions": 2}, "feeds": feeds}
+    path.write_text(yaml.safe_dump(body))
+    config = load_config(path)
+    log = open_log(config)
+    try:
+        write_changes(log)
+        started = run_feeds(spark, config, log, ["one", "general"], available_now=True, max_records_per_batch=40)
+        plans = {plan.spec.name: plan for _, plan in started}
+        stats = {name: plan.stats for name, plan in plans.items()}
+        one, general = (feed_records(log, plans[name].spec.topic) for name in ("one", "general"))
+        quarantined = [feed_records(log, plans[name].spec.quarantine_topic) for name in ("one", "general")]
+    finally:
+        log.close()
+    assert stats["one"]["batches"] >= 3
+    assert stats["one"]["one_pass"] == stats["one"]["batches"]
+    assert stats["general"]["one_pass"] == 0
+    assert stats["one"]["deletes"] > 0
+    assert stats["one"]["dropped"] > 0
+    assert {k: v for k, v in stats["one"].items() if k != "one_pass"} == {
+        k: v for k, v in stats["general"].items() if k != "one_pass"
+    }
+    assert one == general
+    assert len(quarantined[0]) == stats["one"]["dropped"]
+    assert quarantined[0] == quarantined[1]
