@@ -10,7 +10,8 @@ of JSON documents (one per value, ``{}`` where the image is null or absent), whi
 It takes a batch only when it reads every value exactly as the whole-envelope parse would:
 each value one JSON object (RFC 8259, valid UTF-8, first byte ``{``, last byte ``}``),
 unescaped keys, no field it reads given twice, ``op`` and the source strings unescaped
-strings or null, the source numbers integers of at most 18 digits or null, ``source`` an
+strings or null, the source numbers integers of at most 18 digits or null (``commit_lsn`` and
+``txn_index`` not negative), ``source`` an
 object or null, the images objects or null, and each value an envelope (``op``,
 ``before`` or ``after`` not null). Otherwise it answers ``None`` and the caller builds the
 batch as before, which also raises as before. The extension (``capture.native``) does it
@@ -32,13 +33,16 @@ from capture import native
 _STRING_FIELDS: Final = ("op", "snapshot", "db", "schema", "table")
 _INT_FIELDS: Final = ("commit_lsn", "txn_index", "ts_us")
 _MAX_DEPTH: Final = 200
+_SEQ_WIDTH: Final = 33
 
 
 class ScannedEnvelopes(NamedTuple):
     """The columns of ``count`` envelopes; validity bitmaps are Arrow's (bit i: row i is not null).
 
     Strings: validity, int32 offsets, data. Integers: validity, int64 values (0 where null).
-    Images: validity and the documents, one per row.
+    Images: validity and the documents, one per row. ``seq``: the string
+    ``Sequence(commit_lsn, txn_index).sortable()``, null unless both are present, in
+    33-byte slots (a null row's slot holds zeros).
     """
 
     op_validity: bytes
@@ -66,9 +70,12 @@ class ScannedEnvelopes(NamedTuple):
     before_documents: bytes
     after_validity: bytes
     after_documents: bytes
+    seq_validity: bytes
+    seq_offsets: bytes
+    seq_data: bytes
 
     def string(self, name: str) -> pa.Array:
-        """The string column ``name`` (one of op, snapshot, db, schema, table)."""
+        """The string column ``name`` (one of op, snapshot, db, schema, table, seq)."""
         validity, offsets, data = (getattr(self, f"{name}{part}") for part in ("_validity", "_offsets", "_data"))
         count = len(offsets) // 4 - 1
         buffers = [pa.py_buffer(validity), pa.py_buffer(offsets), pa.py_buffer(data)]
@@ -385,4 +392,14 @@ def _scan_envelopes_python(offsets: pa.Buffer, data: pa.Buffer, first: int, coun
     for side in ("before", "after"):
         images = [row.get(side) for row in rows]
         parts += [_bitmap([item is not None for item in images]), b"".join(b"{}" if i is None else i for i in images)]  # type: ignore[misc]
+    lsns = [row.get("commit_lsn") for row in rows]
+    indexes = [row.get("txn_index") for row in rows]
+    valid = [lsn is not None and index is not None for lsn, index in zip(lsns, indexes, strict=True)]
+    seqs = []
+    for ok, lsn, index in zip(valid, lsns, indexes, strict=True):
+        if ok and (lsn < 0 or index < 0):  # type: ignore[operator]
+            return None
+        seqs.append(f"{lsn if ok else 0:016x}.{index if ok else 0:016x}".encode())
+    bounds_seq = np.arange(count + 1, dtype=np.int32) * np.int32(_SEQ_WIDTH)
+    parts += [_bitmap(valid), bounds_seq.tobytes(), b"".join(seqs)]
     return ScannedEnvelopes(*parts)

@@ -159,12 +159,13 @@ class EventBatchBuilder:
                 envelope = _parsed_envelope(values, image_wire)
             if envelope is None:
                 return None
-            op, before, after, source_fields = envelope
+            op, before, after, source_fields, seq = envelope
             not_envelope = pc.and_(pc.and_(op.is_null(), before.is_null()), after.is_null())
             if pc.any(not_envelope).as_py():
                 return None
             lsn, index, ts_us, snapshot, db, schema_name, table = source_fields
-            seq = _sortable_seqs(lsn, index)
+            if seq is None:
+                seq = _sortable_seqs(lsn, index)
             if seq is None:
                 return None
             images = [self._bulk_image(side, image_type, decoders) for side in (before, after)]
@@ -326,7 +327,7 @@ def _json_documents(values: pa.Array) -> pa.Buffer | None:
 
 
 def _parsed_envelope(values: pa.Array, image_wire: pa.DataType) -> tuple[Any, ...] | None:
-    """op, before, after and the source fields of ``values`` by one ``pyarrow.json`` parse of the whole envelopes.
+    """op, before, after, the source fields and ``None`` (no sequence column) by one parse of the whole envelopes.
 
     ``None`` unless each value is one JSON object; raises the reader's errors on the rest.
     """
@@ -338,11 +339,11 @@ def _parsed_envelope(values: pa.Array, image_wire: pa.DataType) -> tuple[Any, ..
     if parsed.num_rows != len(values):
         return None
     op, before, after, source = (parsed.column(i).combine_chunks() for i in range(4))
-    return op, before, after, source.flatten()
+    return op, before, after, source.flatten(), None
 
 
 def _scanned_envelope(values: pa.Array, image_wire: pa.DataType) -> tuple[Any, ...] | None:
-    """What :func:`_parsed_envelope` gives, with only the images parsed by ``pyarrow.json``.
+    """What :func:`_parsed_envelope` gives and the sequence column, with only the images parsed by ``pyarrow.json``.
 
     ``None`` when the scanner does not take the batch or an image does not parse (the
     whole-envelope parse then decides, and fails the same way).
@@ -366,7 +367,7 @@ def _scanned_envelope(values: pa.Array, image_wire: pa.DataType) -> tuple[Any, .
         return None
     ints = [scanned.integer(name) for name in ("commit_lsn", "txn_index", "ts_us")]
     strings = [scanned.string(name) for name in ("snapshot", "db", "schema", "table")]
-    return scanned.string("op"), images[0], images[1], [*ints, *strings]
+    return scanned.string("op"), images[0], images[1], [*ints, *strings], scanned.string("seq")
 
 
 def _read_json(text: pa.Buffer, schema: pa.Schema) -> pa.Table:

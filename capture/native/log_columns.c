@@ -283,11 +283,14 @@ out:
  * images go through pyarrow.json. It validates each whole value (RFC 8259, UTF-8) and answers
  * None for anything it does not take exactly: text pyarrow.json might read otherwise, an
  * escaped key, escaped op/source strings, duplicate fields it reads, numbers that are no
- * plain int64 of at most 18 digits, a wrong JSON type, a value that is no envelope (op, before
- * and after all null). The caller then builds the batch the way it did without the scanner.
- * derived_feeds/envelope_scan.py's _scan_envelopes_python is its twin and defines the result.
+ * plain int64 of at most 18 digits, a negative commit_lsn or txn_index, a wrong JSON type, a
+ * value that is no envelope (op, before and after all null). The caller then builds the batch
+ * the way it did without the scanner. It also returns the sequence column of (commit_lsn,
+ * txn_index). derived_feeds/envelope_scan.py's _scan_envelopes_python is its twin and
+ * defines the result.
  */
 #define ENV_MAX_DEPTH 200
+#define ENV_SEQ_WIDTH 33
 
 typedef struct {
     uint8_t *data;
@@ -758,8 +761,9 @@ static PyObject *scan_envelopes(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*nn:scan_envelopes", &offsets_view, &data_view, &first, &count))
         return NULL;
     PyObject *result = NULL;
-    /* 0-4 string validity, 5-9 string offsets, 10-12 int validity, 13-15 ints, 16-17 image validity */
-    PyObject *objs[18] = {NULL};
+    /* 0-4 string validity, 5-9 string offsets, 10-12 int validity, 13-15 ints, 16-17 image validity,
+       18-20 sequence validity, offsets, data */
+    PyObject *objs[21] = {NULL};
     EnvColumns cols;
     memset(&cols, 0, sizeof(cols));
     const int32_t *bounds = (const int32_t *)offsets_view.buf;
@@ -807,6 +811,41 @@ static PyObject *scan_envelopes(PyObject *self, PyObject *args) {
     for (int col = 0; col < ENV_STRINGS; col++)
         if (cols.data[col].len > INT32_MAX)
             taken = 0;
+    if (count > INT32_MAX / ENV_SEQ_WIDTH)
+        taken = 0;
+    if (taken) {
+        /* The sequence column: Sequence(commit_lsn, txn_index).sortable() (16 hex digits, '.', 16 hex digits) in
+           fixed-width slots, null unless both are present; a negative one is not taken (its Python form is signed). */
+        static const char hex[] = "0123456789abcdef";
+        char *seq_valid, *seq_offsets, *seq_data;
+        if ((objs[18] = new_bytes(bitmap, &seq_valid)) == NULL ||
+            (objs[19] = new_bytes((count + 1) * 4, &seq_offsets)) == NULL ||
+            (objs[20] = new_bytes(count * ENV_SEQ_WIDTH, &seq_data)) == NULL)
+            goto out;
+        for (Py_ssize_t i = 0; i <= count; i++) {
+            int32_t at = (int32_t)(i * ENV_SEQ_WIDTH);
+            memcpy(seq_offsets + i * 4, &at, 4);
+        }
+        for (Py_ssize_t i = 0; i < count && taken; i++) {
+            uint8_t bit = (uint8_t)(1u << (i & 7));
+            long long lsn = cols.ints[ENV_LSN][i], index = cols.ints[ENV_INDEX][i];
+            int valid = (cols.int_valid[ENV_LSN][i >> 3] & bit) && (cols.int_valid[ENV_INDEX][i >> 3] & bit);
+            if (valid && (lsn < 0 || index < 0)) {
+                taken = 0;
+                break;
+            }
+            if (valid)
+                seq_valid[i >> 3] |= (char)bit;
+            else
+                lsn = index = 0; /* a null row's slot: zeros */
+            char *out = seq_data + i * ENV_SEQ_WIDTH;
+            for (int d = 0; d < 16; d++) {
+                out[d] = hex[((unsigned long long)lsn >> (60 - 4 * d)) & 15];
+                out[17 + d] = hex[((unsigned long long)index >> (60 - 4 * d)) & 15];
+            }
+            out[16] = '.';
+        }
+    }
     if (!taken) {
         result = Py_NewRef(Py_None);
         goto out;
@@ -821,7 +860,7 @@ static PyObject *scan_envelopes(PyObject *self, PyObject *args) {
             NULL)
             failed = 1;
     if (!failed) {
-        result = PyTuple_New(25);
+        result = PyTuple_New(28);
         if (result != NULL) {
             Py_ssize_t k = 0;
             for (int col = 0; col < ENV_STRINGS; col++) {
@@ -837,6 +876,8 @@ static PyObject *scan_envelopes(PyObject *self, PyObject *args) {
                 PyTuple_SET_ITEM(result, k++, Py_NewRef(objs[16 + side]));
                 PyTuple_SET_ITEM(result, k++, Py_NewRef(images[side]));
             }
+            for (int part = 18; part < 21; part++)
+                PyTuple_SET_ITEM(result, k++, Py_NewRef(objs[part]));
         }
     }
     for (int col = 0; col < ENV_STRINGS; col++)
@@ -844,7 +885,7 @@ static PyObject *scan_envelopes(PyObject *self, PyObject *args) {
     for (int side = 0; side < 2; side++)
         Py_XDECREF(images[side]);
 out:
-    for (int k = 0; k < 18; k++)
+    for (int k = 0; k < 21; k++)
         Py_XDECREF(objs[k]);
     for (int col = 0; col < ENV_STRINGS; col++)
         PyMem_Free(cols.data[col].data);
@@ -861,7 +902,7 @@ PyMethodDef hw_log_columns_methods[] = {
      "timestamps_ms, key_validity, key_offsets, key_data, value_validity, value_offsets, value_data)\n\n"
      "parts: (buffer, start, stop, record_count, base_offset) of plain records sections. See log/columns.py."},
     {"scan_envelopes", scan_envelopes, METH_VARARGS,
-     "scan_envelopes(value_offsets, value_data, first, count) -> 25 column buffers or None. "
+     "scan_envelopes(value_offsets, value_data, first, count) -> 28 column buffers or None. "
      "See derived_feeds/envelope_scan.py."},
     {NULL, NULL, 0, NULL},
 };
