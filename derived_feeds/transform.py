@@ -187,13 +187,15 @@ def paired_rows(
     paired = rows.select(
         F.when(F.col(f"{CHANGE}.{cols.OP}") != Op.TRUNCATE.value, key_json).alias(KEY_JSON), *change, after.alias(AFTER)
     )
+    after_type = paired.schema[AFTER].dataType  # this batch's types, as output_rows takes them
+    assert isinstance(after_type, StructType)
     checked: DataFrame = with_checks(paired, checks)
     return checked.select(
         KEY_JSON,
         cols.OP,
         FIRST_OP,
         *META,
-        F.to_json(wire_struct(F.col(AFTER), output), JSON_OPTIONS).alias(AFTER_JSON),
+        F.to_json(wire_struct(F.col(AFTER), after_type), JSON_OPTIONS).alias(AFTER_JSON),
         *[check.flag for check in checks],
     )
 
