@@ -131,3 +131,37 @@ def take_changes(frames: list[Any], pos: int, changes: list[Any], lsns: list[int
 
 def group_records(records: list[Any], counts: dict[str, int], /) -> dict[str, list[list[Any]]] | str | None:
     """Records per topic and partition (Kafka's partitioner); a topic missing from ``counts``; None: Python decides."""
+
+# log_columns.c: file-log record batches -> Arrow-ready column buffers (read side of derived feeds)
+
+def decode_columns(
+    parts: Sequence[tuple[Any, int, int, int, int]],
+    min_offset: int,
+    end_offset: int,
+    max_records: int,
+    max_bytes: int,
+    /,
+) -> tuple[Any, ...]:
+    """The records of the plain records sections ``parts`` as column buffers; see log/columns.py.
+
+    (count, next_offset, offsets, timestamps_ms, key_validity, key_offsets, key_data, value_validity,
+    value_offsets, value_data).
+    """
+
+def scan_envelopes(value_offsets: Any, value_data: Any, first: int, count: int, /) -> tuple[Any, ...] | None:
+    """Envelope columns and before/after JSON streams (28 buffers); None: Python decides (envelope_scan.py)."""
+
+# batch_columns.c: Arrow columns -> file-log record batches (write side of derived feeds)
+
+def column_batches(
+    n: int,
+    keys: tuple[Any, ...],
+    values: tuple[Any, ...],
+    deletes: Any,
+    partitions: int,
+    headers: Any,
+    now_ms: int,
+    scratch: list[bytearray] | None,
+    /,
+) -> list[tuple[Any, int] | None]:
+    """Per partition the encoded batch and its record count (None: no rows); see log/column_batches.py."""
