@@ -44,6 +44,7 @@ import psycopg
 from capture.agent import CaptureAgent, typemap_decoders
 from headwater.config import LogConfig, SourceConfig
 from headwater.embedded_postgres import find_postgres_bin
+from log.base import end_offsets
 from log.batch_codec import Compression
 from log.file_log import FileLog
 
@@ -166,6 +167,10 @@ def bench_snapshot(dsn: str, rows: int, work: Path, bin_dir: Path, server_cpu: S
             lambda: agent(dsn, home, log, slot="snap", snapshot="initial_only").run(until_caught_up=True),
             count=rows,
         )
+        # Every row in the log once (a snapshot writes no tombstones): a fast wrong snapshot is no result.
+        written = sum(sum(end_offsets(log, topic).values()) for topic in log.list_topics() if not topic.startswith("_"))
+        if written != rows:
+            print(f"  WARNING: the snapshot wrote {written:,} records, expected {rows:,}", file=sys.stderr)
     finally:
         log.close()
     print(f"  agent snapshot: server backends {server_cpu.lap(0.5) / rows * 1e6:.2f} us CPU per row", file=sys.stderr)
