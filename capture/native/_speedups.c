@@ -144,6 +144,9 @@ static int32_t murmur2(const unsigned char *data, Py_ssize_t length) {
     return (int32_t)h;
 }
 
+/* For the other translation units of the extension (speedups.h). */
+int32_t hw_murmur2(const unsigned char *data, Py_ssize_t length) { return murmur2(data, length); }
+
 static PyObject *py_murmur2(PyObject *self, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;

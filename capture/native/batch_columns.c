@@ -14,33 +14,6 @@
 #define PLACEHOLDER 38 /* log/batch_codec.py HEADER_SIZE: filled by EncodedBatch.seal */
 #define RECORD_HEAD 24 /* offset_delta u32 | timestamp i64 | key_len i32 | value_len i32 | headers_len u32 */
 
-/* Kafka's Utils.murmur2 (log/partitioner.py; _speedups.c has the same function for the Record path). */
-static int32_t murmur2(const unsigned char *data, Py_ssize_t length) {
-    const uint32_t m = 0x5bd1e995;
-    uint32_t h = 0x9747b28cU ^ (uint32_t)length;
-    Py_ssize_t i = 0;
-    for (; i + 4 <= length; i += 4) {
-        uint32_t k = (uint32_t)data[i] | ((uint32_t)data[i + 1] << 8) | ((uint32_t)data[i + 2] << 16) |
-                     ((uint32_t)data[i + 3] << 24);
-        k *= m;
-        k ^= k >> 24;
-        k *= m;
-        h *= m;
-        h ^= k;
-    }
-    switch (length & 3) {
-        case 3: h ^= (uint32_t)data[i + 2] << 16; /* fall through */
-        case 2: h ^= (uint32_t)data[i + 1] << 8;  /* fall through */
-        case 1:
-            h ^= (uint32_t)data[i];
-            h *= m;
-    }
-    h ^= h >> 13;
-    h *= m;
-    h ^= h >> 15;
-    return (int32_t)h;
-}
-
 /* One variable-length Arrow column (string/binary: 32-bit offsets; large_*: 64-bit). */
 typedef struct {
     Py_buffer validity, offsets, data; /* validity.buf NULL: no nulls */
@@ -205,7 +178,7 @@ static PyObject *py_column_batches(PyObject *self, PyObject *args) {
         }
         uint32_t p = 0;
         if (klen >= 0 && partitions > 1) {
-            int32_t h = murmur2((const unsigned char *)keys.data.buf + kstart, (Py_ssize_t)klen);
+            int32_t h = hw_murmur2((const unsigned char *)keys.data.buf + kstart, (Py_ssize_t)klen);
             p = ((uint32_t)h & 0x7fffffffU) % (uint32_t)partitions;
         }
         routes[i] = p;
