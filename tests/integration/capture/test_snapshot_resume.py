@@ -70,6 +70,19 @@ def read_values(log: FileLog) -> list[dict]:
     return values
 
 
+def snapshot_source(pg_server, name: str) -> str:
+    """A database with table ``t`` of ``ROWS`` rows published as ``pub_snap``, analyzed (relpages: the chunk plan)."""
+    dsn = pg_server.create_database(name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE t (id bigint PRIMARY KEY, label text, at timestamptz);"
+            f"INSERT INTO t SELECT g, 'row ' || g, now() FROM generate_series(1, {ROWS}) g;"
+            "CREATE PUBLICATION pub_snap FOR TABLE t"
+        )
+        conn.execute("VACUUM ANALYZE t")
+    return dsn
+
+
 def test_snapshot_sigkilled_mid_chunk_resumes_with_every_row_once(pg_server, unique_name, tmp_path, monkeypatch):
     dsn = pg_server.create_database(unique_name("snapkill"))
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -122,14 +135,7 @@ def test_snapshot_append_failure_stops_the_writer_and_resumes_with_every_row_onc
 ):
     """A failed append mid-snapshot: nothing after it is written (no gap behind a later batch), the
     chunk is not done, and the next run writes every row once."""
-    dsn = pg_server.create_database(unique_name("snapfail"))
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "CREATE TABLE t (id bigint PRIMARY KEY, label text, at timestamptz);"
-            f"INSERT INTO t SELECT g, 'row ' || g, now() FROM generate_series(1, {ROWS}) g;"
-            "CREATE PUBLICATION pub_snap FOR TABLE t"
-        )
-        conn.execute("VACUUM ANALYZE t")
+    dsn = snapshot_source(pg_server, unique_name("snapfail"))
     monkeypatch.setattr(snapshot, "CHUNK_PAGES", 16)
     monkeypatch.setattr(snapshot, "PIECE_BYTES", 4096)
     real_append = FileLog.append
@@ -173,14 +179,7 @@ def test_snapshot_goes_on_with_one_reader_when_a_second_connection_is_refused(
 
     from capture import agent as agent_module
 
-    dsn = pg_server.create_database(unique_name("snaponeconn"))
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "CREATE TABLE t (id bigint PRIMARY KEY, label text, at timestamptz);"
-            f"INSERT INTO t SELECT g, 'row ' || g, now() FROM generate_series(1, {ROWS}) g;"
-            "CREATE PUBLICATION pub_snap FOR TABLE t"
-        )
-        conn.execute("VACUUM ANALYZE t")
+    dsn = snapshot_source(pg_server, unique_name("snaponeconn"))
     monkeypatch.setattr(snapshot, "CHUNK_PAGES", 16)
     real_connect = psycopg.connect
     refused = []
