@@ -42,6 +42,7 @@ from psycopg import sql
 from capture.errors import SlotError
 from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, RowDecoder, RowDecoderFactory, SchemaRecord
 from capture.incremental_snapshot import IncrementalSnapshotter
+from capture.key_set import KeySet, key_set_path
 from capture.native import speedups
 from capture.pgoutput import LogicalMessage, PgoutputDecoder, Relation
 from capture.position import ResumePoint, read_between
@@ -532,7 +533,8 @@ class CaptureAgent:
         reconcile: bool = False,
     ) -> None:
         reader = psycopg.connect(self._dsn, options=pinned_options())
-        present: dict[str, set[bytes]] = {}
+        # The keys the re-snapshot reads (resync only): spilled to disk beyond a threshold.
+        present = KeySet(key_set_path(self.state_dir)) if reconcile else None
         quarantined: set[str] = set()
         pipeline: _SnapshotPipeline | None = None
         readers: _ChunkReaders | None = None
@@ -576,7 +578,8 @@ class CaptureAgent:
             for position, (table_no, oid, relation, chunk) in enumerate(todo):
                 columns = [c.name for c in relation.columns]
                 topic = builder.topic_of(oid)
-                seen = present.setdefault(topic, set())
+                if present is not None:
+                    present.add(topic, ())  # an empty table still has its live keys reconciled
                 encoder = builder.snapshot_pieces(oid, consistent)[0] if pipeline is not None else None
                 if ahead is not None and readers is not None and readers.ready(position):
                     chunk_rows, ahead = ahead, None
@@ -613,13 +616,11 @@ class CaptureAgent:
                         pipeline.drain()
                     records = builder.snapshot_records(oid, rows, Seq(consistent, next_index), ts_us=read_us)
                     next_index += len(rows)
-                    if reconcile:
-                        for record in records:
-                            if record.topic == topic:
-                                if record.key is not None:
-                                    seen.add(record.key)
-                            else:
-                                quarantined.add(topic)
+                    if present is not None:
+                        keys = [r.key for r in records if r.topic == topic and r.key is not None]
+                        if any(r.topic != topic for r in records):
+                            quarantined.add(topic)
+                        present.add(topic, keys)
                     self._pending.extend(records)
                     self.stats.events += len(records)
                     if len(self._pending) >= self.settings.max_batch_records:
@@ -637,7 +638,7 @@ class CaptureAgent:
                 self._chunk_done(state, chunk.id)
             if pipeline is not None:
                 pipeline.drain()
-            if reconcile:
+            if present is not None:
                 self._reconcile_deletes(resume, present, quarantined, consistent)
             self._flush(resume, None)
             reader.rollback()
@@ -651,6 +652,8 @@ class CaptureAgent:
             if readers is not None:
                 readers.close()
             reader.close()
+            if present is not None:
+                present.close()  # the file stays until the request is cleared
             if self.progress:
                 self.progress.finish()
 
@@ -659,13 +662,11 @@ class CaptureAgent:
         state.done_chunks.add(chunk_id)
         state.save()
 
-    def _reconcile_deletes(
-        self, resume: ResumePoint, present: dict[str, set[bytes]], quarantined: set[str], consistent: int
-    ) -> None:
+    def _reconcile_deletes(self, resume: ResumePoint, present: KeySet, quarantined: set[str], consistent: int) -> None:
         """Deletes (+ tombstones) for keys the log holds live but the re-snapshot did not find."""
         ts_us = time.time_ns() // 1000
         first_index = DELETE_INDEX_BASE
-        for topic, seen in present.items():
+        for topic in present.topics():
             if topic in quarantined:
                 # A quarantined row's key is not comparable with the log's keys: a delete
                 # written for it could remove a row the source still has.
@@ -677,7 +678,7 @@ class CaptureAgent:
                 )
                 continue
             deletes = vanished_key_deletes(
-                self.log, topic, seen, commit_lsn=consistent, first_index=first_index, ts_us=ts_us
+                self.log, topic, present, commit_lsn=consistent, first_index=first_index, ts_us=ts_us
             )
             first_index += len(deletes)
             if deletes:

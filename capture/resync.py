@@ -42,6 +42,7 @@ from capture import publication as pub
 from capture import slot as slots
 from capture.errors import CancelledError, PublicationError, SlotError, UnknownSourceError
 from capture.events import OutRecord
+from capture.key_set import KeySet, remove_key_set
 from capture.slot import SlotStatus
 from headwater.config import ProjectConfig
 from log.base import Log
@@ -102,24 +103,27 @@ class ResyncRequest:
         tmp.replace(self.path)
 
     def clear(self) -> None:
-        """The re-snapshot is durable: forget the request."""
+        """The re-snapshot is durable: forget the request and its spilled key set."""
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+        remove_key_set(self.path.parent)
 
 
 # -- reconciling deletes ------------------------------------------------------------------------
 
 
 def vanished_key_deletes(
-    log: Log, topic: str, present: set[bytes], *, commit_lsn: int, first_index: int, ts_us: int
+    log: Log, topic: str, present: KeySet, *, commit_lsn: int, first_index: int, ts_us: int
 ) -> list[OutRecord]:
     """Delete events (each followed by a tombstone) for keys live in ``topic`` but not in ``present``.
 
     A key is live when its latest event (by ``(commit_lsn, txn_index)``) is an insert,
     update or snapshot read after the topic's last truncate. ``present`` holds the keys
-    the re-snapshot read (encoded exactly as the log's keys). The deletes carry the
-    re-snapshot's point ``commit_lsn`` and indexes from ``first_index``; ``before`` is the
-    key's last stored row image.
+    the re-snapshot read (encoded exactly as the log's keys), in memory or spilled to
+    disk; only keys missing from it are decoded and held (the candidates: the vanished
+    and those the log already holds deleted). The deletes carry the re-snapshot's point
+    ``commit_lsn`` and indexes from ``first_index``; ``before`` is the key's last stored
+    row image.
     """
     if topic not in log.list_topics():
         return []
@@ -128,18 +132,22 @@ def vanished_key_deletes(
     for partition in range(log.describe_topic(topic).partitions):
         offset = log.beginning_offset(topic, partition)
         while records := log.read(topic, partition, offset):
+            found = present.present(topic, [r.key for r in records if r.key is not None])
             for record in records:
                 key = record.key
+                if key is not None and key in found:
+                    continue
                 if record.value is None:
                     if key is not None and key in latest:
                         latest[key] = (latest[key][0], None)
                     continue
+                # Truncates are keyless, so a present key's events need no decoding.
                 event = orjson.loads(record.value)
                 source = event.get("source") or {}
                 at = (int(source.get("commit_lsn", 0)), int(source.get("txn_index", 0)))
                 if event.get("op") == Op.TRUNCATE:
                     truncated_at = at if truncated_at is None else max(truncated_at, at)
-                elif key is not None and key not in present:
+                elif key is not None:
                     # A key lives in one partition, in sequence order: the last record wins.
                     latest[key] = (at, event if event.get("op") != Op.DELETE else None)
             offset = records[-1].offset + 1

@@ -1,11 +1,15 @@
-"""Resync without services: reconciling deletes from a real file log, the request file, messages."""
+"""Resync without services: reconciling deletes from a real file log, the key set, the request file, messages."""
 
 import logging
+from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from capture.agent import RetryReport
+from capture.key_set import KEY_SET_FILE, KeySet
 from capture.resync import DELETE_INDEX_BASE, ResyncRequest, vanished_key_deletes
 from capture.slot import SlotStatus, is_gone, slot_gone_error
 from log.base import Record, TopicSpec
@@ -19,6 +23,13 @@ TOPIC = "shop.public.t"
 
 def key(i: int) -> bytes:
     return orjson.dumps({"id": i})
+
+
+def keys_of(tmp_path, *ids: int, spill_at: int = KeySet.SPILL_AT) -> KeySet:
+    """The re-snapshot's key set holding ``ids``; ``spill_at=0``: in the SQLite file."""
+    present = KeySet(tmp_path / KEY_SET_FILE, spill_at=spill_at)
+    present.add(TOPIC, [key(i) for i in ids])
+    return present
 
 
 def write(log: FileLog, op: Op, i: int | None, lsn: int, *, label: str = "x") -> None:
@@ -42,7 +53,8 @@ def log(tmp_path):
     file_log.close()
 
 
-def test_deletes_for_live_keys_the_source_no_longer_has(log):
+@pytest.mark.parametrize("spill_at", [KeySet.SPILL_AT, 0], ids=["memory", "spilled"])
+def test_deletes_for_live_keys_the_source_no_longer_has(log, tmp_path, spill_at):
     write(log, Op.READ, 1, 10)
     write(log, Op.READ, 2, 10)
     write(log, Op.CREATE, 3, 20)
@@ -50,7 +62,9 @@ def test_deletes_for_live_keys_the_source_no_longer_has(log):
     write(log, Op.UPDATE, 3, 40, label="latest")
     write(log, Op.CREATE, 4, 50)
     write(log, Op.CREATE, 5, 60)
-    out = vanished_key_deletes(log, TOPIC, {key(1), key(5)}, commit_lsn=100, first_index=DELETE_INDEX_BASE, ts_us=5)
+    present = keys_of(tmp_path, 1, 5, spill_at=spill_at)
+    assert present.spilled == (spill_at == 0)
+    out = vanished_key_deletes(log, TOPIC, present, commit_lsn=100, first_index=DELETE_INDEX_BASE, ts_us=5)
     assert [(r.key, r.value is None) for r in out] == [(key(3), False), (key(3), True), (key(4), False), (key(4), True)]
     assert [(r.commit_lsn, r.txn_index) for r in out] == [
         (100, DELETE_INDEX_BASE),
@@ -65,16 +79,16 @@ def test_deletes_for_live_keys_the_source_no_longer_has(log):
     assert (event["source"]["table"], event["source"]["snapshot"]) == ("t", "true")
 
 
-def test_keys_written_before_a_truncate_are_not_live(log):
+def test_keys_written_before_a_truncate_are_not_live(log, tmp_path):
     write(log, Op.CREATE, 1, 10)
     write(log, Op.TRUNCATE, None, 20)
     write(log, Op.CREATE, 2, 30)
-    out = vanished_key_deletes(log, TOPIC, set(), commit_lsn=100, first_index=0, ts_us=0)
+    out = vanished_key_deletes(log, TOPIC, keys_of(tmp_path), commit_lsn=100, first_index=0, ts_us=0)
     assert [r.key for r in out if r.value is not None] == [key(2)]
 
 
-def test_a_topic_never_written_needs_no_deletes(log):
-    assert vanished_key_deletes(log, "shop.public.other", set(), commit_lsn=1, first_index=0, ts_us=0) == []
+def test_a_topic_never_written_needs_no_deletes(log, tmp_path):
+    assert vanished_key_deletes(log, "shop.public.other", keys_of(tmp_path), commit_lsn=1, first_index=0, ts_us=0) == []
 
 
 def test_resync_request_round_trip_and_clear(tmp_path):
@@ -128,3 +142,80 @@ def test_retry_report_logs_state_changes_not_every_attempt(caplog):
     assert messages[1].startswith("source shop: the database system is starting up; retrying")
     assert messages[2].startswith("source shop: replication resumed after 6 failed attempts in ")
     assert len(messages) == 3
+
+
+def in_memory_deletes(log: FileLog, present: set[bytes]) -> list[tuple[bytes, Any]]:
+    """The reconcile as it was with every key in a Python set: the reference for the spilled path."""
+    latest: dict[bytes, tuple[tuple[int, int], Any]] = {}
+    truncated_at = None
+    for partition in range(2):
+        for record in log.read(TOPIC, partition, 0, max_records=1_000_000):
+            if record.value is None:
+                if record.key in latest:
+                    latest[record.key] = (latest[record.key][0], None)
+                continue
+            event = orjson.loads(record.value)
+            at = (event["source"]["commit_lsn"], event["source"]["txn_index"])
+            if event["op"] == "t":
+                truncated_at = at if truncated_at is None else max(truncated_at, at)
+            elif record.key is not None and record.key not in present:
+                latest[record.key] = (at, event if event["op"] != "d" else None)
+    return [
+        (k, event["after"])
+        for k, (at, event) in sorted(latest.items())
+        if event is not None and (truncated_at is None or at >= truncated_at)
+    ]
+
+
+history = st.lists(
+    st.tuples(st.sampled_from([Op.READ, Op.CREATE, Op.UPDATE, Op.DELETE, Op.TRUNCATE]), st.integers(0, 40)),
+    max_size=60,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=history, read=st.sets(st.integers(0, 40)), batches=st.integers(1, 4))
+def test_spilled_key_set_gives_the_deletes_of_the_in_memory_one(tmp_path_factory, events, read, batches):
+    base = tmp_path_factory.mktemp("resync")
+    with FileLog(base / "log") as file_log:
+        file_log.create_topic(TopicSpec(TOPIC, partitions=2))
+        for lsn, (op, i) in enumerate(events, start=1):
+            write(file_log, op, None if op == Op.TRUNCATE else i, lsn * 10, label=f"v{lsn}")
+        expected = in_memory_deletes(file_log, {key(i) for i in read})
+        outputs = []
+        # In memory, spilled from the start, and spilled midway (after the first of several adds).
+        for name, spill_at in (("memory", 10**6), ("spilled", 0), ("midway", 2)):
+            present = KeySet(base / name / KEY_SET_FILE, spill_at=spill_at)
+            ids = sorted(read)
+            for n in range(batches):
+                present.add(TOPIC, [key(i) for i in ids[n::batches]])
+            assert present.spilled == (len(read) > spill_at)
+            out = vanished_key_deletes(file_log, TOPIC, present, commit_lsn=10**6, first_index=7, ts_us=1)
+            present.close()
+            deletes = [r for r in out if r.value is not None]
+            assert [r.key for r in out if r.value is None] == [r.key for r in deletes], "each delete + tombstone"
+            assert [r.txn_index for r in deletes] == list(range(7, 7 + len(deletes)))
+            outputs.append([(r.key, orjson.loads(r.value)["before"]) for r in deletes])
+    assert outputs == [expected] * 3
+
+
+def test_the_key_set_spills_to_the_state_dir_and_goes_with_the_request(tmp_path):
+    request = ResyncRequest.new(tmp_path, "slot dropped")
+    request.save()
+    present = KeySet(tmp_path / KEY_SET_FILE, spill_at=2)
+    present.add(TOPIC, [key(1), key(2)])
+    assert not present.spilled and not (tmp_path / KEY_SET_FILE).exists()
+    present.add("shop.public.empty", [])
+    present.add(TOPIC, [key(3), key(2)])
+    assert present.spilled and (tmp_path / KEY_SET_FILE).exists()
+    assert present.present(TOPIC, [key(i) for i in range(5)]) == {key(1), key(2), key(3)}
+    assert present.present("shop.public.empty", [key(1)]) == set()
+    assert present.present("shop.public.unknown", [key(1)]) == set()
+    assert present.topics() == [TOPIC, "shop.public.empty"]
+    present.close()
+    assert KeySet(tmp_path / KEY_SET_FILE).present(TOPIC, [key(1)]) == set(), "an interrupted run's keys are gone"
+    present = KeySet(tmp_path / KEY_SET_FILE, spill_at=0)
+    present.add(TOPIC, [key(1)])
+    present.close()
+    request.clear()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "request and key set removed together"
