@@ -42,9 +42,9 @@ class KeySet:
     #: Keys kept in memory (all topics together) before the set spills to disk.
     SPILL_AT = 200_000
 
-    def __init__(self, path: Path, *, spill_at: int = SPILL_AT) -> None:
+    def __init__(self, path: Path, *, spill_at: int | None = None) -> None:
         self._path = path
-        self._spill_at = spill_at
+        self._spill_at = self.SPILL_AT if spill_at is None else spill_at
         self._memory: dict[str, set[bytes]] = {}
         self._topic_ids: dict[str, int] = {}
         self._count = 0

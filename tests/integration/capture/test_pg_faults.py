@@ -305,8 +305,9 @@ def test_invalidated_slot_stops_capture_and_resync_recovers(own_pg, unique_name,
     assert wal_status != "lost"
 
 
-def test_when_needed_mode_resyncs_by_itself_after_the_slot_is_dropped(pg_database, tmp_path):
+def test_when_needed_mode_resyncs_by_itself_after_the_slot_is_dropped(pg_database, tmp_path, monkeypatch):
     from capture.agent import CaptureAgent, typemap_decoders
+    from capture.key_set import KEY_SET_FILE, KeySet
     from headwater.config import LogConfig, SourceConfig
 
     name = pg_database.name
@@ -328,7 +329,15 @@ def test_when_needed_mode_resyncs_by_itself_after_the_slot_is_dropped(pg_databas
     pg_database.execute("SELECT pg_drop_replication_slot(%s)", (project.slot,))
     pg_database.execute("DELETE FROM t WHERE id <= 5")
     pg_database.execute("UPDATE t SET v = 'while gone' WHERE id = 6")
+    # The re-snapshot's 45 keys spill to the on-disk key set (as a table past KeySet.SPILL_AT would).
+    spilled = []
+    spill = KeySet._spill
+    monkeypatch.setattr(KeySet, "SPILL_AT", 10)
+    monkeypatch.setattr(KeySet, "_spill", lambda self: (spilled.append(self), spill(self)))
     capture()
+    assert len(spilled) == 1, "the key set did not spill"
+    state_dir = tmp_path / "home" / "capture" / name
+    assert not (state_dir / KEY_SET_FILE).exists() and not (state_dir / "resync.json").exists()
     records = project.log_records()
     assert_each_change_once(records)
     latest = latest_per_key(records)
