@@ -71,7 +71,7 @@ from capture.stream import (
 )
 from capture.transactions import Transaction, TransactionAssembler
 from headwater.config import LogConfig, SourceConfig, TypesConfig
-from log.base import SCHEMAS_TOPIC, Log, Record, TopicPartition, TopicSpec, append_keyed
+from log.base import SCHEMAS_TOPIC, Log, Record, TopicPartition, TopicSpec, append_keyed, end_offsets
 from log.batch_codec import Compression
 from log.errors import LogUnavailableError, UnknownTopicError
 from log.file_log import FileLog
@@ -535,6 +535,8 @@ class CaptureAgent:
         reader = psycopg.connect(self._dsn, options=pinned_options())
         # The keys the re-snapshot reads (resync only): spilled to disk beyond a threshold.
         present = KeySet(key_set_path(self.state_dir)) if reconcile else None
+        # Per topic, where the re-snapshot's records start: the reconcile reads only what is before.
+        starts: dict[str, dict[int, int]] = {}
         quarantined: set[str] = set()
         pipeline: _SnapshotPipeline | None = None
         readers: _ChunkReaders | None = None
@@ -578,7 +580,8 @@ class CaptureAgent:
             for position, (table_no, oid, relation, chunk) in enumerate(todo):
                 columns = [c.name for c in relation.columns]
                 topic = builder.topic_of(oid)
-                if present is not None:
+                if present is not None and topic not in starts:
+                    starts[topic] = self._end_offsets(topic)  # nothing of this topic was appended yet
                     present.add(topic, ())  # an empty table still has its live keys reconciled
                 encoder = builder.snapshot_pieces(oid, consistent)[0] if pipeline is not None else None
                 if ahead is not None and readers is not None and readers.ready(position):
@@ -639,7 +642,7 @@ class CaptureAgent:
             if pipeline is not None:
                 pipeline.drain()
             if present is not None:
-                self._reconcile_deletes(resume, present, quarantined, consistent)
+                self._reconcile_deletes(resume, present, starts, quarantined, consistent)
             self._flush(resume, None)
             reader.rollback()
         finally:
@@ -662,7 +665,14 @@ class CaptureAgent:
         state.done_chunks.add(chunk_id)
         state.save()
 
-    def _reconcile_deletes(self, resume: ResumePoint, present: KeySet, quarantined: set[str], consistent: int) -> None:
+    def _reconcile_deletes(
+        self,
+        resume: ResumePoint,
+        present: KeySet,
+        starts: dict[str, dict[int, int]],
+        quarantined: set[str],
+        consistent: int,
+    ) -> None:
         """Deletes (+ tombstones) for keys the log holds live but the re-snapshot did not find."""
         ts_us = time.time_ns() // 1000
         first_index = DELETE_INDEX_BASE
@@ -678,7 +688,13 @@ class CaptureAgent:
                 )
                 continue
             deletes = vanished_key_deletes(
-                self.log, topic, present, commit_lsn=consistent, first_index=first_index, ts_us=ts_us
+                self.log,
+                topic,
+                present,
+                commit_lsn=consistent,
+                first_index=first_index,
+                ts_us=ts_us,
+                end=starts[topic],
             )
             first_index += len(deletes)
             if deletes:
@@ -691,6 +707,12 @@ class CaptureAgent:
             self._pending.extend(deletes)
             self.stats.events += len(deletes) // 2
             self._flush(resume, None)
+
+    def _end_offsets(self, topic: str) -> dict[int, int]:
+        try:
+            return end_offsets(self.log, topic)
+        except UnknownTopicError:
+            return {}  # created by this snapshot: it holds nothing else
 
     def _add_transaction(self, builder: EventBuilder, txn: Transaction) -> None:
         records, schemas = builder.build(txn)

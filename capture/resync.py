@@ -18,11 +18,15 @@ then converges to the source:
   everything there and before every change streamed afterwards;
 * every key the log still holds as live but the source no longer has (deleted while
   the slot was gone) gets a delete event plus tombstone at the same point
-  (:func:`vanished_key_deletes`), so nothing deleted meanwhile lingers downstream.
+  (:func:`vanished_key_deletes`), so nothing deleted meanwhile lingers downstream. The
+  keys the re-snapshot read are held in a :class:`~capture.key_set.KeySet`, which spills
+  to a file in the capture state directory past a threshold, so a table of any size
+  is reconciled in bounded memory.
 
-The request is cleared only after the snapshot and the deletes are durable; a run
-interrupted before that starts the re-snapshot over with a new slot (nothing was
-acknowledged from the old one, and the new snapshot covers everything before it).
+The request (and the spilled key set with it) is cleared only after the snapshot and
+the deletes are durable; a run interrupted before that starts the re-snapshot over
+with a new slot and an empty key set (nothing was acknowledged from the old one, and
+the new snapshot covers everything before it).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,7 +117,14 @@ class ResyncRequest:
 
 
 def vanished_key_deletes(
-    log: Log, topic: str, present: KeySet, *, commit_lsn: int, first_index: int, ts_us: int
+    log: Log,
+    topic: str,
+    present: KeySet,
+    *,
+    commit_lsn: int,
+    first_index: int,
+    ts_us: int,
+    end: Mapping[int, int] | None = None,
 ) -> list[OutRecord]:
     """Delete events (each followed by a tombstone) for keys live in ``topic`` but not in ``present``.
 
@@ -123,7 +134,9 @@ def vanished_key_deletes(
     disk; only keys missing from it are decoded and held (the candidates: the vanished
     and those the log already holds deleted). The deletes carry the re-snapshot's point
     ``commit_lsn`` and indexes from ``first_index``; ``before`` is the key's last stored
-    row image.
+    row image. With ``end`` (the partitions' end offsets before the re-snapshot appended
+    anything; a partition not in it: 0) the re-snapshot's own records after it are not
+    read: each is a present key's read event, which changes nothing here.
     """
     if topic not in log.list_topics():
         return []
@@ -131,7 +144,12 @@ def vanished_key_deletes(
     truncated_at: tuple[int, int] | None = None
     for partition in range(log.describe_topic(topic).partitions):
         offset = log.beginning_offset(topic, partition)
-        while records := log.read(topic, partition, offset):
+        stop = None if end is None else end.get(partition, 0)
+        while (stop is None or offset < stop) and (records := log.read(topic, partition, offset)):
+            if stop is not None and records[-1].offset >= stop:
+                records = [r for r in records if r.offset < stop]
+                if not records:
+                    break
             found = present.present(topic, [r.key for r in records if r.key is not None])
             for record in records:
                 key = record.key

@@ -181,22 +181,27 @@ def test_spilled_key_set_gives_the_deletes_of_the_in_memory_one(tmp_path_factory
         file_log.create_topic(TopicSpec(TOPIC, partitions=2))
         for lsn, (op, i) in enumerate(events, start=1):
             write(file_log, op, None if op == Op.TRUNCATE else i, lsn * 10, label=f"v{lsn}")
+        starts = {p: file_log.end_offset(TOPIC, p) for p in range(2)}
+        for i in sorted(read):  # the re-snapshot's own records: not read when given their start
+            write(file_log, Op.READ, i, 10**5, label="resnapshot")
         expected = in_memory_deletes(file_log, {key(i) for i in read})
         outputs = []
-        # In memory, spilled from the start, and spilled midway (after the first of several adds).
-        for name, spill_at in (("memory", 10**6), ("spilled", 0), ("midway", 2)):
+        # In memory, spilled from the start, and spilled midway (after the first of several adds);
+        # reading the whole log or only what lies before the re-snapshot's records.
+        variants = [("memory", 10**6, None), ("spilled", 0, None), ("spilled-end", 0, starts), ("midway", 2, starts)]
+        for name, spill_at, end in variants:
             present = KeySet(base / name / KEY_SET_FILE, spill_at=spill_at)
             ids = sorted(read)
             for n in range(batches):
                 present.add(TOPIC, [key(i) for i in ids[n::batches]])
             assert present.spilled == (len(read) > spill_at)
-            out = vanished_key_deletes(file_log, TOPIC, present, commit_lsn=10**6, first_index=7, ts_us=1)
+            out = vanished_key_deletes(file_log, TOPIC, present, commit_lsn=10**6, first_index=7, ts_us=1, end=end)
             present.close()
             deletes = [r for r in out if r.value is not None]
             assert [r.key for r in out if r.value is None] == [r.key for r in deletes], "each delete + tombstone"
             assert [r.txn_index for r in deletes] == list(range(7, 7 + len(deletes)))
             outputs.append([(r.key, orjson.loads(r.value)["before"]) for r in deletes])
-    assert outputs == [expected] * 3
+    assert outputs == [expected] * 4
 
 
 def test_the_key_set_spills_to_the_state_dir_and_goes_with_the_request(tmp_path):
