@@ -46,8 +46,8 @@ from capture.key_set import KeySet, key_set_path
 from capture.native import speedups
 from capture.pgoutput import LogicalMessage, PgoutputDecoder, Relation
 from capture.position import ResumePoint, read_between
-from capture.quarantine import append_or_quarantine, is_quarantine_topic
-from capture.resync import DELETE_INDEX_BASE, ResyncRequest, vanished_key_deletes
+from capture.quarantine import append_or_quarantine, is_quarantine_topic, quarantine_topic
+from capture.resync import DELETE_INDEX_BASE, ResyncRequest, snapshot_keys, vanished_key_deletes
 from capture.slot import SlotStatus, create_slot, drop_slot, is_gone, slot_gone_error, slot_status
 from capture.snapshot import (
     ENCODE_THREADS,
@@ -566,8 +566,15 @@ class CaptureAgent:
             if self.progress:
                 self.progress.start(total_rows)
             consistent = state.consistent_lsn or 0
-            # Natively encoded batches need the file log; a resync keeps the records (it collects their keys).
-            native = not reconcile and speedups is not None and isinstance(self.log, FileLog)
+            if present is not None:
+                # Before anything is appended: a resync's reconcile reads each topic before these offsets
+                # and takes the re-snapshot's keys from after them (the agent is the topics' only writer).
+                for oid, _relation, _chunks in plan:
+                    topic = builder.topic_of(oid)
+                    starts[topic] = self._end_offsets(topic)
+                    starts[quarantine_topic(topic)] = self._end_offsets(quarantine_topic(topic))
+            # Natively encoded batches need the file log.
+            native = speedups is not None and isinstance(self.log, FileLog)
             pipeline = _SnapshotPipeline(self, builder, resume) if native else None
             todo = [
                 (table_no, oid, relation, chunk)
@@ -580,9 +587,6 @@ class CaptureAgent:
             for position, (table_no, oid, relation, chunk) in enumerate(todo):
                 columns = [c.name for c in relation.columns]
                 topic = builder.topic_of(oid)
-                if present is not None and topic not in starts:
-                    starts[topic] = self._end_offsets(topic)  # nothing of this topic was appended yet
-                    present.add(topic, ())  # an empty table still has its live keys reconciled
                 encoder = builder.snapshot_pieces(oid, consistent)[0] if pipeline is not None else None
                 if ahead is not None and readers is not None and readers.ready(position):
                     chunk_rows, ahead = ahead, None
@@ -619,11 +623,6 @@ class CaptureAgent:
                         pipeline.drain()
                     records = builder.snapshot_records(oid, rows, Seq(consistent, next_index), ts_us=read_us)
                     next_index += len(rows)
-                    if present is not None:
-                        keys = [r.key for r in records if r.topic == topic and r.key is not None]
-                        if any(r.topic != topic for r in records):
-                            quarantined.add(topic)
-                        present.add(topic, keys)
                     self._pending.extend(records)
                     self.stats.events += len(records)
                     if len(self._pending) >= self.settings.max_batch_records:
@@ -642,6 +641,13 @@ class CaptureAgent:
             if pipeline is not None:
                 pipeline.drain()
             if present is not None:
+                self._flush(resume, None)
+                for oid, _relation, _chunks in plan:
+                    topic = builder.topic_of(oid)
+                    # Every row the re-snapshot read is in the log now: its keys, from the log itself.
+                    snapshot_keys(self.log, topic, starts[topic], present)
+                    if self._end_offsets(quarantine_topic(topic)) != starts[quarantine_topic(topic)]:
+                        quarantined.add(topic)
                 self._reconcile_deletes(resume, present, starts, quarantined, consistent)
             self._flush(resume, None)
             reader.rollback()

@@ -116,6 +116,23 @@ class ResyncRequest:
 # -- reconciling deletes ------------------------------------------------------------------------
 
 
+def snapshot_keys(log: Log, topic: str, start: Mapping[int, int], present: KeySet) -> None:
+    """Add to ``present`` the keys ``topic`` received from ``start`` (end offsets before the re-snapshot) on.
+
+    The re-snapshot is the only writer meanwhile, so these are the keys of the rows it
+    read, encoded exactly as the log holds them, whichever path (native batches or
+    records) wrote them. The topic is registered even when it holds none.
+    """
+    present.add(topic, ())
+    if topic not in log.list_topics():
+        return
+    for partition in range(log.describe_topic(topic).partitions):
+        offset = start.get(partition, 0)
+        while records := log.read(topic, partition, offset):
+            present.add(topic, [r.key for r in records if r.key is not None])
+            offset = records[-1].offset + 1
+
+
 def vanished_key_deletes(
     log: Log,
     topic: str,

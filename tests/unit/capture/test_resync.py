@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from capture.agent import RetryReport
 from capture.key_set import KEY_SET_FILE, KeySet
-from capture.resync import DELETE_INDEX_BASE, ResyncRequest, vanished_key_deletes
+from capture.resync import DELETE_INDEX_BASE, ResyncRequest, snapshot_keys, vanished_key_deletes
 from capture.slot import SlotStatus, is_gone, slot_gone_error
 from log.base import Record, TopicSpec
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_value
@@ -188,13 +188,18 @@ def test_spilled_key_set_gives_the_deletes_of_the_in_memory_one(tmp_path_factory
         outputs = []
         # In memory, spilled from the start, and spilled midway (after the first of several adds);
         # reading the whole log or only what lies before the re-snapshot's records.
-        variants = [("memory", 10**6, None), ("spilled", 0, None), ("spilled-end", 0, starts), ("midway", 2, starts)]
+        # The last: the keys taken from the re-snapshot's records in the log, as the agent does.
+        variants = [("memory", 10**6, None), ("spilled", 0, None), ("midway", 2, starts), ("from-log", 0, starts)]
         for name, spill_at, end in variants:
             present = KeySet(base / name / KEY_SET_FILE, spill_at=spill_at)
-            ids = sorted(read)
-            for n in range(batches):
-                present.add(TOPIC, [key(i) for i in ids[n::batches]])
+            if name == "from-log":
+                snapshot_keys(file_log, TOPIC, starts, present)
+            else:
+                ids = sorted(read)
+                for n in range(batches):
+                    present.add(TOPIC, [key(i) for i in ids[n::batches]])
             assert present.spilled == (len(read) > spill_at)
+            assert present.topics() == [TOPIC]
             out = vanished_key_deletes(file_log, TOPIC, present, commit_lsn=10**6, first_index=7, ts_us=1, end=end)
             present.close()
             deletes = [r for r in out if r.value is not None]
