@@ -107,7 +107,7 @@ class KeySet:
 
     def _spill(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        db = sqlite3.connect(self._path, isolation_level=None)
         # Scratch data: no journal, no fsync (a crash restarts the re-snapshot with an empty set).
         db.execute("PRAGMA journal_mode = OFF")
         db.execute("PRAGMA synchronous = OFF")
