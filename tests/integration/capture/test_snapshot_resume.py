@@ -70,13 +70,19 @@ def read_values(log: FileLog) -> list[dict]:
     return values
 
 
-def snapshot_source(pg_server, name: str) -> str:
+def assert_every_row_once(values: list[dict]) -> None:
+    ids = Counter(v["after"]["id"] for v in values)
+    assert sorted(ids) == list(range(1, ROWS + 1)), "a row is missing"
+    assert max(ids.values()) == 1, f"rows written twice: {[k for k, c in ids.items() if c > 1][:5]}"
+
+
+def snapshot_source(pg_server, name: str, label: str = "'row ' || g") -> str:
     """A database with table ``t`` of ``ROWS`` rows published as ``pub_snap``, analyzed (relpages: the chunk plan)."""
     dsn = pg_server.create_database(name)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "CREATE TABLE t (id bigint PRIMARY KEY, label text, at timestamptz);"
-            f"INSERT INTO t SELECT g, 'row ' || g, now() FROM generate_series(1, {ROWS}) g;"
+            f"INSERT INTO t SELECT g, {label}, now() FROM generate_series(1, {ROWS}) g;"
             "CREATE PUBLICATION pub_snap FOR TABLE t"
         )
         conn.execute("VACUUM ANALYZE t")
@@ -84,14 +90,7 @@ def snapshot_source(pg_server, name: str) -> str:
 
 
 def test_snapshot_sigkilled_mid_chunk_resumes_with_every_row_once(pg_server, unique_name, tmp_path, monkeypatch):
-    dsn = pg_server.create_database(unique_name("snapkill"))
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "CREATE TABLE t (id bigint PRIMARY KEY, label text, at timestamptz);"
-            f"INSERT INTO t SELECT g, 'row ' || g || E'\\twith a tab', now() FROM generate_series(1, {ROWS}) g;"
-            "CREATE PUBLICATION pub_snap FOR TABLE t"
-        )
-        conn.execute("VACUUM ANALYZE t")  # relpages: the chunk plan
+    dsn = snapshot_source(pg_server, unique_name("snapkill"), label="'row ' || g || E'\\twith a tab'")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     worker = subprocess.run(
         [sys.executable, "-c", WORKER, dsn, str(tmp_path), str(Path(__file__).parent)], env=env, timeout=120
@@ -121,9 +120,7 @@ def test_snapshot_sigkilled_mid_chunk_resumes_with_every_row_once(pg_server, uni
         values = read_values(log)
     finally:
         log.close()
-    ids = Counter(v["after"]["id"] for v in values)
-    assert sorted(ids) == list(range(1, ROWS + 1)), "a row is missing"
-    assert max(ids.values()) == 1, f"rows written twice: {[k for k, c in ids.items() if c > 1][:5]}"
+    assert_every_row_once(values)
     assert {(v["op"], v["source"]["snapshot"]) for v in values} == {("r", "true")}
     assert all(v["after"]["label"].endswith("\twith a tab") for v in values)
     sequences = [(v["source"]["commit_lsn"], v["source"]["txn_index"]) for v in values]
@@ -165,9 +162,7 @@ def test_snapshot_append_failure_stops_the_writer_and_resumes_with_every_row_onc
         values = read_values(log)
     finally:
         log.close()
-    ids = Counter(v["after"]["id"] for v in values)
-    assert sorted(ids) == list(range(1, ROWS + 1)), "a row is missing"
-    assert max(ids.values()) == 1, "rows written twice"
+    assert_every_row_once(values)
 
 
 def test_snapshot_goes_on_with_one_reader_when_a_second_connection_is_refused(
@@ -200,7 +195,5 @@ def test_snapshot_goes_on_with_one_reader_when_a_second_connection_is_refused(
     from capture.native import speedups
 
     assert refused == ([] if speedups is None else [1])  # the Python path reads on one connection
-    ids = Counter(v["after"]["id"] for v in values)
-    assert sorted(ids) == list(range(1, ROWS + 1)), "a row is missing"
-    assert max(ids.values()) == 1, "rows written twice"
+    assert_every_row_once(values)
     assert json.loads((tmp_path / "state" / "snapshot.json").read_text())["completed"] is True
