@@ -22,8 +22,10 @@ from log.file_log import FileLog
 ROWS = 15_000
 
 # The agent in a subprocess with small chunks and pieces. Once three chunks are recorded done,
-# it lets one more append of the table's topic through and SIGKILLs itself at the next: the
-# chunk in progress is then partly in the log (native pieces, or the Python path's records).
+# it lets appends of the table's topic through until one has returned and SIGKILLs itself at
+# the next: the chunk in progress is then partly in the log (native pieces, or the Python
+# path's records). "Returned", not "called": a piece's partitions are appended by parallel
+# threads, so a kill at the second call could land before the first call wrote anything.
 WORKER = """
 import json, os, signal, sys
 from pathlib import Path
@@ -33,12 +35,14 @@ snapshot.CHUNK_PAGES = 16
 snapshot.PIECE_BYTES = 8192
 state = Path(sys.argv[2]) / "state" / "snapshot.json"
 real_append = FileLog.append
-seen = []
+written = []
 def append(self, topic, partition, records):
     if topic == "snap.public.t" and state.exists() and len(json.loads(state.read_text())["done_chunks"]) >= 3:
-        seen.append(partition)
-        if len(seen) == 2:
+        if written:
             os.kill(os.getpid(), signal.SIGKILL)
+        result = real_append(self, topic, partition, records)
+        written.append(partition)
+        return result
     return real_append(self, topic, partition, records)
 FileLog.append = append
 sys.path.insert(0, sys.argv[3])
