@@ -920,7 +920,11 @@ class CaptureAgent:
         try:
             return self._partitions(topic)
         except UnknownTopicError:
-            return 1 if topic == SCHEMAS_TOPIC else self.log_config.partitions
+            return self._new_topic_partitions(topic)
+
+    def _new_topic_partitions(self, topic: str) -> int:
+        """How many partitions :meth:`_ensure_topic` gives ``topic`` when it creates it."""
+        return 1 if topic == SCHEMAS_TOPIC else self.log_config.partitions
 
     def _ensure_topic(self, topic: str) -> int:
         """Create ``topic`` unless it exists; return its partition count (cached: topics never shrink)."""
@@ -930,7 +934,7 @@ class CaptureAgent:
         cfg = self.log_config
         spec = TopicSpec(
             name=topic,
-            partitions=1 if topic == SCHEMAS_TOPIC else cfg.partitions,  # as _planned_partitions says
+            partitions=self._new_topic_partitions(topic),
             # Quarantine keeps every bad record; table topics keep the latest image per key.
             compacted=not is_quarantine_topic(topic),
             min_compaction_lag_ms=cfg.min_compaction_lag_s * 1000,
