@@ -50,6 +50,7 @@ from capture.key_set import KeySet, remove_key_set
 from capture.slot import SlotStatus
 from headwater.config import ProjectConfig
 from log.base import Log
+from log.columns import read_range_columns
 from log.envelope import ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value
 from log.file_log import FileLog
 from log.sequence import Lsn
@@ -130,13 +131,8 @@ def snapshot_keys(log: Log, topic: str, start: Mapping[int, int], present: KeySe
     for partition in range(log.describe_topic(topic).partitions):
         offset = start.get(partition, 0)
         if isinstance(log, FileLog):  # the columnar read: the key column straight from the batches
-            end = log.end_offset(topic, partition)
-            while offset < end:
-                columns, following = log.read_columns(topic, partition, offset, end)
+            for columns in read_range_columns(log, topic, partition, offset, log.end_offset(topic, partition)):
                 present.add(topic, [key for key in columns.keys.to_pylist() if key is not None])
-                if following == offset:
-                    break
-                offset = following
             continue
         while records := log.read(topic, partition, offset):
             present.add(topic, [r.key for r in records if r.key is not None])

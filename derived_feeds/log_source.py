@@ -77,6 +77,7 @@ from derived_feeds.log_offsets import LogPosition, OffsetRange, OffsetsSpec, adm
 from headwater.config import ProjectConfig, TypesConfig, load_config
 from log.base import SCHEMAS_TOPIC, Log, StoredRecord
 from log.columns import RecordColumns
+from log.columns import read_range_columns as columnar_range
 from log.errors import UnknownTopicError
 from log.factory import open_log
 from log.file_log import FileLog
@@ -259,16 +260,7 @@ def read_range_columns(
     log: FileLog, topic: str, partition: int, start: int, end: int, *, chunk: int = COLUMN_READ_CHUNK
 ) -> Iterator[RecordColumns]:
     """The records :func:`read_range` gives, as Arrow columns (the file backend's columnar read)."""
-    offset = start
-    while offset < end:
-        columns, resume = log.read_columns(
-            topic, partition, offset, end, max_records=chunk, max_bytes=COLUMN_READ_BYTES
-        )
-        if len(columns):
-            yield columns
-        if resume <= offset:
-            return  # retention removed the rest of the range, or nothing was there
-        offset = resume
+    return columnar_range(log, topic, partition, start, end, max_records=chunk, max_bytes=COLUMN_READ_BYTES)
 
 
 # --------------------------------------------------------------------------- Spark classes

@@ -14,9 +14,9 @@ and defines the result (same bytes, ``tests/unit/log/test_columns.py``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
@@ -24,6 +24,9 @@ import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 from capture import native
 from log.base import StoredRecord
 from log.batch_codec import RECORD
+
+if TYPE_CHECKING:
+    from log.file_log import FileLog
 
 _INT32_MAX = (1 << 31) - 1
 
@@ -227,3 +230,28 @@ class RecordColumns:
                 strict=True,
             )
         ]
+
+
+def read_range_columns(
+    log: FileLog,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    *,
+    max_records: int = 10_000,
+    max_bytes: int = 16 << 20,
+) -> Iterator[RecordColumns]:
+    """The records of ``[start, end)`` as columns, a chunk of at most ``max_records`` / ``max_bytes`` at a time.
+
+    Stops at ``end`` even if more has been appended since, and where the partition holds
+    nothing more (retention removed the rest of the range, or nothing was there).
+    """
+    offset = start
+    while offset < end:
+        columns, resume = log.read_columns(topic, partition, offset, end, max_records=max_records, max_bytes=max_bytes)
+        if len(columns):
+            yield columns
+        if resume <= offset:
+            return
+        offset = resume
