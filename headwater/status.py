@@ -64,6 +64,7 @@ def table_status(config: ProjectConfig, log: Log, now_s: float | None = None) ->
     """Last commit time, freshness and lag of every warehouse table."""
     from deltalake import DeltaTable
 
+    from warehouse_loader.delta_scan import select_rows
     from warehouse_loader.load_job import load_identity, table_path
 
     now_s = time.time() if now_s is None else now_s
@@ -76,11 +77,11 @@ def table_status(config: ProjectConfig, log: Log, now_s: float | None = None) ->
         if not (path / "_delta_log").is_dir():
             row["state"] = "not loaded yet"
         else:
-            data = DeltaTable(str(path)).to_pyarrow_dataset().to_table(columns=["__hw_commit_ts"])
-            latest = data.column("__hw_commit_ts").to_pylist()
-            stamps = [t for t in latest if t is not None]
-            if stamps:
-                last = max(stamps)
+            # DuckDB, not a pyarrow dataset scan: the scan's threads can outlive it and abort
+            # the process at exit ("terminate called without an active exception", arrow#34314).
+            latest = select_rows(DeltaTable(str(path)), "SELECT max(__hw_commit_ts) AS last FROM target")
+            last = latest.column("last")[0].as_py()
+            if last is not None:
                 row["last_commit"] = last.isoformat()
                 row["freshness_s"] = round(now_s - last.timestamp(), 3)
             row["state"] = "loaded"

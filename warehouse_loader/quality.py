@@ -331,7 +331,11 @@ def read_table(path: Path) -> pd.DataFrame:
     """The current version of the Delta table at ``path`` as pandas (its ``_delta_log`` must exist)."""
     from deltalake import DeltaTable
 
-    frame: pd.DataFrame = DeltaTable(str(path)).to_pandas()
+    from warehouse_loader.delta_scan import select_rows
+
+    # Read through DuckDB: DeltaTable.to_pandas() scans a pyarrow dataset whose threads can
+    # outlive the call and abort the process at exit (arrow#34314).
+    frame: pd.DataFrame = select_rows(DeltaTable(str(path)), "SELECT * FROM target").to_pandas()
     return frame
 
 
