@@ -19,6 +19,7 @@ Resume points and invariants:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import gc
@@ -693,6 +694,7 @@ class CaptureAgent:
                     topic,
                 )
                 continue
+            deleted = 0
             deletes = vanished_key_deletes(
                 self.log,
                 topic,
@@ -702,17 +704,25 @@ class CaptureAgent:
                 ts_us=ts_us,
                 end=starts[topic],
             )
-            first_index += len(deletes)
-            if deletes:
+            # Appended as generated (a mass delete is never held whole); a batch ends after a
+            # tombstone, so each delete shares its tombstone's atomic append.
+            with contextlib.closing(deletes):
+                for record in deletes:
+                    self._pending.append(record)
+                    if record.value is None:
+                        deleted += 1
+                        if len(self._pending) >= self.settings.max_batch_records:
+                            self._flush(resume, None)
+            self._flush(resume, None)
+            first_index += deleted
+            self.stats.events += deleted
+            if deleted:
                 logger.warning(
-                    "source %s: %s: %d rows deleted while the slot was gone; writing their deletes",
+                    "source %s: %s: %d rows deleted while the slot was gone; their deletes are written",
                     self.name,
                     topic,
-                    len(deletes) // 2,
+                    deleted,
                 )
-            self._pending.extend(deletes)
-            self.stats.events += len(deletes) // 2
-            self._flush(resume, None)
 
     def _end_offsets(self, topic: str) -> dict[int, int]:
         try:

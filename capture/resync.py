@@ -19,9 +19,11 @@ then converges to the source:
 * every key the log still holds as live but the source no longer has (deleted while
   the slot was gone) gets a delete event plus tombstone at the same point
   (:func:`vanished_key_deletes`), so nothing deleted meanwhile lingers downstream. The
-  keys the re-snapshot read are held in a :class:`~capture.key_set.KeySet`, which spills
-  to a file in the capture state directory past a threshold, so a table of any size
-  is reconciled in bounded memory.
+  keys the re-snapshot read are held in a :class:`~capture.key_set.KeySet`, the log's
+  live keys it did not read in :class:`~capture.key_set.Candidates`; both spill to one
+  file in the capture state directory past a threshold, and the deletes are appended
+  as they are generated, so a table of any size or delete history (and a mass delete
+  while the slot was gone) is reconciled in bounded memory.
 
 The request (and the spilled key set with it) is cleared only after the snapshot and
 the deletes are durable; a run interrupted before that starts the re-snapshot over
@@ -35,7 +37,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,7 @@ from capture import publication as pub
 from capture import slot as slots
 from capture.errors import CancelledError, PublicationError, SlotError, UnknownSourceError
 from capture.events import OutRecord
-from capture.key_set import KeySet, remove_key_set
+from capture.key_set import Candidates, KeySet, Latest, remove_key_set
 from capture.slot import SlotStatus
 from headwater.config import ProjectConfig
 from log.base import Log
@@ -148,74 +150,81 @@ def vanished_key_deletes(
     first_index: int,
     ts_us: int,
     end: Mapping[int, int] | None = None,
-) -> list[OutRecord]:
+) -> Generator[OutRecord, None, None]:
     """Delete events (each followed by a tombstone) for keys live in ``topic`` but not in ``present``.
 
     A key is live when its latest event (by ``(commit_lsn, txn_index)``) is an insert,
     update or snapshot read after the topic's last truncate. ``present`` holds the keys
     the re-snapshot read (encoded exactly as the log's keys), in memory or spilled to
-    disk; only keys missing from it are decoded and held (the candidates: the vanished
-    and those the log already holds deleted). The deletes carry the re-snapshot's point
-    ``commit_lsn`` and indexes from ``first_index``; ``before`` is the key's last stored
-    row image. With ``end`` (the partitions' end offsets before the re-snapshot appended
-    anything; a partition not in it: 0) the re-snapshot's own records after it are not
-    read: each is a present key's read event, which changes nothing here.
+    disk; only keys missing from it are decoded, and of those only the ones whose latest
+    event so far is live are held, as raw values (:class:`~capture.key_set.Candidates`,
+    spilled to ``present``'s file beyond a threshold), so neither the table's size nor
+    its delete history bounds the memory. The deletes carry the re-snapshot's point
+    ``commit_lsn`` and indexes from ``first_index``, in key order; ``before`` is the key's
+    last stored row image. They are generated after the whole topic was read, so the
+    caller may append them while iterating. With ``end`` (the partitions' end offsets
+    before the re-snapshot appended anything; a partition not in it: 0) the
+    re-snapshot's own records after it are not read: each is a present key's read
+    event, which changes nothing here.
     """
     if topic not in log.list_topics():
-        return []
-    latest: dict[bytes, tuple[tuple[int, int], dict[str, Any] | None]] = {}
-    truncated_at: tuple[int, int] | None = None
-    for partition in range(log.describe_topic(topic).partitions):
-        offset = log.beginning_offset(topic, partition)
-        stop = None if end is None else end.get(partition, 0)
-        while (stop is None or offset < stop) and (records := log.read(topic, partition, offset)):
-            if stop is not None and records[-1].offset >= stop:
-                records = [r for r in records if r.offset < stop]
-                if not records:
-                    break
-            found = present.present(topic, [r.key for r in records if r.key is not None])
-            for record in records:
-                key = record.key
-                if key is not None and key in found:
-                    continue
-                if record.value is None:
-                    if key is not None and key in latest:
-                        latest[key] = (latest[key][0], None)
-                    continue
-                # Truncates are keyless, so a present key's events need no decoding.
-                event = orjson.loads(record.value)
-                source = event.get("source") or {}
-                at = (int(source.get("commit_lsn", 0)), int(source.get("txn_index", 0)))
-                if event.get("op") == Op.TRUNCATE:
-                    truncated_at = at if truncated_at is None else max(truncated_at, at)
-                elif key is not None:
-                    # A key lives in one partition, in sequence order: the last record wins.
-                    latest[key] = (at, event if event.get("op") != Op.DELETE else None)
-            offset = records[-1].offset + 1
-    out: list[OutRecord] = []
-    index = first_index
-    for key in sorted(latest):
-        at, event = latest[key]
-        if event is None or (truncated_at is not None and at < truncated_at):
-            continue
-        old = event["source"]
-        source = SourceInfo(
-            name=old["name"],
-            db=old["db"],
-            schema=old["schema"],
-            table=old["table"],
-            tx_id=None,
-            lsn=commit_lsn,
-            commit_lsn=commit_lsn,
-            txn_index=index,
-            ts_us=ts_us,
-            snapshot=SnapshotMarker.TRUE,
-        )
-        value = encode_value(ChangeEvent(op=Op.DELETE, source=source, before=event.get("after"), ts_us=ts_us))
-        out.append(OutRecord(topic, key, value, commit_lsn, index))
-        out.append(OutRecord(topic, key, None, commit_lsn, index))
-        index += 1
-    return out
+        return
+    candidates = Candidates(present)
+    try:
+        truncated_at: tuple[int, int] | None = None
+        for partition in range(log.describe_topic(topic).partitions):
+            offset = log.beginning_offset(topic, partition)
+            stop = None if end is None else end.get(partition, 0)
+            while (stop is None or offset < stop) and (records := log.read(topic, partition, offset)):
+                if stop is not None and records[-1].offset >= stop:
+                    records = [r for r in records if r.offset < stop]
+                    if not records:
+                        break
+                found = present.present(topic, [r.key for r in records if r.key is not None])
+                # This batch's last event per missing key (None: deleted). A key lives in one
+                # partition, in sequence order, so a later record supersedes an earlier one.
+                changes: dict[bytes, Latest | None] = {}
+                for record in records:
+                    key = record.key
+                    if key is not None and key in found:
+                        continue
+                    if record.value is None:
+                        if key is not None:
+                            changes[key] = None
+                        continue
+                    # Truncates are keyless, so a present key's events need no decoding.
+                    event = orjson.loads(record.value)
+                    source = event.get("source") or {}
+                    at = (int(source.get("commit_lsn", 0)), int(source.get("txn_index", 0)))
+                    if event.get("op") == Op.TRUNCATE:
+                        truncated_at = at if truncated_at is None else max(truncated_at, at)
+                    elif key is not None:
+                        changes[key] = None if event.get("op") == Op.DELETE else (*at, record.value)
+                candidates.update(changes)
+                offset = records[-1].offset + 1
+        index = first_index
+        # Events before the last truncate are not live: the truncate removed their rows.
+        for key, value in candidates.live(truncated_at):
+            event = orjson.loads(value)
+            old = event["source"]
+            source = SourceInfo(
+                name=old["name"],
+                db=old["db"],
+                schema=old["schema"],
+                table=old["table"],
+                tx_id=None,
+                lsn=commit_lsn,
+                commit_lsn=commit_lsn,
+                txn_index=index,
+                ts_us=ts_us,
+                snapshot=SnapshotMarker.TRUE,
+            )
+            deleted = encode_value(ChangeEvent(op=Op.DELETE, source=source, before=event.get("after"), ts_us=ts_us))
+            yield OutRecord(topic, key, deleted, commit_lsn, index)
+            yield OutRecord(topic, key, None, commit_lsn, index)
+            index += 1
+    finally:
+        candidates.close()
 
 
 # -- the command's library side -----------------------------------------------------------------

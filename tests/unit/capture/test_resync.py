@@ -1,7 +1,10 @@
 """Resync without services: reconciling deletes from a real file log, the key set, the request file, messages."""
 
 import logging
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
+from unittest.mock import patch
 
 import orjson
 import pytest
@@ -9,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from capture.agent import RetryReport
-from capture.key_set import KEY_SET_FILE, KeySet
+from capture.key_set import KEY_SET_FILE, Candidates, KeySet
 from capture.resync import DELETE_INDEX_BASE, ResyncRequest, snapshot_keys, vanished_key_deletes
 from capture.slot import SlotStatus, is_gone, slot_gone_error
 from log.base import Record, TopicSpec
@@ -64,7 +67,7 @@ def test_deletes_for_live_keys_the_source_no_longer_has(log, tmp_path, spill_at)
     write(log, Op.CREATE, 5, 60)
     present = keys_of(tmp_path, 1, 5, spill_at=spill_at)
     assert present.spilled == (spill_at == 0)
-    out = vanished_key_deletes(log, TOPIC, present, commit_lsn=100, first_index=DELETE_INDEX_BASE, ts_us=5)
+    out = list(vanished_key_deletes(log, TOPIC, present, commit_lsn=100, first_index=DELETE_INDEX_BASE, ts_us=5))
     assert [(r.key, r.value is None) for r in out] == [(key(3), False), (key(3), True), (key(4), False), (key(4), True)]
     assert [(r.commit_lsn, r.txn_index) for r in out] == [
         (100, DELETE_INDEX_BASE),
@@ -83,12 +86,13 @@ def test_keys_written_before_a_truncate_are_not_live(log, tmp_path):
     write(log, Op.CREATE, 1, 10)
     write(log, Op.TRUNCATE, None, 20)
     write(log, Op.CREATE, 2, 30)
-    out = vanished_key_deletes(log, TOPIC, keys_of(tmp_path), commit_lsn=100, first_index=0, ts_us=0)
+    out = list(vanished_key_deletes(log, TOPIC, keys_of(tmp_path), commit_lsn=100, first_index=0, ts_us=0))
     assert [r.key for r in out if r.value is not None] == [key(2)]
 
 
 def test_a_topic_never_written_needs_no_deletes(log, tmp_path):
-    assert vanished_key_deletes(log, "shop.public.other", keys_of(tmp_path), commit_lsn=1, first_index=0, ts_us=0) == []
+    deletes = vanished_key_deletes(log, "shop.public.other", keys_of(tmp_path), commit_lsn=1, first_index=0, ts_us=0)
+    assert list(deletes) == []
 
 
 def test_resync_request_round_trip_and_clear(tmp_path):
@@ -168,15 +172,36 @@ def in_memory_deletes(log: FileLog, present: set[bytes]) -> list[tuple[bytes, An
 
 
 class ProtocolOnly:
-    """The file log seen only through the ``Log`` protocol (no columnar read)."""
+    """The file log seen only through the ``Log`` protocol (no columnar read), ``read_size`` records a read."""
 
-    def __init__(self, log: FileLog) -> None:
+    def __init__(self, log: FileLog, read_size: int = 10_000) -> None:
         self._log = log
+        self._read_size = read_size
+
+    def read(self, topic: str, partition: int, offset: int, *, max_records: int = 10_000, **kw: Any) -> list:
+        return self._log.read(topic, partition, offset, max_records=min(max_records, self._read_size), **kw)
 
     def __getattr__(self, name: str) -> Any:
         if name == "read_columns":
             raise AttributeError(name)
         return getattr(self._log, name)
+
+
+@contextmanager
+def candidates_spilling_at(spill_bytes: int | None) -> Iterator[list[Candidates]]:
+    """Candidates move to the scratch file past ``spill_bytes`` (None: the default); yields those that did."""
+    spilled: list[Candidates] = []
+    spill = Candidates._spill
+
+    def recording(self: Candidates) -> None:
+        spilled.append(self)
+        spill(self)
+
+    with ExitStack() as stack:
+        if spill_bytes is not None:
+            stack.enter_context(patch.object(Candidates, "SPILL_BYTES", spill_bytes))
+        stack.enter_context(patch.object(Candidates, "_spill", recording))
+        yield spilled
 
 
 history = st.lists(
@@ -186,8 +211,8 @@ history = st.lists(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(events=history, read=st.sets(st.integers(0, 40)), batches=st.integers(1, 4))
-def test_spilled_key_set_gives_the_deletes_of_the_in_memory_one(tmp_path_factory, events, read, batches):
+@given(events=history, read=st.sets(st.integers(0, 40)), batches=st.integers(1, 4), read_size=st.integers(1, 7))
+def test_spilled_key_set_gives_the_deletes_of_the_in_memory_one(tmp_path_factory, events, read, batches, read_size):
     base = tmp_path_factory.mktemp("resync")
     with FileLog(base / "log") as file_log:
         file_log.create_topic(TopicSpec(TOPIC, partitions=2))
@@ -198,29 +223,74 @@ def test_spilled_key_set_gives_the_deletes_of_the_in_memory_one(tmp_path_factory
             write(file_log, Op.READ, i, 10**5, label="resnapshot")
         expected = in_memory_deletes(file_log, {key(i) for i in read})
         outputs = []
-        # In memory, spilled from the start, and spilled midway (after the first of several adds);
-        # reading the whole log or only what lies before the re-snapshot's records.
-        # The last: the keys taken from the re-snapshot's records in the log, as the agent does.
-        variants = [("memory", 10**6, None), ("spilled", 0, None), ("midway", 2, starts)]
-        variants += [("from-log", 0, starts), ("from-log-rows", 0, starts)]
-        for name, spill_at, end in variants:
+        # Keys in memory, spilled from the start, and spilled midway (after the first of several adds);
+        # reading the whole log or only what lies before the re-snapshot's records. "from-log": the keys
+        # taken from the re-snapshot's records in the log, as the agent does. The candidates (missing keys'
+        # latest live events) held in memory (None: the default threshold), spilled at the first one held
+        # (0), or midway (after about two entries), read in batches of read_size records or whole.
+        variants = [("memory", 10**6, None, None), ("spilled", 0, None, None), ("midway", 2, starts, None)]
+        variants += [("from-log", 0, starts, None), ("from-log-rows", 0, starts, None)]
+        variants += [("candidates-spilled", 10**6, None, 0), ("both-midway", 2, starts, 600)]
+        variants += [("from-log-rows-spilled", 0, starts, 0)]
+        for name, spill_at, end, spill_bytes in variants:
             present = KeySet(base / name / KEY_SET_FILE, spill_at=spill_at)
+            reader = ProtocolOnly(file_log, read_size) if name.startswith("from-log-rows") else file_log
             if name.startswith("from-log"):
                 # Columnar on the file log; record by record through the Log protocol (the Kafka backend's way).
-                snapshot_keys(file_log if name == "from-log" else ProtocolOnly(file_log), TOPIC, starts, present)
+                snapshot_keys(reader, TOPIC, starts, present)
             else:
                 ids = sorted(read)
                 for n in range(batches):
                     present.add(TOPIC, [key(i) for i in ids[n::batches]])
             assert present.spilled == (len(read) > spill_at)
             assert present.topics() == [TOPIC]
-            out = vanished_key_deletes(file_log, TOPIC, present, commit_lsn=10**6, first_index=7, ts_us=1, end=end)
+            with candidates_spilling_at(spill_bytes) as spilled:
+                deletes = vanished_key_deletes(
+                    reader, TOPIC, present, commit_lsn=10**6, first_index=7, ts_us=1, end=end
+                )
+                out = list(deletes)
+            if spill_bytes == 0 and expected:
+                assert spilled, "the candidates did not spill"
+            if spill_bytes is None:
+                assert not spilled
             present.close()
             deletes = [r for r in out if r.value is not None]
             assert [r.key for r in out if r.value is None] == [r.key for r in deletes], "each delete + tombstone"
             assert [r.txn_index for r in deletes] == list(range(7, 7 + len(deletes)))
             outputs.append([(r.key, orjson.loads(r.value)["before"]) for r in deletes])
-    assert outputs == [expected] * 5
+    assert outputs == [expected] * len(variants)
+
+
+@pytest.mark.parametrize("spill_bytes", [Candidates.SPILL_BYTES, 0], ids=["memory", "spilled"])
+def test_candidates_keep_only_live_latest_events(tmp_path, spill_bytes):
+    with KeySet(tmp_path / KEY_SET_FILE) as present:
+        candidates = Candidates(present, spill_bytes=spill_bytes)
+        candidates.update({key(1): (10, 0, b"one"), key(2): (10, 1, b"two"), key(3): (10, 2, b"three")})
+        candidates.update({key(2): None, key(3): (30, 0, b"three again"), key(4): (40, 0, b"four")})
+        assert candidates.spilled == (spill_bytes == 0)
+        assert list(candidates.live()) == [(key(1), b"one"), (key(3), b"three again"), (key(4), b"four")]
+        assert list(candidates.live((30, 0))) == [(key(3), b"three again"), (key(4), b"four")], "after a truncate"
+        early = candidates.live()
+        assert next(early) == (key(1), b"one")
+        early.close()  # a reader that stops early
+        candidates.close()
+        assert list(candidates.live()) == []
+        if spill_bytes == 0:
+            tables = present.database().execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+            assert tables == [], "close() drops the candidates' table"
+
+
+def test_keys_deleted_in_the_log_are_not_held(tmp_path):
+    # Much delete history: a key whose latest event is a delete costs nothing, so 10k created-then-deleted
+    # keys never reach a threshold of three entries.
+    with KeySet(tmp_path / KEY_SET_FILE) as present:
+        candidates = Candidates(present, spill_bytes=3 * (Candidates.ENTRY_OVERHEAD + 20))
+        for i in range(10_000):
+            candidates.update({key(i): (i, 0, b"row")})
+            candidates.update({key(i): None})
+        candidates.update({key(1): (10**6, 0, b"back")})
+        assert not candidates.spilled and not (tmp_path / KEY_SET_FILE).exists()
+        assert list(candidates.live()) == [(key(1), b"back")]
 
 
 def test_the_key_set_spills_to_the_state_dir_and_goes_with_the_request(tmp_path):
