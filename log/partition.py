@@ -6,6 +6,12 @@ without reopening; parsed indexes are cached per segment inode. The writer takes
 partition's :class:`~log.writer_lock.WriterLock` at its first append, truncates a torn
 tail left by a crashed writer, and then appends each batch with one positioned write
 followed by ``fdatasync`` (``fsync="always"``) before the append is acknowledged.
+
+With fsync on, the writer also keeps the partition's :mod:`~log.recovery_point`: at
+most every ``RECOVERY_POINT_INTERVAL_S`` after an append, at every roll and at a clean
+close (then it is the end: a cleanly closed partition has no tail to forgive). Opening
+the writer, damage or a missing byte before it raises :class:`CorruptLogError` and
+nothing is truncated; only bytes at or after it can be a torn tail.
 """
 
 from __future__ import annotations
@@ -32,7 +38,14 @@ from log.batch_codec import (
     parse_header,
     records_section,
 )
-from log.errors import LogUnavailableError
+from log.errors import CorruptLogError, LogUnavailableError
+from log.recovery_point import (
+    RECOVERY_POINT_INTERVAL_S,
+    RecoveryPoint,
+    RecoveryPointFile,
+    load_recovery_point,
+    recovery_point_path,
+)
 from log.segment import ScanStop, Segment, list_segments, scan, segment_name
 from log.segment_index import (
     SegmentIndex,
@@ -101,10 +114,20 @@ class _Writer:
     time_fd: int
     position: int
     next_offset: int
+    #: Open when fsync is on and this writer appends (not for a recovery-only open).
+    recovery: RecoveryPointFile | None = None
+
+    def save_recovery_point(self) -> bool:
+        """Record that every batch before ``position`` is acknowledged (they are fsynced)."""
+        if self.recovery is None:
+            return False
+        return self.recovery.save(RecoveryPoint(self.segment.base, self.segment.inode, self.position))
 
     def close(self) -> None:
         for fd in (self.fd, self.index_fd, self.time_fd):
             os.close(fd)
+        if self.recovery is not None:
+            self.recovery.close()
 
 
 class Partition:
@@ -133,6 +156,9 @@ class Partition:
         self._lock = threading.RLock()
         self._writer_lock = WriterLock(directory, topic, partition)
         self._writer: _Writer | None = None
+        # Monotonic time after which the next append updates the recovery point (kept
+        # here, not in the writer: a shared partition reopens its writer every append).
+        self._recovery_point_due = 0.0
         self._segments: dict[Path, Segment] = {}
         self._listing: list[tuple[int, Path]] = []
         self._listing_stamp: tuple[int, int] | None = None
@@ -382,22 +408,30 @@ class Partition:
             if self._writer is not None or not self._writer_lock.try_acquire():
                 return
             try:
-                self._open_writer().close()
+                self._open_writer(appending=False).close()
             finally:
                 self._writer_lock.release()
 
-    def _open_writer(self) -> _Writer:
-        """Open the active segment for appending, truncating a torn tail (writer lock held)."""
+    def _open_writer(self, *, appending: bool = True) -> _Writer:
+        """Open the active segment for appending, truncating a torn tail (writer lock held).
+
+        Raises :class:`CorruptLogError`, truncating nothing, when the segment's valid
+        batches end before its recovery point (acknowledged bytes damaged or cut off).
+        """
         listing = self.listing(force=True)
         base, path = listing[-1]
         fd = os.open(path, os.O_RDWR)
+        recovery: RecoveryPointFile | None = None
         try:
             segment = self.segment(base, path, fd)
+            acknowledged = self._acknowledged_end(base, segment.inode)
             position, running = self._start(segment, fd, 1 << 62)
             stop = ScanStop(position)
             size = os.fstat(fd).st_size
             for _ in scan(fd, segment, position, size, active=True, stop=stop, running_max_ts=running):
                 pass
+            if stop.end < acknowledged:
+                raise CorruptLogError(str(path), stop.end, self._lost_detail(size, acknowledged))
             if stop.torn or stop.end < size:
                 logger.warning(
                     "truncating torn tail of log segment %s at byte %d (%d bytes of an unacknowledged batch)",
@@ -412,23 +446,59 @@ class Partition:
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
             index_fd = os.open(index_path(path), flags, 0o644)
             time_fd = os.open(time_index_path(path), flags, 0o644)
+            if appending and self._fsync:
+                recovery = RecoveryPointFile.open(self.directory)
         except BaseException:
             os.close(fd)
             raise
-        return _Writer(segment, fd, index_fd, time_fd, stop.end, segment.next_offset)
+        return _Writer(segment, fd, index_fd, time_fd, stop.end, segment.next_offset, recovery)
+
+    def _acknowledged_end(self, base: int, inode: int) -> int:
+        """How far the active segment (``base``, ``inode``) must hold whole batches: its recovery point, or 0."""
+        point = load_recovery_point(self.directory)
+        if point is None or point.segment_base < base:
+            return 0  # no point, or it names a segment that is closed now (strict anyway)
+        if point.segment_base > base:
+            missing = self.directory / segment_name(point.segment_base)
+            detail = (
+                f"this segment was the active one and acknowledged up to byte {point.end} "
+                f"({recovery_point_path(self.directory)}), but it is missing"
+            )
+            raise CorruptLogError(str(missing), 0, detail)
+        if point.segment_inode != inode:
+            # Another file under the same name (restored from a backup, a copied log):
+            # the point says nothing about it.
+            return 0
+        return point.end
+
+    def _lost_detail(self, size: int, acknowledged: int) -> str:
+        what = (
+            f"the file was cut to {size} bytes"
+            if size < acknowledged
+            else "the batch here is damaged and no valid batch follows"
+        )
+        return (
+            f"{what}, but every byte before {acknowledged} was acknowledged "
+            f"({recovery_point_path(self.directory)}; deleting it accepts the loss and truncates here)"
+        )
 
     def _acquire_writer(self) -> _Writer:
         if self._writer is None:
             self._writer_lock.acquire(announce=not self._shared, wait=self._shared)
             try:
                 self._writer = self._open_writer()
+                if not self._shared:
+                    self._recovery_point_due = time.monotonic() + RECOVERY_POINT_INTERVAL_S
             except BaseException:
                 self._writer_lock.release()
                 raise
         return self._writer
 
-    def _release_writer(self) -> None:
+    def _release_writer(self, *, clean: bool = False) -> None:
         if self._writer is not None:
+            if clean:
+                # Every batch before the writer's position was fsynced when appended.
+                self._writer.save_recovery_point()
             self._writer.close()
             self._writer = None
         self._writer_lock.release()
@@ -442,11 +512,16 @@ class Partition:
         time_fd = os.open(time_index_path(path), flags, 0o644)
         if self._fsync:
             fsync_directory(self.directory)
+        recovery, writer.recovery = writer.recovery, None
         writer.close()
         segment = Segment(path, writer.next_offset, os.fstat(fd).st_ino)
         self._segments[path] = segment
-        rolled = _Writer(segment, fd, index_fd, time_fd, 0, writer.next_offset)
+        rolled = _Writer(segment, fd, index_fd, time_fd, 0, writer.next_offset, recovery)
         self._writer = rolled
+        # The point moves to the new segment (whose file the directory fsync made durable),
+        # so it never names a closed segment that compaction may rewrite.
+        if rolled.save_recovery_point():
+            self._recovery_point_due = time.monotonic() + RECOVERY_POINT_INTERVAL_S
         return rolled
 
     def append(self, records: Sequence[Record]) -> AppendResult:
@@ -492,6 +567,9 @@ class Partition:
         writer.position = segment.known_end = position + len(data)
         writer.next_offset = segment.next_offset = base + len(records)
         segment.running_max_ts = running
+        if writer.recovery is not None and time.monotonic() >= self._recovery_point_due:
+            writer.save_recovery_point()
+            self._recovery_point_due = time.monotonic() + RECOVERY_POINT_INTERVAL_S
         return AppendResult(self.topic, self.partition, base, base + len(records) - 1)
 
     def _abandon(self, writer: _Writer, position: int, index_sizes: tuple[int, int] | None) -> None:
@@ -504,6 +582,6 @@ class Partition:
         self._release_writer()
 
     def close(self) -> None:
-        """Release the writer lock and open files (idempotent)."""
+        """Save the recovery point at the end, release the writer lock and open files (idempotent)."""
         with self._lock:
-            self._release_writer()
+            self._release_writer(clean=True)

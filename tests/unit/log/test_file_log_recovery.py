@@ -1,4 +1,10 @@
-"""Torn tails are truncated on open; damage anywhere else is an error naming file and byte."""
+"""Torn tails are truncated on open; damage anywhere else is an error naming file and byte.
+
+A torn tail is what a writer that died mid-append leaves: its last batch was never
+acknowledged, so the partition's recovery point does not cover it. ``write_batches``
+and ``write_compressed`` leave that state with ``unacknowledged=1`` (see
+test_recovery_point.py for damage inside acknowledged bytes).
+"""
 
 import logging
 import os
@@ -10,6 +16,7 @@ from log.batch_codec import parse_header
 from log.errors import CorruptLogError
 from log.file_log import FileLog
 from log.segment import list_segments
+from log.recovery_point import recovery_point_path
 from log.segment_index import index_path, time_index_path
 
 
@@ -26,14 +33,26 @@ def batch_positions(path):
     return positions
 
 
-def write_batches(root, count, *, segment_bytes=1 << 20):
-    log = FileLog(root, segment_bytes=segment_bytes)
+def write_batches(root, count, *, segment_bytes=1 << 20, unacknowledged=0, make=batch):
+    """Append ``count`` batches; the last ``unacknowledged`` are left out of the recovery point.
+
+    That is the state on disk of a writer that died right after writing them: the
+    recovery point still says what a clean close after the others said.
+    """
     from log.base import TopicSpec
 
+    log = FileLog(root, segment_bytes=segment_bytes, compression="zstd" if make is compressible else "none")
     log.create_topic(TopicSpec("t", partitions=1))
-    for i in range(count):
-        log.append("t", 0, batch(i))
+    for i in range(count - unacknowledged):
+        log.append("t", 0, make(i))
     log.close()
+    point = recovery_point_path(root / "t" / "0")
+    acknowledged = point.read_bytes()
+    log = FileLog(root, segment_bytes=segment_bytes, compression="zstd" if make is compressible else "none")
+    for i in range(count - unacknowledged, count):
+        log.append("t", 0, make(i))
+    log.close()
+    point.write_bytes(acknowledged)
     return list_segments(root / "t" / "0")
 
 
@@ -48,7 +67,7 @@ def offsets(root):
 @pytest.mark.parametrize("cut_into", [1, 10, 37, 60, -1])
 def test_torn_tail_is_truncated_with_a_warning(tmp_path, caplog, cut_into):
     root = tmp_path / "log"
-    [(_, path)] = write_batches(root, 4)
+    [(_, path)] = write_batches(root, 4, unacknowledged=1)
     last = batch_positions(path)[-1]
     size = path.stat().st_size
     cut = last + cut_into if cut_into > 0 else size - 1
@@ -165,15 +184,8 @@ def compressible(i, n=50):
     return [Record(b"k%d" % j, b'{"after": {"id": %d, "batch": %d, "pad": "........"}}' % (j, i)) for j in range(n)]
 
 
-def write_compressed(root, count):
-    from log.base import TopicSpec
-
-    log = FileLog(root, compression="zstd")
-    log.create_topic(TopicSpec("t", partitions=1))
-    for i in range(count):
-        log.append("t", 0, compressible(i))
-    log.close()
-    [(_, path)] = list_segments(root / "t" / "0")
+def write_compressed(root, count, *, unacknowledged=0):
+    [(_, path)] = write_batches(root, count, unacknowledged=unacknowledged, make=compressible)
     data = path.read_bytes()
     assert all(parse_header(data, pos).attributes & 0x07 == 4 for pos in batch_positions(path))
     return path
@@ -182,7 +194,7 @@ def write_compressed(root, count):
 @pytest.mark.parametrize("cut_into", [1, 40, 45, -1])
 def test_torn_compressed_tail_is_truncated_on_open(tmp_path, caplog, cut_into):
     root = tmp_path / "log"
-    path = write_compressed(root, 4)
+    path = write_compressed(root, 4, unacknowledged=1)
     last = batch_positions(path)[-1]
     os.truncate(path, last + cut_into if cut_into > 0 else path.stat().st_size - 1)
     with caplog.at_level(logging.WARNING, logger="log.partition"):
