@@ -15,8 +15,8 @@ from log.base import Record
 from log.batch_codec import parse_header
 from log.errors import CorruptLogError
 from log.file_log import FileLog
-from log.segment import list_segments
 from log.recovery_point import recovery_point_path
+from log.segment import list_segments
 from log.segment_index import index_path, time_index_path
 
 
