@@ -8,6 +8,7 @@ Layout under ``root``::
     <topic>/<partition>/<base:020d>.timeindex sparse time index
     <topic>/<partition>/writer.lock           one writer per partition (log.writer_lock)
     <topic>/<partition>/cleaner-checkpoint.json  compaction progress   (log.compaction)
+    <topic>/<partition>/recovery-point        acknowledged end of the active segment (log.recovery_point)
 
 Any number of processes may open the same root. A partition's writer lock is taken at
 the first append and kept until :meth:`FileLog.close`; internal topics (``_headwater.*``,

@@ -6,7 +6,9 @@ whose CRC matches. Damage is classified, never skipped:
 
 * a batch that runs past the end of the file, or a bad batch with no valid batch after
   it, at the end of the *active* segment is a torn tail (a writer died mid-append):
-  readers stop before it and the next writer truncates it;
+  readers stop before it and the next writer truncates it, unless it starts before the
+  partition's recovery point (:mod:`log.recovery_point`; checked when a writer opens the
+  partition, not here, so readers pay nothing): acknowledged bytes are damaged then;
 * anything else (a bad batch followed by a valid one, or any bad batch in a closed
   segment) raises :class:`~log.errors.CorruptLogError` naming the file and byte.
 """
