@@ -472,14 +472,10 @@ class Partition:
         return point.end
 
     def _lost_detail(self, size: int, acknowledged: int) -> str:
-        what = (
-            f"the file was cut to {size} bytes"
-            if size < acknowledged
-            else "the batch here is damaged and no valid batch follows"
-        )
+        what = f"the file was cut to {size} bytes" if size < acknowledged else "the batch here is damaged"
         return (
             f"{what}, but every byte before {acknowledged} was acknowledged "
-            f"({recovery_point_path(self.directory)}; deleting it accepts the loss and truncates here)"
+            f"(deleting {recovery_point_path(self.directory)} accepts the loss: the tail is then truncated)"
         )
 
     def _acquire_writer(self) -> _Writer:
