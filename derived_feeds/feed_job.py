@@ -42,12 +42,12 @@ from derived_feeds.transform import (
     AFTER,
     META,
     SRC_KEY,
+    OnePass,
     apply_sql,
     change_rows,
     current_images,
     latest_changes,
     output_rows,
-    paired_rows,
     reduced_changes,
 )
 from headwater.config import ProjectConfig
@@ -78,9 +78,9 @@ class FeedPlan:
     )
     #: This process's last append per partition of the feed's topics (``feed_writer.append_once``).
     appended: AppendMemo = field(default_factory=dict)
-    #: Whether to try the one-pass batch (``transform.paired_rows``): the feed key holds every version's
-    #: key of the source topic (one change per feed key in a batch), and the SQL has not been found unfit.
-    one_pass: bool = False
+    #: The one-pass batch (``transform.paired_rows``, planned once per input), when the feed key holds
+    #: every version's key of the source topic (one change per feed key in a batch).
+    one_pass: OnePass | None = None
 
 
 def _image_struct(spark: SparkSession, config: ProjectConfig, feed: str, field_name: str, topic: str) -> StructType:
@@ -124,7 +124,8 @@ def plan_feed(spark: SparkSession, config: ProjectConfig, log: Log, spec: FeedSp
     checks = compile_checks(spec.name, spec.config.expectations, output)
     _create_topics(config, log, spec)
     _write_schema(log, spec, output)
-    return FeedPlan(spec, source, lookups, output, checks, log, one_pass=_unique_key(log, spec))
+    one_pass = OnePass(spec.config.sql, spec.key, output, checks, latest_of=_latest) if _unique_key(log, spec) else None
+    return FeedPlan(spec, source, lookups, output, checks, log, one_pass=one_pass)
 
 
 def _unique_key(log: Log, spec: FeedSpec) -> bool:
@@ -176,17 +177,14 @@ def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarke
     """
     spec = plan.spec
     spark = batch.sparkSession
-    reduced = cols.FIRST_OP in batch.columns  # read with latestPerKey: one row per key already
-    latest = (reduced_changes(batch) if reduced else latest_changes(batch)).drop(cols.TOPIC, SRC_KEY)
-    if plan.one_pass:
-        paired = paired_rows(spark, latest, spec.config.sql, spec.key, plan.output, checks=plan.checks)
+    if plan.one_pass is not None:
+        paired = plan.one_pass.paired(batch)  # planned at the query's first batch, then reused
         if paired is not None:  # projections/filters: one Spark pass, no cache, no join
             events = paired_events(paired.toArrow(), plan.checks)
             _append(plan, log, encode_events(events, spec.name, plan.checks), marker)
             plan.stats["one_pass"] += 1
             return
-        plan.one_pass = False  # the SQL's shape does not change: not tried again
-    latest = latest.persist()  # only what the SQL and the pairing read: the cache is built per batch
+    latest = _latest(batch).persist()  # only what the SQL and the pairing read: the cache is built per batch
     try:
         output = apply_sql(spark, current_images(latest), spec.config.sql)
         changes = change_rows(latest, spec.key).toArrow()
@@ -195,6 +193,12 @@ def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarke
         _append(plan, log, encode_events(events, spec.name, plan.checks), marker)
     finally:
         latest.unpersist()
+
+
+def _latest(batch: DataFrame) -> DataFrame:
+    """The batch's latest change per key (``transform.latest_changes``' columns without topic and source key)."""
+    reduced = cols.FIRST_OP in batch.columns  # read with latestPerKey: one row per key already
+    return (reduced_changes(batch) if reduced else latest_changes(batch)).drop(cols.TOPIC, SRC_KEY)
 
 
 def _write(plan: FeedPlan, log: Log, changes: DataFrame, marker: BatchMarker) -> None:

@@ -102,7 +102,75 @@ def test_one_pass_makes_the_events_of_the_general_path(spark, latest, sql):
 
 @pytest.mark.parametrize("sql", GENERAL)
 def test_sql_that_is_not_projections_and_filters_over_source_takes_the_general_path(spark, latest, sql):
-    assert transform.paired_rows(spark, latest, sql, ["id"], output_of(spark, latest, sql), checks=[]) is None
+    output = output_of(spark, latest, sql)
+    assert transform.paired_rows(spark, latest, sql, ["id"], output, checks=[]) is None
+    one_pass = transform.OnePass(sql, ["id"], output, [], latest_of=lambda frame: frame)
+    assert one_pass.paired(latest) is None
+    assert one_pass.paired(latest) is None
+    assert one_pass.plans == 1  # the decision is kept for this input
+
+
+def events_of(spark, paired, checks):
+    return sorted_rows(encode_events(paired_events(paired.toArrow(), checks), "f", checks))
+
+
+def with_image(spark, latest, image_type: str, image):
+    """``latest`` after a schema change of the source: the same changes, each image mapped by ``image``."""
+    rows = [(None if row[0] is None else image(row[0]), *list(row)[1:]) for row in latest.collect()]
+    return spark.createDataFrame(rows, f"__hw_image {image_type}, " + LATEST.split(", ", 1)[1])
+
+
+def balance_as_double(image):
+    return (image[0], image[1], None if image[2] is None else float(image[2]) + 0.25, image[3])
+
+
+def test_one_pass_is_planned_once_per_input_and_again_after_a_schema_change(spark, latest):
+    """Batches with the same columns reuse the planned pass; a changed column type or a new column plans anew.
+
+    A cache keyed by the SQL alone would run the first input's plan over the second's
+    columns (the old type, or without the new column): these rows would then differ from
+    the general path's, or Spark would refuse the plan.
+    """
+    sql = "SELECT id, lower(name) AS name, balance FROM source WHERE balance >= 0"
+    expectations = [{"expect": "expect_column_values_to_not_be_null", "column": "name", "action": "drop"}]
+    output = output_of(spark, latest, sql)
+    checks = compile_checks("f", [ExpectationConfig.model_validate(e) for e in expectations], output)
+    one_pass = transform.OnePass(sql, ["id"], output, checks, latest_of=lambda frame: frame)
+
+    first = events_of(spark, one_pass.paired(latest), checks)
+    fewer = latest.where("txn_index <> 0")  # another batch of the same input: other rows, same columns
+    reused = events_of(spark, one_pass.paired(fewer), checks)
+    assert one_pass.plans == 1
+    assert first == sorted_rows(general_events(spark, latest, sql, checks))
+    assert reused == sorted_rows(general_events(spark, fewer, sql, checks))
+    assert len(reused) == len(first) - 1
+
+    # balance: decimal(10,2) -> double (same output names, other types)
+    retyped = with_image(
+        spark,
+        latest,
+        "struct<id:bigint,name:string,balance:double,country:string>",
+        balance_as_double,
+    )
+    events = events_of(spark, one_pass.paired(retyped), checks)
+    assert one_pass.plans == 2
+    assert events == sorted_rows(general_events(spark, retyped, sql, checks))
+    assert '"balance":5.25' in "".join(row["value"] or "" for row in events)
+
+    # a new source column, read by SELECT *: the feed's output has it (planned from the new schema)
+    star = "SELECT * FROM source WHERE balance >= 0"
+    widened = with_image(
+        spark,
+        latest,
+        "struct<id:bigint,name:string,balance:decimal(10,2),country:string,tier:int>",
+        lambda image: (*image, image[0] * 10),
+    )
+    star_pass = transform.OnePass(star, ["id"], output_of(spark, widened, star), [], latest_of=lambda frame: frame)
+    assert star_pass.paired(latest) is None  # the old columns do not make the planned output: general path
+    events = events_of(spark, star_pass.paired(widened), [])
+    assert star_pass.plans == 2
+    assert events == sorted_rows(general_events(spark, widened, star, []))
+    assert '"tier":10' in "".join(row["value"] or "" for row in events)
 
 
 def test_one_pass_only_where_the_feed_key_holds_the_source_key(tmp_path):
@@ -199,6 +267,7 @@ def test_feed_runs_write_the_same_records_in_one_pass_and_in_the_general_path(sp
         log.close()
     assert stats["one"]["batches"] >= 3
     assert stats["one"]["one_pass"] == stats["one"]["batches"]
+    assert plans["one"].one_pass.plans == 1  # planned at the first batch, reused by the others
     assert stats["general"]["one_pass"] == 0
     assert stats["one"]["deletes"] > 0
     assert stats["one"]["dropped"] > 0
