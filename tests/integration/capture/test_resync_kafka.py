@@ -11,6 +11,7 @@ the fresh slot streams on.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -139,3 +140,67 @@ def test_resync_on_kafka_deletes_exactly_the_vanished_keys(pg_server, kafka_brok
     source[40] = {"id": 40, "v": "after resync"}
     assert {k: row for k, (_, row) in latest.items() if row is not None} == source
     assert {k for k, (_, row) in latest.items() if row is None} == vanished | set(range(51, 56))
+
+
+def test_spilled_resync_on_kafka_appends_deletes_in_batches(pg_database, kafka_broker, tmp_path, monkeypatch):
+    """The agent in-process, both scratch sets spilled to SQLite, deletes appended a few at a time."""
+    from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
+    from capture.key_set import KEY_SET_FILE, Candidates, KeySet
+    from headwater.config import KafkaConfig, LogConfig, SourceConfig
+    from log.kafka_log import KafkaLog
+
+    name = pg_database.name
+    topic = f"{name}.public.t"
+    pg_database.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pg_database.execute(f"CREATE PUBLICATION headwater_{name} FOR TABLE t")
+    pg_database.execute("INSERT INTO t SELECT g, 'initial' FROM generate_series(1, 40) g")
+    source = SourceConfig(dsn=pg_database.dsn, tables=("public.t",), snapshot="when_needed", heartbeat_interval_s=1)
+    kafka = KafkaConfig(bootstrap_servers=kafka_broker.bootstrap_servers)
+    state_dir = tmp_path / "capture" / name
+    appends: list[list[Any]] = []
+
+    class RecordingKafkaLog(KafkaLog):
+        def append(self, topic_name: str, partition: int, records: Any) -> Any:
+            if topic_name == topic:
+                appends.append(list(records))
+            return super().append(topic_name, partition, records)
+
+    def capture() -> None:
+        log = RecordingKafkaLog(kafka)
+        try:
+            agent = CaptureAgent(
+                name, source, log, LogConfig(backend="kafka", partitions=3, kafka=kafka),
+                typemap_decoders(source.types), state_dir=state_dir, settings=AgentSettings(max_batch_records=6),
+            )  # fmt: skip
+            agent.run(until_caught_up=True)
+        finally:
+            log.close()
+
+    capture()
+    pg_database.execute(f"SELECT pg_drop_replication_slot('headwater_{name}')")
+    pg_database.execute("DELETE FROM t WHERE id % 3 = 0")  # 13 rows vanish while the slot is gone
+    spills: list[str] = []
+    for cls in (KeySet, Candidates):
+        spill = cls._spill
+        recorded = lambda self, spill=spill, what=cls.__name__: (spills.append(what), spill(self))  # noqa: E731
+        monkeypatch.setattr(cls, "_spill", recorded)
+    monkeypatch.setattr(KeySet, "SPILL_AT", 10)
+    monkeypatch.setattr(Candidates, "SPILL_BYTES", 0)
+    appends.clear()
+    capture()
+    assert sorted(spills) == ["Candidates", "KeySet"], "the scratch sets did not spill"
+    assert not (state_dir / KEY_SET_FILE).exists() and not (state_dir / "resync.json").exists()
+
+    delete_batches = [batch for batch in appends if any(r.value is None for r in batch)]
+    # At most max_batch_records pending at a time (13 deletes + tombstones = 26 records over 3 partitions).
+    assert delete_batches and all(len(batch) <= 6 for batch in delete_batches), [len(b) for b in delete_batches]
+    deleted = []
+    for batch in delete_batches:
+        assert batch[-1].value is None, "an append ends between a delete and its tombstone"
+        for record, following in itertools.pairwise(batch):
+            if record.value is not None and orjson.loads(record.value)["op"] == "d":
+                assert following.key == record.key and following.value is None
+                deleted.append(orjson.loads(record.key)["id"])
+    assert sorted(deleted) == [i for i in range(1, 41) if i % 3 == 0]
+    events = [orjson.loads(r.value) for batch in appends for r in batch if r.value is not None]
+    assert sorted(e["after"]["id"] for e in events if e["op"] == "r") == [i for i in range(1, 41) if i % 3]
