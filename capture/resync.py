@@ -37,7 +37,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,16 +156,17 @@ def vanished_key_deletes(
     A key is live when its latest event (by ``(commit_lsn, txn_index)``) is an insert,
     update or snapshot read after the topic's last truncate. ``present`` holds the keys
     the re-snapshot read (encoded exactly as the log's keys), in memory or spilled to
-    disk; only keys missing from it are decoded, and of those only the ones whose latest
-    event so far is live are held, as raw values (:class:`~capture.key_set.Candidates`,
-    spilled to ``present``'s file beyond a threshold), so neither the table's size nor
-    its delete history bounds the memory. The deletes carry the re-snapshot's point
-    ``commit_lsn`` and indexes from ``first_index``, in key order; ``before`` is the key's
-    last stored row image. They are generated after the whole topic was read, so the
-    caller may append them while iterating. With ``end`` (the partitions' end offsets
-    before the re-snapshot appended anything; a partition not in it: 0) the
-    re-snapshot's own records after it are not read: each is a present key's read
-    event, which changes nothing here.
+    disk; only keys missing from it are decoded (their last record of each read), and of
+    those only the ones whose latest event so far is live are held, as raw values
+    (:class:`~capture.key_set.Candidates`, spilled to ``present``'s file beyond a
+    threshold), so neither the table's size nor its delete history bounds the memory.
+
+    The deletes carry the re-snapshot's point ``commit_lsn`` and indexes from
+    ``first_index``, in key order; ``before`` is the key's last stored row image. They
+    are generated once the whole topic was read, so the caller may append them while
+    iterating. With ``end`` (the partitions' end offsets before the re-snapshot appended
+    anything; a partition not in it: 0) the re-snapshot's own records after it are not
+    read: each is a present key's read event, which changes nothing here.
     """
     if topic not in log.list_topics():
         return
@@ -173,35 +174,31 @@ def vanished_key_deletes(
     try:
         truncated_at: tuple[int, int] | None = None
         for partition in range(log.describe_topic(topic).partitions):
-            offset = log.beginning_offset(topic, partition)
             stop = None if end is None else end.get(partition, 0)
-            while (stop is None or offset < stop) and (records := log.read(topic, partition, offset)):
-                if stop is not None and records[-1].offset >= stop:
-                    records = [r for r in records if r.offset < stop]
-                    if not records:
-                        break
-                found = present.present(topic, [r.key for r in records if r.key is not None])
-                # This batch's last event per missing key (None: deleted). A key lives in one
-                # partition, in sequence order, so a later record supersedes an earlier one.
+            for keys, values in _keys_and_values(log, topic, partition, stop):
+                found = present.present(topic, [key for key in keys if key is not None])
+                # A key lives in one partition, in sequence order, so only a missing key's last
+                # record in the batch counts (a tombstone: deleted) and only that one is decoded.
+                last: dict[bytes, bytes | None] = {}
+                for key, value in zip(keys, values, strict=True):
+                    if key is None:
+                        if value is not None:  # truncates are keyless
+                            event = orjson.loads(value)
+                            if event.get("op") == Op.TRUNCATE:
+                                at = _sequence(event)
+                                truncated_at = at if truncated_at is None else max(truncated_at, at)
+                    elif key not in found:
+                        last[key] = value
                 changes: dict[bytes, Latest | None] = {}
-                for record in records:
-                    key = record.key
-                    if key is not None and key in found:
+                for key, value in last.items():
+                    if value is None:
+                        changes[key] = None
                         continue
-                    if record.value is None:
-                        if key is not None:
-                            changes[key] = None
-                        continue
-                    # Truncates are keyless, so a present key's events need no decoding.
-                    event = orjson.loads(record.value)
-                    source = event.get("source") or {}
-                    at = (int(source.get("commit_lsn", 0)), int(source.get("txn_index", 0)))
-                    if event.get("op") == Op.TRUNCATE:
-                        truncated_at = at if truncated_at is None else max(truncated_at, at)
-                    elif key is not None:
-                        changes[key] = None if event.get("op") == Op.DELETE else (*at, record.value)
+                    event = orjson.loads(value)
+                    # (Capture writes truncates keyless: events.py.)
+                    live = event.get("op") not in (Op.DELETE, Op.TRUNCATE)
+                    changes[key] = (*_sequence(event), value) if live else None
                 candidates.update(changes)
-                offset = records[-1].offset + 1
         index = first_index
         # Events before the last truncate are not live: the truncate removed their rows.
         for key, value in candidates.live(truncated_at):
@@ -225,6 +222,30 @@ def vanished_key_deletes(
             index += 1
     finally:
         candidates.close()
+
+
+def _keys_and_values(
+    log: Log, topic: str, partition: int, stop: int | None
+) -> Iterator[tuple[list[bytes | None], list[bytes | None]]]:
+    """Keys and values of a partition's records from its beginning up to ``stop`` (None: its end), a read at a time."""
+    offset = log.beginning_offset(topic, partition)
+    if isinstance(log, FileLog):  # the columnar read: no record object per record
+        until = log.end_offset(topic, partition) if stop is None else stop
+        for columns in read_range_columns(log, topic, partition, offset, until):
+            yield columns.keys.to_pylist(), columns.values.to_pylist()
+        return
+    while (stop is None or offset < stop) and (records := log.read(topic, partition, offset)):
+        if stop is not None and records[-1].offset >= stop:
+            records = [r for r in records if r.offset < stop]
+            if not records:
+                return
+        yield [r.key for r in records], [r.value for r in records]
+        offset = records[-1].offset + 1
+
+
+def _sequence(event: dict[str, Any]) -> tuple[int, int]:
+    source = event.get("source") or {}
+    return int(source.get("commit_lsn", 0)), int(source.get("txn_index", 0))
 
 
 # -- the command's library side -----------------------------------------------------------------
