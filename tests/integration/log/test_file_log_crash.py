@@ -4,6 +4,12 @@ A writer process appends batches whose every record carries ``batch id : batch s
 index`` and prints the id once ``append`` has returned (acknowledged). It is killed
 at a random moment, many times over; a new writer continues each time. A reader process
 tails the partition throughout and reports any batch it saw only part of.
+
+Every other writer updates the partition's recovery point after each append (interval 0
+instead of 1 s), so kills also land between a batch's fsync, the point's write and the
+acknowledgement: such a writer's point must cover every batch it acknowledged, and no
+next writer may find damage before a point (a point ahead of the durable bytes would
+make a healthy partition unopenable).
 """
 
 import json
@@ -18,7 +24,10 @@ from pathlib import Path
 import pytest
 
 from log.base import TopicSpec
+from log.batch_codec import parse_header
 from log.file_log import FileLog
+from log.recovery_point import load_recovery_point
+from log.segment import segment_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -32,11 +41,14 @@ BUDGET_S = 40.0
 WRITER = """
 import random, sys
 from pathlib import Path
+from log import partition
 from log.base import Record
 from log.file_log import FileLog
 
 root, run = Path(sys.argv[1]), int(sys.argv[2])
 rng = random.Random(run)
+if run % 2:
+    partition.RECOVERY_POINT_INTERVAL_S = 0.0
 log = FileLog(root, fsync="always", segment_bytes=256 * 1024)
 i = 0
 while True:
@@ -87,6 +99,24 @@ print(json.dumps({"batches": batches, "violations": violations[:20], "reads": re
 """
 
 
+def batch_at_recovery_point(root: Path) -> int:
+    """The batch id of the last record before the partition's recovery point."""
+    directory = root / TOPIC / "0"
+    point = load_recovery_point(directory)
+    assert point is not None
+    data = (directory / segment_name(point.segment_base)).read_bytes()[: point.end]
+    position, next_offset = 0, point.segment_base
+    while position < len(data):
+        header = parse_header(data, position)
+        position, next_offset = position + header.length, header.next_offset
+    assert position == point.end, "the recovery point is not at a batch boundary"
+    if next_offset == 0:
+        return -1
+    with FileLog(root) as log:
+        [record] = log.read(TOPIC, 0, next_offset - 1, max_records=1)
+    return int(record.value.split(b":")[0])
+
+
 def test_sigkilled_writer_loses_no_acknowledged_batch_and_readers_never_see_part_of_one(tmp_path):
     root = tmp_path / "log"
     with FileLog(root) as log:
@@ -113,7 +143,11 @@ def test_sigkilled_writer_loses_no_acknowledged_batch_and_readers_never_see_part
             writer.send_signal(signal.SIGKILL)
             writer.wait()
             kills += 1
-            acknowledged += [int(first)] + [int(line) for line in writer.stdout.read().split()]
+            acked = [int(first)] + [int(line) for line in writer.stdout.read().split()]
+            acknowledged += acked
+            if run % 2:
+                covered = batch_at_recovery_point(root)
+                assert covered >= acked[-1], f"writer {run}: recovery point covers {covered}, acknowledged {acked[-1]}"
     finally:
         stop_file.touch()
         report = json.loads(reader.communicate(timeout=60)[0])
