@@ -558,7 +558,7 @@ class EventBuilder:
             else:
                 after = self._image(table, change.new)
                 key = self._key(table, after)
-                after_json = orjson.dumps(after)
+                after_json = _dumps_kept(after)
             self._remember(topic, key, after_json)
             value = self._value(pieces, Op.CREATE, _NULL, after_json, lsn=lsn, index=index, order=order)
             return [OutRecord(topic, key, value, commit, index)]
@@ -582,7 +582,7 @@ class EventBuilder:
             if old_key is not None and old_key != new_key:
                 self._remember(topic, old_key, None)
             before_json = _NULL if before is None else orjson.dumps(before)
-            after_json = orjson.dumps(after)
+            after_json = _dumps_kept(after)
             self._remember(topic, new_key, after_json)
             if old_key is not None and new_key is not None and old_key != new_key:
                 # A primary-key change is a delete of the old key and a create of the new
@@ -706,7 +706,7 @@ class EventBuilder:
         prefix = table.single_key_prefix
         if prefix is not None:
             return b"%b%b}" % (prefix, orjson.dumps(image[table.key_names[0]]))
-        return orjson.dumps({name: image[name] for name in table.key_names})
+        return _dumps_kept({name: image[name] for name in table.key_names})
 
     def _fill_toast(
         self,
@@ -731,6 +731,15 @@ class EventBuilder:
                     raise UnresolvedToastError(table.topic, name)
                 filled[name] = previous[name]
         return filled
+
+
+def _dumps_kept(value: Any) -> bytes:
+    """``orjson.dumps(value)`` as an exact-size copy, for bytes kept beyond the change (keys, cached images).
+
+    orjson 3.13 returns its whole write buffer (4 KiB at least) behind a short result;
+    100k cached row images of ~100 bytes held ~210 MB instead of ~25 MB.
+    """
+    return bytes(memoryview(orjson.dumps(value)))
 
 
 def _schema_fingerprint(value: bytes) -> bytes:

@@ -226,3 +226,25 @@ def test_excluded_columns_never_leave(excluded: tuple[str, ...]) -> None:
     after = orjson.loads(records[0].value)["after"]
     assert ("prïce" in after) == (not excluded)
     assert ("prïce" in schemas[0].value.decode()) == (not excluded)
+
+
+def test_cached_images_and_keys_are_kept_at_their_own_size() -> None:
+    # orjson 3.13 returns its whole write buffer (>= 4 KiB) behind a short result; the
+    # builder's image cache keeps one image per key, so it must keep exact-size copies.
+    import gc
+    import tracemalloc
+
+    rel = relation(ReplicaIdentity.FULL)
+    b = builder()
+    b.build(txn([rel]))
+    tracemalloc.start()
+    try:
+        for start in range(0, 20_000, 1000):
+            changes = [Update(7, (str(i), "old", "1.5"), (str(i), "new", "2.5")) for i in range(start, start + 1000)]
+            records, _ = b.build(txn(changes, commit=0x1_0000_0100 + start * 100))
+            del records
+        gc.collect()
+        retained, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert retained / 20_000 < 600, f"{retained / 20_000:.0f} bytes retained per cached image"
