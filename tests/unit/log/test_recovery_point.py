@@ -120,6 +120,13 @@ def test_an_append_after_the_interval_moves_it_to_the_acknowledged_end(root, mon
             assert load_recovery_point(partition_dir(root)).end == path.stat().st_size
 
 
+def test_readers_never_create_or_write_it(root):
+    append_and_close(root, 3)
+    recovery_point_path(partition_dir(root)).unlink()  # a log from before recovery points
+    assert offsets(root) == list(range(15))  # opening recovers the partition, as a reader
+    assert not recovery_point_path(partition_dir(root)).exists()
+
+
 def test_fsync_never_writes_no_recovery_point(root):
     append_and_close(root, 3, fsync="never")
     assert not recovery_point_path(partition_dir(root)).exists()
