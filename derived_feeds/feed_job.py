@@ -172,8 +172,9 @@ def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarke
     ``latestPerKey``) and the SQL; the driver pairs changes with SQL rows and writes the
     events' JSON in Arrow (``feed_events``): no shuffle, no join in Spark. When the SQL is
     projections and filters over ``source`` and the feed key holds the source's key, one
-    Spark pass returns each change with its SQL row (``transform.paired_rows``); otherwise
-    the reduced changes are cached and read twice (changes, SQL rows) and joined here.
+    Spark pass returns each change with its SQL row (``transform.paired_rows``, planned at
+    the query's first batch and reused: ``transform.OnePass``); otherwise the reduced
+    changes are cached and read twice (changes, SQL rows) and joined here.
     """
     spec = plan.spec
     spark = batch.sparkSession

@@ -12,7 +12,8 @@ Per micro-batch of the feed's input (``headwater_log`` rows):
    as an upsert (the source op ``c``/``u``/``r``), or a delete when the source row was
    deleted or no longer passes the SQL. For SQL that is projections and filters over
    ``source`` (the common case), :func:`paired_rows` does 2 and 3 in one pass instead:
-   each change with its own SQL row, no second read, no join (same events).
+   each change with its own SQL row, no second read, no join (same events); a feed query
+   plans it at its first micro-batch and reuses that plan for the others (:class:`OnePass`).
 
 Why deletes without state (decision): a key whose latest image fails the filter gets a
 delete (and a tombstone) whether or not it was in the feed before. Deleting an absent key
