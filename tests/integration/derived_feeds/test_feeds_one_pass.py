@@ -277,3 +277,49 @@ def test_feed_runs_write_the_same_records_in_one_pass_and_in_the_general_path(sp
     assert one == general
     assert len(quarantined[0]) == stats["one"]["dropped"]
     assert quarantined[0] == quarantined[1]
+
+
+def test_a_source_column_added_mid_stream_reaches_the_feed_from_the_next_query_on(spark, tmp_path):
+    """A plain feed's ``SELECT *`` across a new schema version of its source (as capture writes on a new Relation).
+
+    A streaming query's input columns are fixed when it starts, so the change takes effect at
+    the next query: its one pass is planned for the new columns (not the old query's plan), and
+    its events carry the new column (both paths alike: the transform-level test above).
+    """
+    feeds = {"one": {"from": TOPIC, "sql": "SELECT * FROM source WHERE balance >= 0", "key": ["id"]}}
+    path = tmp_path / "headwater.yaml"
+    body = {"project": "p", "home": str(tmp_path / "home"), "log": {"partitions": 2}, "feeds": feeds}
+    path.write_text(yaml.safe_dump(body))
+    config = load_config(path)
+    log = open_log(config)
+    try:
+        write_changes(log)
+        [(_, before)] = run_feeds(spark, config, log, ["one"], available_now=True, max_records_per_batch=200)
+        columns = [*COLUMNS, ("tier", 23, -1, False)]
+        described = [{"name": n, "type_oid": o, "typmod": t, "key": k} for n, o, t, k in columns]
+        schema = {"topic": TOPIC, "schema": "public", "table": "customers", "columns": described, "version": 2}
+        append_keyed(log, SCHEMAS_TOPIC, [Record(TOPIC.encode(), orjson.dumps(schema))])
+        changes = []
+        for i in range(120, 150):  # one change per key: each is its key's latest however the batches split
+            source = SourceInfo("s", "s", "public", "customers", i, i, 1_000 + i, 0, 1_700_000_000_000_000 + i)
+            after = {"id": i % 30, "name": f"N{i}", "country": "PT", "balance": f"{(i % 5) - 1}.00", "tier": i}
+            event = ChangeEvent(Op.UPDATE, source, None, after, 0)
+            changes.append(Record(encode_key({"id": i % 30}), encode_value(event)))
+        append_keyed(log, TOPIC, changes)
+        [(_, plan)] = run_feeds(spark, config, log, ["one"], available_now=True, max_records_per_batch=20)
+        records = feed_records(log, plan.spec.topic)
+    finally:
+        log.close()
+    assert "tier" not in before.output.fieldNames()
+    assert "tier" in plan.output.fieldNames()
+    assert plan.stats["batches"] >= 2
+    assert plan.stats["one_pass"] == plan.stats["batches"]
+    assert plan.one_pass.plans == 1
+    assert (plan.stats["upserts"], plan.stats["deletes"]) == (24, 6)  # balance -1 where i % 5 == 0
+    afters = [(orjson.loads(value) or {}).get("after") for _, _, value, _ in records]  # null: tombstones
+    new = {after["id"]: after for after in afters if after is not None and "tier" in after}
+    assert new == {
+        i % 30: {"id": i % 30, "name": f"N{i}", "country": "PT", "balance": f"{(i % 5) - 1}.00", "tier": i}
+        for i in range(120, 150)
+        if i % 5 != 0
+    }
