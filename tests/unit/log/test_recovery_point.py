@@ -13,24 +13,11 @@ import pytest
 
 from log import partition as partition_module
 from log.base import Record, TopicSpec
-from log.batch_codec import parse_header
 from log.errors import CorruptLogError
 from log.file_log import FileLog
 from log.recovery_point import RecoveryPoint, load_recovery_point, recovery_point_path
 from log.segment import list_segments
-
-
-def batch(i, n=5):
-    return [Record(b"k%d" % j, b"batch-%d-%d" % (i, j) * 3) for j in range(n)]
-
-
-def batch_positions(path):
-    data = path.read_bytes()
-    positions, pos = [], 0
-    while pos < len(data):
-        positions.append(pos)
-        pos += parse_header(data, pos).length
-    return positions
+from tests.unit.log.test_file_log_recovery import batch, batch_positions
 
 
 def partition_dir(root):
