@@ -244,6 +244,15 @@ def feed_records(log, topic: str) -> list:
     return sorted(out, key=repr)
 
 
+def feed_project(tmp_path, feeds):
+    """A project in ``tmp_path`` with these feeds over a 2-partition file log: its config and open log."""
+    path = tmp_path / "headwater.yaml"
+    body = {"project": "p", "home": str(tmp_path / "home"), "log": {"partitions": 2}, "feeds": feeds}
+    path.write_text(yaml.safe_dump(body))
+    config = load_config(path)
+    return config, open_log(config)
+
+
 def test_feed_runs_write_the_same_records_in_one_pass_and_in_the_general_path(spark, tmp_path):
     sql = "SELECT id, lower(name) AS name, country FROM source WHERE balance >= 0"
     expectation = {"expect": "expect_column_values_to_not_be_null", "column": "name", "action": "drop"}
@@ -251,11 +260,7 @@ def test_feed_runs_write_the_same_records_in_one_pass_and_in_the_general_path(sp
         "one": {"from": TOPIC, "sql": sql, "key": ["id"], "expectations": [expectation]},
         "general": {"from": TOPIC, "sql": f"{sql} ORDER BY id", "key": ["id"], "expectations": [expectation]},
     }
-    path = tmp_path / "headwater.yaml"
-    body = {"project": "p", "home": str(tmp_path / "home"), "log": {"partitions": 2}, "feeds": feeds}
-    path.write_text(yaml.safe_dump(body))
-    config = load_config(path)
-    log = open_log(config)
+    config, log = feed_project(tmp_path, feeds)
     try:
         write_changes(log)
         started = run_feeds(spark, config, log, ["one", "general"], available_now=True, max_records_per_batch=40)
@@ -287,11 +292,7 @@ def test_a_source_column_added_mid_stream_reaches_the_feed_from_the_next_query_o
     its events carry the new column (both paths alike: the transform-level test above).
     """
     feeds = {"one": {"from": TOPIC, "sql": "SELECT * FROM source WHERE balance >= 0", "key": ["id"]}}
-    path = tmp_path / "headwater.yaml"
-    body = {"project": "p", "home": str(tmp_path / "home"), "log": {"partitions": 2}, "feeds": feeds}
-    path.write_text(yaml.safe_dump(body))
-    config = load_config(path)
-    log = open_log(config)
+    config, log = feed_project(tmp_path, feeds)
     try:
         write_changes(log)
         [(_, before)] = run_feeds(spark, config, log, ["one"], available_now=True, max_records_per_batch=200)
