@@ -18,6 +18,13 @@ Per micro-batch ``b`` (its changed keys, from the state store's aggregation):
   that differ are written: changed rows as upserts, rows gone as deletes. What was
   emitted before ``b`` is by induction the SQL over the views before ``b``.
 
+Truncates (``enrichment_state`` keeps each topic's latest one): every image of a topic
+older than its latest truncate is gone. A lookup truncate empties that lookup view (the
+batch's later changes of that topic then apply) and is a lookup change like any other:
+every source row is run again, so rows an inner join loses get deletes and left-join rows
+get nulls. A source truncate passes through to the feed as a truncate event (as in plain
+feeds), and the source rows it took away are out of the state a later lookup change runs.
+
 The views before ``b`` are read from the state store as of committed batch ``b - 1``; the
 process keeps the lookup views of its last batch (checkpointed DataFrames) so a batch
 without lookup changes reads no state. Re-emitted rows carry the sequence of the lookup
@@ -41,7 +48,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from derived_feeds import event_schema as cols
-from derived_feeds.enrichment_state import CHANGES, state_tables
+from derived_feeds.enrichment_state import CHANGES, TRUNCATE_KEY, newer_than, state_tables
 from derived_feeds.feed_schema import JSON_OPTIONS
 from derived_feeds.feed_writer import BatchMarker
 from derived_feeds.transform import AFTER, IMAGE, KEY_JSON, META, SRC_KEY, apply_sql
@@ -59,7 +66,7 @@ _POSITION = (cols.SEQ, cols.COMMIT_LSN, cols.TXN_INDEX)
 
 @dataclass(frozen=True)
 class LookupTables:
-    """Each lookup view's rows (``__hw_src_key``, ``__hw_image``) as they are after micro-batch ``batch_id``."""
+    """Each lookup view's rows (``__hw_src_key``, ``__hw_image``, ``__hw_seq``) after micro-batch ``batch_id``."""
 
     batch_id: int
     frames: Mapping[str, DataFrame]
@@ -123,10 +130,18 @@ def _lookup_tables(spark: SparkSession, plan: FeedPlan, batch_id: int, prior: Ca
         return cached
     state = prior()
     frames = {
-        view: state.where(F.col(cols.TOPIC) == topic).select(SRC_KEY, IMAGE)
+        view: state.where(F.col(cols.TOPIC) == topic).select(SRC_KEY, IMAGE, cols.SEQ)
         for view, topic in plan.spec.lookup_topics.items()
     }
     return LookupTables(batch_id - 1, frames)
+
+
+def _not_truncated(truncated_at: Mapping[str, str | None]) -> Column:
+    """True for rows (with ``topic``) that none of the truncates ``truncated_at`` (topic -> ``__hw_seq``) took away."""
+    kept = F.lit(True)
+    for topic, seq in truncated_at.items():
+        kept = kept & ((F.col(cols.TOPIC) != topic) | newer_than(F.lit(seq).cast(StringType())))
+    return kept
 
 
 def _events(frame: DataFrame, op: Column, after: Column) -> DataFrame:
@@ -147,7 +162,24 @@ def process_enriched_batch(
     spark = batch.sparkSession
     spec, batch_id = plan.spec, marker.batch_id
     # Eager: the state store aggregation runs once per batch, whatever reads it after.
-    changes = batch.localCheckpoint()
+    batch_rows = batch.localCheckpoint()
+    lookup_topics = set(spec.lookup_topics.values())
+    is_truncate = F.col(SRC_KEY) == TRUNCATE_KEY
+    summary = (  # per topic: its newest position (a lookup's truncate counts as a change of it), its truncate
+        batch_rows.where(F.col(cols.TOPIC).isin(*lookup_topics) | is_truncate)
+        .groupBy(cols.TOPIC)
+        .agg(
+            F.max(F.struct(*[F.col(c) for c in _POSITION])).alias("position"),
+            F.max(F.when(is_truncate, F.struct(cols.SEQ))).alias("truncate"),
+        )
+        .collect()
+    )
+    positions = {row[cols.TOPIC]: row["position"] for row in summary if row[cols.TOPIC] in lookup_topics}
+    # This batch's truncates are each topic's latest: the images before them are gone. The state
+    # read back (prior) has the earlier truncates applied already (``state_tables``).
+    truncated_at = {row[cols.TOPIC]: row["truncate"][cols.SEQ] for row in summary if row["truncate"] is not None}
+    not_truncated = _not_truncated(truncated_at)
+    changes = batch_rows.where(~is_truncate & not_truncated)
     table_schema = StructType(
         [StructField(cols.TOPIC, StringType()), StructField(SRC_KEY, StringType()), changes.schema[IMAGE]]
         + [changes.schema[name] for name in (cols.OP, *META)]
@@ -159,21 +191,18 @@ def process_enriched_batch(
             prior_rows.append(_prior_state(spark, plan, batch_id, table_schema))
         return prior_rows[0]
 
+    def prior_kept() -> DataFrame:  # the state before this batch without what its truncates took away
+        return prior().where(not_truncated) if truncated_at else prior()
+
     before = _lookup_tables(spark, plan, batch_id, prior)
-    lookup_topics = set(spec.lookup_topics.values())
-    newest = (
-        changes.where(F.col(cols.TOPIC).isin(*lookup_topics))
-        .groupBy(cols.TOPIC)
-        .agg(F.max(F.struct(*[F.col(c) for c in _POSITION])).alias("position"))
-        .collect()
-    )
-    positions = {row[cols.TOPIC]: row["position"] for row in newest}
     after_frames = dict(before.frames)
     for view, topic in spec.lookup_topics.items():
         if topic in positions:
             changed = changes.where(F.col(cols.TOPIC) == topic)
             kept = before.frames[view].join(changed.select(SRC_KEY), on=SRC_KEY, how="left_anti")
-            current = changed.where(F.col(cols.OP) != Op.DELETE.value).select(SRC_KEY, IMAGE)
+            if topic in truncated_at:
+                kept = kept.where(newer_than(F.lit(truncated_at[topic]).cast(StringType())))
+            current = changed.where(F.col(cols.OP) != Op.DELETE.value).select(SRC_KEY, IMAGE, cols.SEQ)
             after_frames[view] = kept.unionByName(current).localCheckpoint()
     trigger: Column | None = None
     for newest_position in positions.values():
@@ -200,7 +229,7 @@ def process_enriched_batch(
 
     if trigger is not None:  # every other source key, before vs after the lookup changes
         rest = (
-            prior()
+            prior_kept()
             .where(F.col(cols.TOPIC) == spec.source_topic)
             .join(source_changes.select(SRC_KEY), on=SRC_KEY, how="left_anti")
             .withColumn(KEY_JSON, _source_key_json(plan))
@@ -217,6 +246,12 @@ def process_enriched_batch(
         # A lookup change re-emits with its (newer) sequence.
         position = F.greatest(F.struct(*[F.col(c) for c in _POSITION]), trigger)
         events = events.withColumns({name: position[name] for name in _POSITION})
+
+    # A source truncate passes through with its own position (the rows after it are newer).
+    if spec.source_topic in truncated_at:
+        source_truncate = batch_rows.where(is_truncate & (F.col(cols.TOPIC) == spec.source_topic))
+        no_key = source_truncate.withColumn(KEY_JSON, F.lit(None).cast(StringType()))
+        events = events.unionByName(_events(no_key, F.col(cols.OP), no_row))
 
     write(plan, log, events, marker)
     key = _cache_key(spark, plan)

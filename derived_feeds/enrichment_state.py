@@ -17,7 +17,16 @@ Why an aggregation and not ``transformWithStateInPandas`` (measured, pyspark 4.3
 load 12-17): the Python processor makes state calls per key over a socket, 5,000 keys took
 20 s per micro-batch (``applyInPandasWithState`` 37-49 s); the aggregation runs in the JVM,
 20,000 keys took 1.7-4.3 s. Deleted keys stay in the state with op ``d`` (an aggregation
-cannot drop a key); rows without a key (keyless tables, truncates) are left out.
+cannot drop a key); rows of keyless tables are left out.
+
+Truncates (keyless ``t`` events) count: each topic's latest truncate is one more grouping
+row of the same aggregation, under the reserved key :data:`TRUNCATE_KEY`, so it is kept,
+checkpointed and restored with the rows. Every image of a topic older than that topic's
+latest truncate (by ``__hw_seq``, the order of ``max_by``) is gone: :func:`without_truncated`
+applies the rule to the state read back, and the enrichment applies it to each
+micro-batch. A checkpoint written before truncates were kept has no such row (its state
+schema is the same), so it resumes as it is; truncates it consumed before stay ignored
+(``headwater reprocess`` rebuilds the feed with them).
 
 The state keeps each row image as JSON text, not as a STRUCT of the topics' columns: Spark
 refuses to resume a state whose value schema changed, and a captured table gaining,
@@ -62,6 +71,10 @@ STATE_STORE_CONF = {
 #: How many changes the key has had since the feed started (1 with op ``c``/``r``: never in the feed before).
 CHANGES = "__hw_changes"
 _LATEST = "__hw_latest"
+#: The grouping key of a topic's latest truncate (a row key is a JSON object, never starting with NUL).
+TRUNCATE_KEY = "\u0000truncate"
+_TRUNCATED = "__hw_truncated"
+_TRUNCATED_AT = "__hw_truncated_at"
 #: The row image in the state, as JSON text (see the module docstring).
 _IMAGE_JSON = "__hw_image_json"
 #: Lossless both ways for the types a row image holds (microsecond timestamps, NaN/Infinity, base64 bytes).
@@ -97,16 +110,19 @@ def latest_per_key(events: DataFrame) -> DataFrame:
 
     Columns: ``topic``, ``__hw_src_key``, ``op``, ``__hw_image`` (``after``, ``before`` for a
     delete), META, ``__hw_changes``. Order is the source order ``(__hw_seq, partition, offset)``,
-    as :func:`derived_feeds.transform.latest_changes`.
+    as :func:`derived_feeds.transform.latest_changes`. A topic's latest truncate is the row
+    with key :data:`TRUNCATE_KEY` (op ``t``, null image).
     """
     image_type = events.schema[cols.AFTER].dataType
     assert isinstance(image_type, StructType), "enriched topics are typed (checked by plan_feed)"
     image = F.when(F.col(cols.OP) == Op.DELETE.value, F.col(cols.BEFORE)).otherwise(F.col(cols.AFTER))
-    rows = events.where(F.col(cols.OP).isin(*ROW_OPS) & F.col(cols.KEY).isNotNull())
+    is_truncate = F.col(cols.OP) == Op.TRUNCATE.value
+    rows = events.where((F.col(cols.OP).isin(*ROW_OPS) & F.col(cols.KEY).isNotNull()) | is_truncate)
+    key = F.when(is_truncate, F.lit(TRUNCATE_KEY)).otherwise(F.col(cols.KEY))
     order = F.struct(F.col(cols.SEQ), F.col(cols.PARTITION), F.col(cols.OFFSET))
     latest = F.max_by(F.struct(cols.OP, F.to_json(image, _STATE_JSON).alias(_IMAGE_JSON), *META), order)
     return (
-        rows.groupBy(F.col(cols.TOPIC), F.col(cols.KEY).alias(SRC_KEY))
+        rows.groupBy(F.col(cols.TOPIC), key.alias(SRC_KEY))
         .agg(latest.alias(_LATEST), F.count(F.lit(1)).alias(CHANGES))
         .select(
             cols.TOPIC,
@@ -117,6 +133,28 @@ def latest_per_key(events: DataFrame) -> DataFrame:
             CHANGES,
         )
     )
+
+
+def newer_than(truncated_at: Column) -> Column:
+    """Whether a row's image (its ``__hw_seq``) is newer than a truncate at ``truncated_at`` (never null).
+
+    A null sequence sorts before every other, as in :func:`latest_per_key`'s order.
+    """
+    seq = F.col(cols.SEQ)
+    return F.coalesce(seq > truncated_at, truncated_at.isNull() & seq.isNotNull())
+
+
+def without_truncated(state: DataFrame) -> DataFrame:
+    """``state``'s rows (:func:`latest_per_key`'s columns) that no truncate took away; the truncate rows left out.
+
+    A row is gone when its topic has a truncate row in ``state`` newer than its image.
+    """
+    marks = state.where(F.col(SRC_KEY) == TRUNCATE_KEY).select(
+        F.col(cols.TOPIC), F.col(cols.SEQ).alias(_TRUNCATED_AT), F.lit(True).alias(_TRUNCATED)
+    )
+    rows = state.where(F.col(SRC_KEY) != TRUNCATE_KEY)
+    kept = F.col(_TRUNCATED).isNull() | newer_than(F.col(_TRUNCATED_AT))
+    return rows.join(F.broadcast(marks), on=cols.TOPIC, how="left").where(kept).select(*state.columns)
 
 
 def _parsed(image_json: Column, image_type: StructType) -> Column:
@@ -149,9 +187,11 @@ def _session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[Non
 
 
 def state_tables(spark: SparkSession, checkpoint: Path, batch_id: int, image_type: StructType) -> DataFrame:
-    """The state after committed micro-batch ``batch_id``, in :func:`latest_per_key`'s columns.
+    """The state after committed micro-batch ``batch_id``, in :func:`latest_per_key`'s columns, truncates applied.
 
-    ``image_type``: the running query's row type (the images are parsed with it).
+    ``image_type``: the running query's row type (the images are parsed with it). Rows a
+    later truncate of their topic took away and the truncate rows are left out
+    (:func:`without_truncated`).
 
     The operator's key is the grouping ``(topic, key)``, its value the aggregation buffer:
     ``max_by``'s (value, ordering) and ``count``. Both are read by position, so Spark's
@@ -161,7 +201,7 @@ def state_tables(spark: SparkSession, checkpoint: Path, batch_id: int, image_typ
     keys = state.schema["key"].dataType.fieldNames()  # type: ignore[attr-defined]
     values = state.schema["value"].dataType.fieldNames()  # type: ignore[attr-defined]
     latest, count = F.col("value")[values[0]], F.col("value")[values[-1]]
-    return state.select(
+    rows = state.select(
         F.col("key")[keys[0]].alias(cols.TOPIC),
         F.col("key")[keys[1]].alias(SRC_KEY),
         latest[cols.OP].alias(cols.OP),
@@ -169,3 +209,4 @@ def state_tables(spark: SparkSession, checkpoint: Path, batch_id: int, image_typ
         *[latest[name].alias(name) for name in META],
         count.alias(CHANGES),
     )
+    return without_truncated(rows)
