@@ -48,7 +48,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from derived_feeds import event_schema as cols
-from derived_feeds.enrichment_state import CHANGES, TRUNCATE_KEY, newer_than, state_tables
+from derived_feeds.enrichment_state import CHANGES, TRUNCATE_KEY, newer_than, not_truncated, state_tables
 from derived_feeds.feed_schema import JSON_OPTIONS
 from derived_feeds.feed_writer import BatchMarker
 from derived_feeds.transform import AFTER, IMAGE, KEY_JSON, META, SRC_KEY, apply_sql
@@ -114,13 +114,13 @@ def _output_rows(output: DataFrame, plan: FeedPlan) -> DataFrame:
 
 
 def _prior_state(spark: SparkSession, plan: FeedPlan, batch_id: int, schema: StructType) -> DataFrame:
-    """Rows not deleted after batch ``batch_id - 1`` (empty before the first batch)."""
+    """Rows not deleted after batch ``batch_id - 1`` (empty before the first batch; ``state_tables`` is eager)."""
     if batch_id == 0:
         return spark.createDataFrame([], schema)
     image_type = schema[IMAGE].dataType
     assert isinstance(image_type, StructType)
     state = state_tables(spark, plan.spec.checkpoint / "spark", batch_id - 1, image_type)
-    return state.where(F.col(cols.OP) != Op.DELETE.value).select(*schema.fieldNames()).localCheckpoint()
+    return state.where(F.col(cols.OP) != Op.DELETE.value).select(*schema.fieldNames())
 
 
 def _lookup_tables(spark: SparkSession, plan: FeedPlan, batch_id: int, prior: Callable[[], DataFrame]) -> LookupTables:
@@ -134,14 +134,6 @@ def _lookup_tables(spark: SparkSession, plan: FeedPlan, batch_id: int, prior: Ca
         for view, topic in plan.spec.lookup_topics.items()
     }
     return LookupTables(batch_id - 1, frames)
-
-
-def _not_truncated(truncated_at: Mapping[str, str | None]) -> Column:
-    """True for rows (with ``topic``) that none of the truncates ``truncated_at`` (topic -> ``__hw_seq``) took away."""
-    kept = F.lit(True)
-    for topic, seq in truncated_at.items():
-        kept = kept & ((F.col(cols.TOPIC) != topic) | newer_than(F.lit(seq).cast(StringType())))
-    return kept
 
 
 def _events(frame: DataFrame, op: Column, after: Column) -> DataFrame:
@@ -178,8 +170,8 @@ def process_enriched_batch(
     # This batch's truncates are each topic's latest: the images before them are gone. The state
     # read back (prior) has the earlier truncates applied already (``state_tables``).
     truncated_at = {row[cols.TOPIC]: row["truncate"][cols.SEQ] for row in summary if row["truncate"] is not None}
-    not_truncated = _not_truncated(truncated_at)
-    changes = batch_rows.where(~is_truncate & not_truncated)
+    survives = not_truncated(truncated_at)
+    changes = batch_rows.where(~is_truncate & survives)
     table_schema = StructType(
         [StructField(cols.TOPIC, StringType()), StructField(SRC_KEY, StringType()), changes.schema[IMAGE]]
         + [changes.schema[name] for name in (cols.OP, *META)]
@@ -192,7 +184,7 @@ def process_enriched_batch(
         return prior_rows[0]
 
     def prior_kept() -> DataFrame:  # the state before this batch without what its truncates took away
-        return prior().where(not_truncated) if truncated_at else prior()
+        return prior().where(survives) if truncated_at else prior()
 
     before = _lookup_tables(spark, plan, batch_id, prior)
     after_frames = dict(before.frames)

@@ -40,12 +40,12 @@ Checkpoints written while the state kept STRUCT images are refused with one line
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StringType, StructType
 
 from derived_feeds import event_schema as cols
 from derived_feeds.errors import DerivedFeedsError
@@ -73,8 +73,6 @@ CHANGES = "__hw_changes"
 _LATEST = "__hw_latest"
 #: The grouping key of a topic's latest truncate (a row key is a JSON object, never starting with NUL).
 TRUNCATE_KEY = "\u0000truncate"
-_TRUNCATED = "__hw_truncated"
-_TRUNCATED_AT = "__hw_truncated_at"
 #: The row image in the state, as JSON text (see the module docstring).
 _IMAGE_JSON = "__hw_image_json"
 #: Lossless both ways for the types a row image holds (microsecond timestamps, NaN/Infinity, base64 bytes).
@@ -144,17 +142,23 @@ def newer_than(truncated_at: Column) -> Column:
     return F.coalesce(seq > truncated_at, truncated_at.isNull() & seq.isNotNull())
 
 
+def not_truncated(truncated_at: Mapping[str, str | None]) -> Column:
+    """True for rows (with ``topic``) that none of the truncates ``truncated_at`` (topic -> ``__hw_seq``) took away."""
+    kept = F.lit(True)
+    for topic, seq in truncated_at.items():
+        kept = kept & ((F.col(cols.TOPIC) != topic) | newer_than(F.lit(seq).cast(StringType())))
+    return kept
+
+
 def without_truncated(state: DataFrame) -> DataFrame:
     """``state``'s rows (:func:`latest_per_key`'s columns) that no truncate took away; the truncate rows left out.
 
     A row is gone when its topic has a truncate row in ``state`` newer than its image.
+    ``state`` is read twice (its few truncate rows first), so pass a checkpointed frame.
     """
-    marks = state.where(F.col(SRC_KEY) == TRUNCATE_KEY).select(
-        F.col(cols.TOPIC), F.col(cols.SEQ).alias(_TRUNCATED_AT), F.lit(True).alias(_TRUNCATED)
-    )
-    rows = state.where(F.col(SRC_KEY) != TRUNCATE_KEY)
-    kept = F.col(_TRUNCATED).isNull() | newer_than(F.col(_TRUNCATED_AT))
-    return rows.join(F.broadcast(marks), on=cols.TOPIC, how="left").where(kept).select(*state.columns)
+    truncate_rows = state.where(F.col(SRC_KEY) == TRUNCATE_KEY).select(cols.TOPIC, cols.SEQ).collect()
+    truncated_at = {row[cols.TOPIC]: row[cols.SEQ] for row in truncate_rows}
+    return state.where((F.col(SRC_KEY) != TRUNCATE_KEY) & not_truncated(truncated_at))
 
 
 def _parsed(image_json: Column, image_type: StructType) -> Column:
@@ -191,7 +195,7 @@ def state_tables(spark: SparkSession, checkpoint: Path, batch_id: int, image_typ
 
     ``image_type``: the running query's row type (the images are parsed with it). Rows a
     later truncate of their topic took away and the truncate rows are left out
-    (:func:`without_truncated`).
+    (:func:`without_truncated`). Eager: the state is read once, into a local checkpoint.
 
     The operator's key is the grouping ``(topic, key)``, its value the aggregation buffer:
     ``max_by``'s (value, ordering) and ``count``. Both are read by position, so Spark's
@@ -209,4 +213,4 @@ def state_tables(spark: SparkSession, checkpoint: Path, batch_id: int, image_typ
         *[latest[name].alias(name) for name in META],
         count.alias(CHANGES),
     )
-    return without_truncated(rows)
+    return without_truncated(rows.localCheckpoint())
