@@ -23,7 +23,11 @@ older than its latest truncate is gone. A lookup truncate empties that lookup vi
 batch's later changes of that topic then apply) and is a lookup change like any other:
 every source row is run again, so rows an inner join loses get deletes and left-join rows
 get nulls. A source truncate passes through to the feed as a truncate event (as in plain
-feeds), and the source rows it took away are out of the state a later lookup change runs.
+feeds), and the source rows it took away are out of the state a later lookup change runs;
+changes of the batch older than it make no event (the truncate event covers them). Images
+are compared with the truncate by ``__hw_seq``, whichever batch they came in, except that
+a change is taken to be newer than the truncates of earlier batches (capture appends each
+topic in source order).
 
 The views before ``b`` are read from the state store as of committed batch ``b - 1``; the
 process keeps the lookup views of its last batch (checkpointed DataFrames) so a batch
@@ -34,8 +38,9 @@ sequences to compare). A replayed batch recomputes the same result from the stat
 ``b - 1``; the append is idempotent anyway (``feed_writer``).
 
 Cost: a batch of source changes only is O(changes) in the state store plus the SQL's join
-with the lookup views; a lookup change costs a pass over the source state (twice the SQL).
-The SQL must be deterministic, one row per source row (as for plain feeds).
+with the lookup views; a lookup change (a lookup truncate too) costs a pass over the source
+state (twice the SQL). The SQL must be deterministic, one row per source row (as for plain
+feeds).
 """
 
 from __future__ import annotations
