@@ -5,13 +5,15 @@ from __future__ import annotations
 import random
 import threading
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import orjson
 import psycopg
 
 from capture.agent import CaptureAgent, primary_key_lookup, relation_from_catalog, typemap_decoders
-from capture.incremental_snapshot import IncrementalSnapshotter, request_incremental_snapshot
+from capture.incremental_snapshot import WINDOW_CLOSE_PREFIX, IncrementalSnapshotter, request_incremental_snapshot
 from headwater.cli import main
 from headwater.config import LogConfig, SourceConfig
 from log.file_log import FileLog
@@ -30,12 +32,49 @@ def create_source(pg_server, name: str) -> str:
     return dsn
 
 
-def agent_for(dsn: str, name: str, log: FileLog, home: Path, *, chunk_rows: int = 100) -> CaptureAgent:
+class WindowWriter(IncrementalSnapshotter):
+    """The real snapshotter, plus one committed upsert of a key of each chunk inside its window.
+
+    Just before the HIGH watermark is written (the chunk is read, the window open), another
+    connection upserts the chunk's first key that exists then. That change reaches the
+    stream inside the window, so the chunk's row for it must be dropped: the random writer
+    alone left no change inside any window in 1 of ~20 CI runs under load.
+    """
+
+    def __init__(self, *args: Any, dsn: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dsn = dsn
+
+    def _read_chunk(self, conn: psycopg.Connection[Any], builder: Any, progress: Any, schemas: Any) -> Any:
+        execute = conn.execute
+
+        def before_close(query: Any, params: Any = None, **kwargs: Any) -> Any:
+            if params and params[0] == WINDOW_CLOSE_PREFIX:
+                after = int(progress.last_key[0]) if progress.last_key else 0
+                with psycopg.connect(self.dsn, autocommit=True) as side:
+                    side.execute(
+                        "INSERT INTO items SELECT id, 'in window', 2 FROM items WHERE id > %s ORDER BY id LIMIT 1 "
+                        "ON CONFLICT (id) DO UPDATE SET label = excluded.label",
+                        (after,),
+                    )
+            return execute(query, params, **kwargs)
+
+        conn.execute = before_close  # type: ignore[method-assign]
+        try:
+            return super()._read_chunk(conn, builder, progress, schemas)
+        finally:
+            del conn.execute
+
+
+def agent_for(
+    dsn: str, name: str, log: FileLog, home: Path, *, chunk_rows: int = 100, write_in_windows: bool = False
+) -> CaptureAgent:
     source = SourceConfig(dsn=dsn, tables=("public.items",), snapshot="never", heartbeat_interval_s=0.2)
     agent = CaptureAgent(
         name, source, log, LogConfig(partitions=3), typemap_decoders(source.types), state_dir=home / "capture" / name
     )
-    agent.incremental = IncrementalSnapshotter(
+    snapshotter = partial(WindowWriter, dsn=dsn) if write_in_windows else IncrementalSnapshotter
+    agent.incremental = snapshotter(
         agent.state_dir,
         agent.publication,
         relation_from_catalog=relation_from_catalog,
@@ -133,7 +172,7 @@ def test_incremental_snapshot_while_writes_go_on(pg_server, unique_name, tmp_pat
     log = FileLog(tmp_path / "log")
     agent_for(dsn, name, log, tmp_path).run(until_caught_up=True)  # slot, no snapshot ("never")
 
-    agent = agent_for(dsn, name, log, tmp_path)
+    agent = agent_for(dsn, name, log, tmp_path, write_in_windows=True)
     errors: list[BaseException] = []
 
     def run_agent() -> None:
