@@ -39,8 +39,8 @@ def append_and_close(root, batches, first=0, **options):
             log.append("t", 0, batch(i))
 
 
-def append_and_die(root, batches, first=0, *, interval=None, **options):
-    """Append in a child process that then dies without closing the log."""
+def die_after_appending(root, record_batches, *, interval=None, **options):
+    """Append ``record_batches`` to t/0 in a child process that then dies without closing the log."""
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -48,13 +48,17 @@ def append_and_die(root, batches, first=0, *, interval=None, **options):
             if interval is not None:
                 partition_module.RECOVERY_POINT_INTERVAL_S = interval
             log = FileLog(root, **options)
-            for i in range(first, first + batches):
-                log.append("t", 0, batch(i))
+            for records in record_batches:
+                log.append("t", 0, records)
             code = 0
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def append_and_die(root, batches, first=0, *, interval=None, **options):
+    die_after_appending(root, [batch(i) for i in range(first, first + batches)], interval=interval, **options)
 
 
 def offsets(root):

@@ -19,13 +19,13 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from log import partition as partition_module
 from log.base import Record, TopicSpec
 from log.batch_codec import parse_header
 from log.errors import CorruptLogError
 from log.file_log import FileLog
 from log.recovery_point import load_recovery_point
 from log.segment import list_segments
+from tests.unit.log.test_recovery_point import die_after_appending
 
 batches_strategy = st.lists(
     st.lists(st.integers(min_value=0, max_value=1500), min_size=1, max_size=4),  # value sizes of a batch
@@ -39,19 +39,8 @@ def make_batch(number, sizes):
 
 
 def append_and_die(root, batches, first):
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            partition_module.RECOVERY_POINT_INTERVAL_S = 1e9  # dies before its point moves
-            log = FileLog(root, compression="none")
-            for number, sizes in enumerate(batches, start=first):
-                log.append("t", 0, make_batch(number, sizes))
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    records = [make_batch(number, sizes) for number, sizes in enumerate(batches, start=first)]
+    die_after_appending(root, records, interval=1e9, compression="none")  # dies before its point moves
 
 
 def boundaries(data):
