@@ -79,6 +79,7 @@ from log.file_log import FileLog
 from log.partitioner import partition_for
 from log.sequence import Lsn
 from log.sequence import Sequence as Seq
+from log.table_schemas import latest_schemas, schema_key
 
 logger = logging.getLogger(__name__)
 
@@ -317,11 +318,12 @@ class CaptureAgent:
                 self._make_decoder_factory(sql_conn),
                 excluded_columns=self.source.columns.exclude,
                 primary_key=primary_key_lookup(sql_conn),
+                configured_keys=self.source.keys,
                 previous_image=self._previous_image,
             )
+            self._seed_schemas(builder, sql_conn)
         except psycopg.OperationalError as exc:
             raise ReplicationLostError.from_psycopg(exc, slot=self.slot, dsn=self._dsn) from None
-        self._seed_schemas(builder)
         return builder
 
     def _stream(
@@ -957,20 +959,26 @@ class CaptureAgent:
         prefix = f"{self.name}."
         return [t for t in self.log.list_topics() if t.startswith(prefix)]
 
-    def _seed_schemas(self, builder: EventBuilder) -> None:
-        if SCHEMAS_TOPIC not in self.log.list_topics():
-            return
-        latest: dict[str, bytes] = {}
-        for partition in range(self._partitions(SCHEMAS_TOPIC)):
-            offset = self.log.beginning_offset(SCHEMAS_TOPIC, partition)
-            while records := self.log.read(SCHEMAS_TOPIC, partition, offset):
-                for record in records:
-                    if record.key is not None and record.value is not None:
-                        latest[record.key.decode()] = record.value
-                offset = records[-1].offset + 1
-        for topic, value in latest.items():
-            if topic.startswith(f"{self.name}."):
-                builder.known_schema(topic, value, int(orjson.loads(value)["version"]))
+    def _seed_schemas(self, builder: EventBuilder, sql_conn: psycopg.Connection[Any]) -> None:
+        """Seed the builder with the schemas already published; re-record those without a key.
+
+        Schema records written before keys were recorded do not say the key of a REPLICA
+        IDENTITY FULL table (:func:`log.table_schemas.schema_key`): each such table's schema
+        is recorded again now, from the catalog, so loads find its key without waiting for
+        its next change.
+        """
+        for topic, value in latest_schemas(self.log, prefix=f"{self.name}.").items():
+            builder.known_schema(topic, value)
+            if schema_key(value) is not None:
+                continue
+            qualified = ".".join(sql.Identifier(part).as_string(sql_conn) for part in (value["schema"], value["table"]))
+            try:
+                relation = relation_from_catalog(sql_conn, qualified)
+            except (ValueError, psycopg.errors.UndefinedTable):
+                continue  # the table is gone: its topic keeps the old record
+            record = builder.relation(relation)
+            if record is not None:
+                self._pending_schemas.append(record)
 
     def _connect_sql(self) -> psycopg.Connection[Any]:
         try:

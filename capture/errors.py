@@ -9,7 +9,7 @@ libpq (which may quote the connection string it failed to parse) passes through
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from urllib.parse import unquote, urlsplit
 
 from headwater.config import redact_dsn
@@ -135,3 +135,24 @@ class ConfirmationRequiredError(CaptureError, PermanentError):
 
 class CancelledError(CaptureError, PermanentError):
     """The operator declined the confirmation; nothing was changed."""
+
+
+class ConfiguredKeyError(CaptureError, PermanentError):
+    """A key in ``sources.<name>.keys`` that capture cannot give every change of its table."""
+
+    def __init__(self, source: str, table: str, problem: str) -> None:
+        super().__init__(f"sources.{source}.keys.{table}: {problem}")
+        self.source = source
+        self.table = table
+
+
+class KeyColumnExcludedError(CaptureError, PermanentError):
+    """A key column listed in ``columns.exclude``: the records would lose their key."""
+
+    def __init__(self, source: str, table: str, columns: Sequence[str]) -> None:
+        super().__init__(
+            f"sources.{source}.columns.exclude: {', '.join(f'{table}.{c}' for c in columns)} is part of the key "
+            f"of {table}; remove it from columns.exclude or give the table another key in sources.{source}.keys"
+        )
+        self.source = source
+        self.table = table

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import orjson
 
+from capture.errors import ConfiguredKeyError, KeyColumnExcludedError
 from capture.pgoutput import (
     UNCHANGED_TOAST,
     Delete,
@@ -221,6 +222,7 @@ class EventBuilder:
         excluded_columns: Sequence[str] = (),
         previous_image: PreviousImage | None = None,
         primary_key: PrimaryKeyLookup | None = None,
+        configured_keys: Mapping[str, Sequence[str]] | None = None,
         image_cache_size: int = 100_000,
         schema_versions: Mapping[str, int] | None = None,
         use_native: bool = True,
@@ -232,6 +234,7 @@ class EventBuilder:
         self._excluded = set(excluded_columns)
         self._previous_image = previous_image
         self._primary_key = primary_key
+        self._configured_keys = dict(configured_keys or {})
         self._use_native = use_native
         self._tables: dict[int, _Table] = {}
         self._schema_versions = dict(schema_versions or {})
@@ -247,10 +250,10 @@ class EventBuilder:
         self._old_images: dict[bytes, bytes] = {}
         self._images_half = image_cache_size // 2
 
-    def known_schema(self, topic: str, value: bytes, version: int) -> None:
+    def known_schema(self, topic: str, value: Mapping[str, Any]) -> None:
         """Seed the last published schema of ``topic`` (read back from ``_headwater.schemas``)."""
         self._schemas_seen[topic] = _schema_fingerprint(value)
-        self._schema_versions[topic] = version
+        self._schema_versions[topic] = int(value["version"])
 
     def relation(self, relation: Relation) -> SchemaRecord | None:
         """Cache a Relation; return a schema record when the table's shape changed."""
@@ -258,14 +261,15 @@ class EventBuilder:
         qualified = f"{relation.namespace}.{relation.name}"
         names = [column.name for column in relation.columns]
         keep = [i for i, name in enumerate(names) if f"{qualified}.{name}" not in self._excluded]
-        key_positions = self._key_positions(relation, keep)
+        key_positions, key_source = self._key_positions(relation, keep)
         version = self._schema_versions.get(topic, 0)
         columns = [
             {
                 "name": relation.columns[i].name,
                 "type_oid": relation.columns[i].type_oid,
                 "typmod": relation.columns[i].atttypmod,
-                "key": relation.columns[i].key,
+                # The record key, not pgoutput's replica-identity flag (every column under FULL).
+                "key": i in key_positions,
             }
             for i in keep
         ]
@@ -274,6 +278,8 @@ class EventBuilder:
             "schema": relation.namespace,
             "table": relation.name,
             "replica_identity": relation.replica_identity.value,
+            "key": [names[i] for i in key_positions],
+            "key_source": key_source,
             "columns": columns,
         }
         fingerprint = orjson.dumps(body)
@@ -305,15 +311,39 @@ class EventBuilder:
             return None
         return SchemaRecord(topic, orjson.dumps({**body, "version": version}))
 
-    def _key_positions(self, relation: Relation, keep: list[int]) -> list[int]:
-        # pgoutput flags replica-identity columns: with REPLICA IDENTITY FULL that is every
-        # column, but the record key is the primary key (as Debezium's), or none at all.
-        if relation.replica_identity == ReplicaIdentity.FULL:
-            names = self._primary_key(relation) if self._primary_key else None
-            if not names:
-                return []
-            return [i for i, column in enumerate(relation.columns) if column.name in names and i in keep]
-        return [i for i, column in enumerate(relation.columns) if column.key and i in keep]
+    def _key_positions(self, relation: Relation, keep: list[int]) -> tuple[list[int], str]:
+        """The record key's column positions (in column order) and where the key comes from.
+
+        The one rule for a table's key: the configured key (``sources.<name>.keys``), else the
+        primary key, else (REPLICA IDENTITY USING INDEX) the identity index. pgoutput flags the
+        replica-identity columns, which under FULL is every column: never the key by itself.
+        A key must be carried by every change: under DEFAULT and USING INDEX an update sends
+        the old key and a delete sends only the identity columns, so a configured key must be
+        among them (FULL sends whole rows). The primary key is not used under USING INDEX when
+        the index does not cover it: an update that changes only the primary key sends no old
+        key there, so keying by it would leave the old row behind.
+        """
+        qualified = f"{relation.namespace}.{relation.name}"
+        names = [column.name for column in relation.columns]
+        identity = [i for i, column in enumerate(relation.columns) if column.key]
+        configured = self._configured_keys.get(qualified)
+        if configured is not None:
+            positions = _configured_positions(self._source, qualified, relation, configured, identity)
+            source = "configured"
+        elif relation.replica_identity == ReplicaIdentity.FULL:
+            primary = self._primary_key(relation) if self._primary_key else None
+            positions = [i for i, name in enumerate(names) if primary and name in primary]
+            source = "primary_key" if positions else "none"
+        elif relation.replica_identity in (ReplicaIdentity.DEFAULT, ReplicaIdentity.INDEX):
+            positions = identity
+            default = relation.replica_identity == ReplicaIdentity.DEFAULT
+            source = ("primary_key" if default else "replica_identity_index") if positions else "none"
+        else:
+            positions, source = [], "none"
+        dropped = [names[i] for i in positions if i not in keep]
+        if dropped:
+            raise KeyColumnExcludedError(self._source, qualified, dropped)
+        return positions, source
 
     def build(self, txn: Transaction) -> tuple[list[OutRecord], list[SchemaRecord]]:
         """Events (with tombstones) and schema changes of one committed transaction, in order."""
@@ -742,7 +772,25 @@ def _dumps_kept(value: Any) -> bytes:
     return bytes(memoryview(orjson.dumps(value)))
 
 
-def _schema_fingerprint(value: bytes) -> bytes:
-    body = orjson.loads(value)
-    body.pop("version", None)
-    return orjson.dumps(body)
+def _schema_fingerprint(value: Mapping[str, Any]) -> bytes:
+    return orjson.dumps({name: part for name, part in value.items() if name != "version"})
+
+
+def _configured_positions(
+    source: str, qualified: str, relation: Relation, configured: Sequence[str], identity: list[int]
+) -> list[int]:
+    names = [column.name for column in relation.columns]
+    unknown = [name for name in configured if name not in names]
+    if unknown:
+        raise ConfiguredKeyError(source, qualified, f"has no column {unknown[0]!r}")
+    positions = sorted(names.index(name) for name in configured)
+    if relation.replica_identity != ReplicaIdentity.FULL and not set(positions) <= set(identity):
+        missing = next(names[i] for i in positions if i not in identity)
+        kind = "DEFAULT" if relation.replica_identity == ReplicaIdentity.DEFAULT else "USING INDEX"
+        raise ConfiguredKeyError(
+            source,
+            qualified,
+            f"column {missing!r} is not sent with deletes under REPLICA IDENTITY {kind}; "
+            f"run 'ALTER TABLE {qualified} REPLICA IDENTITY FULL' or key the table by its replica identity",
+        )
+    return positions

@@ -53,6 +53,7 @@ from derived_feeds.transform import (
 from headwater.config import ProjectConfig
 from headwater.errors import HeadwaterError
 from log.base import SCHEMAS_TOPIC, Log, Record, TopicSpec, append_keyed
+from log.table_schemas import read_schema_records, schema_key
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -133,11 +134,9 @@ def _unique_key(log: Log, spec: FeedSpec) -> bool:
 
     Then the latest changes of a batch (one per source key) have distinct feed keys.
     """
-    from derived_feeds.log_source import read_schema_records
-
     versions = read_schema_records(log, [spec.source_topic]).get(spec.source_topic, [])
-    keys = [{c["name"] for c in record.get("columns", []) if c.get("key")} for record in versions]
-    return bool(keys) and all(key and key <= set(spec.key) for key in keys)
+    keys = [schema_key(record) for record in versions]
+    return bool(keys) and all(key and set(key) <= set(spec.key) for key in keys)
 
 
 def _create_topics(config: ProjectConfig, log: Log, spec: FeedSpec) -> None:
@@ -154,8 +153,6 @@ def _create_topics(config: ProjectConfig, log: Log, spec: FeedSpec) -> None:
 
 
 def _write_schema(log: Log, spec: FeedSpec, output: StructType) -> None:
-    from derived_feeds.log_source import read_schema_records
-
     known = read_schema_records(log, [spec.topic]).get(spec.topic, [])
     latest = max(known, key=lambda record: int(record.get("version", 0)), default=None)
     if latest is not None and latest.get("columns") == schema_columns(output, spec.key):

@@ -133,6 +133,8 @@ def schema_record(topic: str, feed: str, struct: StructType, key: Sequence[str],
         "schema": "feed",
         "table": feed,
         "replica_identity": "d",
+        "key": list(key),
+        "key_source": "feed",
         "columns": schema_columns(struct, key),
         "version": version,
     }

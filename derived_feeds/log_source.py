@@ -53,7 +53,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-import orjson
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -75,12 +74,13 @@ from derived_feeds.event_schema import (
 )
 from derived_feeds.log_offsets import LogPosition, OffsetRange, OffsetsSpec, admit, offset_ranges
 from headwater.config import ProjectConfig, TypesConfig, load_config
-from log.base import SCHEMAS_TOPIC, Log, StoredRecord
+from log.base import Log, StoredRecord
 from log.columns import RecordColumns
 from log.columns import read_range_columns as columnar_range
 from log.errors import UnknownTopicError
 from log.factory import open_log
 from log.file_log import FileLog
+from log.table_schemas import read_schema_records
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -181,25 +181,6 @@ def register_log_source(spark: SparkSession) -> None:
 
 
 # --------------------------------------------------------------------------- planning (driver)
-
-
-def read_schema_records(log: Log, topics: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-    """Every schema record of ``topics`` still held in ``_headwater.schemas`` (all versions)."""
-    wanted = set(topics)
-    found: dict[str, list[dict[str, Any]]] = {}
-    if SCHEMAS_TOPIC not in log.list_topics():
-        return found
-    for partition in range(log.describe_topic(SCHEMAS_TOPIC).partitions):
-        offset = log.beginning_offset(SCHEMAS_TOPIC, partition)
-        end = log.end_offset(SCHEMAS_TOPIC, partition)
-        for records in read_range(log, SCHEMAS_TOPIC, partition, offset, end):
-            for record in records:
-                if record.key is None or record.value is None:
-                    continue
-                topic = record.key.decode()
-                if topic in wanted:
-                    found.setdefault(topic, []).append(orjson.loads(record.value))
-    return found
 
 
 def topic_modes(config: ProjectConfig, topic: str) -> TypesConfig:

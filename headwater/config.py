@@ -114,6 +114,21 @@ class SourceConfig(_Model):
     publication: str | None = None
     types: TypesConfig = TypesConfig()
     columns: ColumnsConfig = ColumnsConfig()
+    #: The record key of a table (``schema.table`` -> columns) instead of its primary key, as
+    #: Debezium's ``message.key.columns``; a table without a primary key needs one to be loaded.
+    keys: dict[str, tuple[str, ...]] = {}
+
+    @field_validator("keys")
+    @classmethod
+    def _keys_name_tables(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        for table, columns in value.items():
+            if table.count(".") != 1 or not all(table.split(".")):
+                msg = f"{table!r} must be written schema.table"
+                raise ValueError(msg)
+            if not columns or len(set(columns)) != len(columns):
+                msg = f"{table}: give one or more distinct key columns"
+                raise ValueError(msg)
+        return value
 
     @model_validator(mode="after")
     def _tables_or_schemas(self) -> SourceConfig:

@@ -65,7 +65,7 @@ def table_status(config: ProjectConfig, log: Log, now_s: float | None = None) ->
     from deltalake import DeltaTable
 
     from warehouse_loader.delta_scan import select_rows
-    from warehouse_loader.load_job import load_identity, table_path
+    from warehouse_loader.load_job import load_identity, table_key_problem, table_path
 
     now_s = time.time() if now_s is None else now_s
     topics = set(log.list_topics())
@@ -87,6 +87,9 @@ def table_status(config: ProjectConfig, log: Log, now_s: float | None = None) ->
             row["state"] = "loaded"
         if source_topic in topics:
             row["lag"] = sum(lag(log, LOAD_GROUP_PREFIX + build, source_topic).values())
+            problem = table_key_problem(config, log, name)
+            if problem is not None:
+                row["problem"] = problem
         rows.append(row)
     return rows
 

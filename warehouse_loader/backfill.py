@@ -322,7 +322,7 @@ def rebuild_days(
     if not chosen:
         return BackfillResult(table, chosen, 0, 0, None)
     sequence_by = settings.sequence_by or SEQ
-    keys = table_keys(config, log, settings)
+    keys = table_keys(config, log, table)
     build, topic = load_identity(config, table)
     path = table_path(config, table)
     target = DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -58,6 +59,8 @@ from warehouse_loader.scd import (
 )
 
 TOMBSTONES_DIR = "_hw_tombstones"
+#: Commit metadata naming the key columns a table's rows are merged on (a JSON list).
+KEY_METADATA = "headwater.key"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +120,21 @@ def _already(target: DeltaTable | None, table: str, batch_id: int) -> bool:
     return done is not None and done >= batch_id
 
 
-def _commit(table: str, batch_id: int, metadata: dict[str, str] | None = None) -> CommitProperties:
-    return CommitProperties(
-        app_transactions=[Transaction(app_id=table, version=batch_id)],
-        custom_metadata={"headwater.batch_id": str(batch_id), **(metadata or {})},
-    )
+def loaded_key(path: Path) -> tuple[str, ...] | None:
+    """The key the table at ``path`` was last merged on (None: no table, or written before keys were recorded)."""
+    target = _open(path)
+    history = target.history(1) if target is not None else []
+    recorded = history[0].get(KEY_METADATA) if history else None
+    return None if recorded is None else tuple(orjson.loads(recorded))
+
+
+def _commit(
+    table: str, batch_id: int, metadata: dict[str, str] | None = None, *, keys: Sequence[str] | None = None
+) -> CommitProperties:
+    custom = {"headwater.batch_id": str(batch_id), **(metadata or {})}
+    if keys is not None:  # every commit of a warehouse table (not of its tombstones) names its key
+        custom[KEY_METADATA] = orjson.dumps(list(keys)).decode()
+    return CommitProperties(app_transactions=[Transaction(app_id=table, version=batch_id)], custom_metadata=custom)
 
 
 # --------------------------------------------------------------------------- schema
@@ -184,12 +197,14 @@ def _on(keys: Sequence[str]) -> str:
     return " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
 
 
-def _metrics(table: str, batch_id: int, target: DeltaTable, before: int, stats: dict[str, Any]) -> WriteResult:
+def _metrics(
+    table: str, batch_id: int, target: DeltaTable, before: int, stats: dict[str, Any], *, keys: Sequence[str]
+) -> WriteResult:
     if target.version() == before:
         # delta-rs commits nothing for a MERGE that changes no row (a replayed or all-stale
         # batch); record the batch anyway, with an empty append carrying the app transaction.
         empty = _schema(target).empty_table()
-        write_deltalake(target, empty, mode="append", commit_properties=_commit(table, batch_id))
+        write_deltalake(target, empty, mode="append", commit_properties=_commit(table, batch_id, keys=keys))
         target.update_incremental()
     return WriteResult(
         table=table,
@@ -292,7 +307,7 @@ def _merge_scd1(
     op, seq = quote(OP), quote(actions.sequence_by)
     if target is None:
         upserts = rows.filter(pc.not_equal(rows.column(OP), DELETE_OP))
-        write_deltalake(str(path), upserts, commit_properties=_commit(table, batch_id))
+        write_deltalake(str(path), upserts, commit_properties=_commit(table, batch_id, keys=keys))
         created = DeltaTable(str(path))
         return WriteResult(table, batch_id, skipped=False, version=created.version(), inserted=upserts.num_rows)
     merge = target.merge(
@@ -302,7 +317,7 @@ def _merge_scd1(
         target_alias="t",
         merge_schema=adds,
         streamed_exec=False,
-        commit_properties=_commit(table, batch_id),
+        commit_properties=_commit(table, batch_id, keys=keys),
     )
     merge = (
         merge.when_matched_update_all(predicate=f"s.{op} <> 'd' AND s.{seq} > t.{seq}")
@@ -313,7 +328,7 @@ def _merge_scd1(
         merge = merge.when_not_matched_by_source_delete(predicate=f"t.{seq} < {sql_literal(actions.truncate_at)}")
     before = target.version()
     stats = merge.execute()
-    return _metrics(table, batch_id, target, before, stats)
+    return _metrics(table, batch_id, target, before, stats, keys=keys)
 
 
 # --------------------------------------------------------------------------- SCD type 2
@@ -388,7 +403,7 @@ def commit_scd2(
         if (actions.tombstones.num_rows or actions.truncates) and not _already(side, table, batch_id):
             _append_scd2_tombstones(side_path, side, actions, keys=keys, table=table, batch_id=batch_id)
         if target is None:
-            write_deltalake(str(path), versions, commit_properties=_commit(table, batch_id, metadata))
+            write_deltalake(str(path), versions, commit_properties=_commit(table, batch_id, metadata, keys=keys))
             created = DeltaTable(str(path))
             return WriteResult(table, batch_id, skipped=False, version=created.version(), inserted=versions.num_rows)
         # Removed versions ride in the same source with a null __hw_op (a real version always has one).
@@ -410,7 +425,7 @@ def commit_scd2(
             target_alias="t",
             merge_schema=adds,
             streamed_exec=False,
-            commit_properties=_commit(table, batch_id, metadata),
+            commit_properties=_commit(table, batch_id, metadata, keys=keys),
         )
         merge = (
             merge.when_matched_delete(predicate=f"s.{op} IS NULL")
@@ -419,7 +434,7 @@ def commit_scd2(
         )
         before = target.version()
         stats = merge.execute()
-        return _metrics(table, batch_id, target, before, stats)
+        return _metrics(table, batch_id, target, before, stats, keys=keys)
     except (CommitFailedError, OSError) as exc:
         raise WarehouseWriteError(table, batch_id, str(exc).splitlines()[0]) from exc
 

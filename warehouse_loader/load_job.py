@@ -16,12 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
-from headwater.config import ProjectConfig, TableConfig
+from headwater.config import ProjectConfig
 from headwater.errors import HeadwaterError, PermanentError
 from headwater.status import LOAD_GROUP_PREFIX
-from log.base import SCHEMAS_TOPIC, Log
+from log.base import Log
+from log.table_schemas import read_schema_records, schema_key
 from warehouse_loader.errors import WarehouseError
 
 if TYPE_CHECKING:
@@ -65,28 +64,70 @@ def checkpoint_path(config: ProjectConfig, name: str) -> Path:
     return config.home_dir / "checkpoints" / "load" / name
 
 
-def table_keys(config: ProjectConfig, log: Log, table: TableConfig) -> tuple[str, ...]:
-    """The key columns: a feed's ``key``, or the source table's primary key from ``_headwater.schemas``."""
-    feed = config.feeds.get(table.from_)
+def table_keys(config: ProjectConfig, log: Log, name: str) -> tuple[str, ...]:
+    """The key columns of warehouse table ``name``, checked against the rows it already holds.
+
+    A feed's ``key``, or the key ``_headwater.schemas`` records for the source topic
+    (:func:`log.table_schemas.schema_key`: the primary key or the configured key, whatever
+    the replica identity). A table whose rows were merged on another key is refused: merging
+    on the new key would leave its old rows beside the new ones.
+    """
+    source = config.warehouse.tables[name].from_
+    feed = config.feeds.get(source)
+    versions = [] if feed is not None else read_schema_records(log, [source]).get(source, [])
     if feed is not None:
-        return feed.key
-    latest: dict[str, Any] | None = None
-    if SCHEMAS_TOPIC in log.list_topics():
-        for partition in range(log.describe_topic(SCHEMAS_TOPIC).partitions):
-            offset = log.beginning_offset(SCHEMAS_TOPIC, partition)
-            while records := log.read(SCHEMAS_TOPIC, partition, offset):
-                for record in records:
-                    if record.key == table.from_.encode() and record.value is not None:
-                        latest = orjson.loads(record.value)
-                offset = records[-1].offset + 1
-    if latest is None:
-        msg = f"no schema is recorded for topic {table.from_!r} yet; run 'headwater capture' first"
-        raise TableKeyError(msg)
-    keys = tuple(column["name"] for column in latest["columns"] if column.get("key"))
-    if not keys:
-        msg = f"topic {table.from_!r} has no primary key, so it cannot be loaded as {table.mode}; add a key"
-        raise TableKeyError(msg)
+        keys = feed.key
+    else:
+        if not versions:
+            msg = f"no schema is recorded for topic {source!r} yet; run 'headwater capture' first"
+            raise TableKeyError(msg)
+        latest = max(versions, key=lambda record: int(record.get("version", 0)))
+        recorded = schema_key(latest)
+        if recorded is None:
+            msg = (
+                f"topic {source!r} (REPLICA IDENTITY FULL) has a schema record from before keys were recorded; "
+                f"run 'headwater capture {source.split('.', 1)[0]} --until-caught-up' once to record its key"
+            )
+            raise TableKeyError(msg)
+        if not recorded:
+            where = f"sources.{source.split('.', 1)[0]}.keys"
+            table = f"{latest.get('schema')}.{latest.get('table')}"
+            msg = (
+                f"topic {source!r} has no key (its table has no primary key), so warehouse table {name!r} "
+                f"cannot be merged; give it one in {where}: {{{table}: [column, ...]}}"
+            )
+            raise TableKeyError(msg)
+        keys = recorded
+    _check_loaded_key(config, name, keys, versions)
     return keys
+
+
+def _check_loaded_key(config: ProjectConfig, name: str, keys: tuple[str, ...], versions: list[dict[str, Any]]) -> None:
+    from warehouse_loader.delta_writer import loaded_key
+
+    path = table_path(config, name)
+    merged_on = loaded_key(path)
+    if merged_on is not None and merged_on != keys:
+        msg = (
+            f"warehouse table {name!r} was merged on key ({', '.join(merged_on)}) but its input is now keyed by "
+            f"({', '.join(keys)}); rebuild it with 'headwater reprocess {name}'"
+        )
+        raise TableKeyError(msg)
+    if merged_on is None and (path / "_delta_log").is_dir() and any(schema_key(v) is None for v in versions):
+        msg = (
+            f"warehouse table {name!r} was loaded before Headwater recorded the key of REPLICA IDENTITY FULL "
+            f"tables, so its rows were merged on every column; rebuild it with 'headwater reprocess {name}'"
+        )
+        raise TableKeyError(msg)
+
+
+def table_key_problem(config: ProjectConfig, log: Log, name: str) -> str | None:
+    """Why table ``name`` cannot be loaded as it is (a one-line message), or None."""
+    try:
+        table_keys(config, log, name)
+    except TableKeyError as exc:
+        return str(exc)
+    return None
 
 
 def start_load(
@@ -110,7 +151,7 @@ def start_load(
         msg = f"no warehouse table named {name!r}; known: {known} (see warehouse.tables in headwater.yaml)"
         raise UnknownWarehouseTableError(msg)
     table = config.warehouse.tables[name]
-    keys = table_keys(config, log, table)
+    keys = table_keys(config, log, name)
     path = table_path(config, name)
     build, source_topic = load_identity(config, name)
     register_log_source(spark)

@@ -63,6 +63,9 @@ def status_command(context: Context, as_json: bool) -> None:
             str(row.get("lag", "-")),
         )
     console.print(tables)
+    for row in status["tables"]:
+        if "problem" in row:
+            console.print(f"[yellow]warning:[/] {row['problem']}")
 
 
 def register(cli: click.Group) -> None:

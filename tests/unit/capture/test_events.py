@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import orjson
 import pytest
 
@@ -248,3 +250,60 @@ def test_cached_images_and_keys_are_kept_at_their_own_size() -> None:
     finally:
         tracemalloc.stop()
     assert retained / 20_000 < 600, f"{retained / 20_000:.0f} bytes retained per cached image"
+
+
+# --------------------------------------------------------------------------- the key a schema record gives
+
+
+def _identity_relation(identity: ReplicaIdentity, *flags: bool) -> Relation:
+    """``relation()``'s columns with pgoutput's replica-identity flags as given."""
+    base = relation(identity)
+    columns = tuple(dataclasses.replace(c, key=flag) for c, flag in zip(base.columns, flags, strict=True))
+    return dataclasses.replace(base, columns=columns)
+
+
+def _schema_of(b: EventBuilder, rel: Relation) -> dict:
+    record = b.relation(rel)
+    assert record is not None
+    return orjson.loads(record.value)
+
+
+def test_full_identity_schema_records_the_primary_key_not_every_column() -> None:
+    # pgoutput flags every column under REPLICA IDENTITY FULL: the loader merged on all of them (issue 15).
+    schema = _schema_of(builder(), _identity_relation(ReplicaIdentity.FULL, True, True, True))
+    assert schema["key"] == ["id"]
+    assert schema["key_source"] == "primary_key"
+    assert [c["name"] for c in schema["columns"] if c["key"]] == ["id"]
+
+
+def test_full_identity_without_primary_key_is_keyless_unless_configured() -> None:
+    full = _identity_relation(ReplicaIdentity.FULL, True, True, True)
+    keyless = EventBuilder("src", "db", decoder_for, primary_key=lambda _rel: None)
+    assert _schema_of(keyless, full)["key"] == []
+    configured = EventBuilder(
+        "src", "db", decoder_for, primary_key=lambda _rel: None, configured_keys={'sch"ema.tåble': ('la"bel',)}
+    )
+    schema = _schema_of(configured, full)
+    assert (schema["key"], schema["key_source"]) == (['la"bel'], "configured")
+    records, _ = configured.build(txn([full, Insert(7, ("1", "x", "2"))]))
+    assert records[0].key == b'{"la\\"bel":"x"}'
+
+
+def test_index_identity_keys_by_the_identity_index() -> None:
+    # Under USING INDEX an update that changes only the primary key sends no old key: the index is the key.
+    schema = _schema_of(builder(), _identity_relation(ReplicaIdentity.INDEX, False, True, False))
+    assert (schema["key"], schema["key_source"]) == (['la"bel'], "replica_identity_index")
+
+
+def test_configured_key_must_be_carried_by_every_change() -> None:
+    from capture.errors import ConfiguredKeyError, KeyColumnExcludedError
+
+    b = EventBuilder("src", "db", decoder_for, configured_keys={'sch"ema.tåble': ("prïce",)})
+    with pytest.raises(ConfiguredKeyError, match="REPLICA IDENTITY DEFAULT"):
+        b.relation(relation())
+    b = EventBuilder("src", "db", decoder_for, configured_keys={'sch"ema.tåble': ("nope",)})
+    with pytest.raises(ConfiguredKeyError, match="has no column 'nope'"):
+        b.relation(relation(ReplicaIdentity.FULL))
+    b = EventBuilder("src", "db", decoder_for, excluded_columns=['sch"ema.tåble.id'])
+    with pytest.raises(KeyColumnExcludedError, match="part of the key"):
+        b.relation(relation())

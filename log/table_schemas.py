@@ -1,0 +1,72 @@
+"""The ``_headwater.schemas`` topic: each table topic's columns and key, one record per version.
+
+Capture (for source tables) and each feed (for its output topic) append a record keyed by
+the topic whenever its shape changes. A record's value::
+
+    {"topic", "schema", "table", "replica_identity", "key": [names], "key_source",
+     "columns": [{"name", "type_oid", "typmod", "key"}], "version"}
+
+``key`` is the one place every consumer (loads, backfills, feeds, status, verify) takes a
+topic's key from: the fields of every record key of the topic, in their order; ``[]`` for
+a keyless table. Each column's ``key`` flag says the same. ``key_source`` says where it
+comes from (capture: ``configured``, ``primary_key``, ``replica_identity_index``, ``none``;
+a feed's output: ``feed``).
+
+Records written before keys were recorded have no ``key`` field; their flags came from
+the replica identity, which is the record key under DEFAULT and USING INDEX but every
+column under FULL. :func:`schema_key` reads the former and answers ``None`` for the latter
+(capture re-records such a table's schema when it starts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from log.base import SCHEMAS_TOPIC, Log
+
+#: ``replica_identity`` of a record whose per-column flags are not the key (every column is flagged).
+_FULL_IDENTITY = "f"
+
+
+def schema_key(record: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The key columns a schema record gives its topic (``()``: keyless; ``None``: not recorded)."""
+    if "key" in record:
+        return tuple(record["key"])
+    if record.get("replica_identity") == _FULL_IDENTITY:
+        return None
+    return tuple(column["name"] for column in record.get("columns", ()) if column.get("key"))
+
+
+def _records(log: Log) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(topic, value)`` of every schema record held now, in append order."""
+    if SCHEMAS_TOPIC not in log.list_topics():
+        return
+    for partition in range(log.describe_topic(SCHEMAS_TOPIC).partitions):
+        offset = log.beginning_offset(SCHEMAS_TOPIC, partition)
+        end = log.end_offset(SCHEMAS_TOPIC, partition)
+        while offset < end:
+            records = log.read(SCHEMAS_TOPIC, partition, offset, max_records=min(1000, end - offset))
+            if not records:
+                break
+            for record in records:
+                if record.offset < end and record.key is not None and record.value is not None:
+                    yield record.key.decode(), orjson.loads(record.value)
+            offset = records[-1].offset + 1
+
+
+def read_schema_records(log: Log, topics: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """Every schema record of ``topics`` still held in ``_headwater.schemas`` (all versions, in order)."""
+    wanted = set(topics)
+    found: dict[str, list[dict[str, Any]]] = {}
+    for topic, value in _records(log):
+        if topic in wanted:
+            found.setdefault(topic, []).append(value)
+    return found
+
+
+def latest_schemas(log: Log, prefix: str = "") -> dict[str, dict[str, Any]]:
+    """The latest schema record of every topic whose name starts with ``prefix``."""
+    return {topic: value for topic, value in _records(log) if topic.startswith(prefix)}
