@@ -176,3 +176,31 @@ def test_snapshot_never_streams_only(pg_server, unique_name, tmp_path, mode):
     evts = events(log, f"{name}.public.items")
     assert [e["op"] for e in evts] == ["c"]
     log.close()
+
+
+def test_a_full_identity_schema_from_before_recorded_keys_is_recorded_again_at_start(pg_server, unique_name, tmp_path):
+    """Logs written before schema records named their key: capture records it at its next start (issue 15)."""
+    from log.base import Record, TopicSpec, append_keyed
+    from log.table_schemas import latest_schemas, schema_key
+
+    dsn, name = create_source(pg_server, unique_name("cap"))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE items REPLICA IDENTITY FULL")
+    log = FileLog(tmp_path / "log")
+    topic = f"{name}.public.items"
+    agent_for(dsn, name, log, tmp_path).run(until_caught_up=True)
+    recorded = latest_schemas(log, prefix=topic)[topic]
+    assert schema_key(recorded) == ("id",)
+    # What the old code wrote: every column flagged (the replica identity), no "key".
+    legacy = {k: v for k, v in recorded.items() if k not in ("key", "key_source")}
+    legacy["columns"] = [{**column, "key": True} for column in legacy["columns"]]
+    legacy["version"] = recorded["version"] + 1
+    log.create_topic(TopicSpec(SCHEMAS_TOPIC, partitions=1), exist_ok=True)
+    append_keyed(log, SCHEMAS_TOPIC, [Record(topic.encode(), orjson.dumps(legacy))])
+    assert schema_key(latest_schemas(log, prefix=topic)[topic]) is None
+
+    agent_for(dsn, name, log, tmp_path).run(until_caught_up=True)  # no change to the table meanwhile
+    latest = latest_schemas(log, prefix=topic)[topic]
+    assert schema_key(latest) == ("id",)
+    assert latest["version"] == legacy["version"] + 1
+    assert [c["name"] for c in latest["columns"] if c["key"]] == ["id"]
