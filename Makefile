@@ -17,7 +17,7 @@ $(UV):
 # The C extension is built by that sync (hatch_build.py), so its source is a prerequisite too.
 # --compile-bytecode: with PYTHONDONTWRITEBYTECODE set (as in CI here) nothing else writes .pyc, and
 # every process (each CLI command, each Spark Python worker) recompiled pandas/pyspark/dagster: ~3x slower imports.
-$(VENV)/.synced: pyproject.toml uv.lock hatch_build.py $(wildcard capture/native/*.c capture/native/*.h) | $(UV)
+$(VENV)/.synced: pyproject.toml uv.lock hatch_build.py $(wildcard native/*.c native/*.h) | $(UV)
 	@UV=$$(command -v uv || echo $(HOME)/.local/bin/uv); $$UV sync --frozen --all-extras --python 3.11 --quiet --compile-bytecode
 	@touch $@
 

@@ -1,8 +1,8 @@
-"""Hatch build hook: compile the native hot path (capture/native/*.c, one module) with the system C compiler.
+"""Hatch build hook: compile the native hot path (native/*.c, one module) with the system C compiler.
 
 Editable installs (``uv sync``) put the extension next to its source, where the
 editable path finds it; wheels carry it as an artifact. Without a working compiler
-the build goes on and Headwater runs its pure-Python path (capture/native/__init__.py).
+the build goes on and Headwater runs its pure-Python path (native/__init__.py).
 ``[tool.uv] cache-keys`` in pyproject.toml names the C source, so changing it rebuilds.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SOURCE = Path("capture/native/_speedups.c")  # creates the module; the other *.c files add functions to it
+SOURCE = Path("native/_speedups.c")  # creates the module; the other *.c files add functions to it
 
 
 def compile_extension(root: Path) -> Path:

@@ -42,11 +42,11 @@ import orjson
 import psycopg
 
 from capture.agent import CaptureAgent, typemap_decoders
-from headwater.config import LogConfig, SourceConfig
-from headwater.embedded_postgres import find_postgres_bin
+from core.config import LogConfig, SourceConfig
 from log.base import end_offsets
-from log.batch_codec import Compression
-from log.file_log import FileLog
+from log.file.backend import FileLog
+from log.file.batch_codec import Compression
+from operations.embedded_postgres import find_postgres_bin
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "bench"
@@ -328,8 +328,8 @@ _FOLLOWER = """
 import sys
 from pathlib import Path
 from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
-from headwater.config import LogConfig, SourceConfig
-from log.file_log import FileLog
+from core.config import LogConfig, SourceConfig
+from log.file.backend import FileLog
 dsn, home, compression = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 source = SourceConfig(dsn=dsn, tables=("public.lat",), snapshot="never", slot="lat_slot",
                       publication="headwater_bench", heartbeat_interval_s=1)

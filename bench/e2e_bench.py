@@ -30,8 +30,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from headwater.config import load_config  # noqa: E402
-from headwater.embedded_postgres import EmbeddedPostgres  # noqa: E402
+from core.config import load_config  # noqa: E402
+from operations.embedded_postgres import EmbeddedPostgres  # noqa: E402
 from warehouse_loader.load_job import table_path  # noqa: E402
 from warehouse_loader.query import run_query  # noqa: E402
 

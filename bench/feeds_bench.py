@@ -43,14 +43,14 @@ import orjson
 import yaml
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from core.config import load_config
 from derived_feeds import feed_job
 from derived_feeds.feed_job import DEFAULT_MAX_RECORDS, run_feeds
-from derived_feeds.log_source import register_log_source
-from derived_feeds.session import spark_session, stop_spark
-from headwater.config import load_config
 from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
+from spark_log.data_source import register_log_source
+from spark_log.session import spark_session, stop_spark
 
 TOPIC = "shop.public.customers"
 WARMUP_TOPIC = "shop.public.customers_warmup"

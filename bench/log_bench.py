@@ -24,11 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from headwater.config import KafkaConfig
+from core.config import KafkaConfig
 from log.base import Log, Record, TopicSpec
-from log.batch_codec import Compression
-from log.file_log import FileLog
-from log.kafka_log import KafkaLog
+from log.file.backend import FileLog
+from log.file.batch_codec import Compression
+from log.kafka.backend import KafkaLog
 
 RECORD_BYTES = 300
 BATCH = 1000

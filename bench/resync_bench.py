@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from capture.key_set import KEY_SET_FILE, KeySet
 from capture.resync import vanished_key_deletes
 from log.base import Record, TopicSpec
-from log.columns import read_range_columns
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_value
-from log.file_log import FileLog
+from log.file.backend import FileLog
+from log.file.column_reader import read_range_columns
 from log.partitioner import partition_for
 
 TOPIC = "shop.public.customers"

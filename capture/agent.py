@@ -44,7 +44,6 @@ from capture.errors import SlotError
 from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, RowDecoder, RowDecoderFactory, SchemaRecord
 from capture.incremental_snapshot import IncrementalSnapshotter
 from capture.key_set import KeySet, key_set_path
-from capture.native import speedups
 from capture.pgoutput import LogicalMessage, PgoutputDecoder, Relation
 from capture.position import ResumePoint, read_between
 from capture.quarantine import append_or_quarantine, is_quarantine_topic, quarantine_topic
@@ -71,15 +70,16 @@ from capture.stream import (
     pinned_options,
 )
 from capture.transactions import Transaction, TransactionAssembler
-from headwater.config import LogConfig, SourceConfig, TypesConfig
+from core.config import LogConfig, SourceConfig, TypesConfig
 from log.base import SCHEMAS_TOPIC, Log, Record, TopicPartition, TopicSpec, append_keyed, end_offsets
-from log.batch_codec import Compression
 from log.errors import LogUnavailableError, UnknownTopicError
-from log.file_log import FileLog
+from log.file.backend import FileLog
+from log.file.batch_codec import Compression
 from log.partitioner import partition_for
 from log.sequence import Lsn
 from log.sequence import Sequence as Seq
 from log.table_schemas import latest_schemas, schema_key
+from native import speedups
 
 logger = logging.getLogger(__name__)
 

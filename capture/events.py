@@ -49,7 +49,7 @@ from log.envelope import CONNECTOR, EVENT_VERSION, ChangeEvent, Op, SnapshotMark
 from log.sequence import Sequence as Seq
 
 if TYPE_CHECKING:
-    from capture.native._speedups import RowEncoder
+    from native._speedups import RowEncoder
 
 #: Decodes one tuple (text-format values) into a JSON row image: every column, in column
 #: order; columns whose TOASTed value was not sent hold :data:`UNCHANGED_TOAST`.
@@ -199,7 +199,7 @@ class _Pieces:
             _j(f"{txn.xid}:{txn.commit_lsn.value}"),
         )
         self.op_blocks = {op: block % op.value.encode() for op in (Op.CREATE, Op.UPDATE, Op.DELETE)}
-        # The same pieces for RowEncoder.event (capture/native/_speedups.c).
+        # The same pieces for RowEncoder.event (native/_speedups.c).
         self.native = (
             self.pre,
             self.table_mid,
@@ -365,7 +365,7 @@ class EventBuilder:
             if kind is Insert or kind is Update or kind is Delete:
                 # The native path: one call turns the run of creates, updates without old image and
                 # deletes of one table starting here into records, exactly as _events would
-                # (tests/unit/capture/test_native.py); it stops where a change needs the Python
+                # (tests/unit/native/test_native.py); it stops where a change needs the Python
                 # path below (TOAST, key change, errors, no key, another table).
                 oid = change.relation_oid  # type: ignore[union-attr]
                 table = tables.get(oid)

@@ -70,8 +70,8 @@ from capture.pgoutput import LogicalMessage, Relation, TupleData
 from capture.quarantine import quarantine_topic
 from capture.snapshot import parse_copy_text
 from capture.transactions import Transaction
-from headwater.config import ProjectConfig
-from headwater.errors import PermanentError
+from core.config import ProjectConfig
+from core.errors import PermanentError
 from log.envelope import SnapshotMarker
 from log.sequence import Sequence as Seq
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-from capture import native
-from headwater.errors import PermanentError
+import native
+from core.errors import PermanentError
 from log.sequence import Lsn
 
 #: Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01 00:00:00 UTC).

@@ -9,7 +9,7 @@ first and edits the config only when that worked, so a source is never forgotten
 while its slot still retains WAL.
 
 The config is edited with ruamel.yaml round-trip (comments and layout kept), checked
-with :func:`headwater.config.parse_config` exactly as ``load_config`` will read it,
+with :func:`core.config.parse_config` exactly as ``load_config`` will read it,
 and replaced atomically (temporary file, fsync, rename).
 """
 
@@ -53,8 +53,8 @@ from capture.identifiers import parse_schemas, parse_tables, quote_part
 from capture.prerequisites import CaptureRequest, Problem, check_source, fatal
 from capture.publication import PublicationInfo
 from capture.slot import SlotStatus
-from headwater.config import ProjectConfig, SourceConfig, parse_config
-from headwater.errors import ConfigError
+from core.config import ProjectConfig, SourceConfig, parse_config
+from core.errors import ConfigError
 from log.sequence import Lsn
 
 _ENV_REF = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")
@@ -159,7 +159,7 @@ def _render(document: CommentedMap) -> str:
 
 
 def _validate(text: str, path: Path) -> ProjectConfig:
-    """Read ``text`` exactly as :func:`headwater.config.load_config` will, so what we write always loads."""
+    """Read ``text`` exactly as :func:`core.config.load_config` will, so what we write always loads."""
     return parse_config(yaml.safe_load(text), path)
 
 

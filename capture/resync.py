@@ -50,11 +50,11 @@ from capture.errors import CancelledError, PublicationError, SlotError, UnknownS
 from capture.events import OutRecord
 from capture.key_set import Candidates, KeySet, Latest, remove_key_set
 from capture.slot import SlotStatus
-from headwater.config import ProjectConfig
+from core.config import ProjectConfig
 from log.base import Log
-from log.columns import read_range_columns
 from log.envelope import ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value
-from log.file_log import FileLog
+from log.file.backend import FileLog
+from log.file.column_reader import read_range_columns
 from log.sequence import Lsn
 
 REQUEST_FILE = "resync.json"

@@ -11,7 +11,7 @@ from capture.agent import CaptureAgent, CaptureStats, SnapshotProgress, typemap_
 from capture.errors import UnknownSourceError
 from capture.registration import connect
 from capture.resync import capture_state_dir
-from headwater.config import ProjectConfig
+from core.config import ProjectConfig
 from log.factory import open_log
 
 #: Makes the snapshot progress display of one source (None: no display).

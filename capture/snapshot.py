@@ -41,15 +41,15 @@ import psycopg
 import psycopg.errors
 from psycopg import pq, sql
 
-from capture import native
+import native
 from capture.pgoutput import NonUtf8Text, TupleData
 from capture.stream import libpq_speedups, pgconn_pointer
-from log.batch_codec import ZSTD_LEVEL, Compression, EncodedBatch
+from log.file.batch_codec import ZSTD_LEVEL, Compression, EncodedBatch
 from log.sequence import Sequence as Seq
 
 if TYPE_CHECKING:
     from capture.events import EventBuilder, OutRecord
-    from capture.native._speedups import RowEncoder
+    from native._speedups import RowEncoder
 
 #: Heap pages per chunk (8 KiB pages: about 8 MiB of table per COPY).
 CHUNK_PAGES = 1024
@@ -553,7 +553,7 @@ def encode_piece(
     """The snapshot events of ``data[start:end]`` as file-log batches (thread-safe; see the module docstring).
 
     Byte-identical to what :meth:`EventBuilder.snapshot_records` builds and the file log encodes
-    (``tests/unit/capture/test_native.py``); a row the native pass hands back takes that Python
+    (``tests/unit/native/test_native.py``); a row the native pass hands back takes that Python
     path alone, and the native pass goes on after it. With ``compression`` the batches' records
     are compressed here, in the encoder thread (the codec releases the GIL), so compression
     overlaps the COPY reads and the appends.

@@ -23,10 +23,10 @@ import psycopg
 from psycopg import pq, sql
 
 from capture.errors import CaptureError, dsn_secrets, scrub_secrets
-from capture.native import speedups
 from capture.replication_protocol import FrameType, PrimaryKeepalive, decode_copy_data, encode_standby_status
-from headwater.errors import TransientError
+from core.errors import TransientError
 from log.sequence import Lsn
+from native import speedups
 
 logger = logging.getLogger(__name__)
 

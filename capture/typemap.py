@@ -4,7 +4,7 @@ Input is what pgoutput sends in text mode, printed by a session pinned to
 ``TimeZone=UTC, DateStyle=ISO, IntervalStyle=postgres, extra_float_digits=3,
 bytea_output=hex, lc_monetary=C`` (DESIGN section 8). Output follows the Debezium
 PostgreSQL connector's "Data type mappings" (documentation/.../connectors/postgresql.adoc)
-for each mode of :class:`headwater.config.TypesConfig`, as the Kafka JSON converter
+for each mode of :class:`core.config.TypesConfig`, as the Kafka JSON converter
 would print it. Converters are built once per (type oid, typmod, modes) — once per
 Relation message — so decoding a row is one function call per column.
 
@@ -48,14 +48,14 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import orjson
 
-from capture import native
+import native
 from capture.pgoutput import UNCHANGED_TOAST, NonUtf8Text, TupleValue
 from capture.type_registry import TypeKind, TypeRegistry
-from headwater.config import TypesConfig
-from headwater.errors import PermanentError
+from core.config import TypesConfig
+from core.errors import PermanentError
 
 if TYPE_CHECKING:
-    from capture.native._speedups import RowEncoder
+    from native._speedups import RowEncoder
 
 #: A converter: one column's text value -> its JSON value. Never receives NULL.
 Converter = Callable[[str], Any]
@@ -765,7 +765,7 @@ def _null_or_not_text(value: TupleValue) -> Any:
     raise TypeError(msg)
 
 
-# Native kinds of capture/native/_speedups.c (K_*): converters the extension reproduces for the
+# Native kinds of native/_speedups.c (K_*): converters the extension reproduces for the
 # common text forms; any other value of such a column, and every other converter, runs in Python.
 _NATIVE_PYTHON: Final = 0
 _NATIVE_KINDS: Final[Mapping[Any, int]] = {

@@ -13,6 +13,7 @@ from dagster import (
     multi_asset,
 )
 
+from core.config import ProjectConfig
 from dagster_project.lineage import (
     FEEDS_GROUP,
     SOURCES_GROUP,
@@ -27,7 +28,6 @@ from dagster_project.lineage import (
 from dagster_project.metadata import feed_metadata, table_metadata, topic_metadata
 from dagster_project.partitions import HISTORY_PARTITIONS, INCREMENTAL, INCREMENTAL_TAG, partition_days
 from dagster_project.resources import HeadwaterLog, HeadwaterProject, HeadwaterSpark
-from headwater.config import ProjectConfig
 
 
 def capture_asset(source: str, topics: list[str]) -> AssetsDefinition:

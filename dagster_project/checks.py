@@ -21,9 +21,9 @@ from dagster import (
     multi_asset_check,
 )
 
+from core.config import ProjectConfig
 from dagster_project.lineage import warehouse_key
 from dagster_project.resources import HeadwaterProject
-from headwater.config import ProjectConfig
 from warehouse_loader.quality import ExpectationOutcome, check_names, run_quality, validate_suites
 
 

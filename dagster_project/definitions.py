@@ -15,12 +15,12 @@ from typing import Any
 
 from dagster import Definitions, definitions, in_process_executor
 
+from core.config import ProjectConfig, load_config
 from dagster_project.assets import build_assets
 from dagster_project.automation import build_sensors, quality_job, quality_schedule, warehouse_job
 from dagster_project.checks import build_checks
 from dagster_project.jobs import OPERATOR_JOBS
 from dagster_project.resources import HeadwaterLog, HeadwaterProject, HeadwaterSpark
-from headwater.config import ProjectConfig, load_config
 
 
 def project_resources(config: ProjectConfig) -> dict[str, Any]:

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 
 import orjson
 
+from core.config import ProjectConfig
 from dagster_project.metadata import PendingWork
 from dagster_project.partitions import HISTORY_START_DATE
-from headwater.config import ProjectConfig
-from headwater.status import LOAD_GROUP_PREFIX
 from log.base import Log
+from operations.status import LOAD_GROUP_PREFIX
 
 #: Records read past tombstones at a partition's first pending offset before giving up on it.
 _PEEK = 64

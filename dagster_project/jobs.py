@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from dagster import AssetMaterialization, Config, Failure, OpExecutionContext, job, op
 from pydantic import Field
 
+from core.errors import HeadwaterError
 from dagster_project.lineage import feed_key, topic_key, warehouse_key
 from dagster_project.metadata import topic_metadata
 from dagster_project.resources import HeadwaterLog, HeadwaterProject, HeadwaterSpark
-from headwater.errors import HeadwaterError
 
 
 class ResnapshotConfig(Config):
@@ -83,8 +83,8 @@ def reprocess_op(
     log: HeadwaterLog,
     spark: HeadwaterSpark,
 ) -> Iterator[AssetMaterialization]:
-    """Run :func:`derived_feeds.reprocess.reprocess` (and ``drop_old``); report the asset's new version."""
-    from derived_feeds.reprocess import drop_old, next_version, reprocess
+    """Run :func:`operations.reprocess.reprocess` (and ``drop_old``); report the asset's new version."""
+    from operations.reprocess import drop_old, next_version, reprocess
 
     settings = project.load()
     try:

@@ -19,7 +19,7 @@ from dagster import AssetKey
 from capture.errors import CaptureError
 from capture.events import table_topic
 from capture.identifiers import TableName
-from headwater.config import ProjectConfig
+from core.config import ProjectConfig
 
 SOURCES_GROUP = "sources"
 FEEDS_GROUP = "feeds"

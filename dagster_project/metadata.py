@@ -1,4 +1,4 @@
-"""Materialisation metadata from ``headwater.status``: log end offsets, lag, row counts, freshness."""
+"""Materialisation metadata from ``operations.status``: log end offsets, lag, row counts, freshness."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 from dagster import MetadataValue
 
-from headwater.config import ProjectConfig
-from headwater.status import LOAD_GROUP_PREFIX, table_status
+from core.config import ProjectConfig
 from log.base import Log, end_offsets, lag
+from operations.status import LOAD_GROUP_PREFIX, table_status
 
 
 def topic_metadata(config: ProjectConfig, log: Log, topic: str) -> dict[str, Any]:

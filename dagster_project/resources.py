@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import PrivateAttr
 
-from headwater.config import ProjectConfig, load_config
+from core.config import ProjectConfig, load_config
 from log.base import Log
 from log.factory import open_log
 
@@ -47,7 +47,7 @@ class HeadwaterLog(ConfigurableResource["HeadwaterLog"]):
 
 
 class HeadwaterSpark(ConfigurableResource["HeadwaterSpark"]):
-    """One lean Spark session per run process (``derived_feeds.session.spark_session``), started on first use.
+    """One lean Spark session per run process (``spark_log.session.spark_session``), started on first use.
 
     The session is stopped (JVM included) when the run ends, unless it already ran in this
     process before the run (a test's shared session): then it is left for its owner.
@@ -63,7 +63,7 @@ class HeadwaterSpark(ConfigurableResource["HeadwaterSpark"]):
         if self._session is None:
             from pyspark.sql import SparkSession
 
-            from derived_feeds.session import spark_session
+            from spark_log.session import spark_session
 
             existing = SparkSession.getActiveSession()
             config = self.project.load()
@@ -75,7 +75,7 @@ class HeadwaterSpark(ConfigurableResource["HeadwaterSpark"]):
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         """Stop the session this resource started."""
         if self._session is not None and self._owned:
-            from derived_feeds.session import stop_spark
+            from spark_log.session import stop_spark
 
             stop_spark(self._session)
         self._session = None

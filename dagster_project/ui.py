@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from headwater.config import CONFIG_ENV_VAR, ProjectConfig
-from headwater.errors import PermanentError
+from core.config import CONFIG_ENV_VAR, ProjectConfig
+from core.errors import PermanentError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 3000

@@ -52,13 +52,13 @@ from typing import TYPE_CHECKING
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from derived_feeds import event_schema as cols
 from derived_feeds.enrichment_state import CHANGES, TRUNCATE_KEY, newer_than, not_truncated, state_tables
 from derived_feeds.feed_schema import JSON_OPTIONS
 from derived_feeds.feed_writer import BatchMarker
 from derived_feeds.transform import AFTER, IMAGE, KEY_JSON, META, SRC_KEY, apply_sql
 from log.base import Log
 from log.envelope import Op
+from spark_log import source_schema as cols
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -47,12 +47,12 @@ from typing import TYPE_CHECKING
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructType
 
-from derived_feeds import event_schema as cols
+from core.errors import PermanentError
 from derived_feeds.errors import DerivedFeedsError
 from derived_feeds.feed_schema import JSON_OPTIONS
 from derived_feeds.transform import IMAGE, META, ROW_OPS, SRC_KEY
-from headwater.errors import PermanentError
 from log.envelope import Op
+from spark_log import source_schema as cols
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from headwater.errors import HeadwaterError, PermanentError
+from core.errors import HeadwaterError, PermanentError
 
 
 class DerivedFeedsError(HeadwaterError):

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from core.config import ExpectationConfig
 from derived_feeds.feed_errors import FeedConfigError
-from headwater.config import ExpectationConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import Column

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from core.config import loaded_config_name
+from core.errors import PermanentError
 from derived_feeds.errors import DerivedFeedsError
-from headwater.config import loaded_config_name
-from headwater.errors import PermanentError
 
 
 class FeedConfigError(DerivedFeedsError, PermanentError):

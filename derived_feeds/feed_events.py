@@ -22,9 +22,9 @@ import orjson
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from derived_feeds import event_schema as cols
 from derived_feeds.expectations import Check
 from log.envelope import CONNECTOR, EVENT_VERSION, Op
+from spark_log import source_schema as cols
 
 #: The feed key as JSON text (both inputs), and the SQL row as JSON text (output rows).
 KEY_JSON: Final = "__hw_key"

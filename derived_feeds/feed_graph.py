@@ -1,6 +1,6 @@
 """Feeds form a DAG (``from`` and ``lookups`` naming other feeds); jobs run upstream first.
 
-``headwater.config`` rejects cycles when the file is loaded, so ordering here never fails.
+``core.config`` rejects cycles when the file is loaded, so ordering here never fails.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import graphlib
 from collections.abc import Sequence
 
+from core.config import ProjectConfig
 from derived_feeds.feed_errors import FeedConfigError
-from headwater.config import ProjectConfig
 
 
 def upstream_feeds(config: ProjectConfig, name: str) -> list[str]:

@@ -29,7 +29,8 @@ import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from derived_feeds import event_schema as cols
+from core.config import ProjectConfig
+from core.errors import HeadwaterError
 from derived_feeds.expectations import Check, compile_checks, with_checks
 from derived_feeds.feed_errors import FeedConfigError
 from derived_feeds.feed_events import AFTER_JSON, KEY_JSON, encode_events, pair_changes, paired_events
@@ -37,7 +38,6 @@ from derived_feeds.feed_graph import run_order
 from derived_feeds.feed_schema import JSON_OPTIONS, schema_columns, schema_record, wire_struct
 from derived_feeds.feed_spec import FeedSpec, feed_spec
 from derived_feeds.feed_writer import AppendMemo, BatchMarker, append_once, checkpoint_run, plan_batch, record_quality
-from derived_feeds.progress import commit_progress, track_progress
 from derived_feeds.transform import (
     AFTER,
     META,
@@ -50,10 +50,10 @@ from derived_feeds.transform import (
     output_rows,
     reduced_changes,
 )
-from headwater.config import ProjectConfig
-from headwater.errors import HeadwaterError
 from log.base import SCHEMAS_TOPIC, Log, Record, TopicSpec, append_keyed
 from log.table_schemas import read_schema_records, schema_key
+from spark_log import source_schema as cols
+from spark_log.progress import commit_progress, track_progress
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -85,7 +85,7 @@ class FeedPlan:
 
 
 def _image_struct(spark: SparkSession, config: ProjectConfig, feed: str, field_name: str, topic: str) -> StructType:
-    from derived_feeds.log_source import register_log_source
+    from spark_log.data_source import register_log_source
 
     register_log_source(spark)
     schema = (
@@ -238,7 +238,7 @@ def start_feed(
     options: Mapping[str, str] | None = None,
 ) -> tuple[StreamingQuery, FeedPlan]:
     """Plan feed ``spec`` and start its streaming query (returns the running query and the plan)."""
-    from derived_feeds.log_source import register_log_source
+    from spark_log.data_source import register_log_source
 
     plan = plan_feed(spark, config, log, spec)
     register_log_source(spark)

@@ -1,7 +1,7 @@
 """A feed as the jobs see it: its config plus where it writes (topic, quarantine, checkpoint, state).
 
 Naming contract: the feed's topic is its name (``customers_clean``); a reprocessed version
-N > 1 writes ``customers_clean.v<N>`` (``derived_feeds.versions`` says which is current);
+N > 1 writes ``customers_clean.v<N>`` (``spark_log.versions`` says which is current);
 rows dropped by expectations go to ``<topic>.quarantine``.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.config import FeedConfig, ProjectConfig
 from derived_feeds.feed_errors import FeedConfigError
-from headwater.config import FeedConfig, ProjectConfig
 
 #: Suffix of the topic that receives rows dropped by expectations (as capture's quarantine).
 QUARANTINE_SUFFIX = ".quarantine"
@@ -68,7 +68,7 @@ def feed_spec(config: ProjectConfig, name: str, *, topic: str | None = None, ver
 
     ``topic``/``version`` override the output (``headwater reprocess`` writes version N+1).
     """
-    from derived_feeds.versions import current_version, resolve_topic
+    from spark_log.versions import current_version, resolve_topic
 
     feed = config.feeds.get(name)
     if feed is None:

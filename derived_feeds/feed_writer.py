@@ -27,9 +27,9 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 from derived_feeds.expectations import ERROR_HEADER, EXPECTATION_HEADER, Check
 from derived_feeds.feed_errors import FeedExpectationError
 from log.base import Log, Record
-from log.column_batches import BatchScratch, ColumnRecords
 from log.envelope import Op
-from log.file_log import FileLog
+from log.file.backend import FileLog
+from log.file.column_writer import BatchScratch, ColumnRecords
 from log.partitioner import partitions_for
 
 #: Header marking the micro-batch a record was written by.

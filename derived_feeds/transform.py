@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from derived_feeds import event_schema as cols
 from derived_feeds import feed_events
 from derived_feeds.expectations import Check, with_checks
 from derived_feeds.feed_events import AFTER_JSON
 from derived_feeds.feed_schema import JSON_OPTIONS, wire_struct
 from log.envelope import Op
+from spark_log import source_schema as cols
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -84,7 +84,7 @@ def latest_changes(events: DataFrame) -> DataFrame:
 def reduced_changes(events: DataFrame) -> DataFrame:
     """:func:`latest_changes` of a read the source already reduced per key (option ``latestPerKey``).
 
-    The source applied the same rule per log partition (``derived_feeds.latest_per_key``),
+    The source applied the same rule per log partition (``spark_log.latest_per_key``),
     so this is a projection: no aggregation, no shuffle.
     """
     image = F.when(F.col(cols.OP) == Op.DELETE.value, F.col(cols.BEFORE)).otherwise(F.col(cols.AFTER))

@@ -1,6 +1,6 @@
 """The ``headwater`` command line: parses arguments, loads config, delegates to the packages.
 
-Every command takes ``--config``. A :class:`~headwater.errors.HeadwaterError` is printed
+Every command takes ``--config``. A :class:`~core.errors.HeadwaterError` is printed
 as one line on stderr with a non-zero exit; ``--debug`` adds the traceback.
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import click
 
+from core.errors import EXIT_PERMANENT, HeadwaterError, PermanentError
 from headwater import __version__
 from headwater.cli_context import Context, config_option, pass_context, print_json, root_config_option
-from headwater.errors import EXIT_PERMANENT, HeadwaterError, PermanentError
-from headwater.scaffold import init_project
+from operations.scaffold import init_project
 
 __all__ = ["Context", "cli", "config_option", "main", "pass_context", "print_json"]
 

@@ -12,7 +12,7 @@ from typing import Any
 import click
 import orjson
 
-from headwater.config import ProjectConfig, load_config
+from core.config import ProjectConfig, load_config
 
 
 @dataclass

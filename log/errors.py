@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from headwater.errors import HeadwaterError, PermanentError, TransientError
+from core.errors import HeadwaterError, PermanentError, TransientError
 
 
 class LogError(HeadwaterError):

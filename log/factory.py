@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from log.base import Log
-from log.file_log import FileLog
+from log.file.backend import FileLog
 
 if TYPE_CHECKING:
-    from headwater.config import ProjectConfig
+    from core.config import ProjectConfig
 
 
 def open_log(config: ProjectConfig) -> Log:
@@ -18,7 +18,7 @@ def open_log(config: ProjectConfig) -> Log:
     """
     if config.log.backend == "kafka":
         # KafkaLog is developed alongside; the ignore only matters until it lands.
-        from log.kafka_log import KafkaLog  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        from log.kafka.backend import KafkaLog  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
         kafka: Log = KafkaLog(config.log.kafka)
         return kafka

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from capture import native
+import native
 
 #: The extension (C murmur2), or None: the pure-Python functions below define the result.
 _native = native.speedups

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from headwater.errors import PermanentError
+from core.errors import PermanentError
 from log.errors import LogError
-from log.kafka_clients import MAX_BATCH_RECORDS
+from log.kafka.clients import MAX_BATCH_RECORDS
 
 
 class TopicExistsError(LogError, PermanentError):

@@ -4,14 +4,14 @@ Unit tests request none of these, so they never start a service. Every process
 started here is stopped at session end, also when the session fails or gets SIGTERM
 (``harness.processes``).
 
-* ``pg_server`` (session): :class:`~headwater.embedded_postgres.EmbeddedPostgres`,
+* ``pg_server`` (session): :class:`~operations.embedded_postgres.EmbeddedPostgres`,
   ``wal_level=logical``, time zone ``Pacific/Chatham`` (+12:45/+13:45) so time bugs show.
 * ``pg_database`` (function): a fresh database on it, :class:`harness.postgres.PgDatabase`
   (``.name``, ``.dsn``, ``.execute()``, ``.connect()``); dropped after the test, its
   replication slots first.
 * ``kafka_broker`` (session): :class:`harness.broker.TansuBroker` (``.bootstrap_servers``,
   ``.consumer_settings`` for fast group joins).
-* ``spark`` (session): the lean session of :func:`derived_feeds.session.spark_session`.
+* ``spark`` (session): the lean session of :func:`spark_log.session.spark_session`.
 * ``unique_name`` (function): ``unique_name("slot")`` -> ``slot_<run>_<test>_<n>``, a fresh
   Postgres- and Kafka-safe name per call (slots, publications, roles, topics, groups).
 * ``pg_container`` / ``kafka_container`` (session): the same services from testcontainers

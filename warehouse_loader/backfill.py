@@ -8,7 +8,7 @@ A day is a UTC calendar date of ``__hw_commit_ts``. For the chosen days:
    after the commit time, so the range holds every change committed in the days as long
    as capture appended it within the slack; the changes are then filtered on their
    commit time. With a Spark session the range is a batch read of ``headwater_log``
-   (``startingOffsets``/``endingOffsets``) and :func:`derived_feeds.changes_frame.change_batch`,
+   (``startingOffsets``/``endingOffsets``) and :func:`warehouse_loader.changes_frame.change_batch`,
    typed exactly like the streaming load; without one the records are decoded on the
    driver (:func:`warehouse_loader.changes.changes_from_events`, small ranges and tests).
 2. **Plan.** The versions of every key the days touch are read and, in memory, the
@@ -50,8 +50,8 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 from deltalake import DeltaTable
 
-from headwater.config import ProjectConfig
-from headwater.errors import PermanentError
+from core.config import ProjectConfig
+from core.errors import PermanentError
 from log.base import Log
 from log.envelope import ChangeEvent, decode_value
 from warehouse_loader.changes import (
@@ -140,7 +140,7 @@ def offset_ranges(log: Log, topic: str, days: Sequence[dt.date]) -> dict[int, tu
 def _changes_on_driver(
     log: Log, topic: str, ranges: dict[int, tuple[int, int]], keys: Sequence[str], schema: pa.Schema | None
 ) -> pa.Table:
-    from derived_feeds.log_source import read_range
+    from spark_log.data_source import read_range
 
     events: list[ChangeEvent] = []
     for partition, (start, end) in sorted(ranges.items()):
@@ -152,8 +152,8 @@ def _changes_on_driver(
 def _changes_with_spark(
     spark: SparkSession, config: ProjectConfig, topic: str, ranges: dict[int, tuple[int, int]], keys: Sequence[str]
 ) -> pa.Table:
-    from derived_feeds.changes_frame import change_batch
-    from derived_feeds.log_source import register_log_source
+    from spark_log.data_source import register_log_source
+    from warehouse_loader.changes_frame import change_batch
 
     register_log_source(spark)
     # Every partition named: one the options leave out would be read from earliest to latest.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from headwater.errors import HeadwaterError, PermanentError, TransientError
+from core.errors import HeadwaterError, PermanentError, TransientError
 
 
 class WarehouseError(HeadwaterError):

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from headwater.config import ProjectConfig
-from headwater.errors import HeadwaterError, PermanentError
-from headwater.status import LOAD_GROUP_PREFIX
+from core.config import ProjectConfig
+from core.errors import HeadwaterError, PermanentError
 from log.base import Log
 from log.table_schemas import read_schema_records, schema_key
+from operations.status import LOAD_GROUP_PREFIX
 from warehouse_loader.errors import WarehouseError
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class TableKeyError(WarehouseError, PermanentError):
 
 def table_path(config: ProjectConfig, name: str) -> Path:
     """Where the current version of Delta table ``name`` lives (``headwater reprocess`` moves it)."""
-    from derived_feeds.versions import resolve_table_path
+    from spark_log.versions import resolve_table_path
 
     return resolve_table_path(config, name)
 
@@ -54,7 +54,7 @@ def load_identity(config: ProjectConfig, name: str) -> tuple[str, str]:
     Delta app transaction, the checkpoint and the consumer group, so versions never share
     state; the source topic is the current version of the table's input.
     """
-    from derived_feeds.versions import resolve_topic
+    from spark_log.versions import resolve_topic
 
     return table_path(config, name).name, resolve_topic(config, config.warehouse.tables[name].from_)
 
@@ -141,9 +141,9 @@ def start_load(
     processing_interval: str = "1 second",
 ) -> StreamingQuery:
     """Start the streaming load of warehouse table ``name`` (returns the running query)."""
-    from derived_feeds.changes_frame import change_batch
-    from derived_feeds.log_source import register_log_source
-    from derived_feeds.progress import track_progress
+    from spark_log.data_source import register_log_source
+    from spark_log.progress import track_progress
+    from warehouse_loader.changes_frame import change_batch
     from warehouse_loader.delta_writer import write_batch
 
     if name not in config.warehouse.tables:
@@ -189,7 +189,7 @@ def run_loads(
     selected = list(names) or list(config.warehouse.tables)
     queries = [start_load(spark, config, log, name, available_now=available_now) for name in selected]
     if available_now:
-        from derived_feeds.progress import commit_progress
+        from spark_log.progress import commit_progress
 
         for name, query in zip(selected, queries, strict=True):
             query.awaitTermination()

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from headwater.config import ExpectationConfig, ProjectConfig
-from headwater.errors import ConfigError
+from core.config import ExpectationConfig, ProjectConfig
+from core.errors import ConfigError
 from warehouse_loader.errors import WarehouseError
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from headwater.config import ProjectConfig
+from core.config import ProjectConfig
 from log.base import Log
 from warehouse_loader.quality import QualityRun, data_docs_path, load_runs, quality_dir, run_quality, runs_path
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from headwater.config import load_config
-from headwater.demo import DEMO_QUERIES, PASSWORD_VAR, DemoSettings, run_demo
+from core.config import load_config
+from operations.demo import DEMO_QUERIES, PASSWORD_VAR, DemoSettings, run_demo
 
 
 def _capture_stage(config_path: Path) -> str:
@@ -22,8 +22,8 @@ def _capture_stage(config_path: Path) -> str:
 
 
 def _pipeline_stage(config_path: Path) -> list[str]:
-    from headwater.pipeline import run_until_caught_up
     from log.factory import open_log
+    from operations.pipeline import run_until_caught_up
     from warehouse_loader.quality_report import run_and_report
     from warehouse_loader.query import format_result, run_query
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
+from core.config import ProjectConfig
 from headwater.cli_context import Context, config_option, pass_context
-from headwater.config import ProjectConfig
 
 
 @click.group("feeds")
@@ -25,8 +25,8 @@ def run_command(context: Context, feeds: tuple[str, ...], available_now: bool, f
         msg = "pass exactly one of --available-now or --follow"
         raise click.UsageError(msg)
     from derived_feeds.feed_job import run_feeds
-    from headwater.spark_job import follow as follow_queries
-    from headwater.spark_job import spark_job
+    from spark_log.job import follow as follow_queries
+    from spark_log.job import spark_job
 
     config = context.config(needs_sources=False)
     _check_before_spark(config, feeds)

@@ -16,10 +16,10 @@ from headwater.cli_context import Context, config_option, pass_context
 @pass_context
 def reprocess_command(context: Context, name: str, drop_old: bool) -> None:
     """Rebuild feed or table NAME from offset 0 as version N+1; switch readers when it has caught up."""
-    from derived_feeds.reprocess import drop_old as drop_versions
-    from derived_feeds.reprocess import next_version, reprocess
-    from derived_feeds.session import spark_session, stop_spark
     from log.factory import open_log
+    from operations.reprocess import drop_old as drop_versions
+    from operations.reprocess import next_version, reprocess
+    from spark_log.session import spark_session, stop_spark
 
     config = context.config(needs_sources=False)
     target = next_version(config, name)  # fails fast on an unknown name, before Spark starts

@@ -8,7 +8,7 @@ from types import FrameType
 import click
 
 from headwater.cli_context import Context, config_option, pass_context
-from headwater.pipeline import Supervisor, follow_stages, run_until_caught_up
+from operations.pipeline import Supervisor, follow_stages, run_until_caught_up
 
 
 @click.command("run")

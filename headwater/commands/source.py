@@ -16,8 +16,8 @@ from capture.errors import ConfirmationRequiredError
 from capture.identifiers import split_list
 from capture.registration import add_source, removal_text, remove_source, show_source
 from capture.resync import resync_source
+from core.config import find_config_path
 from headwater.cli_context import Context, config_option, pass_context, print_json
-from headwater.config import find_config_path
 
 
 @click.group("source")

@@ -7,8 +7,8 @@ from rich.console import Console
 from rich.table import Table
 
 from headwater.cli_context import Context, config_option, pass_context, print_json
-from headwater.status import pipeline_status
 from log.factory import open_log
+from operations.status import pipeline_status
 
 
 @click.command("status")

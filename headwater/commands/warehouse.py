@@ -8,14 +8,14 @@ from typing import Any
 
 import click
 
+from core.config import ProjectConfig
 from headwater.cli_context import Context, config_option, pass_context
-from headwater.config import ProjectConfig
 from warehouse_loader.query import OutputFormat, format_result, run_query
 
 
 def warehouse_paths(config: ProjectConfig) -> dict[str, Path]:
     """Every configured warehouse table's current Delta path (follows ``headwater reprocess``)."""
-    from derived_feeds.versions import resolve_table_path
+    from spark_log.versions import resolve_table_path
 
     return {name: resolve_table_path(config, name) for name in config.warehouse.tables}
 
@@ -50,8 +50,8 @@ def load_command(context: Context, tables: tuple[str, ...], available_now: bool,
     if available_now == follow:
         msg = "pass exactly one of --available-now or --follow"
         raise click.UsageError(msg)
-    from headwater.spark_job import follow as follow_queries
-    from headwater.spark_job import spark_job
+    from spark_log.job import follow as follow_queries
+    from spark_log.job import spark_job
     from warehouse_loader.load_job import run_loads
 
     config = context.config(needs_sources=False)

@@ -13,7 +13,7 @@ but after a restart tansu (1) answers a retried batch DUPLICATE_SEQUENCE_NUMBER 
 offset whether or not it holds it, (2) answers ListOffsets(latest) with stale numbers (1, 40,
 52 for a partition ending at 60), (3) answers fetches below the high watermark with no
 records for seconds; and any fetch returns only a few record batches (9-26 of 600 records).
-KafkaLog and capture handle all four (see log/kafka_log.py, capture/position.py).
+KafkaLog and capture handle all four (see log/kafka/backend.py, capture/position.py).
 
 Measured here with kafka-python 3 and confluent-kafka against tansu 0.6: a consumer
 group's first join takes about half of ``session_timeout_ms`` (at least 1 s).
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.processes import die_with_parent, stop_at_exit
-from headwater.embedded_postgres import free_port
+from operations.embedded_postgres import free_port
 
 __all__ = [
     "CONFLUENT_GROUP_SETTINGS",

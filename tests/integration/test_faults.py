@@ -43,7 +43,7 @@ from harness.broker import MotoS3, TansuBroker, persistent_broker_unavailable
 from harness.fault_injection import BrokerProcess, CliProcess, Component, FaultInjector, Schedule
 from harness.items_workload import COLUMNS, SCHEMA, Workload, canonical, source_rows
 
-from headwater.config import ProjectConfig, load_config
+from core.config import ProjectConfig, load_config
 from log.factory import open_log
 from warehouse_loader.load_job import table_path
 from warehouse_loader.query import run_query

@@ -14,7 +14,7 @@ import sys
 import yaml
 from harness.items_workload import COLUMNS, SCHEMA, Workload, canonical, source_rows
 
-from headwater.config import load_config
+from core.config import load_config
 from warehouse_loader.load_job import table_path
 from warehouse_loader.query import run_query
 

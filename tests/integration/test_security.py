@@ -38,10 +38,10 @@ from harness.names import NameFactory
 from psycopg import sql
 
 from capture.events import table_topic
+from core.config import load_config
 from dagster_project.lineage import topic_key
-from headwater.config import load_config
-from headwater.embedded_postgres import EmbeddedPostgres, free_port
-from headwater.scaffold import init_project
+from operations.embedded_postgres import EmbeddedPostgres, free_port
+from operations.scaffold import init_project
 
 EVIL = 'x"; drop table y; --'
 EVIL_QUOTED = '"' + EVIL.replace('"', '""') + '"'
@@ -678,9 +678,9 @@ def test_kafka_sasl_settings_reach_the_broker_and_the_password_never_shows(
     """
     from pydantic import SecretStr
 
-    from headwater.config import KafkaConfig
+    from core.config import KafkaConfig
     from log.errors import LogAuthenticationError, LogError, LogUnavailableError
-    from log.kafka_log import KafkaLog
+    from log.kafka.backend import KafkaLog
 
     relay = authenticating_broker
     secret = "Kf9-sasl-Secret-Pw"

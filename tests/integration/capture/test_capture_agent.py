@@ -16,9 +16,9 @@ import psycopg
 import pytest
 
 from capture.agent import CaptureAgent, typemap_decoders
-from headwater.config import LogConfig, SourceConfig
+from core.config import LogConfig, SourceConfig
 from log.base import SCHEMAS_TOPIC
-from log.file_log import FileLog
+from log.file.backend import FileLog
 
 
 def create_source(pg_server, name: str) -> tuple[str, str]:
@@ -124,8 +124,8 @@ WORKER = """
 import sys
 from pathlib import Path
 from capture.agent import CaptureAgent, typemap_decoders
-from headwater.config import LogConfig, SourceConfig
-from log.file_log import FileLog
+from core.config import LogConfig, SourceConfig
+from log.file.backend import FileLog
 dsn, name, home = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 source = SourceConfig(dsn=dsn, tables=("public.items",), heartbeat_interval_s=1)
 log = FileLog(home / "log")

@@ -14,9 +14,9 @@ import psycopg
 
 from capture.agent import CaptureAgent, primary_key_lookup, relation_from_catalog, typemap_decoders
 from capture.incremental_snapshot import WINDOW_CLOSE_PREFIX, IncrementalSnapshotter, request_incremental_snapshot
+from core.config import LogConfig, SourceConfig
 from headwater.cli import main
-from headwater.config import LogConfig, SourceConfig
-from log.file_log import FileLog
+from log.file.backend import FileLog
 
 ROWS = 2000
 

@@ -15,10 +15,10 @@ from psycopg import sql
 
 import capture.snapshot as snapshot_module
 import capture.stream as stream_module
-from capture.native import speedups
 from capture.snapshot import Chunk, copy_out, read_chunk
 from capture.stream import ReplicationStream, StreamOptions, WalMessage, libpq_speedups
 from log.sequence import Lsn
+from native import speedups
 
 pytestmark = pytest.mark.skipif(
     speedups is None or libpq_speedups() is None, reason="native extension not built (or HEADWATER_NATIVE=0)"

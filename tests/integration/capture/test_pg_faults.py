@@ -21,7 +21,7 @@ import orjson
 import psycopg
 import pytest
 
-from log.file_log import FileLog
+from log.file.backend import FileLog
 
 ROOT = Path(__file__).resolve().parents[3]
 PASSWORD_VAR = "HW_PGF_PASSWORD"
@@ -308,7 +308,7 @@ def test_invalidated_slot_stops_capture_and_resync_recovers(own_pg, unique_name,
 def test_when_needed_mode_resyncs_by_itself_after_the_slot_is_dropped(pg_database, tmp_path, monkeypatch):
     from capture.agent import CaptureAgent, typemap_decoders
     from capture.key_set import KEY_SET_FILE, KeySet
-    from headwater.config import LogConfig, SourceConfig
+    from core.config import LogConfig, SourceConfig
 
     name = pg_database.name
     pg_database.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")

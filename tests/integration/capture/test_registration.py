@@ -24,9 +24,9 @@ import pytest
 from psycopg import sql
 
 from capture.prerequisites import CaptureRequest, SourceFacts, find_problems
-from headwater.config import load_config
-from headwater.embedded_postgres import EmbeddedPostgres, free_port
-from headwater.scaffold import init_project
+from core.config import load_config
+from operations.embedded_postgres import EmbeddedPostgres, free_port
+from operations.scaffold import init_project
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ import orjson
 import psycopg
 import yaml
 
-from headwater.config import load_config
+from core.config import load_config
 from log.factory import open_log
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -146,8 +146,8 @@ def test_spilled_resync_on_kafka_appends_deletes_in_batches(pg_database, kafka_b
     """The agent in-process, both scratch sets spilled to SQLite, deletes appended a few at a time."""
     from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
     from capture.key_set import KEY_SET_FILE, Candidates, KeySet
-    from headwater.config import KafkaConfig, LogConfig, SourceConfig
-    from log.kafka_log import KafkaLog
+    from core.config import KafkaConfig, LogConfig, SourceConfig
+    from log.kafka.backend import KafkaLog
 
     name = pg_database.name
     topic = f"{name}.public.t"

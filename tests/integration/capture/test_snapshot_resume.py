@@ -16,8 +16,8 @@ import pytest
 
 from capture import snapshot
 from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
-from headwater.config import LogConfig, SourceConfig
-from log.file_log import FileLog
+from core.config import LogConfig, SourceConfig
+from log.file.backend import FileLog
 
 ROWS = 15_000
 
@@ -30,7 +30,7 @@ WORKER = """
 import json, os, signal, sys
 from pathlib import Path
 from capture import snapshot
-from log.file_log import FileLog
+from log.file.backend import FileLog
 snapshot.CHUNK_PAGES = 16
 snapshot.PIECE_BYTES = 8192
 state = Path(sys.argv[2]) / "state" / "snapshot.json"
@@ -196,7 +196,7 @@ def test_snapshot_goes_on_with_one_reader_when_a_second_connection_is_refused(
         values = read_values(log)
     finally:
         log.close()
-    from capture.native import speedups
+    from native import speedups
 
     assert refused == ([] if speedups is None else [1])  # the Python path reads on one connection
     assert_every_row_once(values)

@@ -21,9 +21,9 @@ import pytest
 
 from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
 from capture.quarantine import ERROR_HEADER
-from headwater.config import LogConfig, SourceConfig, TypesConfig
+from core.config import LogConfig, SourceConfig, TypesConfig
 from log.base import SCHEMAS_TOPIC
-from log.file_log import FileLog
+from log.file.backend import FileLog
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -9,8 +9,8 @@ import yaml
 from dagster import AssetKey, DagsterInstance, materialize
 from deltalake import DeltaTable
 
+from core.config import load_config
 from dagster_project.definitions import build_definitions
-from headwater.config import load_config
 from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, build_sensor_context, materialize
 
+from core.config import load_config
+from core.errors import ConfigError
 from dagster_project.definitions import build_definitions
-from headwater.config import load_config
-from headwater.errors import ConfigError
 from log.factory import open_log
 
 

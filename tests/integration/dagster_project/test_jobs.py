@@ -13,8 +13,8 @@ from dagster import AssetKey, DagsterInstance, materialize
 
 from capture.agent import CaptureAgent, typemap_decoders
 from capture.runner import run_capture
+from core.config import load_config
 from dagster_project.definitions import build_definitions
-from headwater.config import load_config
 from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
@@ -214,7 +214,7 @@ def write_feed_config(tmp_path, topic: str, sql: str):
 def test_reprocess_job_switches_the_version_and_readers_see_the_new_result(spark, unique_name, tmp_path):
     from deltalake import DeltaTable
 
-    from derived_feeds.versions import resolve_topic
+    from spark_log.versions import resolve_topic
     from warehouse_loader.load_job import table_path
 
     topic = unique_name("raw")

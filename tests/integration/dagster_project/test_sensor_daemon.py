@@ -18,10 +18,10 @@ import yaml
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter, build_sensor_context
 from deltalake import DeltaTable
 
+from core.config import load_config
 from dagster_project.automation import new_data_sensor
 from dagster_project.definitions import build_definitions
 from dagster_project.ui import _dagster_command, prepare_dagster_home, ui_environment
-from headwater.config import load_config
 from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log

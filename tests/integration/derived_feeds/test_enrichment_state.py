@@ -19,9 +19,9 @@ import yaml
 from harness.fault_injection import CliProcess
 
 from capture.typemap import Oid
+from core.config import load_config
 from derived_feeds.feed_job import await_query, start_feed
 from derived_feeds.feed_spec import feed_spec
-from headwater.config import load_config
 from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed, end_offsets
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log

@@ -13,9 +13,9 @@ import orjson
 import yaml
 from test_enrichment_state import Shop
 
+from core.config import load_config
 from derived_feeds.feed_job import await_query, start_feed
 from derived_feeds.feed_spec import feed_spec
-from headwater.config import load_config
 from log.base import Record, append_keyed, end_offsets
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_value
 from log.factory import open_log

@@ -5,12 +5,12 @@ from __future__ import annotations
 import orjson
 import pyarrow as pa
 
+from core.config import KafkaConfig
 from derived_feeds.expectations import Check
 from derived_feeds.feed_writer import BatchMarker, append_once, plan_batch
-from headwater.config import KafkaConfig
 from log.base import TopicSpec
-from log.file_log import FileLog
-from log.kafka_log import KafkaLog
+from log.file.backend import FileLog
+from log.kafka.backend import KafkaLog
 
 
 def encoded_batch(n: int) -> pa.Table:

@@ -10,13 +10,13 @@ import orjson
 import yaml
 
 from capture.agent import CaptureAgent, typemap_decoders
+from core.config import LogConfig, load_config
 from derived_feeds.feed_job import await_query, run_feeds, start_feed
 from derived_feeds.feed_spec import feed_spec
-from derived_feeds.log_source import register_log_source
-from headwater.config import LogConfig, load_config
 from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed, end_offsets
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
+from spark_log.data_source import register_log_source
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -358,8 +358,8 @@ def test_restart_from_checkpoint_mid_stream_appends_nothing_twice(spark, unique_
 
 
 def test_reprocess_with_changed_sql_switches_readers_atomically(spark, unique_name, tmp_path):
-    from derived_feeds.reprocess import drop_old, reprocess
-    from derived_feeds.versions import resolve_topic
+    from operations.reprocess import drop_old, reprocess
+    from spark_log.versions import resolve_topic
 
     topic = unique_name("raw")
     old_sql = "SELECT id, upper(label) AS label FROM source"

@@ -17,12 +17,12 @@ import pytest
 import yaml
 from pyspark.sql.types import StructType
 
+from core.config import ExpectationConfig, load_config
 from derived_feeds import transform
 from derived_feeds.expectations import compile_checks
 from derived_feeds.feed_events import encode_events, pair_changes, paired_events
 from derived_feeds.feed_job import _unique_key, run_feeds
 from derived_feeds.feed_spec import feed_spec
-from headwater.config import ExpectationConfig, load_config
 from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log

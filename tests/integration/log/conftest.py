@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from harness.broker import TansuBroker, free_port
 
-from headwater.config import KafkaConfig
+from core.config import KafkaConfig
 
 #: ``file`` stores batches zstd-compressed (the default), ``file-plain`` uncompressed.
 BACKENDS = ["file", "file-plain", "kafka-python", "confluent-kafka"]
@@ -55,10 +55,10 @@ def log_kafka_bootstrap(request: pytest.FixtureRequest) -> str:
 
 def _open(backend: str, request: pytest.FixtureRequest, root: Path) -> Any:
     if backend in {"file", "file-plain"}:
-        from log.file_log import FileLog
+        from log.file.backend import FileLog
 
         return FileLog(root, compression="none" if backend == "file-plain" else "zstd")
-    from log.kafka_log import KafkaLog
+    from log.kafka.backend import KafkaLog
 
     bootstrap = request.getfixturevalue("log_kafka_bootstrap")
     return KafkaLog(KafkaConfig(bootstrap_servers=bootstrap, client=backend))

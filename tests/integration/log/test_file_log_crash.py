@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 from log.base import TopicSpec
-from log.batch_codec import parse_header
-from log.file_log import FileLog
-from log.recovery_point import load_recovery_point
-from log.segment import segment_name
+from log.file.backend import FileLog
+from log.file.batch_codec import parse_header
+from log.file.recovery_point import load_recovery_point
+from log.file.segment import segment_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,9 +41,9 @@ BUDGET_S = 40.0
 WRITER = """
 import random, sys
 from pathlib import Path
-from log import partition
+from log.file import partition
 from log.base import Record
-from log.file_log import FileLog
+from log.file.backend import FileLog
 
 root, run = Path(sys.argv[1]), int(sys.argv[2])
 rng = random.Random(run)
@@ -65,7 +65,7 @@ while True:
 READER = """
 import json, os, sys, time
 from pathlib import Path
-from log.file_log import FileLog
+from log.file.backend import FileLog
 
 root, stop_file = Path(sys.argv[1]), Path(sys.argv[2])
 log = FileLog(root)

@@ -16,11 +16,11 @@ import pytest
 from harness.broker import MotoS3, TansuBroker, persistent_broker_unavailable
 from pydantic import SecretStr
 
-from headwater.config import KafkaConfig
+from core.config import KafkaConfig
 from log.base import Record, TopicPartition, TopicSpec
 from log.errors import LogUnavailableError, UnknownPartitionError, UnknownTopicError
-from log.kafka_clients import EARLIEST, LATEST, kafka_python_security, librdkafka_security
-from log.kafka_log import BatchTooLargeError, KafkaLog
+from log.kafka.backend import BatchTooLargeError, KafkaLog
+from log.kafka.clients import EARLIEST, LATEST, kafka_python_security, librdkafka_security
 from log.topic_errors import TopicExistsError
 
 CLIENTS = ["kafka-python", "confluent-kafka"]
@@ -82,7 +82,7 @@ def test_producer_is_idempotent_with_acks_all(
 ) -> None:
     seen: dict[str, Any] = {}
     if client == "confluent-kafka":
-        import log.kafka_clients_confluent as module
+        import log.kafka.confluent_client as module
 
         real = module.Producer
 

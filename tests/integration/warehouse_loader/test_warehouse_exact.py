@@ -19,10 +19,10 @@ import yaml
 from harness.items_workload import COLUMNS, SCHEMA, Workload, canonical, source_rows
 
 from capture.agent import CaptureAgent, typemap_decoders
-from headwater.config import load_config
-from headwater.scaffold import init_project
+from core.config import load_config
 from log.factory import open_log
 from log.sequence import Sequence
+from operations.scaffold import init_project
 from warehouse_loader import delta_writer
 from warehouse_loader.delta_writer import TOMBSTONES_DIR, committed_batch
 from warehouse_loader.load_job import checkpoint_path, start_load, table_path

@@ -8,7 +8,7 @@ import orjson
 
 from capture.agent import CaptureAgent
 from log.base import Record, TopicSpec
-from log.file_log import FileLog
+from log.file.backend import FileLog
 from log.partitioner import partition_for
 
 TOPIC = "src.public.items"

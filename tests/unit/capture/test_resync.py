@@ -17,7 +17,7 @@ from capture.resync import DELETE_INDEX_BASE, ResyncRequest, snapshot_keys, vani
 from capture.slot import SlotStatus, is_gone, slot_gone_error
 from log.base import Record, TopicSpec
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_value
-from log.file_log import FileLog
+from log.file.backend import FileLog
 from log.partitioner import partition_for
 from log.sequence import Lsn
 

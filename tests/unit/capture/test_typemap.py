@@ -24,7 +24,7 @@ from capture.typemap import (
     column_converter,
     logical_type,
 )
-from headwater.config import TypesConfig
+from core.config import TypesConfig
 
 STRING = TypesConfig()  # decimal string, time adaptive, binary base64 (our defaults)
 PRECISE = TypesConfig(decimal_handling_mode="precise", time_precision_mode="connect", binary_handling_mode="hex")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dagster import AssetKey
 
+from core.config import parse_config
 from dagster_project.lineage import feed_key, source_topics, topic_key, upstream_key, warehouse_key
-from headwater.config import parse_config
 
 
 def config(tmp_path):

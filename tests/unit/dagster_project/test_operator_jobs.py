@@ -6,8 +6,8 @@ import pytest
 import yaml
 from dagster import DagsterInstance
 
+from core.config import load_config
 from dagster_project.definitions import build_definitions
-from headwater.config import load_config
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import yaml
 from dagster import DagsterInstance, DagsterRunStatus, RunRequest, SkipReason, build_sensor_context
 from dagster._core.test_utils import create_run_for_test
 
+from core.config import load_config
 from dagster_project.automation import RANGE_END_TAG, RANGE_START_TAG, new_data_sensor
 from dagster_project.definitions import build_definitions
-from headwater.config import load_config
 from log.base import Record, TopicPartition, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from core.config import load_config
+from core.errors import PermanentError
 from derived_feeds.enrichment_state import EnrichmentStateError, check_checkpoint
 from derived_feeds.feed_spec import feed_spec
-from headwater.config import load_config
-from headwater.errors import PermanentError
 
 
 def enriched_spec(tmp_path):

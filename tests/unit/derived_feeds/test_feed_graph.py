@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from core.config import parse_config
+from core.errors import ConfigError
 from derived_feeds.feed_graph import run_order
-from derived_feeds.versions import Version, current_version, forget_previous, resolve_topic, switch_version
-from headwater.config import parse_config
-from headwater.errors import ConfigError
+from spark_log.versions import Version, current_version, forget_previous, resolve_topic, switch_version
 
 
 def feeds(**edges: str) -> dict:

@@ -22,9 +22,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from derived_feeds.event_schema import row_schema
+from core.config import TypesConfig
 from derived_feeds.feed_schema import schema_record, type_descriptor
-from headwater.config import TypesConfig
+from spark_log.source_schema import row_schema
 
 ROUND_TRIP = [
     BooleanType(),

@@ -6,12 +6,12 @@ import orjson
 import pyarrow as pa
 import pytest
 
+from core.config import ExpectationConfig
 from derived_feeds.expectations import Check, compile_checks
 from derived_feeds.feed_errors import FeedConfigError, FeedExpectationError
 from derived_feeds.feed_writer import BatchMarker, append_once, plan_batch
-from headwater.config import ExpectationConfig
 from log.base import Record, TopicSpec
-from log.file_log import FileLog
+from log.file.backend import FileLog
 from log.partitioner import partition_for
 
 

@@ -4,7 +4,7 @@ import sys
 import orjson
 
 from log.base import Record, TopicSpec, append_keyed
-from log.file_log import FileLog
+from log.file.backend import FileLog
 
 
 def headwater(*args, cwd):

@@ -1,7 +1,7 @@
 import pytest
 
 from log.base import TopicSpec
-from log.file_log import FileLog
+from log.file.backend import FileLog
 
 #: Segment size per compression: about the same number of batches per segment either way.
 SEGMENT_BYTES = {"none": 4096, "zstd": 1024}

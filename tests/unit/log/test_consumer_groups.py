@@ -2,7 +2,7 @@
 
 from log.base import OFFSETS_TOPIC, Record, TopicPartition, TopicSpec, lag
 from log.consumer_groups import offsets_key
-from log.file_log import FileLog
+from log.file.backend import FileLog
 
 
 def test_commit_and_committed_latest_wins(file_log, topic):

@@ -1,6 +1,6 @@
-from headwater.config import parse_config
+from core.config import parse_config
 from log.factory import open_log
-from log.file_log import FileLog
+from log.file.backend import FileLog
 
 
 def test_file_backend_lives_under_the_home_dir_with_configured_settings(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from log.base import SCHEMAS_TOPIC, Record, TopicSpec
-from log.file_log import FileLog
+from log.file.backend import FileLog
 from log.table_schemas import latest_schemas, read_schema_records, schema_key
 
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from headwater.config import load_config
+from core.config import load_config
 from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from headwater.config import ExpectationConfig, parse_config
+from core.config import ExpectationConfig, parse_config
 from warehouse_loader.quality import (
     QualityConfigError,
     build_expectations,

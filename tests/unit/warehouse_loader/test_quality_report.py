@@ -6,9 +6,9 @@ import re
 
 import orjson
 
-from headwater.config import parse_config
+from core.config import parse_config
 from log.base import Record, TopicSpec
-from log.file_log import FileLog
+from log.file.backend import FileLog
 from warehouse_loader.quality import load_runs
 from warehouse_loader.quality_report import pass_rate_chart, pass_rate_series, quarantine_counts, render_report
 

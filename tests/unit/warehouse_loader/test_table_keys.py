@@ -8,7 +8,7 @@ import pytest
 import yaml
 from deltalake import write_deltalake
 
-from headwater.config import load_config
+from core.config import load_config
 from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
 from log.factory import open_log
 from warehouse_loader.changes import OP, SEQ

@@ -1,0 +1,344 @@
+"""The ``headwater.yaml`` project model (DESIGN section 2), validated once at load.
+
+Key names are a public contract. Every model is frozen and rejects unknown keys, so
+a typo is an error that names its field path instead of a silently ignored setting.
+DSN and Kafka passwords are :class:`pydantic.SecretStr`: ``repr``/``str`` never show them.
+"""
+
+from __future__ import annotations
+
+import graphlib
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from core.errors import ConfigError
+
+CONFIG_ENV_VAR = "HEADWATER_CONFIG"
+DEFAULT_CONFIG_NAME = "headwater.yaml"
+
+_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class KafkaConfig(_Model):
+    """Connection settings of the ``kafka`` log backend; security settings pass through to the client."""
+
+    bootstrap_servers: str = "localhost:9092"
+    client: Literal["kafka-python", "confluent-kafka"] = "kafka-python"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+
+class FileLogConfig(_Model):
+    """Settings of the embedded ``file`` log backend."""
+
+    fsync: Literal["always", "never"] = "always"
+    segment_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
+    #: Records sections of appended batches stored zstd-compressed (when smaller) or plain.
+    compression: Literal["none", "zstd"] = "zstd"
+
+
+class LogConfig(_Model):
+    """Which log backend stores topics, and its defaults for new topics."""
+
+    backend: Literal["file", "kafka"] = "file"
+    partitions: int = Field(default=3, ge=1, le=1024)
+    min_compaction_lag_s: int = Field(default=7 * 24 * 3600, ge=0)
+    delete_retention_s: int = Field(default=24 * 3600, ge=0)
+    kafka: KafkaConfig = KafkaConfig()
+    file: FileLogConfig = FileLogConfig()
+
+
+class TypesConfig(_Model):
+    """Debezium-style type handling modes for captured values."""
+
+    decimal_handling_mode: Literal["string", "precise", "double"] = "string"
+    time_precision_mode: Literal["adaptive", "connect"] = "adaptive"
+    binary_handling_mode: Literal["base64", "hex"] = "base64"
+
+
+class ColumnsConfig(_Model):
+    """Column selection: ``exclude`` lists ``schema.table.column`` names never captured."""
+
+    exclude: tuple[str, ...] = ()
+
+
+#: ``password`` / ``sslpassword`` given as URL query parameters (libpq accepts every keyword there).
+_QUERY_SECRET = re.compile(r"([?&](?:ssl)?password=)[^&#]*", re.IGNORECASE)
+#: ``password=...`` / ``sslpassword=...`` in the key=value form, quoted or not.
+_KEYWORD_SECRET = re.compile(r"((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def redact_dsn(dsn: str) -> str:
+    """Return ``dsn`` with every password replaced by ``***`` (URL or key=value form); never raises.
+
+    Masks the URL's userinfo password and ``password`` / ``sslpassword`` parameters. The
+    userinfo is taken up to the last ``@`` before the path, so a password holding an
+    unencoded ``@`` or ``:`` is masked whole; multi-host and IPv6 host lists stay as written.
+    """
+    if "://" in dsn:
+        scheme, separator, rest = dsn.partition("://")
+        slash = rest.find("/")
+        authority, tail = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
+        userinfo, at, hosts = authority.rpartition("@")
+        if at and ":" in userinfo:
+            authority = f"{userinfo.split(':', 1)[0]}:***@{hosts}"
+        return scheme + separator + _QUERY_SECRET.sub(r"\1***", authority + tail)
+    return _KEYWORD_SECRET.sub(r"\1***", dsn)
+
+
+class SourceConfig(_Model):
+    """One registered PostgreSQL database."""
+
+    dsn: SecretStr
+    tables: tuple[str, ...] | None = None
+    schemas: tuple[str, ...] | None = None
+    snapshot: Literal["initial", "never", "when_needed", "initial_only"] = "initial"
+    heartbeat_interval_s: float = Field(default=10.0, gt=0)
+    slot: str | None = None
+    publication: str | None = None
+    types: TypesConfig = TypesConfig()
+    columns: ColumnsConfig = ColumnsConfig()
+    #: The record key of a table (``schema.table`` -> columns) instead of its primary key, as
+    #: Debezium's ``message.key.columns``; a table without a primary key needs one to be loaded.
+    keys: dict[str, tuple[str, ...]] = {}
+
+    @field_validator("keys")
+    @classmethod
+    def _keys_name_tables(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        for table, columns in value.items():
+            if table.count(".") != 1 or not all(table.split(".")):
+                msg = f"{table!r} must be written schema.table"
+                raise ValueError(msg)
+            if not columns or len(set(columns)) != len(columns):
+                msg = f"{table}: give one or more distinct key columns"
+                raise ValueError(msg)
+        return value
+
+    @model_validator(mode="after")
+    def _tables_or_schemas(self) -> SourceConfig:
+        if (self.tables is None) == (self.schemas is None):
+            msg = "give exactly one of 'tables' or 'schemas'"
+            raise ValueError(msg)
+        return self
+
+    @property
+    def dsn_redacted(self) -> str:
+        """The DSN with its password masked, safe for logs and output."""
+        return redact_dsn(self.dsn.get_secret_value())
+
+
+class ExpectationConfig(BaseModel):
+    """A Great Expectations 1.x expectation: its name under ``expect``, its arguments beside it."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    expect: Annotated[str, Field(pattern=r"^expect_[a-z0-9_]+$")]
+    action: Literal["warn", "drop", "fail"] | None = None
+    blocking: bool = False
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The expectation's own arguments (everything but ``expect``, ``action``, ``blocking``)."""
+        return dict(self.model_extra or {})
+
+
+class FeedConfig(_Model):
+    """A derived feed: SQL over the current row image of ``from``, keyed by ``key``."""
+
+    from_: str = Field(alias="from")
+    sql: str
+    key: tuple[str, ...]
+    expectations: tuple[ExpectationConfig, ...] = ()
+    #: Tables joined in the SQL: view name -> topic or feed, read as its latest value per key.
+    lookups: dict[str, str] = {}
+
+
+class TableConfig(_Model):
+    """A warehouse table materialised from a topic or feed."""
+
+    from_: str = Field(alias="from")
+    mode: Literal["scd1", "scd2"] = "scd1"
+    sequence_by: str | None = None
+    track_history_columns: tuple[str, ...] | None = None
+
+
+class WarehouseConfig(_Model):
+    """The warehouse tables, by name."""
+
+    tables: dict[str, TableConfig] = {}
+
+
+class ProjectConfig(_Model):
+    """The whole ``headwater.yaml``."""
+
+    project: Annotated[str, Field(pattern=_NAME)]
+    home: Path = Path(".headwater")
+    log: LogConfig = LogConfig()
+    sources: dict[str, SourceConfig] = {}
+    feeds: dict[str, FeedConfig] = {}
+    warehouse: WarehouseConfig = WarehouseConfig()
+    quality: dict[str, tuple[ExpectationConfig, ...]] = {}
+
+    #: The file this config was loaded from (set by :func:`load_config`).
+    config_path: Path | None = Field(default=None, exclude=True)
+
+    @field_validator("sources", "feeds")
+    @classmethod
+    def _names_are_identifiers(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not re.match(_NAME, name):
+                msg = f"name {name!r} must be letters, digits and '_' and not start with a digit"
+                raise ValueError(msg)
+        return value
+
+    @property
+    def home_dir(self) -> Path:
+        """The state directory, resolved against the config file's folder."""
+        if self.home.is_absolute() or self.config_path is None:
+            return self.home
+        return self.config_path.parent / self.home
+
+
+def find_config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """Locate the config: ``--config``, else ``$HEADWATER_CONFIG``, else ``./headwater.yaml``."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get(CONFIG_ENV_VAR)
+    if env:
+        return Path(env)
+    return Path.cwd() / DEFAULT_CONFIG_NAME
+
+
+def _interpolate(node: Any, path: str, source: Path, env: Mapping[str, str], strict: bool = True) -> Any:
+    if isinstance(node, str):
+
+        def replace(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in env:
+                if not strict:
+                    return match.group(0)  # left as written; only commands that use it need it
+                msg = f"{source}: {path}: environment variable {name} is not set; export it or edit the file"
+                raise ConfigError(msg, path=str(source), field=path)
+            return env[name]
+
+        return _ENV_REF.sub(replace, node)
+    if isinstance(node, dict):
+        return {k: _interpolate(v, f"{path}.{k}" if path else str(k), source, env, strict) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, f"{path}[{i}]", source, env, strict) for i, v in enumerate(node)]
+    return node
+
+
+def _describe(error: dict[str, Any]) -> str:
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    got = error.get("input")
+    if kind == "literal_error":
+        return f"must be {ctx.get('expected')}, got {got!r}"
+    if kind == "extra_forbidden":
+        return "unknown key; remove it or check its spelling"
+    if kind == "missing":
+        return "is required"
+    if kind == "string_pattern_mismatch":
+        return f"{got!r} does not match {ctx.get('pattern')}"
+    message = str(error.get("msg", "invalid value"))
+    return message.removeprefix("Value error, ")
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts).replace("from_", "from")
+
+
+def parse_config(
+    raw: Any, source: Path, env: Mapping[str, str] | None = None, *, strict_env: bool = True
+) -> ProjectConfig:
+    """Validate an already-parsed YAML document; errors name ``source`` and the field path.
+
+    With ``strict_env=False`` an unset ``${VAR}`` stays as written instead of failing, for
+    commands that never connect to a source (``log``, ``query``).
+    """
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        msg = f"{source}: the file must hold a mapping of keys (project, log, sources, ...)"
+        raise ConfigError(msg, path=str(source))
+    data = _interpolate(raw, "", source, os.environ if env is None else env, strict_env)
+    try:
+        config = ProjectConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = _field_path(tuple(first["loc"])) or "(top level)"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        msg = f"{source}: {field}: {_describe(dict(first))}{more}"
+        raise ConfigError(msg, path=str(source), field=field) from None
+    _check_feed_graph(config, source)
+    return config.model_copy(update={"config_path": source.resolve()})
+
+
+def _check_feed_graph(config: ProjectConfig, source: Path) -> None:
+    """Feeds read feeds (``from``, ``lookups``) as a DAG: a cycle is an error naming it."""
+    graph = {
+        name: [up for up in (feed.from_, *feed.lookups.values()) if up in config.feeds]
+        for name, feed in config.feeds.items()
+    }
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        cycle: list[str] = exc.args[1]
+        name, upstream = cycle[-1], cycle[-2]
+        field = "from" if config.feeds[name].from_ == upstream else "lookups"
+        msg = (
+            f"{source}: feeds.{name}.{field}: feeds form a cycle ({' <- '.join(reversed(cycle))}); "
+            "a feed may only read raw topics or feeds upstream of it"
+        )
+        raise ConfigError(msg, path=str(source), field=f"feeds.{name}.{field}") from None
+
+
+def load_config(explicit: str | os.PathLike[str] | None = None, *, strict_env: bool = True) -> ProjectConfig:
+    """Find, read, interpolate and validate ``headwater.yaml`` (see :func:`parse_config`)."""
+    path = find_config_path(explicit)
+    if not path.is_file():
+        msg = f"{path}: no such config file; run 'headwater init' or pass --config"
+        raise ConfigError(msg, path=str(path))
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "malformed YAML"
+        msg = f"{path}: invalid YAML{where}: {problem}; fix the file and retry"
+        raise ConfigError(msg, path=str(path)) from None
+    config = parse_config(raw, path, strict_env=strict_env)
+    _loaded_config_file[:] = [path]
+    return config
+
+
+#: The config file this process loaded last (errors found later name it, as load errors do).
+_loaded_config_file: list[Path] = []
+
+
+def loaded_config_name() -> str:
+    """The path of the config file this process loaded, for error messages; ``headwater.yaml`` if none."""
+    return str(_loaded_config_file[0]) if _loaded_config_file else DEFAULT_CONFIG_NAME

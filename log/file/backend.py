@@ -1,0 +1,265 @@
+"""The embedded ``file`` backend of :class:`~log.base.Log`: topics as directories on one machine.
+
+Layout under ``root``::
+
+    <topic>/topic.json                        the TopicSpec
+    <topic>/<partition>/<base:020d>.log       segments of CRC-checked batches (log.file.batch_codec)
+    <topic>/<partition>/<base:020d>.index     sparse offset index      (log.file.segment_index)
+    <topic>/<partition>/<base:020d>.timeindex sparse time index
+    <topic>/<partition>/writer.lock           one writer per partition (log.file.writer_lock)
+    <topic>/<partition>/cleaner-checkpoint.json  compaction progress   (log.file.compaction)
+    <topic>/<partition>/recovery-point        acknowledged end of the active segment (log.file.recovery_point)
+
+Any number of processes may open the same root. A partition's writer lock is taken at
+the first append and kept until :meth:`FileLog.close`; internal topics (``_headwater.*``,
+written by every process, e.g. consumer offsets) take it around each append instead.
+A torn tail left by a crashed writer is truncated (with a warning) when a partition is
+first opened while no writer holds it, and always before a new writer appends.
+Appended batches store their records zstd-compressed when ``compression="zstd"`` (the
+default, ``log.file.compression``) and that is smaller; readers take either kind.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal
+
+from log.base import AppendResult, CompactionResult, Record, StoredRecord, TopicPartition, TopicSpec
+from log.consumer_groups import ConsumerOffsets
+from log.errors import UnknownPartitionError, UnknownTopicError
+from log.file.batch_codec import Compression
+from log.file.compaction import CleanerCheckpoint, clean_partition
+from log.file.partition import Partition
+from log.file.topic_store import (
+    create_topic_directory,
+    delete_topic_directory,
+    list_topic_names,
+    partition_directory,
+    read_spec,
+    topic_directory,
+)
+from log.topic_errors import TopicExistsError
+
+if TYPE_CHECKING:
+    from log.file.column_reader import RecordColumns
+
+DEFAULT_SEGMENT_BYTES = 128 * 1024 * 1024
+_INTERNAL_PREFIX = "_headwater."
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class _OpenTopic:
+    """A topic as this process opened it; a recreated topic (new directory identity) is a new one."""
+
+    def __init__(self, spec: TopicSpec, identity: tuple[int, int]) -> None:
+        self.spec = spec
+        self.identity = identity
+        self.partitions: dict[int, Partition] = {}
+
+    def close(self) -> None:
+        for partition in self.partitions.values():
+            partition.close()
+
+
+class FileLog:
+    """A :class:`~log.base.Log` stored in files under ``root`` (see the module docstring)."""
+
+    #: The conformance suite's compaction tests run against this backend.
+    supports_compaction = True
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        fsync: Literal["always", "never"] = "always",
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        compression: Compression = "zstd",
+    ) -> None:
+        if segment_bytes <= 0:
+            msg = f"segment_bytes must be positive, not {segment_bytes}"
+            raise ValueError(msg)
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._fsync = fsync == "always"
+        self._segment_bytes = segment_bytes
+        #: How appended batches store their records (``log.file.compression``).
+        self.compression: Compression = compression
+        self._lock = threading.RLock()
+        self._topics: dict[str, _OpenTopic] = {}
+        self._offsets = ConsumerOffsets(self)
+
+    def __enter__(self) -> FileLog:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- topics -----------------------------------------------------------------------
+
+    def _open_topic(self, name: str) -> _OpenTopic:
+        directory = topic_directory(self.root, name)
+        try:
+            st = os.stat(directory)
+        except FileNotFoundError:
+            st = None
+        # Inode numbers are reused; the change time (set when the topic was renamed into
+        # place) tells a recreated topic from the one this process opened.
+        identity = (st.st_ino, st.st_ctime_ns) if st is not None else (-1, -1)
+        with self._lock:
+            opened = self._topics.get(name)
+            if opened is not None and opened.identity == identity:
+                return opened
+            if opened is not None:
+                opened.close()
+                del self._topics[name]
+            if st is None:
+                raise UnknownTopicError(name)
+            opened = _OpenTopic(read_spec(self.root, name), identity)
+            self._topics[name] = opened
+            return opened
+
+    def _partition(self, topic: str, partition: int) -> Partition:
+        opened = self._open_topic(topic)
+        found = opened.partitions.get(partition)
+        if found is not None:
+            return found
+        if not 0 <= partition < opened.spec.partitions:
+            raise UnknownPartitionError(topic, partition, opened.spec.partitions)
+        with self._lock:
+            found = opened.partitions.get(partition)
+            if found is None:
+                found = Partition(
+                    partition_directory(topic_directory(self.root, topic), partition),
+                    topic,
+                    partition,
+                    fsync=self._fsync,
+                    segment_bytes=self._segment_bytes,
+                    shared_writer=topic.startswith(_INTERNAL_PREFIX),
+                    compression=self.compression,
+                )
+                found.recover_if_unlocked()
+                opened.partitions[partition] = found
+            return found
+
+    def create_topic(self, spec: TopicSpec, *, exist_ok: bool = True) -> None:
+        """Create a topic; with ``exist_ok`` an existing topic is left as it is.
+
+        Internal names (``_headwater.*``) are accepted here; user-facing layers reject them.
+        """
+        if not create_topic_directory(self.root, spec) and not exist_ok:
+            raise TopicExistsError(spec.name)
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic and all its records."""
+        topic_directory(self.root, name)
+        with self._lock:
+            opened = self._topics.pop(name, None)
+            if opened is not None:
+                opened.close()
+        delete_topic_directory(self.root, name)
+
+    def list_topics(self) -> list[str]:
+        """Names of all topics, internal ones included, sorted."""
+        return list_topic_names(self.root)
+
+    def describe_topic(self, name: str) -> TopicSpec:
+        """The topic's spec; :class:`UnknownTopicError` if it does not exist."""
+        return self._open_topic(name).spec
+
+    # -- records ----------------------------------------------------------------------
+
+    def append(self, topic: str, partition: int, records: Sequence[Record]) -> AppendResult:
+        """Append ``records`` to one partition atomically and durably; return their offsets."""
+        return self._partition(topic, partition).append(records)
+
+    def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_records: int = 10_000,
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> list[StoredRecord]:
+        """Read records at or after ``offset`` in offset order (see :meth:`log.base.Log.read`)."""
+        return self._partition(topic, partition).read(max(offset, 0), max_records, max_bytes)
+
+    def read_columns(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        end: int,
+        *,
+        max_records: int = 10_000,
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> tuple[RecordColumns, int]:
+        """The records :meth:`read` gives, those before ``end``, as Arrow columns; and the offset to go on from.
+
+        Read ``[start, end)`` by calling again at the returned offset until it reaches ``end``
+        or stays where it was (nothing more held). See :mod:`log.file.column_reader`.
+        """
+        return self._partition(topic, partition).read_columns(max(offset, 0), end, max_records, max_bytes)
+
+    def beginning_offset(self, topic: str, partition: int) -> int:
+        """The lowest offset still held (the end offset when the partition is empty)."""
+        part = self._partition(topic, partition)
+        first = part.read(0, 1, 1)
+        return first[0].offset if first else part.end_offset()
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        """The offset the next appended record will get."""
+        return self._partition(topic, partition).end_offset()
+
+    def clean_offset(self, topic: str, partition: int) -> int:
+        """The offset from which every record is still held (0 before the first compaction)."""
+        part = self._partition(topic, partition)
+        if not self._open_topic(topic).spec.compacted:
+            return self.beginning_offset(topic, partition)
+        return CleanerCheckpoint.load(part.directory).clean_offset
+
+    def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
+        """The earliest offset whose timestamp is at or after ``timestamp_ms``; ``None`` if none."""
+        return self._partition(topic, partition).offset_for_time(timestamp_ms)
+
+    # -- consumer groups --------------------------------------------------------------
+
+    def commit(self, group: str, offsets: Mapping[TopicPartition, int]) -> None:
+        """Record a consumer group's next offsets to read (durable, like :meth:`append`)."""
+        self._offsets.commit(group, offsets)
+
+    def committed(self, group: str, topic: str) -> dict[int, int]:
+        """The group's committed next offsets for the topic's partitions."""
+        return self._offsets.committed(group, topic)
+
+    # -- cleaning ---------------------------------------------------------------------
+
+    def compact(self, topic: str) -> CompactionResult:
+        """Run one compaction (compacted topics) or retention (other topics) pass now."""
+        spec = self._open_topic(topic).spec
+        now = _now_ms()
+        before_records = after_records = before_bytes = after_bytes = 0
+        for number in range(spec.partitions):
+            done = clean_partition(self._partition(topic, number), spec, now)
+            before_records += done.records_before
+            after_records += done.records_after
+            before_bytes += done.bytes_before
+            after_bytes += done.bytes_after
+        return CompactionResult(topic, before_records, after_records, before_bytes, after_bytes)
+
+    def close(self) -> None:
+        """Release writer locks and files. Idempotent."""
+        with self._lock:
+            for opened in self._topics.values():
+                opened.close()
+            self._topics.clear()

@@ -1,0 +1,296 @@
+"""The file backend's cleaner: key compaction for compacted topics, retention for the others.
+
+Compaction, per partition, under the partition's ``cleaner.lock``:
+
+1. The *cleanable range* is the run of closed segments from the start up to the first
+   one holding a record younger than ``min_compaction_lag_ms``; the active segment is
+   never touched. Its end is the partition's ``clean_offset``.
+2. One scan of the whole partition finds the latest offset of every key (keys are
+   sliced straight out of the read buffers; no record objects are built).
+3. Each cleanable segment that loses records is rewritten beside itself as
+   ``<base>.log.cleaned`` keeping every surviving record's original offset (batches
+   keep their base and last offset, so they may become sparse), fsynced, and renamed
+   over the original. Its stale indexes are removed first, so a crash at any point
+   leaves either the old or the new segment, never a mismatched index.
+4. A tombstone that is the latest for its key is dropped only ``delete_retention_ms``
+   after the first pass whose cleanable range covered it; the pass ends and times
+   live in ``cleaner-checkpoint.json``. Records with a null key are kept.
+
+Retention deletes whole closed segments whose newest record is older than
+``retention_ms``, then the oldest closed segments while the partition exceeds
+``retention_bytes``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from log.base import TopicSpec
+from log.file.batch_codec import ATTR_CODEC, RECORD, Compression, records_section, seal_batch
+from log.file.partition import Partition, fsync_directory
+from log.file.segment import CLEANED_SUFFIX
+from log.file.segment_index import SegmentIndex, index_path, time_index_path, write_index_files
+
+CHECKPOINT_NAME = "cleaner-checkpoint.json"
+CLEANER_LOCK_NAME = "cleaner.lock"
+_NO_TIMESTAMP = -(1 << 63)
+
+
+@dataclass(slots=True)
+class CleanerCheckpoint:
+    """What past passes did to one partition.
+
+    ``passes`` holds ``(end_offset, time_ms)`` with growing ends: a record at offset
+    ``o`` was first seen by a pass at the time of the first entry whose end exceeds ``o``.
+    """
+
+    clean_offset: int = 0
+    passes: list[tuple[int, int]] = field(default_factory=list)
+
+    def first_seen_ms(self, offset: int) -> int | None:
+        """When compaction first saw ``offset`` (``None``: not yet)."""
+        for end, at in self.passes:
+            if offset < end:
+                return at
+        return None
+
+    def record_pass(self, end_offset: int, now_ms: int, delete_retention_ms: int) -> None:
+        """Note a pass over ``[0, end_offset)``; merge entries whose tombstones all expired."""
+        if not self.passes or end_offset > self.passes[-1][0]:
+            self.passes.append((end_offset, now_ms))
+        self.clean_offset = max(self.clean_offset, end_offset)
+        # An entry may fold into the next once the next has expired too: every offset
+        # it covers is then past its delete retention either way.
+        while len(self.passes) > 1 and self.passes[1][1] + delete_retention_ms <= now_ms:
+            del self.passes[0]
+
+    @classmethod
+    def load(cls, directory: Path) -> CleanerCheckpoint:
+        """Read the checkpoint of a partition directory (empty if none was written)."""
+        try:
+            raw = orjson.loads((directory / CHECKPOINT_NAME).read_bytes())
+        except FileNotFoundError:
+            return cls()
+        return cls(int(raw["clean_offset"]), [(int(end), int(at)) for end, at in raw["passes"]])
+
+    def save(self, directory: Path) -> None:
+        """Replace the checkpoint atomically and durably."""
+        tmp = directory / (CHECKPOINT_NAME + ".tmp")
+        data = orjson.dumps({"clean_offset": self.clean_offset, "passes": self.passes})
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, directory / CHECKPOINT_NAME)
+        fsync_directory(directory)
+
+
+@dataclass(slots=True)
+class PartitionCleaning:
+    """Counts of one partition before and after a pass."""
+
+    records_before: int = 0
+    records_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+
+@contextlib.contextmanager
+def cleaner_lock(directory: Path) -> Iterator[None]:
+    """Serialise cleaners of one partition (across processes); writers are not blocked."""
+    fd = os.open(directory / CLEANER_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def clean_partition(partition: Partition, spec: TopicSpec, now_ms: int) -> PartitionCleaning:
+    """Run one compaction (compacted topics) or retention pass over a partition."""
+    with cleaner_lock(partition.directory):
+        _remove_leftovers(partition.directory)
+        if spec.compacted:
+            return _compact(partition, spec, now_ms)
+        return _retain(partition, spec, now_ms)
+
+
+def _remove_leftovers(directory: Path) -> None:
+    # Rewrites that a crash interrupted before their rename; the originals are intact.
+    for name in os.listdir(directory):
+        if name.endswith(CLEANED_SUFFIX):
+            (directory / name).unlink(missing_ok=True)
+
+
+@dataclass(slots=True)
+class _SegmentStats:
+    base: int
+    path: Path
+    records: int = 0
+    size: int = 0
+    max_ts: int = _NO_TIMESTAMP
+
+
+def _compact(partition: Partition, spec: TopicSpec, now_ms: int) -> PartitionCleaning:
+    listing = partition.listing(force=True)
+    horizon = now_ms - spec.min_compaction_lag_ms
+    unpack = RECORD.unpack_from
+    record_size = RECORD.size
+    latest: dict[bytes, int] = {}
+    stats: list[_SegmentStats] = []
+    # Pass 1: latest offset per key over the whole partition, and per-segment summaries.
+    for number, (base, path) in enumerate(listing):
+        seg = _SegmentStats(base, path, size=os.stat(path).st_size)
+        stats.append(seg)
+        for header, buf, off in partition.scan_segment(base, path, active=number == len(listing) - 1):
+            seg.records += header.record_count
+            seg.max_ts = max(seg.max_ts, header.max_timestamp)
+            first = header.base_offset
+            records, p = records_section(buf, off, header)
+            for _ in range(header.record_count):
+                delta, _ts, klen, vlen, hlen = unpack(records, p)
+                p += record_size
+                if klen >= 0:
+                    latest[bytes(records[p : p + klen])] = first + delta
+                    p += klen
+                p += (vlen if vlen > 0 else 0) + hlen
+    result = PartitionCleaning(records_before=sum(s.records for s in stats), bytes_before=sum(s.size for s in stats))
+    cleanable: list[_SegmentStats] = []
+    for seg in stats[:-1]:
+        if seg.max_ts > horizon:
+            break
+        cleanable.append(seg)
+    clean_end = stats[len(cleanable)].base
+    checkpoint = CleanerCheckpoint.load(partition.directory)
+    checkpoint.record_pass(clean_end, now_ms, spec.delete_retention_ms)
+    # Tombstones first seen at or before this time have outlived their delete retention.
+    expired_before = now_ms - spec.delete_retention_ms
+    for seg in cleanable:
+        kept, size = _rewrite_segment(partition, seg, latest, checkpoint, expired_before)
+        seg.records, seg.size = kept, size
+    checkpoint.save(partition.directory)
+    result.records_after = sum(s.records for s in stats)
+    result.bytes_after = sum(s.size for s in stats)
+    return result
+
+
+def _rewrite_segment(
+    partition: Partition,
+    seg: _SegmentStats,
+    latest: dict[bytes, int],
+    checkpoint: CleanerCheckpoint,
+    expired_before: int,
+) -> tuple[int, int]:
+    """Rewrite one closed segment without superseded records; return its records and bytes after."""
+    unpack = RECORD.unpack_from
+    record_size = RECORD.size
+    parts: list[bytes | bytearray] = []
+    index = SegmentIndex()
+    position = 0
+    running = _NO_TIMESTAMP
+    kept_total = 0
+    changed = False
+    for header, buf, off in partition.scan_segment(seg.base, seg.path, active=False):
+        first = header.base_offset
+        records, p = records_section(buf, off, header)
+        kept: list[bytes | memoryview] = []
+        max_ts = _NO_TIMESTAMP
+        for _ in range(header.record_count):
+            start = p
+            delta, ts, klen, vlen, hlen = unpack(records, p)
+            p += record_size
+            offset = first + delta
+            keep = True
+            if klen >= 0:
+                keep = latest.get(bytes(records[p : p + klen])) == offset
+                if keep and vlen < 0:
+                    seen = checkpoint.first_seen_ms(offset)
+                    keep = seen is None or seen > expired_before
+            p += (klen if klen > 0 else 0) + (vlen if vlen > 0 else 0) + hlen
+            if keep:
+                kept.append(records[start:p])
+                max_ts = max(max_ts, ts)
+        batch: bytes | bytearray
+        if len(kept) == header.record_count:
+            batch = buf[off : off + header.length]
+            max_ts = header.max_timestamp
+        else:
+            changed = True
+            if not kept:
+                continue
+            # A rewritten batch keeps its codec: compressed batches stay compressed.
+            compression: Compression = "zstd" if header.attributes & ATTR_CODEC else "none"
+            batch = seal_batch(first, header.last_offset_delta, len(kept), max_ts, kept, compression=compression)
+        running = max(running, max_ts)
+        if index.wants(position):
+            index.add(first, position, running)
+        parts.append(batch)
+        position += len(batch)
+        kept_total += len(kept)
+    if not changed:
+        return kept_total, position
+    _swap(partition.directory, seg.path, parts, index)
+    return kept_total, position
+
+
+def _swap(directory: Path, path: Path, parts: list[bytes | bytearray], index: SegmentIndex) -> None:
+    """Replace segment ``path`` by ``parts`` atomically (or delete it when nothing is left)."""
+    if not parts:
+        _delete_segment(path)
+        fsync_directory(directory)
+        return
+    cleaned = path.with_name(path.name + CLEANED_SUFFIX)
+    with open(cleaned, "wb") as fh:
+        fh.writelines(parts)
+        fh.flush()
+        os.fsync(fh.fileno())
+    write_index_files(path, index, suffix=CLEANED_SUFFIX)
+    # Old indexes go before the new log arrives, so no reader pairs an old index
+    # with the new log; a reader without an index rebuilds it by scanning.
+    index_path(path).unlink(missing_ok=True)
+    time_index_path(path).unlink(missing_ok=True)
+    os.replace(cleaned, path)
+    for target in (index_path(path), time_index_path(path)):
+        os.replace(target.with_name(target.name + CLEANED_SUFFIX), target)
+    fsync_directory(directory)
+
+
+def _delete_segment(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    index_path(path).unlink(missing_ok=True)
+    time_index_path(path).unlink(missing_ok=True)
+
+
+def _retain(partition: Partition, spec: TopicSpec, now_ms: int) -> PartitionCleaning:
+    listing = partition.listing(force=True)
+    stats: list[_SegmentStats] = []
+    for number, (base, path) in enumerate(listing):
+        seg = _SegmentStats(base, path, size=os.stat(path).st_size)
+        for header, _buf, _off in partition.scan_segment(base, path, active=number == len(listing) - 1):
+            seg.records += header.record_count
+            seg.max_ts = max(seg.max_ts, header.max_timestamp)
+        stats.append(seg)
+    result = PartitionCleaning(records_before=sum(s.records for s in stats), bytes_before=sum(s.size for s in stats))
+    remaining = result.bytes_before
+    deleted = 0
+    # Only closed segments, oldest first; the active segment always stays.
+    for seg in stats[:-1]:
+        too_old = spec.retention_ms is not None and seg.max_ts < now_ms - spec.retention_ms
+        too_big = spec.retention_bytes is not None and remaining > spec.retention_bytes
+        if not (too_old or too_big):
+            break
+        _delete_segment(seg.path)
+        remaining -= seg.size
+        deleted += 1
+    if deleted:
+        fsync_directory(partition.directory)
+    result.records_after = sum(s.records for s in stats[deleted:])
+    result.bytes_after = remaining
+    return result

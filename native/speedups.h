@@ -1,0 +1,23 @@
+/*
+ * What the translation units of the _speedups extension share (every .c file in native, built
+ * into one module by hatch_build.py; the module is created in _speedups.c).
+ */
+#ifndef HEADWATER_SPEEDUPS_H
+#define HEADWATER_SPEEDUPS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* CRC-32C (Castagnoli), chained like zlib.crc32; SSE4.2 when the CPU has it. */
+uint32_t hw_crc32c(uint32_t crc, const void *data, size_t n);
+
+/* Kafka's Utils.murmur2 (log/partitioner.py), as the record path routes keys. */
+int32_t hw_murmur2(const unsigned char *data, Py_ssize_t length);
+
+/* Functions each file adds to the module (a {NULL} terminated table). */
+extern PyMethodDef hw_log_columns_methods[];   /* log_columns.c: file-log batches -> Arrow columns */
+extern PyMethodDef hw_batch_columns_methods[]; /* batch_columns.c: Arrow columns -> file-log batches */
+
+#endif

@@ -1,0 +1,172 @@
+"""``headwater run``: capture, feeds and warehouse loads together, in dependency order.
+
+``until_caught_up``: capture everything committed before the call, then run every feed
+and every load with ``availableNow`` in one Spark session, in DAG order (feeds before
+the tables that read them), then return.
+
+``follow``: each stage is its own supervised process (``headwater capture --follow``,
+``headwater feeds run --follow``, ``headwater load --follow``). A process that dies is
+restarted with exponential backoff and reported; SIGINT/SIGTERM stop every child
+(they get SIGINT and finish their current batch: capture acknowledges only what is
+durable, Spark jobs resume from their checkpoints), so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.config import ProjectConfig
+from core.errors import EXIT_PERMANENT
+
+#: Backoff before restarting a crashed stage (seconds), capped at the last value.
+RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+#: A stage that ran this long before dying is considered healthy again (backoff resets).
+HEALTHY_AFTER_S = 60.0
+
+
+@dataclass
+class Stage:
+    """One supervised child process."""
+
+    name: str
+    argv: list[str]
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    failed: bool = False
+
+
+@dataclass
+class RunSummary:
+    """What an ``until_caught_up`` run did."""
+
+    lines: list[str] = field(default_factory=list)
+
+
+def run_until_caught_up(config: ProjectConfig, say: Callable[[str], None]) -> RunSummary:
+    """Capture, then feeds, then loads, each until everything available is processed."""
+    from capture.runner import run_capture
+
+    summary = RunSummary()
+    if config.sources:
+        for name, stats in run_capture(config, (), until_caught_up=True).items():
+            summary.lines.append(f"capture {name}: {stats.events} events, acknowledged {stats.acked_lsn}")
+            say(summary.lines[-1])
+    if not config.feeds and not config.warehouse.tables:
+        return summary
+    from spark_log.job import spark_job
+
+    with spark_job(config, "headwater-run") as (spark, log):
+        if config.feeds:
+            from derived_feeds.feed_job import run_feeds
+
+            run_feeds(spark, config, log, (), available_now=True)
+            summary.lines.append(f"feeds: {', '.join(config.feeds)} caught up")
+            say(summary.lines[-1])
+        if config.warehouse.tables:
+            from warehouse_loader.load_job import run_loads
+
+            run_loads(spark, config, log, (), available_now=True)
+            summary.lines.append(f"warehouse: {', '.join(config.warehouse.tables)} loaded")
+            say(summary.lines[-1])
+    return summary
+
+
+def follow_stages(config: ProjectConfig, config_path: Path) -> list[Stage]:
+    """The child processes of ``run --follow``, upstream first."""
+    base = [sys.executable, "-m", "headwater", "--config", str(config_path)]
+    stages = []
+    if config.sources:
+        stages.append(Stage("capture", [*base, "capture", "--follow"]))
+    if config.feeds:
+        stages.append(Stage("feeds", [*base, "feeds", "run", "--follow"]))
+    if config.warehouse.tables:
+        stages.append(Stage("load", [*base, "load", "--follow"]))
+    return stages
+
+
+class Supervisor:
+    """Keeps stages running until asked to stop; restarts crashed ones with backoff."""
+
+    def __init__(self, stages: Sequence[Stage], say: Callable[[str], None], *, poll_s: float = 0.5) -> None:
+        self.stages = list(stages)
+        self._say = say
+        self._poll_s = poll_s
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Ask every stage to finish its current batch and exit."""
+        self._stop.set()
+
+    def run(self) -> int:
+        """Supervise until :meth:`stop`; return 0 when every child exited cleanly."""
+        for stage in self.stages:
+            self._start(stage)
+        next_start: dict[str, float] = {}
+        while not self._stop.wait(self._poll_s):
+            for stage in self.stages:
+                process = stage.process
+                if stage.failed:
+                    continue
+                if process is None:
+                    if time.monotonic() >= next_start.get(stage.name, 0.0):
+                        self._start(stage)
+                    continue
+                code = process.poll()
+                if code is None:
+                    continue
+                if code == EXIT_PERMANENT:
+                    # Restarting cannot help (a dropped slot, bad config, corrupt data): the
+                    # stage's own one-line error says what to do; the other stages go on.
+                    stage.process = None
+                    stage.failed = True
+                    self._say(f"{stage.name} stopped with an error that needs an operator; not restarting it")
+                    continue
+                lived = time.monotonic() - stage.started_at
+                if lived >= HEALTHY_AFTER_S:
+                    stage.restarts = 0
+                delay = RESTART_BACKOFF_S[min(stage.restarts, len(RESTART_BACKOFF_S) - 1)]
+                stage.restarts += 1
+                stage.process = None
+                next_start[stage.name] = time.monotonic() + delay
+                self._say(f"{stage.name} exited with code {code} after {lived:.1f}s; restarting in {delay:.0f}s")
+            if all(stage.failed for stage in self.stages):
+                break
+        return self._shutdown()
+
+    def _start(self, stage: Stage) -> None:
+        # Own process group: a terminal's Ctrl-C reaches only the supervisor, which then
+        # stops the children with SIGINT (each finishes its current batch).
+        stage.process = subprocess.Popen(stage.argv, start_new_session=True)
+        stage.started_at = time.monotonic()
+        self._say(f"started {stage.name} (pid {stage.process.pid})")
+
+    def _shutdown(self, timeout_s: float = 60.0) -> int:
+        status = 1 if any(stage.failed for stage in self.stages) else 0
+        for stage in self.stages:
+            if stage.process is not None and stage.process.poll() is None:
+                # SIGINT: every stage treats it as "finish the current batch and exit".
+                stage.process.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + timeout_s
+        for stage in self.stages:
+            process = stage.process
+            if process is None:
+                continue
+            try:
+                code = process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._say(f"{stage.name} did not stop within {timeout_s:.0f}s; killing it")
+                os.killpg(process.pid, signal.SIGKILL)
+                code = process.wait()
+            if code not in (0, 130, -signal.SIGINT):
+                status = 1
+            self._say(f"stopped {stage.name} (exit {code})")
+        return status

@@ -1,0 +1,445 @@
+"""``headwater_log``: a Spark Python data source (batch and streaming) over the :class:`~log.base.Log`.
+
+Register it once per session with :func:`register_log_source`, then::
+
+    spark.read.format("headwater_log").option("config", "headwater.yaml")
+        .option("topic", "shop.public.customers").load()
+    spark.readStream.format("headwater_log").option("config", ...).option("topic", ...)
+        .option("maxRecordsPerBatch", 10000).load()
+
+Options (all strings, as Spark passes them):
+
+* ``config``: path of ``headwater.yaml``. Executors are separate Python processes: each
+  opens the log itself (``open_log(load_config(path))``) inside ``read()``, so only
+  this path travels, never a connection.
+* ``topic``: one topic, or several separated by commas (their ``before``/``after``
+  structs are merged by column name).
+* ``startingOffsets``: ``earliest`` (default) | ``latest`` | JSON per partition
+  (``{"0": 12}`` for one topic, ``{"<topic>": {"0": 12}}``; -2 earliest, -1 latest).
+  A streaming query uses it only when it has no checkpoint.
+* ``endingOffsets`` (batch only): ``latest`` (default) or JSON as above.
+* ``maxRecordsPerBatch`` (streaming): at most this many offsets per micro-batch
+  (shared across partitions by backlog); ``availableNow`` honours it.
+* ``maxRecordsPerPartition``: a partition range longer than this is split into several
+  Spark input partitions (default 100000).
+* ``includeTombstones``: ``true`` keeps the null-value records that follow deletes
+  (``op`` and images null); default ``false``.
+* ``unconstrainedNumeric``: ``string`` (default, exact) | ``decimal`` (Decimal(38,10)).
+* ``latestPerKey``: ``true`` gives, per ``(topic, key)``, only the latest row change of the
+  read (micro-batch), plus column ``__hw_first_op`` (the key's first op in it); rows
+  without a key stay, messages go. Ranges are then never split: the rule is applied per
+  log partition in the reader, which is exact because a key's records all live in one
+  partition (:mod:`spark_log.latest_per_key`). Feeds read this way, without a shuffle.
+
+The output schema is :func:`spark_log.source_schema.output_schema`; ``before``/``after``
+are typed STRUCTs from the topics' latest schema in ``_headwater.schemas`` (JSON strings
+when a topic has none). The schema is fixed when the query is planned: a streaming query
+picks up a new column at its next start (from its checkpoint).
+
+Reading: a file log's ranges are read as Arrow columns straight from the segments' bytes
+(:mod:`log.file.column_reader`, no object per record) and built by
+:meth:`~spark_log.source_batches.EventBatchBuilder.build_columns`; other backends hand
+``StoredRecord`` chunks to :meth:`~spark_log.source_batches.EventBatchBuilder.build`. Both
+give the same rows.
+
+Offsets: one position per partition, ``{"<topic>": {"<partition>": next offset}}``; a
+micro-batch ends at the partitions' ``end_offset`` seen when Spark asks for the latest
+offset, so records appended later go to a later batch, never twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StringType, StructType
+
+from core.config import ProjectConfig, TypesConfig, load_config
+from derived_feeds.errors import LogSourceOptionError
+from log.base import Log, StoredRecord
+from log.errors import UnknownTopicError
+from log.factory import open_log
+from log.file.backend import FileLog
+from log.file.column_reader import RecordColumns
+from log.file.column_reader import read_range_columns as columnar_range
+from log.table_schemas import read_schema_records
+from spark_log.offsets import LogPosition, OffsetRange, OffsetsSpec, admit, offset_ranges
+from spark_log.source_batches import EventBatchBuilder
+from spark_log.source_schema import (
+    FIRST_OP,
+    RowSchema,
+    UnconstrainedNumeric,
+    merged_struct,
+    output_schema,
+    row_schema,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
+    from pyspark.sql import SparkSession
+
+SOURCE_NAME = "headwater_log"
+DEFAULT_SPLIT_RECORDS = 100_000
+#: Records per log read and per Arrow batch handed to Spark.
+READ_CHUNK = 10_000
+#: The same for a columnar read, whose bulk decode has per-call costs worth spreading (~10 % less CPU than
+#: 10k here), and its byte bound: a few tens of MB of values per batch.
+COLUMN_READ_CHUNK = 50_000
+COLUMN_READ_BYTES = 32 * 1024 * 1024
+_UNSPLIT = 1 << 62
+
+
+@dataclass(frozen=True, slots=True)
+class LogSourceOptions:
+    """The validated options (picklable: plain values only)."""
+
+    config_path: str
+    topics: tuple[str, ...]
+    starting: str | None
+    ending: str | None
+    max_records_per_batch: int | None
+    split_records: int
+    include_tombstones: bool
+    unconstrained_numeric: UnconstrainedNumeric
+    latest_per_key: bool = False
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> LogSourceOptions:
+        """Validate Spark's (case-insensitive) option map."""
+        lowered = {key.lower(): value for key, value in options.items()}
+        config_path = lowered.get("config") or lowered.get("path")
+        if not config_path:
+            msg = "give the path of headwater.yaml: .option('config', path)"
+            raise LogSourceOptionError(msg, option="config")
+        topics = tuple(t.strip() for t in lowered.get("topic", "").split(",") if t.strip())
+        if not topics:
+            msg = "name the topic to read: .option('topic', 'shop.public.customers')"
+            raise LogSourceOptionError(msg, option="topic")
+        numeric = lowered.get("unconstrainednumeric", "string").lower()
+        if numeric not in ("string", "decimal"):
+            msg = f"expected 'string' or 'decimal', got {numeric!r}"
+            raise LogSourceOptionError(msg, option="unconstrainedNumeric")
+        return cls(
+            config_path=config_path,
+            topics=topics,
+            starting=lowered.get("startingoffsets"),
+            ending=lowered.get("endingoffsets"),
+            max_records_per_batch=_positive(lowered, "maxRecordsPerBatch"),
+            split_records=_positive(lowered, "maxRecordsPerPartition") or DEFAULT_SPLIT_RECORDS,
+            include_tombstones=_flag(lowered, "includeTombstones"),
+            unconstrained_numeric=cast(Literal["string", "decimal"], numeric),
+            latest_per_key=_flag(lowered, "latestPerKey"),
+        )
+
+    @property
+    def range_split(self) -> int:
+        """Offsets per Spark input partition (a whole partition range when rows are reduced per key)."""
+        return _UNSPLIT if self.latest_per_key else self.split_records
+
+    def load_config(self) -> ProjectConfig:
+        """The project config the path names; an unset ``${VAR}`` stays as written.
+
+        Reading the log never needs a source's DSN password, so Spark's Python workers
+        do not require it in their environment.
+        """
+        return load_config(self.config_path, strict_env=False)
+
+
+def _positive(options: Mapping[str, str], name: str) -> int | None:
+    text = options.get(name.lower())
+    if text is None or not text.strip():
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        msg = f"expected a positive integer, got {text!r}"
+        raise LogSourceOptionError(msg, option=name)
+    return value
+
+
+def _flag(options: Mapping[str, str], name: str) -> bool:
+    text = options.get(name.lower(), "false").strip().lower()
+    if text not in ("true", "false"):
+        msg = f"expected true or false, got {text!r}"
+        raise LogSourceOptionError(msg, option=name)
+    return text == "true"
+
+
+def register_log_source(spark: SparkSession) -> None:
+    """Make ``spark.read/readStream.format("headwater_log")`` available in this session."""
+    spark.dataSource.register(HeadwaterLogDataSource)
+
+
+# --------------------------------------------------------------------------- planning (driver)
+
+
+def topic_modes(config: ProjectConfig, topic: str) -> TypesConfig:
+    """The type modes the topic's values were written with (its source's ``types``)."""
+    source = config.sources.get(topic.split(".", 1)[0])
+    return source.types if source is not None else TypesConfig()
+
+
+def plan_row_schemas(log: Log, config: ProjectConfig, topics: Sequence[str]) -> dict[str, RowSchema] | None:
+    """Row schemas of all ``topics``, or ``None`` when any lacks a schema record (JSON images)."""
+    records = read_schema_records(log, topics)
+    if any(topic not in records for topic in topics):
+        return None
+    return {topic: row_schema(topic, records[topic], topic_modes(config, topic)) for topic in topics}
+
+
+def current_ends(log: Log, topics: Sequence[str]) -> LogPosition:
+    """``end_offset`` of every partition of ``topics`` now."""
+    ends: dict[tuple[str, int], int] = {}
+    for topic in topics:
+        for partition in range(log.describe_topic(topic).partitions):
+            ends[(topic, partition)] = log.end_offset(topic, partition)
+    return LogPosition.of(ends)
+
+
+def resolve_position(log: Log, topics: Sequence[str], spec: OffsetsSpec) -> LogPosition:
+    """What ``spec`` means for every partition now."""
+    resolved: dict[tuple[str, int], int] = {}
+    for topic in topics:
+        for partition in range(log.describe_topic(topic).partitions):
+            resolved[(topic, partition)] = spec.resolve(
+                topic,
+                partition,
+                beginning=log.beginning_offset(topic, partition),
+                end=log.end_offset(topic, partition),
+            )
+    return LogPosition.of(resolved)
+
+
+def read_range(
+    log: Log, topic: str, partition: int, start: int, end: int, *, chunk: int = READ_CHUNK
+) -> Iterator[list[StoredRecord]]:
+    """Records of ``[start, end)`` in chunks; stops at ``end`` even if more has been appended since."""
+    offset = start
+    while offset < end:
+        records = log.read(topic, partition, offset, max_records=min(chunk, end - offset))
+        if not records:
+            return  # retention removed the rest of the range, or nothing was there
+        if records[-1].offset >= end:
+            records = [r for r in records if r.offset < end]
+            if not records:
+                return
+        yield records
+        offset = records[-1].offset + 1
+
+
+def read_range_columns(
+    log: FileLog, topic: str, partition: int, start: int, end: int, *, chunk: int = COLUMN_READ_CHUNK
+) -> Iterator[RecordColumns]:
+    """The records :func:`read_range` gives, as Arrow columns (the file backend's columnar read)."""
+    return columnar_range(log, topic, partition, start, end, max_records=chunk, max_bytes=COLUMN_READ_BYTES)
+
+
+# --------------------------------------------------------------------------- Spark classes
+
+
+class LogRangePartition(InputPartition):
+    """One Spark input partition: one offset range of one log partition."""
+
+    def __init__(self, offsets: OffsetRange) -> None:
+        super().__init__(offsets)
+        self.offsets = offsets
+
+
+class _RangeReading:
+    """Executor side shared by both readers: open the log in the worker, decode each chunk."""
+
+    options: LogSourceOptions
+    builder: EventBatchBuilder
+
+    def _read_ranges(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, LogRangePartition):
+            return  # Spark's placeholder partition when there is nothing to read
+        offsets = partition.offsets
+        log = open_log(self.options.load_config())
+        try:
+            topic, number, start, end = offsets.topic, offsets.partition, offsets.start, offsets.end
+            batches: Iterator[pa.RecordBatch]
+            if isinstance(log, FileLog):  # columns straight from the segments' bytes
+                batches = map(self.builder.build_columns, read_range_columns(log, topic, number, start, end))
+            else:
+                batches = map(self.builder.build, read_range(log, topic, number, start, end))
+            if self.options.latest_per_key:
+                batches = self._latest_per_key(list(batches))
+            for batch in batches:
+                if batch.num_rows:
+                    yield batch
+        finally:
+            log.close()
+
+    def _latest_per_key(self, batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        from spark_log.latest_per_key import latest_per_key
+        from spark_log.source_batches import arrow_schema
+
+        if not batches:
+            return
+        # StructType.add changes the struct in place: add to a copy, the builder's schema stays as declared.
+        target = arrow_schema(StructType(list(self.builder.schema.fields)).add(FIRST_OP, StringType()))
+        latest = latest_per_key(pa.Table.from_batches(batches))
+        for batch in latest.to_batches(max_chunksize=READ_CHUNK * 5):
+            yield pa.RecordBatch.from_arrays(batch.columns, schema=target)
+
+
+class HeadwaterLogDataSource(DataSource):
+    """The ``headwater_log`` data source (see the module docstring for options and schema)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        super().__init__(options)  # type: ignore[arg-type]  # Spark passes a CaseInsensitiveDict
+        self.parsed = LogSourceOptions.parse(options)
+        # Planned once, in the planner process, and pickled with the source to the readers.
+        self._row_schemas: dict[str, RowSchema] | None = None
+        self._schema: StructType | None = None
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name."""
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        """Read ``_headwater.schemas`` and build the output schema."""
+        if self._schema is None:
+            config = self.parsed.load_config()
+            log = open_log(config)
+            try:
+                missing = [t for t in self.parsed.topics if t not in log.list_topics()]
+                if missing:
+                    raise UnknownTopicError(missing[0])
+                self._row_schemas = plan_row_schemas(log, config, self.parsed.topics)
+            finally:
+                log.close()
+            row = None
+            if self._row_schemas is not None:
+                row = merged_struct(list(self._row_schemas.values()), self.parsed.unconstrained_numeric)
+            self._schema = output_schema(row)
+            if self.parsed.latest_per_key:
+                self._schema = output_schema(row).add(FIRST_OP, StringType())
+        return self._schema
+
+    def _builder(self, schema: StructType) -> EventBatchBuilder:
+        self.schema()
+        if self.parsed.latest_per_key:  # the builder makes the rows, the reader adds the first op
+            schema = StructType([field for field in schema.fields if field.name != FIRST_OP])
+        return EventBatchBuilder(schema, self._row_schemas, include_tombstones=self.parsed.include_tombstones)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """The batch reader."""
+        return LogBatchReader(self.parsed, self._builder(schema))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """The micro-batch reader."""
+        return LogStreamReader(self.parsed, self._builder(schema))
+
+
+class LogBatchReader(_RangeReading, DataSourceReader):
+    """Reads ``startingOffsets`` to ``endingOffsets`` (ends taken when Spark plans the query)."""
+
+    def __init__(self, options: LogSourceOptions, builder: EventBatchBuilder) -> None:
+        self.options = options
+        self.builder = builder
+
+    def partitions(self) -> Sequence[InputPartition]:
+        """One input partition per log partition range (split when long)."""
+        log = open_log(self.options.load_config())
+        try:
+            topics = self.options.topics
+            starting = OffsetsSpec.parse("startingOffsets", self.options.starting, topics, "earliest")
+            ending = OffsetsSpec.parse("endingOffsets", self.options.ending, topics, "latest")
+            start = resolve_position(log, topics, starting)
+            end = resolve_position(log, topics, ending)
+        finally:
+            log.close()
+        return [LogRangePartition(r) for r in offset_ranges(start, end, split_records=self.options.range_split)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Record batches of one range (runs in an executor's Python worker)."""
+        return self._read_ranges(partition)
+
+
+class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches over the log: offsets per partition, admission control, ``availableNow``.
+
+    The driver-side methods run in one long-lived Python process per query, which keeps
+    the log open between calls; ``read`` runs in executors, which open their own.
+    """
+
+    def __init__(self, options: LogSourceOptions, builder: EventBatchBuilder) -> None:
+        self.options = options
+        self.builder = builder
+        self._log: Log | None = None  # opened on first use: this object is pickled to executors first
+        self._target: LogPosition | None = None
+
+    def _driver_log(self) -> Log:
+        if self._log is None:
+            self._log = open_log(self.options.load_config())
+        return self._log
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_log"] = None
+        return state
+
+    def initialOffset(self) -> dict[str, Any]:
+        """Where a query without checkpoint starts (``startingOffsets``)."""
+        topics = self.options.topics
+        spec = OffsetsSpec.parse("startingOffsets", self.options.starting, topics, "earliest")
+        return resolve_position(self._driver_log(), topics, spec).to_json()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """``maxRecordsPerBatch`` as Spark's row limit, else everything available."""
+        limit = self.options.max_records_per_batch
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Freeze the target: an ``availableNow`` run reads up to today's ends and stops."""
+        self._target = current_ends(self._driver_log(), self.options.topics)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """The end of the next micro-batch: the partitions' ends, capped by the target and the limit."""
+        available = self._target or current_ends(self._driver_log(), self.options.topics)
+        begin = LogPosition.from_json(start)
+        # Never move backwards (a partition of the target the start already passed).
+        floor = begin.as_dict()
+        available = LogPosition.of({k: max(v, floor.get(k, 0)) for k, v in available.as_dict().items()})
+        if isinstance(limit, ReadMaxRows):
+            return admit(begin, available, limit.max_rows).to_json()
+        return available.to_json()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """The log's current ends, for the query progress."""
+        return current_ends(self._driver_log(), self.options.topics).to_json()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        """One input partition per partition range of the micro-batch."""
+        ranges = offset_ranges(
+            LogPosition.from_json(start), LogPosition.from_json(end), split_records=self.options.range_split
+        )
+        return [LogRangePartition(r) for r in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Record batches of one range (runs in an executor's Python worker)."""
+        return self._read_ranges(partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: Spark's checkpoint holds the position, the log keeps the records."""
+
+    def stop(self) -> None:
+        """Close the driver-side log."""
+        if self._log is not None:
+            self._log.close()
+            self._log = None

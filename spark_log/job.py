@@ -1,0 +1,98 @@
+"""What a Spark-running command holds for its lifetime: the log and one lean Spark session."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from core.config import ProjectConfig
+from core.errors import HeadwaterError, PermanentError
+from log.base import Log
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+
+@contextmanager
+def spark_job(config: ProjectConfig, app_name: str) -> Iterator[tuple[SparkSession, Log]]:
+    """Open the project's log and a Spark session; close both (and the JVM) on exit."""
+    from log.factory import open_log
+    from spark_log.session import spark_session, stop_spark
+
+    log = open_log(config)
+    spark_log = config.home_dir / "logs" / "spark.log"
+    with _jvm_stderr_to(spark_log):
+        spark = spark_session(app_name, local_dir=config.home_dir / "spark")
+    _pyspark_loggers_to(spark_log)
+    try:
+        yield spark, log
+    except HeadwaterError:
+        raise
+    except Exception as exc:
+        # Spark's exceptions need the JVM to render their text, and it stops below: take it now.
+        raise SparkJobError(_spark_failure(exc, spark_log)) from exc
+    finally:
+        log.close()
+        stop_spark(spark)
+
+
+class SparkJobError(PermanentError):
+    """A Spark job failed for a reason no Headwater check caught first (the text is Spark's)."""
+
+
+def _spark_failure(exc: Exception, spark_log: Path) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # a py4j error whose JVM is already gone
+        text = type(exc).__name__
+    # Spark appends the JVM stack and the query plan after the first line; the log file has them.
+    lines = [line for line in text.splitlines() if line.strip()]
+    first = lines[0].strip() if lines else type(exc).__name__
+    python = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
+    if python:  # a Python error inside a micro-batch: its own "Error: message" line says what happened
+        first = next((line.strip() for line in lines[python[0] + 1 :] if not line[0].isspace()), first)
+    return f"the Spark job failed: {first[:500]}; details in {spark_log}, rerun with --debug for the traceback"
+
+
+def _pyspark_loggers_to(path: Path) -> None:
+    """Send the JSON line pyspark logs on stderr for each SQL error to the log file instead."""
+    from pyspark.logger import PySparkLogger
+
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).handlers = [logging.FileHandler(path)]
+
+
+@contextmanager
+def _jvm_stderr_to(path: Path) -> Iterator[None]:
+    """Point fd 2 at ``path`` while the JVM starts: it (and the Python workers it forks) keep it.
+
+    Spark's start-up notes and log4j warnings then land in the project's log file, and the
+    terminal keeps the CLI's contract: errors are one line.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(target, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(target)
+
+
+def follow(spark: SparkSession, queries: Sequence[StreamingQuery]) -> None:
+    """Wait while the streaming ``queries`` run; Ctrl-C stops them (each finishes its micro-batch)."""
+    try:
+        spark.streams.awaitAnyTermination()
+    except KeyboardInterrupt:
+        for query in queries:
+            query.stop()
