@@ -42,6 +42,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 test-unit: venv
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)

@@ -46,9 +46,10 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 from core.config import load_config
 from derived_feeds import feed_job
 from derived_feeds.feed_job import DEFAULT_MAX_RECORDS, run_feeds
-from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
+from log.base import Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
+from log.topics import SCHEMAS_TOPIC
 from spark_log.data_source import register_log_source
 from spark_log.session import spark_session, stop_spark
 

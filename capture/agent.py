@@ -46,7 +46,7 @@ from capture.incremental_snapshot import IncrementalSnapshotter
 from capture.key_set import KeySet, key_set_path
 from capture.pgoutput import LogicalMessage, PgoutputDecoder, Relation
 from capture.position import ResumePoint, read_between
-from capture.quarantine import append_or_quarantine, is_quarantine_topic, quarantine_topic
+from capture.quarantine import append_or_quarantine
 from capture.resync import DELETE_INDEX_BASE, ResyncRequest, snapshot_keys, vanished_key_deletes
 from capture.slot import SlotStatus, create_slot, drop_slot, is_gone, slot_gone_error, slot_status
 from capture.snapshot import (
@@ -71,7 +71,7 @@ from capture.stream import (
 )
 from capture.transactions import Transaction, TransactionAssembler
 from core.config import LogConfig, SourceConfig, TypesConfig
-from log.base import SCHEMAS_TOPIC, Log, Record, TopicPartition, TopicSpec, append_keyed, end_offsets
+from log.base import Log, Record, TopicPartition, TopicSpec, append_keyed, end_offsets
 from log.errors import LogUnavailableError, UnknownTopicError
 from log.file.backend import FileLog
 from log.file.batch_codec import Compression
@@ -79,6 +79,7 @@ from log.partitioner import partition_for
 from log.sequence import Lsn
 from log.sequence import Sequence as Seq
 from log.table_schemas import latest_schemas, schema_key
+from log.topics import SCHEMAS_TOPIC, is_quarantine_topic, quarantine_topic
 from native import speedups
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,6 @@ holds the two together); rare events (truncate, message) go through ``encode_val
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
@@ -41,12 +40,13 @@ from capture.pgoutput import (
     TupleData,
     Update,
 )
-from capture.quarantine import error_headers, quarantine_topic, quarantine_value, raw_values
+from capture.quarantine import error_headers, quarantine_value, raw_values
 from capture.snapshot import CopyRows, parse_copy_text
 from capture.transactions import Transaction
 from capture.typemap import TextRowDecoder, TypeMappingError
 from log.envelope import CONNECTOR, EVENT_VERSION, ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value
 from log.sequence import Sequence as Seq
+from log.topics import message_topic, quarantine_topic, table_topic
 
 if TYPE_CHECKING:
     from native._speedups import RowEncoder
@@ -65,17 +65,6 @@ PreviousImage: TypeAlias = Callable[[str, bytes, tuple[int, int]], Mapping[str, 
 
 #: Prefix of logical messages Headwater writes itself (heartbeats, snapshot watermarks).
 INTERNAL_MESSAGE_PREFIX = "headwater."
-_TOPIC_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
-
-
-def table_topic(source: str, schema: str, table: str) -> str:
-    """``<source>.<schema>.<table>``; characters Kafka forbids become ``_`` (as Debezium does)."""
-    return ".".join(_TOPIC_UNSAFE.sub("_", part) for part in (source, schema, table))
-
-
-def message_topic(source: str) -> str:
-    """Topic of logical-message events (Debezium: ``<prefix>.message``)."""
-    return f"{source}.message"
 
 
 class OutRecord(NamedTuple):

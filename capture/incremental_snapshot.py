@@ -67,13 +67,13 @@ from capture.errors import CaptureError, UnknownSourceError
 from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, SchemaRecord
 from capture.identifiers import TableName, parse_tables
 from capture.pgoutput import LogicalMessage, Relation, TupleData
-from capture.quarantine import quarantine_topic
 from capture.snapshot import parse_copy_text
 from capture.transactions import Transaction
 from core.config import ProjectConfig
 from core.errors import PermanentError
 from log.envelope import SnapshotMarker
 from log.sequence import Sequence as Seq
+from log.topics import quarantine_topic
 
 logger = logging.getLogger(__name__)
 

@@ -18,23 +18,9 @@ import orjson
 
 from capture.pgoutput import UNCHANGED_TOAST, TupleData
 from log.base import Log
+from log.errors import BatchTooLargeError
 from log.partitioner import partition_for
-from log.topic_errors import BatchTooLargeError
-
-#: Suffix of a table topic's quarantine topic.
-QUARANTINE_SUFFIX = ".quarantine"
-#: Header carrying the reason a record was quarantined.
-ERROR_HEADER = "headwater.error"
-
-
-def quarantine_topic(topic: str) -> str:
-    """``<topic>.quarantine``."""
-    return f"{topic}{QUARANTINE_SUFFIX}"
-
-
-def is_quarantine_topic(topic: str) -> bool:
-    """True for topics made by :func:`quarantine_topic` (stored without compaction)."""
-    return topic.endswith(QUARANTINE_SUFFIX)
+from log.topics import ERROR_HEADER, quarantine_topic
 
 
 def raw_values(names: Sequence[str], row: TupleData | None) -> dict[str, str | None] | None:

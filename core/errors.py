@@ -12,11 +12,26 @@ from __future__ import annotations
 EXIT_PERMANENT = 3
 
 
+def _restore(cls: type[HeadwaterError], args: tuple[object, ...], state: dict[str, object]) -> HeadwaterError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
+
 class HeadwaterError(Exception):
-    """Base class of all deliberate Headwater errors."""
+    """Base class of all deliberate Headwater errors.
+
+    Every subclass pickles whatever its constructor takes: an error raised inside a Spark
+    Python worker, or another process, arrives whole (message and attributes), since
+    unpickling rebuilds it from its message and attributes instead of calling ``__init__``.
+    """
 
     #: True when retrying the same operation later may succeed.
     transient: bool = False
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_restore, (type(self), self.args, dict(self.__dict__)))
 
 
 class TransientError(HeadwaterError):

@@ -18,7 +18,7 @@ from core.config import ProjectConfig
 from dagster_project.metadata import PendingWork
 from dagster_project.partitions import HISTORY_START_DATE
 from log.base import Log
-from operations.status import LOAD_GROUP_PREFIX
+from log.topics import load_group
 
 #: Records read past tombstones at a partition's first pending offset before giving up on it.
 _PEEK = 64
@@ -39,7 +39,7 @@ def history_days(config: ProjectConfig, log: Log, work: PendingWork, today: dt.d
     inputs: set[tuple[str, str]] = set()
     for name in history:
         build, topic = load_identity(config, name)
-        inputs.add((LOAD_GROUP_PREFIX + build, topic))
+        inputs.add((load_group(build), topic))
         source = config.warehouse.tables[name].from_
         if source in work.feeds:
             spec = feed_spec(config, source)

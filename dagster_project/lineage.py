@@ -17,9 +17,9 @@ import re
 from dagster import AssetKey
 
 from capture.errors import CaptureError
-from capture.events import table_topic
 from capture.identifiers import TableName
 from core.config import ProjectConfig
+from log.topics import table_topic
 
 SOURCES_GROUP = "sources"
 FEEDS_GROUP = "feeds"

@@ -10,7 +10,8 @@ from dagster import MetadataValue
 
 from core.config import ProjectConfig
 from log.base import Log, end_offsets, lag
-from operations.status import LOAD_GROUP_PREFIX, table_status
+from log.topics import load_group
+from operations.status import table_status
 
 
 def topic_metadata(config: ProjectConfig, log: Log, topic: str) -> dict[str, Any]:
@@ -25,7 +26,7 @@ def topic_metadata(config: ProjectConfig, log: Log, topic: str) -> dict[str, Any
     }
     for name, table in config.warehouse.tables.items():
         if table.from_ == topic:
-            metadata[f"lag/{LOAD_GROUP_PREFIX}{name}"] = sum(lag(log, LOAD_GROUP_PREFIX + name, topic).values())
+            metadata[f"lag/{load_group(name)}"] = sum(lag(log, load_group(name), topic).values())
     return metadata
 
 
@@ -122,7 +123,7 @@ def pending_work(config: ProjectConfig, log: Log) -> PendingWork:
     tables: dict[str, int] = {}
     for name, table in config.warehouse.tables.items():
         build, topic = load_identity(config, name)
-        behind = _behind(log, LOAD_GROUP_PREFIX + build, [topic], existing)
+        behind = _behind(log, load_group(build), [topic], existing)
         if behind > 0 or table.from_ in feeds:
             tables[name] = behind
             if topic in existing:

@@ -1,9 +1,8 @@
-"""Errors raised by the Spark side of Headwater (the log data source, feeds)."""
+"""Errors of derived feeds: configuration found wrong at start, expectations that stop a feed, versions."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from core.config import loaded_config_name
 from core.errors import HeadwaterError, PermanentError
 
 
@@ -11,51 +10,29 @@ class DerivedFeedsError(HeadwaterError):
     """Base class of derived-feed errors."""
 
 
-class LogSourceOptionError(DerivedFeedsError, PermanentError):
-    """An option of the ``headwater_log`` data source is missing or invalid."""
+class FeedConfigError(DerivedFeedsError, PermanentError):
+    """A feed's spec cannot run (unknown feed, column, expectation or argument); found before any batch."""
 
-    def __init__(self, message: str, *, option: str) -> None:
-        super().__init__(f"headwater_log option {option!r}: {message}")
-        self.option = option
+    def __init__(self, feed: str, field: str, message: str) -> None:
+        super().__init__(f"{loaded_config_name()}: feeds.{feed}.{field}: {message}")
+        self.feed = feed
+        self.field = field
 
 
-class SchemaConflictError(DerivedFeedsError, PermanentError):
-    """Topics read together give one column incompatible types."""
+class FeedExpectationError(DerivedFeedsError, PermanentError):
+    """An expectation with ``action: fail`` failed: the feed stops before writing the batch."""
 
-    def __init__(self, column: str, first: str, second: str) -> None:
+    def __init__(self, feed: str, expectation: str, column: str | None, sample: str, failed: int) -> None:
+        on = f" on column {column!r}" if column else ""
         super().__init__(
-            f"column {column!r} is {first} in one topic and {second} in another; read the topics separately"
+            f"feed {feed}: expectation {expectation}{on} failed for {failed} row(s), e.g. value {sample}; "
+            "nothing of this micro-batch was written: fix the data or set the expectation's action to warn or drop"
         )
+        self.feed = feed
+        self.expectation = expectation
         self.column = column
+        self.sample = sample
 
 
-class UndecodableValueError(DerivedFeedsError, PermanentError):
-    """A JSON value in the log does not fit its column's type: the read fails rather than drop it."""
-
-    def __init__(
-        self,
-        *,
-        topic: str,
-        partition: int,
-        offset: int | None,
-        column: str,
-        value: Any,
-        expected: str,
-        reason: str,
-    ) -> None:
-        where = f"{topic}/{partition}" + (f"@{offset}" if offset is not None else "")
-        shown = repr(value)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        super().__init__(
-            f"{where}: column {column!r} holds {shown}, which is not a {expected} ({reason}); "
-            "check the topic's latest entry in _headwater.schemas or read 'before'/'after' as JSON"
-        )
-        self.topic = topic
-        self.partition = partition
-        self.offset = offset
-        self.column = column
-
-
-class ChangeFrameError(DerivedFeedsError, PermanentError):
-    """A log-source DataFrame cannot be turned into a warehouse change batch."""
+class FeedVersionError(DerivedFeedsError, PermanentError):
+    """A version pointer or reprocess request that cannot be honoured."""

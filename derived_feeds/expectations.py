@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from core.config import ExpectationConfig
-from derived_feeds.feed_errors import FeedConfigError
+from derived_feeds.errors import FeedConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 Action = Literal["warn", "drop", "fail"]
 #: Header naming the expectation a quarantined row failed.
 EXPECTATION_HEADER = "headwater.expectation"
-#: Header with the human-readable reason (same name as capture's quarantine).
-ERROR_HEADER = "headwater.error"
 
 Predicate = Callable[["Column", Mapping[str, Any]], "Column"]
 

@@ -9,7 +9,7 @@ import graphlib
 from collections.abc import Sequence
 
 from core.config import ProjectConfig
-from derived_feeds.feed_errors import FeedConfigError
+from derived_feeds.errors import FeedConfigError
 
 
 def upstream_feeds(config: ProjectConfig, name: str) -> list[str]:

@@ -31,8 +31,8 @@ from pyspark.sql.types import StructType
 
 from core.config import ProjectConfig
 from core.errors import HeadwaterError
+from derived_feeds.errors import FeedConfigError
 from derived_feeds.expectations import Check, compile_checks, with_checks
-from derived_feeds.feed_errors import FeedConfigError
 from derived_feeds.feed_events import AFTER_JSON, KEY_JSON, encode_events, pair_changes, paired_events
 from derived_feeds.feed_graph import run_order
 from derived_feeds.feed_schema import JSON_OPTIONS, schema_columns, schema_record, wire_struct
@@ -50,8 +50,9 @@ from derived_feeds.transform import (
     output_rows,
     reduced_changes,
 )
-from log.base import SCHEMAS_TOPIC, Log, Record, TopicSpec, append_keyed
+from log.base import Log, Record, TopicSpec, append_keyed
 from log.table_schemas import read_schema_records, schema_key
+from log.topics import SCHEMAS_TOPIC
 from spark_log import source_schema as cols
 from spark_log.progress import commit_progress, track_progress
 

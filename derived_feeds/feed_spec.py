@@ -12,12 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.config import FeedConfig, ProjectConfig
-from derived_feeds.feed_errors import FeedConfigError
-
-#: Suffix of the topic that receives rows dropped by expectations (as capture's quarantine).
-QUARANTINE_SUFFIX = ".quarantine"
-#: Consumer group a feed commits its input position to (lag in ``headwater status``).
-FEED_GROUP_PREFIX = "headwater.feed."
+from derived_feeds.errors import FeedConfigError
+from log.topics import feed_group, quarantine_topic
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +36,7 @@ class FeedSpec:
     @property
     def quarantine_topic(self) -> str:
         """Where rows dropped by expectations go."""
-        return self.topic + QUARANTINE_SUFFIX
+        return quarantine_topic(self.topic)
 
     @property
     def checkpoint(self) -> Path:
@@ -55,7 +51,7 @@ class FeedSpec:
     @property
     def group(self) -> str:
         """The consumer group of the feed's input position."""
-        return FEED_GROUP_PREFIX + self.name
+        return feed_group(self.name)
 
     @property
     def input_topics(self) -> tuple[str, ...]:
@@ -100,8 +96,8 @@ def check_before_spark(config: ProjectConfig, topics: Collection[str], names: Se
     """
     from derived_feeds.expectations import RULES
     from derived_feeds.feed_graph import run_order
-    from log.base import validate_topic_name
     from log.errors import InvalidTopicNameError
+    from log.topics import validate_topic_name
 
     produced = set(topics) | {feed_spec(config, name).topic for name in config.feeds}
     for name in run_order(config, names):

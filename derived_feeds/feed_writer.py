@@ -24,13 +24,14 @@ import orjson
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from derived_feeds.expectations import ERROR_HEADER, EXPECTATION_HEADER, Check
-from derived_feeds.feed_errors import FeedExpectationError
+from derived_feeds.errors import FeedExpectationError
+from derived_feeds.expectations import EXPECTATION_HEADER, Check
 from log.base import Log, Record
 from log.envelope import Op
 from log.file.backend import FileLog
 from log.file.column_writer import BatchScratch, ColumnRecords
 from log.partitioner import partitions_for
+from log.topics import ERROR_HEADER
 
 #: Header marking the micro-batch a record was written by.
 BATCH_HEADER = "headwater.feed.batch"

@@ -23,32 +23,13 @@ Contract, for every backend:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from log.errors import InvalidTopicNameError
 from log.partitioner import partition_for
 
 DAY_MS = 24 * 3600 * 1000
-
-#: Internal topics of Headwater itself.
-SCHEMAS_TOPIC = "_headwater.schemas"
-OFFSETS_TOPIC = "_headwater.offsets"
-_INTERNAL_PREFIX = "_headwater."
-_LEGAL = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-
-
-def validate_topic_name(name: str, *, internal: bool = False) -> str:
-    """Return ``name`` if it is a legal Kafka topic name; reserved prefixes only when ``internal``."""
-    if not _LEGAL.match(name):
-        raise InvalidTopicNameError(name, "use 1-249 characters from A-Z a-z 0-9 . _ -")
-    if name in {".", ".."}:
-        raise InvalidTopicNameError(name, "'.' and '..' are not allowed")
-    if not internal and (name.startswith(_INTERNAL_PREFIX) or name.startswith("__")):
-        raise InvalidTopicNameError(name, f"names starting with {_INTERNAL_PREFIX!r} or '__' are reserved")
-    return name
 
 
 class TopicPartition(NamedTuple):

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 
 import orjson
 
-from log.base import OFFSETS_TOPIC, Log, Record, TopicPartition, TopicSpec
+from log.base import Log, Record, TopicPartition, TopicSpec
+from log.topics import OFFSETS_TOPIC
 
 #: One partition keeps every group's commits in one order.
 OFFSETS_SPEC = TopicSpec(name=OFFSETS_TOPIC, partitions=1, compacted=True, min_compaction_lag_ms=0)

@@ -25,7 +25,8 @@ from typing import Any
 
 import orjson
 
-from log.base import SCHEMAS_TOPIC, Log
+from log.base import Log
+from log.topics import SCHEMAS_TOPIC
 
 #: ``replica_identity`` of a record whose per-column flags are not the key (every column is flagged).
 _FULL_IDENTITY = "f"

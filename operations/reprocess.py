@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 import orjson
 
 from core.config import ProjectConfig, TableConfig, WarehouseConfig
-from derived_feeds.feed_errors import FeedVersionError
-from derived_feeds.feed_spec import QUARANTINE_SUFFIX
+from derived_feeds.errors import FeedVersionError
 from log.base import Log, end_offsets
+from log.topics import QUARANTINE_SUFFIX
 from spark_log.versions import Kind, Version, current_version, forget_previous, switch_version, version_target
 
 if TYPE_CHECKING:

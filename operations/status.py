@@ -15,9 +15,7 @@ from typing import Any
 from core.config import ProjectConfig
 from core.errors import HeadwaterError
 from log.base import Log, end_offsets, lag
-
-#: Consumer group under which the loader of warehouse table ``name`` commits its progress.
-LOAD_GROUP_PREFIX = "headwater.load."
+from log.topics import load_group
 
 
 def source_status(config: ProjectConfig) -> list[dict[str, Any]]:
@@ -86,7 +84,7 @@ def table_status(config: ProjectConfig, log: Log, now_s: float | None = None) ->
                 row["freshness_s"] = round(now_s - last.timestamp(), 3)
             row["state"] = "loaded"
         if source_topic in topics:
-            row["lag"] = sum(lag(log, LOAD_GROUP_PREFIX + build, source_topic).values())
+            row["lag"] = sum(lag(log, load_group(build), source_topic).values())
             problem = table_key_problem(config, log, name)
             if problem is not None:
                 row["problem"] = problem

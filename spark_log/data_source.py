@@ -63,7 +63,6 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StringType, StructType
 
 from core.config import ProjectConfig, TypesConfig, load_config
-from derived_feeds.errors import LogSourceOptionError
 from log.base import Log, StoredRecord
 from log.errors import UnknownTopicError
 from log.factory import open_log
@@ -71,6 +70,7 @@ from log.file.backend import FileLog
 from log.file.column_reader import RecordColumns
 from log.file.column_reader import read_range_columns as columnar_range
 from log.table_schemas import read_schema_records
+from spark_log.errors import LogSourceOptionError
 from spark_log.offsets import LogPosition, OffsetRange, OffsetsSpec, admit, offset_ranges
 from spark_log.source_batches import EventBatchBuilder
 from spark_log.source_schema import (

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import orjson
 
-from derived_feeds.errors import LogSourceOptionError
+from spark_log.errors import LogSourceOptionError
 
 #: Kafka's sentinels inside a JSON offsets option: earliest held / end of the partition.
 EARLIEST = -2

@@ -34,12 +34,12 @@ import pyarrow.json as pa_json  # type: ignore[import-untyped]
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from derived_feeds.errors import UndecodableValueError
 from log.base import StoredRecord
 from log.file.column_reader import RecordColumns
 from log.sequence import Sequence as Seq
 from spark_log import source_schema as cols
 from spark_log.envelope_scan import scan_envelopes
+from spark_log.errors import UndecodableValueError
 from spark_log.source_schema import RowSchema
 from spark_log.value_decoder import BadValue, decode_values, decode_wire, wire_type
 

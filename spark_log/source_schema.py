@@ -68,7 +68,7 @@ from pyspark.sql.types import (
 
 from capture.typemap import LogicalKind, LogicalType, logical_type
 from core.config import TypesConfig
-from derived_feeds.errors import SchemaConflictError
+from spark_log.errors import SchemaConflictError
 
 #: Output columns of the source, in order (``before``/``after`` last).
 TOPIC = "topic"

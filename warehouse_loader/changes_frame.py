@@ -20,10 +20,10 @@ import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from derived_feeds.errors import ChangeFrameError
 from log.envelope import Op
 from spark_log import source_schema as cols
 from warehouse_loader.changes import COMMIT_TS, COMMIT_TS_TYPE, OP, SEQ
+from warehouse_loader.errors import ChangeFrameError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -51,3 +51,7 @@ class UnknownTableError(WarehouseError, PermanentError):
 
 class QueryError(WarehouseError, PermanentError):
     """DuckDB rejected the query (syntax, unknown column, type error)."""
+
+
+class ChangeFrameError(WarehouseError, PermanentError):
+    """A log-source DataFrame cannot be turned into a warehouse change batch."""

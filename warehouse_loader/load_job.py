@@ -20,7 +20,7 @@ from core.config import ProjectConfig
 from core.errors import HeadwaterError, PermanentError
 from log.base import Log
 from log.table_schemas import read_schema_records, schema_key
-from operations.status import LOAD_GROUP_PREFIX
+from log.topics import load_group
 from warehouse_loader.errors import WarehouseError
 
 if TYPE_CHECKING:
@@ -175,7 +175,7 @@ def start_load(
                 raise
 
     if not available_now:
-        track_progress(spark, log, query_name, LOAD_GROUP_PREFIX + build)
+        track_progress(spark, log, query_name, load_group(build))
     writer = events.writeStream.queryName(query_name).foreachBatch(apply)
     writer = writer.option("checkpointLocation", str(checkpoint_path(config, build)))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_interval)
@@ -197,5 +197,5 @@ def run_loads(
             if error is not None:
                 raise _FAILURES.pop(query.name, None) or error
             if query.lastProgress:
-                commit_progress(log, LOAD_GROUP_PREFIX + load_identity(config, name)[0], query.lastProgress)
+                commit_progress(log, load_group(load_identity(config, name)[0]), query.lastProgress)
     return queries

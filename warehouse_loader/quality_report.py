@@ -20,10 +20,8 @@ import orjson
 
 from core.config import ProjectConfig
 from log.base import Log
+from log.topics import is_quarantine_topic, quarantine_topic
 from warehouse_loader.quality import QualityRun, data_docs_path, load_runs, quality_dir, run_quality, runs_path
-
-#: Topic suffix of quarantined records (``capture.quarantine.QUARANTINE_SUFFIX``; feeds use the same).
-QUARANTINE_SUFFIX = ".quarantine"
 
 _PALETTE = ("#1f6feb", "#d4731a", "#2da44e", "#8250df", "#cf222e", "#0f8f8f", "#9a6700", "#6e7781")
 _WIDTH, _HEIGHT = 720, 240
@@ -51,8 +49,8 @@ def quarantine_counts(config: ProjectConfig, log: Log) -> dict[str, int]:
     """Records in every ``<feed>.quarantine`` topic (0 when it does not exist) and any other quarantine topic."""
     topics = set(log.list_topics())
     counts: dict[str, int] = {}
-    names = [f"{feed}{QUARANTINE_SUFFIX}" for feed in config.feeds]
-    names += sorted(t for t in topics if t.endswith(QUARANTINE_SUFFIX) and t not in names)
+    names = [quarantine_topic(feed) for feed in config.feeds]
+    names += sorted(t for t in topics if is_quarantine_topic(t) and t not in names)
     for topic in names:
         if topic not in topics:
             counts[topic] = 0

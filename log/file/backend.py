@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Literal
 
 from log.base import AppendResult, CompactionResult, Record, StoredRecord, TopicPartition, TopicSpec
 from log.consumer_groups import ConsumerOffsets
-from log.errors import UnknownPartitionError, UnknownTopicError
+from log.errors import TopicExistsError, UnknownPartitionError, UnknownTopicError
 from log.file.batch_codec import Compression
 from log.file.compaction import CleanerCheckpoint, clean_partition
 from log.file.partition import Partition
@@ -43,13 +43,12 @@ from log.file.topic_store import (
     read_spec,
     topic_directory,
 )
-from log.topic_errors import TopicExistsError
+from log.topics import INTERNAL_PREFIX
 
 if TYPE_CHECKING:
     from log.file.column_reader import RecordColumns
 
 DEFAULT_SEGMENT_BYTES = 128 * 1024 * 1024
-_INTERNAL_PREFIX = "_headwater."
 
 
 def _now_ms() -> int:
@@ -144,7 +143,7 @@ class FileLog:
                     partition,
                     fsync=self._fsync,
                     segment_bytes=self._segment_bytes,
-                    shared_writer=topic.startswith(_INTERNAL_PREFIX),
+                    shared_writer=topic.startswith(INTERNAL_PREFIX),
                     compression=self.compression,
                 )
                 found.recover_if_unlocked()

@@ -29,19 +29,13 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from core.config import KafkaConfig
-from log.base import (
-    AppendResult,
-    CompactionResult,
-    Record,
-    StoredRecord,
-    TopicPartition,
-    TopicSpec,
-    validate_topic_name,
-)
+from log.base import AppendResult, CompactionResult, Record, StoredRecord, TopicPartition, TopicSpec
 from log.errors import (
+    BatchTooLargeError,
     InvalidTopicNameError,
     LogError,
     LogUnavailableError,
+    TopicExistsError,
     UnknownPartitionError,
     UnknownTopicError,
 )
@@ -55,7 +49,7 @@ from log.kafka.clients import (
     estimated_batch_bytes,
     open_client,
 )
-from log.topic_errors import BatchTooLargeError, TopicExistsError
+from log.topics import validate_topic_name
 
 BrokerKind = Literal["auto", "kafka", "tansu"]
 
@@ -228,7 +222,9 @@ class KafkaLog:
             return AppendResult(topic=topic, partition=partition, base_offset=end, last_offset=end - 1)
         size = estimated_batch_bytes(records)
         if len(records) > MAX_BATCH_RECORDS or size > self.max_batch_bytes:
-            raise BatchTooLargeError(topic, partition, len(records), size, self.max_batch_bytes)
+            raise BatchTooLargeError(
+                topic, partition, len(records), size, limit=self.max_batch_bytes, max_records=MAX_BATCH_RECORDS
+            )
         base, last = self._client.produce(topic, partition, records)
         if base < 0:  # acknowledged without an offset (a "duplicate" answer): not proof it is stored
             msg = f"{topic}/{partition}: acknowledged without an offset, the batch may or may not be stored"

@@ -37,9 +37,9 @@ import yaml
 from harness.names import NameFactory
 from psycopg import sql
 
-from capture.events import table_topic
 from core.config import load_config
 from dagster_project.lineage import topic_key
+from log.topics import table_topic
 from operations.embedded_postgres import EmbeddedPostgres, free_port
 from operations.scaffold import init_project
 

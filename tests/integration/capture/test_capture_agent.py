@@ -17,8 +17,8 @@ import pytest
 
 from capture.agent import CaptureAgent, typemap_decoders
 from core.config import LogConfig, SourceConfig
-from log.base import SCHEMAS_TOPIC
 from log.file.backend import FileLog
+from log.topics import SCHEMAS_TOPIC
 
 
 def create_source(pg_server, name: str) -> tuple[str, str]:

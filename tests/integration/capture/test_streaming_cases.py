@@ -20,10 +20,9 @@ import psycopg
 import pytest
 
 from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
-from capture.quarantine import ERROR_HEADER
 from core.config import LogConfig, SourceConfig, TypesConfig
-from log.base import SCHEMAS_TOPIC
 from log.file.backend import FileLog
+from log.topics import ERROR_HEADER, SCHEMAS_TOPIC
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -11,9 +11,10 @@ from deltalake import DeltaTable
 
 from core.config import load_config
 from dagster_project.definitions import build_definitions
-from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
+from log.base import Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
+from log.topics import SCHEMAS_TOPIC
 from warehouse_loader.changes import COMMIT_TS
 from warehouse_loader.load_job import table_path
 

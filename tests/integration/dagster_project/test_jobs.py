@@ -15,9 +15,10 @@ from capture.agent import CaptureAgent, typemap_decoders
 from capture.runner import run_capture
 from core.config import load_config
 from dagster_project.definitions import build_definitions
-from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
+from log.base import Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
+from log.topics import SCHEMAS_TOPIC
 
 ROWS = 3000  # three chunks of 1024: the snapshot opens several watermark windows
 

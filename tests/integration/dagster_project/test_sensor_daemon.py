@@ -22,9 +22,10 @@ from core.config import load_config
 from dagster_project.automation import new_data_sensor
 from dagster_project.definitions import build_definitions
 from dagster_project.ui import _dagster_command, prepare_dagster_home, ui_environment
-from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
+from log.base import Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
+from log.topics import SCHEMAS_TOPIC
 from warehouse_loader.load_job import table_path
 
 INT4, TEXT = 23, 25

@@ -11,7 +11,8 @@ import orjson
 from test_enrichment_state import COLUMNS, Shop
 
 from capture.typemap import Oid
-from log.base import SCHEMAS_TOPIC, Record
+from log.base import Record
+from log.topics import SCHEMAS_TOPIC
 
 
 def add_column(shop: Shop, table: str, name: str, oid: Oid) -> None:

@@ -13,9 +13,10 @@ from capture.agent import CaptureAgent, typemap_decoders
 from core.config import LogConfig, load_config
 from derived_feeds.feed_job import await_query, run_feeds, start_feed
 from derived_feeds.feed_spec import feed_spec
-from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed, end_offsets
+from log.base import Record, TopicSpec, append_keyed, end_offsets
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
+from log.topics import SCHEMAS_TOPIC
 from spark_log.data_source import register_log_source
 
 # ----------------------------------------------------------------------------- helpers

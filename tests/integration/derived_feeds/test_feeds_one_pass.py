@@ -23,9 +23,10 @@ from derived_feeds.expectations import compile_checks
 from derived_feeds.feed_events import encode_events, pair_changes, paired_events
 from derived_feeds.feed_job import _unique_key, run_feeds
 from derived_feeds.feed_spec import feed_spec
-from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
+from log.base import Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
+from log.topics import SCHEMAS_TOPIC
 
 LATEST = (
     "__hw_image struct<id:bigint,name:string,balance:decimal(10,2),country:string>, op string, "

@@ -18,10 +18,9 @@ from pydantic import SecretStr
 
 from core.config import KafkaConfig
 from log.base import Record, TopicPartition, TopicSpec
-from log.errors import LogUnavailableError, UnknownPartitionError, UnknownTopicError
+from log.errors import LogUnavailableError, TopicExistsError, UnknownPartitionError, UnknownTopicError
 from log.kafka.backend import BatchTooLargeError, KafkaLog
 from log.kafka.clients import EARLIEST, LATEST, kafka_python_security, librdkafka_security
-from log.topic_errors import TopicExistsError
 
 CLIENTS = ["kafka-python", "confluent-kafka"]
 

@@ -13,9 +13,10 @@ import yaml
 
 from capture.agent import CaptureAgent, typemap_decoders
 from core.config import LogConfig, SourceConfig, TableConfig, load_config
-from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
+from log.base import Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
+from log.topics import SCHEMAS_TOPIC
 from spark_log.data_source import register_log_source
 from warehouse_loader.changes_frame import change_batch
 

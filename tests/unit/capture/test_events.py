@@ -21,12 +21,12 @@ from capture.pgoutput import (
     TupleData,
     Update,
 )
-from capture.quarantine import ERROR_HEADER
 from capture.transactions import Transaction
 from capture.typemap import UnrepresentableValueError
 from log.envelope import ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value, transaction_block
 from log.sequence import Lsn
 from log.sequence import Sequence as Seq
+from log.topics import ERROR_HEADER
 
 NAMES = ("id", 'la"bel', "prïce")
 

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from core.config import ExpectationConfig
+from derived_feeds.errors import FeedConfigError, FeedExpectationError
 from derived_feeds.expectations import Check, compile_checks
-from derived_feeds.feed_errors import FeedConfigError, FeedExpectationError
 from derived_feeds.feed_writer import BatchMarker, append_once, plan_batch
 from log.base import Record, TopicSpec
 from log.file.backend import FileLog

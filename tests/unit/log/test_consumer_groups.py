@@ -1,8 +1,9 @@
 """Consumer-group offsets in ``_headwater.offsets`` (log.consumer_groups) on the file backend."""
 
-from log.base import OFFSETS_TOPIC, Record, TopicPartition, TopicSpec, lag
+from log.base import Record, TopicPartition, TopicSpec, lag
 from log.consumer_groups import offsets_key
 from log.file.backend import FileLog
+from log.topics import OFFSETS_TOPIC
 
 
 def test_commit_and_committed_latest_wins(file_log, topic):

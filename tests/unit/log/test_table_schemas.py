@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import orjson
 
-from log.base import SCHEMAS_TOPIC, Record, TopicSpec
+from log.base import Record, TopicSpec
 from log.file.backend import FileLog
 from log.table_schemas import latest_schemas, read_schema_records, schema_key
+from log.topics import SCHEMAS_TOPIC
 
 
 def _columns(*flags: bool) -> list[dict]:

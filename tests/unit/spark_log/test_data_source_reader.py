@@ -6,9 +6,10 @@ import orjson
 import yaml
 
 from core.config import load_config
-from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
+from log.base import Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
+from log.topics import SCHEMAS_TOPIC
 from spark_log.data_source import HeadwaterLogDataSource, LogRangePartition
 from spark_log.offsets import OffsetRange
 from spark_log.source_schema import FIRST_OP

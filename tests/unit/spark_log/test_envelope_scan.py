@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from derived_feeds.errors import UndecodableValueError
 from log.base import StoredRecord
 from log.file.column_reader import RecordColumns
 from native import speedups
 from spark_log import source_batches as event_batches
 from spark_log.envelope_scan import _scan_envelopes_python, scan_envelopes
+from spark_log.errors import UndecodableValueError
 from tests.unit.spark_log.test_source_batches import RECORDS, TOPIC, builder
 
 native = pytest.mark.skipif(speedups is None, reason="the native extension is not built (or HEADWATER_NATIVE=0)")

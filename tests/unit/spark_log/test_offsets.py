@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from derived_feeds.errors import LogSourceOptionError
+from spark_log.errors import LogSourceOptionError
 from spark_log.offsets import LogPosition, OffsetRange, OffsetsSpec, admit, offset_ranges
 
 

@@ -8,10 +8,10 @@ import orjson
 import pytest
 
 from core.config import TypesConfig
-from derived_feeds.errors import UndecodableValueError
 from log.base import StoredRecord
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.sequence import Sequence
+from spark_log.errors import UndecodableValueError
 from spark_log.source_batches import EventBatchBuilder, arrow_schema
 from spark_log.source_schema import output_schema, row_schema
 

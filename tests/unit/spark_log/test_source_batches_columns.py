@@ -7,11 +7,12 @@ import pytest
 import yaml
 
 from core.config import load_config
-from log.base import SCHEMAS_TOPIC, Record, StoredRecord, TopicSpec
+from log.base import Record, StoredRecord, TopicSpec
 from log.envelope import Op, encode_key, encode_value
 from log.factory import open_log
 from log.file.backend import FileLog
 from log.file.column_reader import RecordColumns
+from log.topics import SCHEMAS_TOPIC
 from spark_log.data_source import HeadwaterLogDataSource, LogRangePartition, read_range, read_range_columns
 from spark_log.offsets import OffsetRange
 from spark_log.source_batches import EventBatchBuilder

@@ -23,7 +23,7 @@ from pyspark.sql.types import (
 from capture.typemap import LogicalKind as K
 from capture.typemap import LogicalType as L
 from core.config import TypesConfig
-from derived_feeds.errors import SchemaConflictError
+from spark_log.errors import SchemaConflictError
 from spark_log.source_schema import POINT_TYPE, merged_struct, output_schema, row_schema, spark_type
 
 

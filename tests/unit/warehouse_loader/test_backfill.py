@@ -12,9 +12,10 @@ import yaml
 from deltalake import DeltaTable
 
 from core.config import load_config
-from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
+from log.base import Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
+from log.topics import SCHEMAS_TOPIC
 from warehouse_loader.backfill import BackfillError, offset_ranges, rebuild_days
 from warehouse_loader.changes import COMMIT_TS, END_AT, START_AT, changes_from_events
 from warehouse_loader.delta_writer import write_scd2

@@ -9,8 +9,9 @@ import yaml
 from deltalake import write_deltalake
 
 from core.config import load_config
-from log.base import SCHEMAS_TOPIC, Record, TopicSpec, append_keyed
+from log.base import Record, TopicSpec, append_keyed
 from log.factory import open_log
+from log.topics import SCHEMAS_TOPIC
 from warehouse_loader.changes import OP, SEQ
 from warehouse_loader.delta_writer import loaded_key, write_scd1
 from warehouse_loader.load_job import TableKeyError, table_key_problem, table_keys, table_path

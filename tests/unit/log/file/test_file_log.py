@@ -4,11 +4,17 @@ import textwrap
 
 import pytest
 
-from log.base import OFFSETS_TOPIC, SCHEMAS_TOPIC, Log, Record, TopicSpec
-from log.errors import InvalidTopicNameError, UnknownPartitionError, UnknownTopicError, WriterLockedError
+from log.base import Log, Record, TopicSpec
+from log.errors import (
+    InvalidTopicNameError,
+    TopicExistsError,
+    UnknownPartitionError,
+    UnknownTopicError,
+    WriterLockedError,
+)
 from log.file.backend import FileLog
 from log.file.segment import list_segments
-from log.topic_errors import TopicExistsError
+from log.topics import OFFSETS_TOPIC, SCHEMAS_TOPIC
 
 
 def records(n, prefix=b"v", key=b"k"):

@@ -1,0 +1,70 @@
+"""Names in the log: topics, their quarantine topics, Headwater's internal topics, consumer groups.
+
+Every producer and consumer builds names here, so a name means the same thing everywhere.
+Topic names follow Kafka's rules (1-249 of ``A-Z a-z 0-9 . _ -``); names starting with
+``_headwater.`` or ``__`` are reserved for the log's own topics.
+"""
+
+from __future__ import annotations
+
+import re
+
+from log.errors import InvalidTopicNameError
+
+#: Prefix of Headwater's internal topics.
+INTERNAL_PREFIX = "_headwater."
+#: Each table topic's column list and key, one record per version (:mod:`log.table_schemas`).
+SCHEMAS_TOPIC = "_headwater.schemas"
+#: Consumer-group offsets of the file backend (:mod:`log.consumer_groups`).
+OFFSETS_TOPIC = "_headwater.offsets"
+#: Suffix of the topic that keeps a topic's records that could not be stored or passed (not compacted).
+QUARANTINE_SUFFIX = ".quarantine"
+#: Header naming why a record was quarantined or dropped.
+ERROR_HEADER = "headwater.error"
+#: Consumer group of a feed's job, and of the loader of a warehouse table (build) name.
+FEED_GROUP_PREFIX = "headwater.feed."
+LOAD_GROUP_PREFIX = "headwater.load."
+
+_LEGAL = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_TOPIC_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def validate_topic_name(name: str, *, internal: bool = False) -> str:
+    """Return ``name`` if it is a legal Kafka topic name; reserved prefixes only when ``internal``."""
+    if not _LEGAL.match(name):
+        raise InvalidTopicNameError(name, "use 1-249 characters from A-Z a-z 0-9 . _ -")
+    if name in {".", ".."}:
+        raise InvalidTopicNameError(name, "'.' and '..' are not allowed")
+    if not internal and (name.startswith(INTERNAL_PREFIX) or name.startswith("__")):
+        raise InvalidTopicNameError(name, f"names starting with {INTERNAL_PREFIX!r} or '__' are reserved")
+    return name
+
+
+def table_topic(source: str, schema: str, table: str) -> str:
+    """``<source>.<schema>.<table>``; characters Kafka forbids become ``_`` (as Debezium does)."""
+    return ".".join(_TOPIC_UNSAFE.sub("_", part) for part in (source, schema, table))
+
+
+def message_topic(source: str) -> str:
+    """Topic of logical-message events (Debezium: ``<prefix>.message``)."""
+    return f"{source}.message"
+
+
+def quarantine_topic(topic: str) -> str:
+    """``<topic>.quarantine``."""
+    return f"{topic}{QUARANTINE_SUFFIX}"
+
+
+def is_quarantine_topic(topic: str) -> bool:
+    """True for topics made by :func:`quarantine_topic` (stored without compaction)."""
+    return topic.endswith(QUARANTINE_SUFFIX)
+
+
+def feed_group(feed: str) -> str:
+    """The consumer group a feed's job commits its input position to."""
+    return FEED_GROUP_PREFIX + feed
+
+
+def load_group(build: str) -> str:
+    """The consumer group the loader of warehouse table ``build`` (``<table>`` or ``<table>.v<N>``) commits to."""
+    return LOAD_GROUP_PREFIX + build
