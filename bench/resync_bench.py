@@ -31,8 +31,8 @@ from capture.resync import vanished_key_deletes
 from log.base import Record, TopicSpec
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_value
 from log.file.backend import FileLog
-from log.file.column_reader import read_range_columns
 from log.partitioner import partition_for
+from log.reading import read_range_columns
 
 TOPIC = "shop.public.customers"
 PARTITIONS = 3

@@ -34,7 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import orjson
 import psycopg
@@ -71,9 +71,9 @@ from capture.stream import (
 )
 from capture.transactions import Transaction, TransactionAssembler
 from core.config import LogConfig, SourceConfig, TypesConfig
-from log.base import Log, Record, TopicPartition, TopicSpec, append_keyed, end_offsets
+from core.errors import one_line
+from log.base import AppendsEncodedBatches, Log, Record, TopicPartition, TopicSpec, append_keyed, end_offsets
 from log.errors import LogUnavailableError, UnknownTopicError
-from log.file.backend import FileLog
 from log.file.batch_codec import Compression
 from log.partitioner import partition_for
 from log.sequence import Lsn
@@ -109,10 +109,6 @@ def resume_lsn(resume: ResumePoint) -> Lsn | None:
     """The commit LSN of the last change the log holds for the source (None: none yet)."""
     highest = resume.highest()
     return Lsn(highest.commit_lsn) if highest is not None else None
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
 
 
 class RetryReport:
@@ -578,7 +574,7 @@ class CaptureAgent:
                     starts[topic] = self._end_offsets(topic)
                     starts[quarantine_topic(topic)] = self._end_offsets(quarantine_topic(topic))
             # Natively encoded batches need the file log.
-            native = speedups is not None and isinstance(self.log, FileLog)
+            native = speedups is not None and isinstance(self.log, AppendsEncodedBatches)
             pipeline = _SnapshotPipeline(self, builder, resume) if native else None
             todo = [
                 (table_no, oid, relation, chunk)
@@ -778,7 +774,7 @@ class CaptureAgent:
                     logger.warning("%s", self._pause_message(exc))
                 if self._stop.wait(self.settings.log_retry_s):
                     msg = (
-                        f"source {self.name}: stopped while the log could not be written ({_one_line(exc)}); "
+                        f"source {self.name}: stopped while the log could not be written ({one_line(exc)}); "
                         f"nothing after LSN {self.stats.acked_lsn} was acknowledged, so the next run resumes there"
                     )
                     raise LogUnavailableError(msg) from None
@@ -804,7 +800,7 @@ class CaptureAgent:
         every = f"retrying every {self.settings.log_retry_s:g}s"
         if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
             return f"log disk full at {where}: capture paused, not acknowledging; {every}"
-        return f"log unavailable ({_one_line(exc)}): capture paused, not acknowledging; {every}"
+        return f"log unavailable ({one_line(exc)}): capture paused, not acknowledging; {every}"
 
     def _append_pending(self, resume: ResumePoint, *, recheck: bool) -> None:
         """Append schemas, then pending batches, then pending records per (topic, partition); clears what it wrote."""
@@ -866,8 +862,9 @@ class CaptureAgent:
             head = batches[: len(run)]
             pool = self._batch_appenders
             futures: list[Future[Any] | None] = [None] * len(head)
+            append = cast(AppendsEncodedBatches, self.log).append_encoded  # only such a log gets encoded batches
             if pool is not None and len(head) > 1:
-                futures = [pool.submit(self.log.append, t, e.partition, e.batch) for t, e in head]
+                futures = [pool.submit(append, t, e.partition, e.batch) for t, e in head]
             failed: BaseException | None = None
             kept = []
             for (topic, encoded), future in zip(head, futures, strict=True):
@@ -876,7 +873,7 @@ class CaptureAgent:
                     continue
                 try:
                     if future is None:
-                        self.log.append(topic, encoded.partition, encoded.batch)
+                        append(topic, encoded.partition, encoded.batch)
                     else:
                         future.result()
                 except BaseException as exc:
@@ -1057,7 +1054,7 @@ class _ChunkReaders:
             with reader.transaction():  # a savepoint: a failure leaves the reader's snapshot as it was
                 row = reader.execute("SELECT pg_export_snapshot()").fetchone()
         except psycopg.Error as exc:
-            logger.debug("snapshot: one reader connection (%s)", _one_line(exc))
+            logger.debug("snapshot: one reader connection (%s)", one_line(exc))
             return None
         return cls(dsn, reader, str(row[0])) if row else None
 
@@ -1081,7 +1078,7 @@ class _ChunkReaders:
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(self._snapshot)))
                 self._conns[which] = conn
             except psycopg.Error as exc:
-                logger.debug("snapshot: no second reader connection (%s)", _one_line(exc))
+                logger.debug("snapshot: no second reader connection (%s)", one_line(exc))
                 if conn is not None:
                     conn.close()
                 return

@@ -51,7 +51,6 @@ Limits (honest):
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -70,6 +69,7 @@ from capture.pgoutput import LogicalMessage, Relation, TupleData
 from capture.snapshot import parse_copy_text
 from capture.transactions import Transaction
 from core.config import ProjectConfig
+from core.durable_files import replace_json
 from core.errors import PermanentError
 from log.envelope import SnapshotMarker
 from log.sequence import Sequence as Seq
@@ -96,17 +96,6 @@ class IncrementalSnapshotError(CaptureError, PermanentError):
     """An incremental snapshot cannot be requested or run for a table."""
 
 
-def _write_json(path: Path, body: object) -> None:
-    """Write atomically (temp file, fsync, rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("wb") as handle:
-        handle.write(orjson.dumps(body))
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
-
-
 def request_incremental_snapshot(state_dir: Path, tables: Sequence[str]) -> tuple[str, tuple[TableName, ...]]:
     """Record a request to re-snapshot ``tables`` (``schema.table``); return its id and the parsed names.
 
@@ -118,7 +107,7 @@ def request_incremental_snapshot(state_dir: Path, tables: Sequence[str]) -> tupl
         msg = "give at least one table, e.g. --tables public.orders"
         raise IncrementalSnapshotError(msg)
     request_id = f"{time.time_ns():020d}-{secrets.token_hex(4)}"
-    _write_json(state_dir / REQUESTS_DIR / f"{request_id}.json", {"id": request_id, "tables": [str(t) for t in names]})
+    replace_json(state_dir / REQUESTS_DIR / f"{request_id}.json", {"id": request_id, "tables": [str(t) for t in names]})
     return request_id, names
 
 
@@ -148,7 +137,7 @@ class IncrementalState:
 
     def save(self) -> None:
         """Write atomically."""
-        _write_json(
+        replace_json(
             self.path,
             {"tables": [{"table": t.table, "request": t.request, "last_key": t.last_key} for t in self.tables]},
         )

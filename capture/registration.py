@@ -19,7 +19,6 @@ import contextlib
 import io
 import os
 import re
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -54,6 +53,7 @@ from capture.prerequisites import CaptureRequest, Problem, check_source, fatal
 from capture.publication import PublicationInfo
 from capture.slot import SlotStatus
 from core.config import ProjectConfig, SourceConfig, parse_config
+from core.durable_files import replace_file
 from core.errors import ConfigError
 from log.sequence import Lsn
 
@@ -166,24 +166,7 @@ def _validate(text: str, path: Path) -> ProjectConfig:
 def _write_atomically(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` so a reader sees the old file or the new one, never a mix."""
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, mode)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    # The rename is durable only once the directory entry is on disk.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    replace_file(path, text.encode(), mode=mode)
 
 
 def _sources_map(document: CommentedMap) -> CommentedMap:
@@ -335,7 +318,7 @@ def _literal_password_warning(dsn: str) -> str | None:
     )
 
 
-def _one_line(problems: Sequence[Problem], source: str) -> str:
+def _problems_line(problems: Sequence[Problem], source: str) -> str:
     if len(problems) == 1:
         return problems[0].message
     numbered = "; ".join(f"({i}) {p.message}" for i, p in enumerate(problems, 1))
@@ -423,7 +406,7 @@ def add_source(
         facts, problems = check_source(conn, request)
         blocking = fatal(problems)
         if blocking:
-            raise PrerequisiteError(_one_line(blocking, name), source=name, problems=tuple(blocking))
+            raise PrerequisiteError(_problems_line(blocking, name), source=name, problems=tuple(blocking))
         warnings += [p.message for p in problems if not p.fatal]
         action: Literal["created", "altered", "reused"]
         if facts.publication is None:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
@@ -51,10 +50,11 @@ from capture.events import OutRecord
 from capture.key_set import Candidates, KeySet, Latest, remove_key_set
 from capture.slot import SlotStatus
 from core.config import ProjectConfig
+from core.durable_files import replace_json
 from log.base import Log
+from log.columns import ColumnarReads
 from log.envelope import ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value
-from log.file.backend import FileLog
-from log.file.column_reader import read_range_columns
+from log.reading import read_range_columns
 from log.sequence import Lsn
 
 REQUEST_FILE = "resync.json"
@@ -95,20 +95,14 @@ class ResyncRequest:
         return cls(path, data["reason"], data["requested_at_ms"], data.get("lost_from"), data.get("consistent_lsn"))
 
     def save(self) -> None:
-        """Write atomically (temp file, fsync, rename)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
+        """Write atomically and durably (:func:`core.durable_files.replace_json`)."""
         body = {
             "reason": self.reason,
             "requested_at_ms": self.requested_at_ms,
             "lost_from": self.lost_from,
             "consistent_lsn": self.consistent_lsn,
         }
-        with tmp.open("w") as handle:
-            json.dump(body, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(self.path)
+        replace_json(self.path, body)
 
     def clear(self) -> None:
         """The re-snapshot is durable: forget the request and its spilled key set."""
@@ -132,7 +126,7 @@ def snapshot_keys(log: Log, topic: str, start: Mapping[int, int], present: KeySe
         return
     for partition in range(log.describe_topic(topic).partitions):
         offset = start.get(partition, 0)
-        if isinstance(log, FileLog):  # the columnar read: the key column straight from the batches
+        if isinstance(log, ColumnarReads):  # the columnar read: the key column straight from the batches
             for columns in read_range_columns(log, topic, partition, offset, log.end_offset(topic, partition)):
                 present.add(topic, [key for key in columns.keys.to_pylist() if key is not None])
             continue
@@ -229,7 +223,7 @@ def _keys_and_values(
 ) -> Iterator[tuple[list[bytes | None], list[bytes | None]]]:
     """Keys and values of a partition's records from its beginning up to ``stop`` (None: its end), a read at a time."""
     offset = log.beginning_offset(topic, partition)
-    if isinstance(log, FileLog):  # the columnar read: no record object per record
+    if isinstance(log, ColumnarReads):  # the columnar read: no record object per record
         until = log.end_offset(topic, partition) if stop is None else stop
         for columns in read_range_columns(log, topic, partition, offset, until):
             yield columns.keys.to_pylist(), columns.values.to_pylist()

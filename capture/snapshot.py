@@ -27,7 +27,6 @@ the latest image per key still converges to the source.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import threading
 import time
@@ -44,6 +43,7 @@ from psycopg import pq, sql
 import native
 from capture.pgoutput import NonUtf8Text, TupleData
 from capture.stream import libpq_speedups, pgconn_pointer
+from core.durable_files import replace_json
 from log.file.batch_codec import ZSTD_LEVEL, Compression, EncodedBatch
 from log.sequence import Sequence as Seq
 
@@ -99,19 +99,13 @@ class SnapshotState:
         return cls(path, data.get("consistent_lsn"), set(data.get("done_chunks", [])), bool(data.get("completed")))
 
     def save(self) -> None:
-        """Write atomically (temp file, fsync, rename)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
+        """Write atomically and durably (:func:`core.durable_files.replace_json`)."""
         body = {
             "consistent_lsn": self.consistent_lsn,
             "done_chunks": sorted(self.done_chunks),
             "completed": self.completed,
         }
-        with tmp.open("w") as handle:
-            json.dump(body, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(self.path)
+        replace_json(self.path, body)
 
 
 def plan_chunks(conn: psycopg.Connection[Any], schema: str, name: str, oid: int) -> list[Chunk]:

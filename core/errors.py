@@ -12,6 +12,11 @@ from __future__ import annotations
 EXIT_PERMANENT = 3
 
 
+def one_line(text: object) -> str:
+    """``str(text)`` with every run of whitespace (newlines included) as one space: errors print as one line."""
+    return " ".join(str(text).split())
+
+
 def _restore(cls: type[HeadwaterError], args: tuple[object, ...], state: dict[str, object]) -> HeadwaterError:
     error = cls.__new__(cls)
     Exception.__init__(error, *args)

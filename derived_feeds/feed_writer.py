@@ -26,9 +26,8 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from derived_feeds.errors import FeedExpectationError
 from derived_feeds.expectations import EXPECTATION_HEADER, Check
-from log.base import Log, Record
+from log.base import AppendsEncodedBatches, Log, Record
 from log.envelope import Op
-from log.file.backend import FileLog
 from log.file.column_writer import BatchScratch, ColumnRecords
 from log.partitioner import partitions_for
 from log.topics import ERROR_HEADER
@@ -178,7 +177,8 @@ def append_once(
         return 0
     partitions = log.describe_topic(topic).partitions
     by_partition: dict[int, Sequence[Record]]
-    if isinstance(records, ColumnRecords) and isinstance(log, FileLog):
+    encoded = log if isinstance(records, ColumnRecords) and isinstance(log, AppendsEncodedBatches) else None
+    if encoded is not None and isinstance(records, ColumnRecords):
         now_ms = time.time_ns() // 1_000_000  # what the file log stamps a record without a timestamp with
         batches = records.partition_batches(partitions, now_ms, _thread_scratch())
         by_partition = {partition: batch for partition, batch in enumerate(batches) if batch is not None}
@@ -192,7 +192,10 @@ def append_once(
     for partition, batch in sorted(by_partition.items()):
         if _already_appended(log, topic, partition, marker, memo):
             continue
-        result = log.append(topic, partition, batch)
+        if encoded is not None:
+            result = encoded.append_encoded(topic, partition, batch)
+        else:
+            result = log.append(topic, partition, batch)
         if memo is not None:
             memo[(topic, partition)] = (result.last_offset + 1, marker)
         written += len(batch)

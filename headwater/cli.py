@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from core.errors import EXIT_PERMANENT, HeadwaterError, PermanentError
+from core.errors import EXIT_PERMANENT, HeadwaterError, PermanentError, one_line
 from headwater import __version__
 from headwater.cli_context import Context, config_option, pass_context, print_json, root_config_option
 from operations.scaffold import init_project
@@ -78,11 +78,6 @@ def init_command(directory: Path, project: str | None) -> None:
     click.echo("next: headwater source add NAME --dsn DSN --tables schema.table,...")
 
 
-def _one_line(text: str) -> str:
-    """``text`` with every run of whitespace (newlines included) as one space: errors are one line."""
-    return " ".join(text.split())
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the process exit code."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
@@ -93,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except HeadwaterError as exc:
         if debug:
             traceback.print_exc()
-        click.echo(f"error: {_one_line(str(exc))}", err=True)
+        click.echo(f"error: {one_line(str(exc))}", err=True)
         return EXIT_PERMANENT if isinstance(exc, PermanentError) else EXIT_ERROR
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
@@ -101,11 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     except click.UsageError as exc:
         # One line like every other error (click's own form is three), with where to find help.
         command = exc.ctx.command_path if exc.ctx is not None else "headwater"
-        message = _one_line(exc.format_message()).rstrip(".")
+        message = one_line(exc.format_message()).rstrip(".")
         click.echo(f"error: {message}; see '{command} --help'", err=True)
         return EXIT_USAGE
     except click.ClickException as exc:
-        click.echo(f"error: {_one_line(exc.format_message())}", err=True)
+        click.echo(f"error: {one_line(exc.format_message())}", err=True)
         return EXIT_USAGE
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
@@ -113,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug, not bad input: still one line unless --debug
         if debug:
             traceback.print_exc()
-        detail = _one_line(str(exc))
+        detail = one_line(str(exc))
         click.echo(f"error: unexpected {type(exc).__name__}: {detail} (rerun with --debug for the traceback)", err=True)
         return EXIT_ERROR
     return 0

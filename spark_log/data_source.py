@@ -63,12 +63,11 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StringType, StructType
 
 from core.config import ProjectConfig, TypesConfig, load_config
-from log.base import Log, StoredRecord
+from log.base import Log
+from log.columns import ColumnarReads
 from log.errors import UnknownTopicError
 from log.factory import open_log
-from log.file.backend import FileLog
-from log.file.column_reader import RecordColumns
-from log.file.column_reader import read_range_columns as columnar_range
+from log.reading import READ_CHUNK, read_range, read_range_columns
 from log.table_schemas import read_schema_records
 from spark_log.errors import LogSourceOptionError
 from spark_log.offsets import LogPosition, OffsetRange, OffsetsSpec, admit, offset_ranges
@@ -88,8 +87,6 @@ if TYPE_CHECKING:
 
 SOURCE_NAME = "headwater_log"
 DEFAULT_SPLIT_RECORDS = 100_000
-#: Records per log read and per Arrow batch handed to Spark.
-READ_CHUNK = 10_000
 #: The same for a columnar read, whose bulk decode has per-call costs worth spreading (~10 % less CPU than
 #: 10k here), and its byte bound: a few tens of MB of values per batch.
 COLUMN_READ_CHUNK = 50_000
@@ -220,30 +217,6 @@ def resolve_position(log: Log, topics: Sequence[str], spec: OffsetsSpec) -> LogP
     return LogPosition.of(resolved)
 
 
-def read_range(
-    log: Log, topic: str, partition: int, start: int, end: int, *, chunk: int = READ_CHUNK
-) -> Iterator[list[StoredRecord]]:
-    """Records of ``[start, end)`` in chunks; stops at ``end`` even if more has been appended since."""
-    offset = start
-    while offset < end:
-        records = log.read(topic, partition, offset, max_records=min(chunk, end - offset))
-        if not records:
-            return  # retention removed the rest of the range, or nothing was there
-        if records[-1].offset >= end:
-            records = [r for r in records if r.offset < end]
-            if not records:
-                return
-        yield records
-        offset = records[-1].offset + 1
-
-
-def read_range_columns(
-    log: FileLog, topic: str, partition: int, start: int, end: int, *, chunk: int = COLUMN_READ_CHUNK
-) -> Iterator[RecordColumns]:
-    """The records :func:`read_range` gives, as Arrow columns (the file backend's columnar read)."""
-    return columnar_range(log, topic, partition, start, end, max_records=chunk, max_bytes=COLUMN_READ_BYTES)
-
-
 # --------------------------------------------------------------------------- Spark classes
 
 
@@ -269,8 +242,11 @@ class _RangeReading:
         try:
             topic, number, start, end = offsets.topic, offsets.partition, offsets.start, offsets.end
             batches: Iterator[pa.RecordBatch]
-            if isinstance(log, FileLog):  # columns straight from the segments' bytes
-                batches = map(self.builder.build_columns, read_range_columns(log, topic, number, start, end))
+            if isinstance(log, ColumnarReads):  # columns straight from the segments' bytes
+                columns = read_range_columns(
+                    log, topic, number, start, end, max_records=COLUMN_READ_CHUNK, max_bytes=COLUMN_READ_BYTES
+                )
+                batches = map(self.builder.build_columns, columns)
             else:
                 batches = map(self.builder.build, read_range(log, topic, number, start, end))
             if self.options.latest_per_key:

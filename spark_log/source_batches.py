@@ -35,7 +35,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from log.base import StoredRecord
-from log.file.column_reader import RecordColumns
+from log.columns import RecordColumns
 from log.sequence import Sequence as Seq
 from spark_log import source_schema as cols
 from spark_log.envelope_scan import scan_envelopes

@@ -13,8 +13,6 @@ versions stay listed until dropped (``--drop-old``).
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +20,7 @@ from typing import Any, Literal
 import orjson
 
 from core.config import ProjectConfig
+from core.durable_files import replace_json
 
 Kind = Literal["feed", "table"]
 
@@ -109,13 +108,4 @@ def _write(config: ProjectConfig, version: Version) -> None:
         "target": version.target,
         "previous": [{"version": n, "target": t} for n, t in version.previous],
     }
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{version.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(orjson.dumps(body, option=orjson.OPT_INDENT_2))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)  # readers see the old file or the new one, never a partial write
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    replace_json(path, body, indent=True)  # readers see the old file or the new one, never a partial write

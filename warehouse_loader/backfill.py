@@ -140,7 +140,7 @@ def offset_ranges(log: Log, topic: str, days: Sequence[dt.date]) -> dict[int, tu
 def _changes_on_driver(
     log: Log, topic: str, ranges: dict[int, tuple[int, int]], keys: Sequence[str], schema: pa.Schema | None
 ) -> pa.Table:
-    from spark_log.data_source import read_range
+    from log.reading import read_range
 
     events: list[ChangeEvent] = []
     for partition, (start, end) in sorted(ranges.items()):

@@ -144,12 +144,12 @@ def build_expectations(
         try:
             built.append(cls(**entry.kwargs))
         except (ValueError, TypeError, GreatExpectationsError) as exc:
-            msg = f"{where}: invalid arguments: {_one_line_error(exc)}; fix the entry"
+            msg = f"{where}: invalid arguments: {_argument_errors(exc)}; fix the entry"
             raise QualityConfigError(msg, path=source, field=f"quality.{table}[{index}]") from None
     return built
 
 
-def _one_line_error(exc: Exception) -> str:
+def _argument_errors(exc: Exception) -> str:
     errors = getattr(exc, "errors", None)
     if callable(errors):
         try:

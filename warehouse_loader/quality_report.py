@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from core.config import ProjectConfig
+from core.durable_files import replace_file
 from log.base import Log
 from log.topics import is_quarantine_topic, quarantine_topic
 from warehouse_loader.quality import QualityRun, data_docs_path, load_runs, quality_dir, run_quality, runs_path
@@ -253,10 +254,7 @@ def render_report(
 
 def write_report(path: Path, html: str) -> Path:
     """Write the report atomically (a reader never sees half a file); return its path."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(html, encoding="utf-8")
-    partial.replace(path)
+    replace_file(path, html.encode(), mode=0o644, durable=False)
     return path
 
 

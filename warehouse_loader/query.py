@@ -58,14 +58,14 @@ def run_query(sql: str, tables: Mapping[str, Path]) -> pa.Table:
             match = _MISSING_TABLE.search(str(exc))
             if match:
                 raise UnknownTableError(match.group(1).strip("\"'"), loaded) from None
-            raise QueryError(_one_line(exc)) from None
+            raise QueryError(_query_failed(exc)) from None
         except duckdb.Error as exc:
-            raise QueryError(_one_line(exc)) from None
+            raise QueryError(_query_failed(exc)) from None
     finally:
         con.close()
 
 
-def _one_line(exc: Exception) -> str:
+def _query_failed(exc: Exception) -> str:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return f"query failed: {first}"
 

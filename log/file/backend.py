@@ -46,7 +46,7 @@ from log.file.topic_store import (
 from log.topics import INTERNAL_PREFIX
 
 if TYPE_CHECKING:
-    from log.file.column_reader import RecordColumns
+    from log.columns import RecordColumns
 
 DEFAULT_SEGMENT_BYTES = 128 * 1024 * 1024
 
@@ -180,6 +180,10 @@ class FileLog:
     def append(self, topic: str, partition: int, records: Sequence[Record]) -> AppendResult:
         """Append ``records`` to one partition atomically and durably; return their offsets."""
         return self._partition(topic, partition).append(records)
+
+    def append_encoded(self, topic: str, partition: int, batch: Sequence[Record]) -> AppendResult:
+        """Append a batch encoded by ``log.file.batch_codec`` (an ``EncodedBatch``) as it is."""
+        return self._partition(topic, partition).append(batch)
 
     def read(
         self,

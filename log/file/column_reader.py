@@ -14,19 +14,18 @@ and defines the result (same bytes, ``tests/unit/log/file/test_column_reader.py`
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 
 import native
-from log.base import StoredRecord
+from log.columns import RecordColumns
 from log.file.batch_codec import RECORD
 
 if TYPE_CHECKING:
-    from log.file.backend import FileLog
+    pass
 
 _INT32_MAX = (1 << 31) - 1
 
@@ -164,94 +163,20 @@ def _binary_buffers(items: list[bytes | None]) -> tuple[bytes | None, bytes, byt
     return validity, offsets.tobytes(), data
 
 
-@dataclass(frozen=True, slots=True)
-class RecordColumns:
-    """Records of one partition, in offset order, as Arrow arrays of equal length.
-
-    ``offsets`` and ``timestamps_ms`` are int64; ``keys`` and ``values`` binary (null: no
-    key; a tombstone). Headers are not carried.
-    """
-
-    topic: str
-    partition: int
-    offsets: pa.Array
-    timestamps_ms: pa.Array
-    keys: pa.Array
-    values: pa.Array
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def filter(self, mask: pa.Array) -> RecordColumns:
-        """The rows where ``mask`` (a boolean array of this length) is true."""
-        chosen = (column.filter(mask) for column in (self.offsets, self.timestamps_ms, self.keys, self.values))
-        return RecordColumns(self.topic, self.partition, *chosen)
-
-    @classmethod
-    def of(cls, topic: str, partition: int, decoded: DecodedColumns) -> RecordColumns:
-        """Arrow arrays over the decoded buffers (no copy)."""
-        n = decoded.rows
-        validity = [decoded.key_validity, decoded.value_validity]
-        key_bitmap, value_bitmap = (None if bits is None else pa.py_buffer(bits) for bits in validity)
-        return cls(
-            topic,
-            partition,
-            pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(decoded.offsets)]),
-            pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(decoded.timestamps_ms)]),
-            pa.Array.from_buffers(
-                pa.binary(), n, [key_bitmap, pa.py_buffer(decoded.key_offsets), pa.py_buffer(decoded.key_data)]
-            ),
-            pa.Array.from_buffers(
-                pa.binary(), n, [value_bitmap, pa.py_buffer(decoded.value_offsets), pa.py_buffer(decoded.value_data)]
-            ),
-        )
-
-    @classmethod
-    def from_records(cls, topic: str, partition: int, records: Sequence[StoredRecord]) -> RecordColumns:
-        """The columns of ``records`` (all of one partition), e.g. from a backend without a columnar read."""
-        return cls(
-            topic,
-            partition,
-            pa.array([r.offset for r in records], pa.int64()),
-            pa.array([r.timestamp_ms for r in records], pa.int64()),
-            pa.array([r.key for r in records], pa.binary()),
-            pa.array([r.value for r in records], pa.binary()),
-        )
-
-    def to_records(self) -> list[StoredRecord]:
-        """One ``StoredRecord`` per row (without headers: the columns carry none)."""
-        return [
-            StoredRecord(self.topic, self.partition, offset, ts, key, value)
-            for offset, ts, key, value in zip(
-                self.offsets.to_pylist(),
-                self.timestamps_ms.to_pylist(),
-                self.keys.to_pylist(),
-                self.values.to_pylist(),
-                strict=True,
-            )
-        ]
-
-
-def read_range_columns(
-    log: FileLog,
-    topic: str,
-    partition: int,
-    start: int,
-    end: int,
-    *,
-    max_records: int = 10_000,
-    max_bytes: int = 16 << 20,
-) -> Iterator[RecordColumns]:
-    """The records of ``[start, end)`` as columns, a chunk of at most ``max_records`` / ``max_bytes`` at a time.
-
-    Stops at ``end`` even if more has been appended since, and where the partition holds
-    nothing more (retention removed the rest of the range, or nothing was there).
-    """
-    offset = start
-    while offset < end:
-        columns, resume = log.read_columns(topic, partition, offset, end, max_records=max_records, max_bytes=max_bytes)
-        if len(columns):
-            yield columns
-        if resume <= offset:
-            return
-        offset = resume
+def record_columns(topic: str, partition: int, decoded: DecodedColumns) -> RecordColumns:
+    """Arrow arrays over the decoded buffers (no copy)."""
+    n = decoded.rows
+    validity = [decoded.key_validity, decoded.value_validity]
+    key_bitmap, value_bitmap = (None if bits is None else pa.py_buffer(bits) for bits in validity)
+    return RecordColumns(
+        topic,
+        partition,
+        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(decoded.offsets)]),
+        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(decoded.timestamps_ms)]),
+        pa.Array.from_buffers(
+            pa.binary(), n, [key_bitmap, pa.py_buffer(decoded.key_offsets), pa.py_buffer(decoded.key_data)]
+        ),
+        pa.Array.from_buffers(
+            pa.binary(), n, [value_bitmap, pa.py_buffer(decoded.value_offsets), pa.py_buffer(decoded.value_data)]
+        ),
+    )

@@ -32,9 +32,10 @@ from pathlib import Path
 
 import orjson
 
+from core.durable_files import fsync_directory, replace_json
 from log.base import TopicSpec
 from log.file.batch_codec import ATTR_CODEC, RECORD, Compression, records_section, seal_batch
-from log.file.partition import Partition, fsync_directory
+from log.file.partition import Partition
 from log.file.segment import CLEANED_SUFFIX
 from log.file.segment_index import SegmentIndex, index_path, time_index_path, write_index_files
 
@@ -82,14 +83,7 @@ class CleanerCheckpoint:
 
     def save(self, directory: Path) -> None:
         """Replace the checkpoint atomically and durably."""
-        tmp = directory / (CHECKPOINT_NAME + ".tmp")
-        data = orjson.dumps({"clean_offset": self.clean_offset, "passes": self.passes})
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, directory / CHECKPOINT_NAME)
-        fsync_directory(directory)
+        replace_json(directory / CHECKPOINT_NAME, {"clean_offset": self.clean_offset, "passes": self.passes})
 
 
 @dataclass(slots=True)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core.durable_files import fsync_directory
 from log.base import AppendResult, Record, StoredRecord
 from log.errors import CorruptLogError, LogUnavailableError
 from log.file.batch_codec import (
@@ -57,22 +58,13 @@ from log.file.segment_index import (
 from log.file.writer_lock import WriterLock
 
 if TYPE_CHECKING:
-    from log.file.column_reader import RecordColumns
+    from log.columns import RecordColumns
 
 logger = logging.getLogger(__name__)
 
 _NO_TIMESTAMP = -(1 << 63)
 _LISTING_RETRIES = 5
 _RECENT_CHANGE_NS = 1_000_000_000
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make creations, renames and deletions inside ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 #: Test hook, off unless set: while the file this variable names exists, every append
@@ -308,7 +300,7 @@ class Partition:
         or past the batches read when they held nothing more before ``end`` (compacted gaps),
         or ``end``. Equal to ``offset`` when nothing was there (the end of the partition).
         """
-        from log.file.column_reader import RecordColumns, RecordsSection, decode_columns
+        from log.file.column_reader import RecordsSection, decode_columns, record_columns
 
         sections: list[RecordsSection] = []
         # Batches are gathered until they may hold enough records or bytes; the decoder stops exactly.
@@ -331,7 +323,7 @@ class Partition:
         )
         if decoded.next_offset >= 0:
             resume = decoded.next_offset
-        return RecordColumns.of(self.topic, self.partition, decoded), resume
+        return record_columns(self.topic, self.partition, decoded), resume
 
     def end_offset(self) -> int:
         """The offset the next appended record gets."""

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from log.base import StoredRecord
-from log.file.column_reader import RecordColumns
+from log.columns import RecordColumns
 from native import speedups
 from spark_log import source_batches as event_batches
 from spark_log.envelope_scan import _scan_envelopes_python, scan_envelopes

@@ -8,12 +8,13 @@ import yaml
 
 from core.config import load_config
 from log.base import Record, StoredRecord, TopicSpec
+from log.columns import RecordColumns
 from log.envelope import Op, encode_key, encode_value
 from log.factory import open_log
 from log.file.backend import FileLog
-from log.file.column_reader import RecordColumns
+from log.reading import read_range, read_range_columns
 from log.topics import SCHEMAS_TOPIC
-from spark_log.data_source import HeadwaterLogDataSource, LogRangePartition, read_range, read_range_columns
+from spark_log.data_source import HeadwaterLogDataSource, LogRangePartition
 from spark_log.offsets import OffsetRange
 from spark_log.source_batches import EventBatchBuilder
 from spark_log.source_schema import FIRST_OP, output_schema
@@ -102,7 +103,8 @@ def test_a_range_read_from_the_file_log_builds_the_same_batches(tmp_path):
             build = builder((WIDE,), include_tombstones=tombstones)
             for start, stop, chunk in [(0, end, 10_000), (5, end - 3, 17)]:
                 expected = [build.build(chunk_) for chunk_ in read_range(log, TOPIC, 0, start, stop, chunk=chunk)]
-                got = [build.build_columns(c) for c in read_range_columns(log, TOPIC, 0, start, stop, chunk=chunk)]
+                columns = read_range_columns(log, TOPIC, 0, start, stop, max_records=chunk)
+                got = [build.build_columns(c) for c in columns]
                 assert [b.to_pylist() for b in got] == [b.to_pylist() for b in expected]
     finally:
         log.close()

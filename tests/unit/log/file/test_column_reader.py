@@ -22,7 +22,7 @@ from log.file.batch_codec import (
     records_section,
     seal_batch,
 )
-from log.file.column_reader import RecordColumns, RecordsSection, decode_columns
+from log.file.column_reader import RecordsSection, decode_columns, record_columns
 from log.file.segment import list_segments
 
 HOUR = 3600 * 1000
@@ -90,7 +90,7 @@ def _reference(batches_rows, min_offset, end_offset, max_records, max_bytes):
 
 
 def _rows(decoded):
-    columns = RecordColumns.of("t", 0, decoded)
+    columns = record_columns("t", 0, decoded)
     return list(
         zip(
             columns.offsets.to_pylist(),
@@ -151,7 +151,7 @@ def test_columns_are_arrow_arrays_with_nulls_where_keys_and_values_are_missing()
     decoded = decode_columns(
         _sections([_batch(10, rows, "none")]), min_offset=0, end_offset=100, max_records=100, max_bytes=1 << 20
     )
-    columns = RecordColumns.of("t", 2, decoded)
+    columns = record_columns("t", 2, decoded)
     assert len(columns) == 3
     assert columns.offsets.to_pylist() == [10, 11, 13]
     assert columns.keys.to_pylist() == [None, b"k", b""]
