@@ -1,4 +1,4 @@
-"""The ``headwater.yaml`` project model (DESIGN section 2), validated once at load.
+"""The ``headwater.yaml`` project model, validated once at load (keys documented in the README).
 
 Key names are a public contract. Every model is frozen and rejects unknown keys, so
 a typo is an error that names its field path instead of a silently ignored setting.

@@ -5,7 +5,7 @@ The config is found as the CLI finds it (``$HEADWATER_CONFIG``, else ``./headwat
 lazily, so importing this module reads no file; :func:`build_definitions` is the pure part.
 
 Every run executes in one process (``in_process_executor``): steps share the run's single
-Spark session, and deltalake never runs in a forked child (DESIGN 8).
+Spark session, and deltalake never runs in a forked child (its Rust runtime panics after fork).
 """
 
 from __future__ import annotations

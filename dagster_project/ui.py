@@ -1,6 +1,6 @@
 """Run the Dagster UI for a project: ``dagster-webserver`` + ``dagster-daemon`` as our own children.
 
-``dagster dev`` ignores SIGTERM for 40+ s (DESIGN 8), so it is not used: the webserver and
+``dagster dev`` ignores SIGTERM for 40+ s (measured with Dagster 1.13), so it is not used: the webserver and
 the daemon are started directly, each in its own process group (with the code servers
 they spawn), and stopped by signalling those groups: SIGINT, then SIGKILL after a
 short grace. Ctrl-C reaches only this process (the children are in other sessions),

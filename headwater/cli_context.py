@@ -5,9 +5,11 @@ Command modules import from here, never from :mod:`headwater.cli` (which imports
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import orjson
@@ -23,7 +25,7 @@ class Context:
     debug: bool
 
     def config(self, *, needs_sources: bool = True) -> ProjectConfig:
-        """Load and validate the project config (found as DESIGN section 2 says).
+        """Load and validate the project config (``--config``, else ``$HEADWATER_CONFIG``, else ``./headwater.yaml``).
 
         Commands that never connect to a source pass ``needs_sources=False`` so an unset
         password variable does not stop them.
@@ -60,3 +62,27 @@ def print_json(value: Any) -> None:
     """Write ``value`` as indented JSON to stdout."""
     sys.stdout.buffer.write(orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n")
     sys.stdout.flush()
+
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def once_or_follow(once: str, *, once_help: str, follow_help: str) -> Callable[[_Command], _Command]:
+    """The pair every long-running command takes: ``--<once>`` (catch up, then exit 0) or ``--follow``.
+
+    Exactly one of them; the command receives ``follow: bool``.
+    """
+    once_name = once.replace("-", "_")
+
+    def decorate(command: _Command) -> _Command:
+        @functools.wraps(command)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.pop(once_name) == kwargs["follow"]:
+                msg = f"pass exactly one of --{once} or --follow"
+                raise click.UsageError(msg)
+            return command(*args, **kwargs)
+
+        with_follow = click.option("--follow", is_flag=True, help=follow_help)(checked)
+        return click.option(f"--{once}", is_flag=True, help=once_help)(with_follow)  # type: ignore[return-value]
+
+    return decorate

@@ -206,7 +206,7 @@ def run_demo(
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(SCHEMA)
             # Least privilege: the capture role can log in, replicate and read; the table
-            # owner creates the publication (DESIGN: no superuser for capture).
+            # owner creates the publication (capture never needs a superuser).
             conn.execute(f"CREATE ROLE capture WITH LOGIN REPLICATION PASSWORD '{password}'")
             conn.execute("GRANT SELECT ON customers, orders, order_items TO capture")
             conn.execute(

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from capture.agent import SnapshotProgress
 from capture.runner import ProgressFactory, run_capture
-from headwater.cli_context import Context, config_option, pass_context
+from headwater.cli_context import Context, config_option, once_or_follow, pass_context
 
 
 class RichSnapshotProgress:
@@ -63,17 +63,17 @@ def _progress_for(console: Console) -> ProgressFactory:
 @click.command("capture")
 @click.argument("names", nargs=-1)
 @config_option
-@click.option("--until-caught-up", is_flag=True, help="Capture everything committed before start, then exit 0.")
-@click.option("--follow", is_flag=True, help="Keep streaming until Ctrl-C / SIGTERM.")
+@once_or_follow(
+    "until-caught-up",
+    once_help="Capture everything committed before start, then exit 0.",
+    follow_help="Keep streaming until Ctrl-C / SIGTERM.",
+)
 @pass_context
-def capture_command(context: Context, names: tuple[str, ...], until_caught_up: bool, follow: bool) -> None:
+def capture_command(context: Context, names: tuple[str, ...], follow: bool) -> None:
     """Stream registered sources (all by default) into the log."""
-    if until_caught_up == follow:
-        msg = "pass exactly one of --until-caught-up or --follow"
-        raise click.UsageError(msg)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     config = context.config()
-    results = run_capture(config, names, until_caught_up=until_caught_up, progress=_progress_for(Console(stderr=True)))
+    results = run_capture(config, names, until_caught_up=not follow, progress=_progress_for(Console(stderr=True)))
     for name, stats in results.items():
         click.echo(
             f"{name}: {stats.transactions} transactions, {stats.events} events, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from core.config import ProjectConfig
-from headwater.cli_context import Context, config_option, pass_context
+from headwater.cli_context import Context, config_option, once_or_follow, pass_context
 
 
 @click.group("feeds")
@@ -16,14 +16,14 @@ def feeds_group() -> None:
 @feeds_group.command("run")
 @click.argument("feeds", nargs=-1)
 @config_option
-@click.option("--available-now", is_flag=True, help="Process everything in the log now (DAG order), then exit 0.")
-@click.option("--follow", is_flag=True, help="Keep every feed up to date as the log grows, until Ctrl-C.")
+@once_or_follow(
+    "available-now",
+    once_help="Process everything in the log now (DAG order), then exit 0.",
+    follow_help="Keep every feed up to date as the log grows, until Ctrl-C.",
+)
 @pass_context
-def run_command(context: Context, feeds: tuple[str, ...], available_now: bool, follow: bool) -> None:
+def run_command(context: Context, feeds: tuple[str, ...], follow: bool) -> None:
     """Run FEEDS (all by default) in DAG order."""
-    if available_now == follow:
-        msg = "pass exactly one of --available-now or --follow"
-        raise click.UsageError(msg)
     from derived_feeds.feed_job import run_feeds
     from spark_log.job import follow as follow_queries
     from spark_log.job import spark_job
@@ -31,7 +31,7 @@ def run_command(context: Context, feeds: tuple[str, ...], available_now: bool, f
     config = context.config(needs_sources=False)
     _check_before_spark(config, feeds)
     with spark_job(config, "headwater-feeds") as (spark, log):
-        started = run_feeds(spark, config, log, feeds, available_now=available_now)
+        started = run_feeds(spark, config, log, feeds, available_now=not follow)
         if follow:
             click.echo(f"running {', '.join(plan.spec.name for _, plan in started)}; Ctrl-C to stop")
             follow_queries(spark, [query for query, _ in started])

@@ -27,7 +27,7 @@ def _decode_json(data: bytes | None) -> Any:
 
 
 def record_json(record: StoredRecord) -> dict[str, Any]:
-    """The ``log tail --json`` object of DESIGN section 3."""
+    """The ``log tail --json`` object: ``{"topic","partition","offset","timestamp_ms","key","value","headers"}``."""
     return {
         "topic": record.topic,
         "partition": record.partition,

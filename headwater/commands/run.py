@@ -7,22 +7,22 @@ from types import FrameType
 
 import click
 
-from headwater.cli_context import Context, config_option, pass_context
+from headwater.cli_context import Context, config_option, once_or_follow, pass_context
 from operations.pipeline import Supervisor, follow_stages, run_until_caught_up
 
 
 @click.command("run")
 @config_option
-@click.option("--until-caught-up", is_flag=True, help="Everything committed before start through every stage.")
-@click.option("--follow", is_flag=True, help="Supervised capture, feeds and loads until Ctrl-C / SIGTERM.")
+@once_or_follow(
+    "until-caught-up",
+    once_help="Everything committed before start through every stage.",
+    follow_help="Supervised capture, feeds and loads until Ctrl-C / SIGTERM.",
+)
 @pass_context
-def run_command(context: Context, until_caught_up: bool, follow: bool) -> None:
+def run_command(context: Context, follow: bool) -> None:
     """Capture + feeds + warehouse loads, in dependency order."""
-    if until_caught_up == follow:
-        msg = "pass exactly one of --until-caught-up or --follow"
-        raise click.UsageError(msg)
     config = context.config()
-    if until_caught_up:
+    if not follow:
         run_until_caught_up(config, say=click.echo)
         return
     assert config.config_path is not None

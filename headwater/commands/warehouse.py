@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from core.config import ProjectConfig
-from headwater.cli_context import Context, config_option, pass_context
+from headwater.cli_context import Context, config_option, once_or_follow, pass_context
 from warehouse_loader.query import OutputFormat, format_result, run_query
 
 
@@ -42,14 +42,14 @@ def query_command(context: Context, sql: str, fmt: OutputFormat) -> None:
 @click.command("load")
 @click.argument("tables", nargs=-1)
 @config_option
-@click.option("--available-now", is_flag=True, help="Load everything in the log now, then exit 0.")
-@click.option("--follow", is_flag=True, help="Keep loading as the log grows, until Ctrl-C.")
+@once_or_follow(
+    "available-now",
+    once_help="Load everything in the log now, then exit 0.",
+    follow_help="Keep loading as the log grows, until Ctrl-C.",
+)
 @pass_context
-def load_command(context: Context, tables: tuple[str, ...], available_now: bool, follow: bool) -> None:
+def load_command(context: Context, tables: tuple[str, ...], follow: bool) -> None:
     """Materialise warehouse tables (all by default) from the log with Spark."""
-    if available_now == follow:
-        msg = "pass exactly one of --available-now or --follow"
-        raise click.UsageError(msg)
     from spark_log.job import follow as follow_queries
     from spark_log.job import spark_job
     from warehouse_loader.load_job import run_loads
@@ -63,7 +63,7 @@ def load_command(context: Context, tables: tuple[str, ...], available_now: bool,
         msg = f"no warehouse table named {unknown[0]!r}; known: {known} (see warehouse.tables in headwater.yaml)"
         raise UnknownWarehouseTableError(msg)
     with spark_job(config, "headwater-load") as (spark, log):
-        queries = run_loads(spark, config, log, tables, available_now=available_now)
+        queries = run_loads(spark, config, log, tables, available_now=not follow)
         if follow:
             click.echo(f"loading {', '.join(q.name or '?' for q in queries)}; Ctrl-C to stop")
             follow_queries(spark, queries)

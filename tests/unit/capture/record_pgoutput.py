@@ -14,7 +14,7 @@ below, and peeks the slot (never consuming it) with ``pg_logical_slot_peek_binar
 * ``data/types.json``: the non-built-in types (``load_type_registry``), for the type mapper.
 
 Each line is ``{"lsn": "0/16B3748", "xid": 731, "data": "<hex>"}``. The peek session is
-pinned as the capture agent pins its replication session (DESIGN section 8), so text
+pinned as the capture agent pins its replication session (capture/stream.py), so text
 values are printed in UTC / ISO / hex. Re-recording changes xids, oids and LSNs: tests
 must look them up in the recording, not hard-code them.
 """
