@@ -1,4 +1,8 @@
-"""Asset factories: capture per source, feeds, warehouse loads. Bodies only call library code."""
+"""Asset factories: capture per source, feeds, warehouse loads. Bodies only call library code.
+
+Library modules are imported inside asset and check bodies: Dagster loads these definitions in
+every process (webserver, daemon, each run), most of which never run a given stage.
+"""
 
 from collections.abc import Iterator
 from typing import Any

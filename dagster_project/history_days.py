@@ -5,6 +5,9 @@ was committed; after downtime that spans several days, so the run must mark each
 those days' partitions, not only today's. The first pending record of every partition
 of the table's input (and, when that input is a pending feed, of the feed's inputs) is
 the oldest commit the run applies there: the log is in commit order per partition.
+
+Library modules are imported inside asset and check bodies: Dagster loads these definitions in
+every process (webserver, daemon, each run), most of which never run a given stage.
 """
 
 from __future__ import annotations

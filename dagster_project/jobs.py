@@ -3,6 +3,9 @@
 Each op calls one library function; its errors (a name not in ``headwater.yaml``, a
 table the source does not capture) fail the run with the library's one-line message
 (:class:`dagster.Failure`), not a traceback.
+
+Library modules are imported inside asset and check bodies: Dagster loads these definitions in
+every process (webserver, daemon, each run), most of which never run a given stage.
 """
 
 from collections.abc import Iterator

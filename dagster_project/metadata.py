@@ -1,4 +1,8 @@
-"""Materialisation metadata from ``operations.status``: log end offsets, lag, row counts, freshness."""
+"""Materialisation metadata from ``operations.status``: log end offsets, lag, row counts, freshness.
+
+Library modules are imported inside asset and check bodies: Dagster loads these definitions in
+every process (webserver, daemon, each run), most of which never run a given stage.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,9 @@
 
 Assets receive I/O through these, so a test (or another deployment) swaps the config
 file, the log backend or the Spark session without touching an asset body.
+
+Library modules are imported inside asset and check bodies: Dagster loads these definitions in
+every process (webserver, daemon, each run), most of which never run a given stage.
 """
 
 from __future__ import annotations

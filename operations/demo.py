@@ -4,6 +4,9 @@ Composition only: it starts :class:`~operations.embedded_postgres.EmbeddedPostgr
 creates the shop schema, registers it with a least-privilege role through
 :func:`capture.registration.add_source`, drives a workload and runs the stages that
 exist. Every run starts from a clean demo directory, so running it twice works.
+
+Stage libraries (psycopg, pyspark, deltalake behind them) are imported inside the functions
+that need them, so a process that uses one part of this module does not load the others.
 """
 
 from __future__ import annotations

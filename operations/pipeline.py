@@ -9,6 +9,9 @@ the tables that read them), then return.
 restarted with exponential backoff and reported; SIGINT/SIGTERM stop every child
 (they get SIGINT and finish their current batch: capture acknowledges only what is
 durable, Spark jobs resume from their checkpoints), so nothing is lost.
+
+Stage libraries (psycopg, pyspark, deltalake behind them) are imported inside the functions
+that need them, so a process that uses one part of this module does not load the others.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ stays until it is dropped (``--drop-old``).
 
 Downstream of a rebuilt feed, sinks that apply only newer sequences (SCD1/SCD2) keep
 their rows: version N+1 repeats the source sequences, so rebuild them too.
+
+Stage libraries (psycopg, pyspark, deltalake behind them) are imported inside the functions
+that need them, so a process that uses one part of this module does not load the others.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ offsets. Per feed: its current topic, input lag and quarantined rows. Per wareho
 table: last committed change, freshness, and lag (records the
 table's loader has not yet committed past, from its consumer group
 ``headwater.load.<table>``). A source that cannot be reached is reported, not fatal.
+
+Stage libraries (psycopg, pyspark, deltalake behind them) are imported inside the functions
+that need them, so a process that uses one part of this module does not load the others.
 """
 
 from __future__ import annotations
