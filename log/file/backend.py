@@ -182,8 +182,11 @@ class FileLog:
         return self._partition(topic, partition).append(records)
 
     def append_encoded(self, topic: str, partition: int, batch: Sequence[Record]) -> AppendResult:
-        """Append a batch encoded by ``log.file.batch_codec`` (an ``EncodedBatch``) as it is."""
-        return self._partition(topic, partition).append(batch)
+        """Append a batch encoded by ``log.file.batch_codec`` (an ``EncodedBatch``) as it is.
+
+        :meth:`append` takes such a batch too; this is the same call under the capability's name.
+        """
+        return self.append(topic, partition, batch)
 
     def read(
         self,
