@@ -256,7 +256,7 @@ class FileLog:
         now = _now_ms()
         before_records = after_records = before_bytes = after_bytes = 0
         for number in range(spec.partitions):
-            done = clean_partition(self._partition(topic, number), spec, now)
+            done = clean_partition(self._partition(topic, number).segments, spec, now)
             before_records += done.records_before
             after_records += done.records_after
             before_bytes += done.bytes_before

@@ -41,14 +41,14 @@ BUDGET_S = 40.0
 WRITER = """
 import random, sys
 from pathlib import Path
-from log.file import partition
+from log.file import partition_writer
 from log.base import Record
 from log.file.backend import FileLog
 
 root, run = Path(sys.argv[1]), int(sys.argv[2])
 rng = random.Random(run)
 if run % 2:
-    partition.RECOVERY_POINT_INTERVAL_S = 0.0
+    partition_writer.RECOVERY_POINT_INTERVAL_S = 0.0
 log = FileLog(root, fsync="always", segment_bytes=256 * 1024)
 i = 0
 while True:

@@ -17,8 +17,8 @@ def all_records(log, topic, partition=0):
     return log.read(topic, partition, 0, max_records=1_000_000)
 
 
-def partition_of(log, topic, number=0):
-    return log._partition(topic, number)
+def segments_of(log, topic, number=0):
+    return log._partition(topic, number).segments
 
 
 def active_base(log, topic, number=0):
@@ -76,14 +76,14 @@ def test_clean_offset_is_zero_before_compaction(file_log):
 def test_records_younger_than_min_lag_are_never_removed(file_log):
     file_log.create_topic(TopicSpec("c", partitions=1, min_compaction_lag_ms=HOUR))
     fill(file_log, "c", 60, ts=T0)
-    part = partition_of(file_log, "c")
+    segments = segments_of(file_log, "c")
     spec = file_log.describe_topic("c")
-    young = clean_partition(part, spec, now_ms=T0 + HOUR - 1)
+    young = clean_partition(segments, spec, now_ms=T0 + HOUR - 1)
     assert young.records_after == young.records_before == 600
-    assert CleanerCheckpoint.load(part.directory).clean_offset == 0
+    assert CleanerCheckpoint.load(segments.directory).clean_offset == 0
     # Segments age past the lag one by one, from the oldest.
-    partial = clean_partition(part, spec, now_ms=T0 + HOUR + 150)
-    clean = CleanerCheckpoint.load(part.directory).clean_offset
+    partial = clean_partition(segments, spec, now_ms=T0 + HOUR + 150)
+    clean = CleanerCheckpoint.load(segments.directory).clean_offset
     assert 0 < clean < active_base(file_log, "c")
     assert all(r.timestamp_ms + HOUR <= T0 + HOUR + 150 for r in all_records(file_log, "c") if r.offset < clean)
     assert partial.records_after < 600
@@ -95,27 +95,27 @@ def test_tombstones_are_removed_only_delete_retention_after_first_seen(file_log)
     retention = 10 * HOUR
     file_log.create_topic(TopicSpec("c", partitions=1, min_compaction_lag_ms=0, delete_retention_ms=retention))
     spec = file_log.describe_topic("c")
-    part = partition_of(file_log, "c")
+    segments = segments_of(file_log, "c")
     file_log.append("c", 0, [Record(b"gone", b"v1", (), T0), Record(b"gone", None, (), T0 + 1)])
     fill(file_log, "c", 20, keys=3, ts=T0 + 10)  # rolls the tombstone into a closed segment
 
     def offsets_of(key):
         return [(r.offset, r.value) for r in all_records(file_log, "c") if r.key == key]
 
-    clean_partition(part, spec, now_ms=T0 + HOUR)
+    clean_partition(segments, spec, now_ms=T0 + HOUR)
     assert offsets_of(b"gone") == [(1, None)]  # superseded value removed, tombstone kept
-    clean_partition(part, spec, now_ms=T0 + HOUR + retention - 1)
+    clean_partition(segments, spec, now_ms=T0 + HOUR + retention - 1)
     assert offsets_of(b"gone") == [(1, None)]
     # A tombstone first seen by a later pass gets its own retention window.
     late = file_log.append("c", 0, [Record(b"late", b"v", (), T0 + 5000), Record(b"late", None, (), T0 + 5001)])
     fill(file_log, "c", 20, keys=3, ts=T0 + 6000)
     second_pass = T0 + HOUR + retention
-    clean_partition(part, spec, now_ms=second_pass)
+    clean_partition(segments, spec, now_ms=second_pass)
     assert offsets_of(b"gone") == []
     assert offsets_of(b"late") == [(late.last_offset, None)]
-    clean_partition(part, spec, now_ms=second_pass + retention - 1)
+    clean_partition(segments, spec, now_ms=second_pass + retention - 1)
     assert offsets_of(b"late") == [(late.last_offset, None)]
-    clean_partition(part, spec, now_ms=second_pass + retention)
+    clean_partition(segments, spec, now_ms=second_pass + retention)
     assert offsets_of(b"late") == []
 
 
