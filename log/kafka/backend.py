@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from core.config import KafkaConfig
 from log.base import AppendResult, CompactionResult, Record, StoredRecord, TopicPartition, TopicSpec
@@ -93,7 +93,7 @@ class KafkaLog:
         self.client_name: ClientName = client or config.client
         self.max_batch_bytes = max_batch_bytes
         self._settings = ClientSettings(config=config, timeout_s=timeout_s, max_batch_bytes=max_batch_bytes)
-        self._client: KafkaClient = open_client(self._settings, self.client_name)
+        self._client: KafkaClient[Any, Any, Any] = open_client(self._settings, self.client_name)
         self._broker = broker
         self._read_wait_s = read_wait_s
         self._partitions: dict[str, int] = {}
