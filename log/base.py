@@ -1,7 +1,7 @@
 """The :class:`Log` protocol: topics of partitions of records, the centre of Headwater.
 
-Both backends (``file_log.FileLog`` and ``kafka_log.KafkaLog``) implement it and pass
-one conformance suite (``tests/integration/log/test_conformance.py``).
+Both backends (:class:`log.file.backend.FileLog` and :class:`log.kafka.backend.KafkaLog`)
+implement it and pass one conformance suite (``tests/integration/log/test_conformance.py``).
 
 Contract, for every backend:
 

@@ -15,7 +15,7 @@ and defines the result (same bytes, ``tests/unit/log/file/test_column_reader.py`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
@@ -23,9 +23,6 @@ import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 import native
 from log.columns import RecordColumns
 from log.file.batch_codec import RECORD
-
-if TYPE_CHECKING:
-    pass
 
 _INT32_MAX = (1 << 31) - 1
 
