@@ -29,7 +29,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
-from log.base import AppendResult, CompactionResult, Record, StoredRecord, TopicPartition, TopicSpec
+from log.base import (
+    READ_MAX_BYTES,
+    READ_MAX_RECORDS,
+    AppendResult,
+    CompactionResult,
+    Record,
+    StoredRecord,
+    TopicPartition,
+    TopicSpec,
+)
 from log.consumer_groups import ConsumerOffsets
 from log.errors import TopicExistsError, UnknownPartitionError, UnknownTopicError
 from log.file.batch_codec import Compression
@@ -194,8 +203,8 @@ class FileLog:
         partition: int,
         offset: int,
         *,
-        max_records: int = 10_000,
-        max_bytes: int = 16 * 1024 * 1024,
+        max_records: int = READ_MAX_RECORDS,
+        max_bytes: int = READ_MAX_BYTES,
     ) -> list[StoredRecord]:
         """Read records at or after ``offset`` in offset order (see :meth:`log.base.Log.read`)."""
         return self._partition(topic, partition).read(max(offset, 0), max_records, max_bytes)
@@ -207,8 +216,8 @@ class FileLog:
         offset: int,
         end: int,
         *,
-        max_records: int = 10_000,
-        max_bytes: int = 16 * 1024 * 1024,
+        max_records: int = READ_MAX_RECORDS,
+        max_bytes: int = READ_MAX_BYTES,
     ) -> tuple[RecordColumns, int]:
         """The records :meth:`read` gives, those before ``end``, as Arrow columns; and the offset to go on from.
 

@@ -29,7 +29,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from core.config import KafkaConfig
-from log.base import AppendResult, CompactionResult, Record, StoredRecord, TopicPartition, TopicSpec
+from log.base import (
+    READ_MAX_BYTES,
+    READ_MAX_RECORDS,
+    AppendResult,
+    CompactionResult,
+    Record,
+    StoredRecord,
+    TopicPartition,
+    TopicSpec,
+)
 from log.errors import (
     BatchTooLargeError,
     InvalidTopicNameError,
@@ -240,8 +249,8 @@ class KafkaLog:
         partition: int,
         offset: int,
         *,
-        max_records: int = 10_000,
-        max_bytes: int = 16 * 1024 * 1024,
+        max_records: int = READ_MAX_RECORDS,
+        max_bytes: int = READ_MAX_BYTES,
     ) -> list[StoredRecord]:
         """Read records at or after ``offset`` (see :meth:`log.base.Log.read`)."""
         self._check_partition(topic, partition)
