@@ -222,7 +222,7 @@ class FileLog:
         """The records :meth:`read` gives, those before ``end``, as Arrow columns; and the offset to go on from.
 
         Read ``[start, end)`` by calling again at the returned offset until it reaches ``end``
-        or stays where it was (nothing more held). See :mod:`log.file.column_reader`.
+        or stays where it was (nothing more held). See :mod:`log.file.column_decoder`.
         """
         return self._partition(topic, partition).read_columns(max(offset, 0), end, max_records, max_bytes)
 

@@ -61,7 +61,7 @@ class PartitionReader:
         or ``end``. Equal to ``offset`` when nothing was there (the end of the partition).
         """
         # Imported here: it loads pyarrow, which a process that never reads columns (capture) does without.
-        from log.file.column_reader import RecordsSection, decode_columns, record_columns
+        from log.file.column_decoder import RecordsSection, decode_columns, record_columns
 
         sections: list[RecordsSection] = []
         # Batches are gathered until they may hold enough records or bytes; the decoder stops exactly.

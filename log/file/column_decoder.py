@@ -1,4 +1,4 @@
-"""Records of one log partition as Arrow columns: the columnar read of the file backend.
+"""The records of file-log batches decoded straight into Arrow columns (the file backend's columnar read).
 
 A reader that turns records into Arrow anyway (the ``headwater_log`` Spark source) reads
 an offset range as :class:`RecordColumns` instead of a ``StoredRecord`` per record:
@@ -9,7 +9,7 @@ not carried (no columnar reader needs them).
 
 :func:`decode_columns` decodes the plain records sections of checked batches; the
 extension (``native``) does it in C, :func:`_decode_columns_python` is its twin
-and defines the result (same bytes, ``tests/unit/log/file/test_column_reader.py``).
+and defines the result (same bytes, ``tests/unit/log/file/test_column_decoder.py``).
 """
 
 from __future__ import annotations
