@@ -4,6 +4,7 @@ import errno
 import os
 
 import pytest
+from harness.topics import partition_records
 
 from log.base import Record, TopicSpec
 from log.errors import LogUnavailableError
@@ -20,7 +21,7 @@ def segment_bytes(root) -> int:
 
 
 def all_values(log: FileLog) -> list[bytes]:
-    return [r.value for r in log.read("t", 0, 0, max_records=100_000)]
+    return [r.value for r in partition_records(log, "t", 0, offset=0)]
 
 
 @pytest.fixture

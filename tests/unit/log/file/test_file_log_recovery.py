@@ -10,6 +10,7 @@ import logging
 import os
 
 import pytest
+from harness.topics import partition_records
 
 from log.base import Record
 from log.errors import CorruptLogError
@@ -59,7 +60,7 @@ def write_batches(root, count, *, segment_bytes=1 << 20, unacknowledged=0, make=
 def offsets(root):
     log = FileLog(root)
     try:
-        return [r.offset for r in log.read("t", 0, 0, max_records=100_000)]
+        return [r.offset for r in partition_records(log, "t", 0, offset=0)]
     finally:
         log.close()
 
