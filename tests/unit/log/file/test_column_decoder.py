@@ -187,16 +187,7 @@ def read_all_columns(log, topic, partition, start, end, chunk):
         columns, resume = log.read_columns(topic, partition, offset, end, max_records=chunk)
         calls += 1
         assert len(columns) <= chunk
-        rows += [
-            (o, t, k, v)
-            for o, t, k, v in zip(
-                columns.offsets.to_pylist(),
-                columns.timestamps_ms.to_pylist(),
-                columns.keys.to_pylist(),
-                columns.values.to_pylist(),
-                strict=True,
-            )
-        ]
+        rows += [(r.offset, r.timestamp_ms, r.key, r.value) for r in columns.to_records()]
         if resume <= offset:
             break
         offset = resume
