@@ -28,7 +28,7 @@ from derived_feeds.errors import FeedExpectationError
 from derived_feeds.expectations import EXPECTATION_HEADER, Check
 from log.base import AppendsEncodedBatches, Log, Record
 from log.envelope import Op
-from log.file.column_writer import BatchScratch, ColumnRecords
+from log.file.column_records import BatchScratch, ColumnRecords
 from log.partitioner import partitions_for
 from log.topics import ERROR_HEADER
 

@@ -1,7 +1,7 @@
 """The :class:`Log` protocol: topics of partitions of records, the centre of Headwater.
 
-Both backends (``file_log.FileLog`` and ``kafka_log.KafkaLog``) implement it and pass
-one conformance suite (``tests/integration/log/test_conformance.py``).
+Both backends (:class:`log.file.backend.FileLog` and :class:`log.kafka.backend.KafkaLog`)
+implement it and pass one conformance suite (``tests/integration/log/test_conformance.py``).
 
 Contract, for every backend:
 
@@ -30,6 +30,9 @@ from typing import NamedTuple, Protocol, runtime_checkable
 from log.partitioner import partition_for
 
 DAY_MS = 24 * 3600 * 1000
+#: How much a :meth:`Log.read` returns at most unless told: records, and about this many bytes.
+READ_MAX_RECORDS = 10_000
+READ_MAX_BYTES = 16 * 1024 * 1024
 
 
 class TopicPartition(NamedTuple):
@@ -132,8 +135,8 @@ class Log(Protocol):
         partition: int,
         offset: int,
         *,
-        max_records: int = 10_000,
-        max_bytes: int = 16 * 1024 * 1024,
+        max_records: int = READ_MAX_RECORDS,
+        max_bytes: int = READ_MAX_BYTES,
     ) -> list[StoredRecord]:
         """Read records at or after ``offset`` in offset order.
 

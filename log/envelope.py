@@ -1,8 +1,12 @@
-"""The change event: Debezium-compatible JSON values and keys (DESIGN section 4).
+"""The change event: Debezium-compatible JSON values and keys.
 
-Every producer (capture, feeds) and consumer (Spark source, warehouse, CLI) goes
-through this module, so the wire format lives in one place. JSON is encoded with
-orjson; keys are JSON objects of the replica-identity columns in column order.
+A value is Debezium's envelope (``before``, ``after``, ``source``, ``op``, ``ts_ms``,
+``ts_us``, ``transaction``; ``message`` for logical messages) whose ``source`` block also
+carries ``commit_lsn`` and ``txn_index``, the event's :class:`~log.sequence.Sequence`. A
+delete is followed by a tombstone (null value) with the same key. Every producer
+(capture, feeds) and consumer (Spark source, warehouse, CLI) goes through this module, so
+the wire format lives in one place. JSON is encoded with orjson; keys are JSON objects of
+the key columns (:mod:`log.table_schemas`) in column order.
 """
 
 from __future__ import annotations
@@ -172,7 +176,7 @@ def decode_value(data: bytes) -> ChangeEvent:
 
 
 def encode_key(key: Mapping[str, Any] | None) -> bytes | None:
-    """Serialise a row key (replica-identity columns in column order); ``None`` for keyless tables."""
+    """Serialise a row key (the key columns in column order, :mod:`log.table_schemas`); ``None`` for keyless tables."""
     return None if key is None else orjson.dumps(dict(key))
 
 

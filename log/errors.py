@@ -58,20 +58,6 @@ class WriterLockedError(LogError, PermanentError):
         self.holder = holder
 
 
-class HistoryUnavailableError(LogError, PermanentError):
-    """A full-history read reaches further back than the log still holds every version."""
-
-    def __init__(self, topic: str, partition: int, requested: int, clean_offset: int) -> None:
-        super().__init__(
-            f"{topic}/{partition}: every version is held only from offset {clean_offset} on "
-            f"(requested {requested}); older history was compacted, rebuild from a snapshot instead"
-        )
-        self.topic = topic
-        self.partition = partition
-        self.requested = requested
-        self.clean_offset = clean_offset
-
-
 class LogAuthenticationError(LogError, PermanentError):
     """The broker refused the client's credentials (SASL) or TLS handshake: fix the ``log.kafka`` settings."""
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from log.base import Log
 from log.file.backend import FileLog
+from log.kafka.backend import KafkaLog
 
 if TYPE_CHECKING:
     from core.config import ProjectConfig
@@ -14,14 +15,10 @@ if TYPE_CHECKING:
 def open_log(config: ProjectConfig) -> Log:
     """The log backend ``config.log.backend`` names: the embedded file log or Kafka.
 
-    The Kafka backend is imported only when chosen, so the file backend needs no Kafka client.
+    A Kafka client library is loaded only when a KafkaLog is built (:func:`log.kafka.clients.open_client`).
     """
     if config.log.backend == "kafka":
-        # KafkaLog is developed alongside; the ignore only matters until it lands.
-        from log.kafka.backend import KafkaLog  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
-        kafka: Log = KafkaLog(config.log.kafka)
-        return kafka
+        return KafkaLog(config.log.kafka)
     return FileLog(
         config.home_dir / "log",
         fsync=config.log.file.fsync,

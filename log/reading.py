@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from log.base import Log, StoredRecord
-from log.columns import ColumnarReads, RecordColumns
+from log.base import READ_MAX_BYTES, READ_MAX_RECORDS, Log, StoredRecord
+
+if TYPE_CHECKING:  # log.columns loads pyarrow, which readers of records (schemas, capture) do without
+    from log.columns import ColumnarReads, RecordColumns
 
 #: Records per read call.
-READ_CHUNK = 10_000
+READ_CHUNK = READ_MAX_RECORDS
 
 
 def read_range(
@@ -35,8 +38,8 @@ def read_range_columns(
     start: int,
     end: int,
     *,
-    max_records: int = 10_000,
-    max_bytes: int = 16 << 20,
+    max_records: int = READ_MAX_RECORDS,
+    max_bytes: int = READ_MAX_BYTES,
 ) -> Iterator[RecordColumns]:
     """The records of ``[start, end)`` as columns, a chunk of at most ``max_records`` / ``max_bytes`` at a time.
 

@@ -42,9 +42,6 @@ class Lsn:
         return self.value < other.value
 
 
-ZERO_LSN = Lsn(0)
-
-
 @total_ordering
 @dataclass(frozen=True, slots=True)
 class Sequence:

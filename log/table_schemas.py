@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from log.base import Log
+from log.reading import read_range
 from log.topics import SCHEMAS_TOPIC
 
 #: ``replica_identity`` of a record whose per-column flags are not the key (every column is flagged).
@@ -46,16 +47,12 @@ def _records(log: Log) -> Iterator[tuple[str, dict[str, Any]]]:
     if SCHEMAS_TOPIC not in log.list_topics():
         return
     for partition in range(log.describe_topic(SCHEMAS_TOPIC).partitions):
-        offset = log.beginning_offset(SCHEMAS_TOPIC, partition)
+        start = log.beginning_offset(SCHEMAS_TOPIC, partition)
         end = log.end_offset(SCHEMAS_TOPIC, partition)
-        while offset < end:
-            records = log.read(SCHEMAS_TOPIC, partition, offset, max_records=min(1000, end - offset))
-            if not records:
-                break
+        for records in read_range(log, SCHEMAS_TOPIC, partition, start, end, chunk=1000):
             for record in records:
-                if record.offset < end and record.key is not None and record.value is not None:
+                if record.key is not None and record.value is not None:
                     yield record.key.decode(), orjson.loads(record.value)
-            offset = records[-1].offset + 1
 
 
 def read_schema_records(log: Log, topics: Sequence[str]) -> dict[str, list[dict[str, Any]]]:

@@ -29,7 +29,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
-from log.base import AppendResult, CompactionResult, Record, StoredRecord, TopicPartition, TopicSpec
+from log.base import (
+    READ_MAX_BYTES,
+    READ_MAX_RECORDS,
+    AppendResult,
+    CompactionResult,
+    Record,
+    StoredRecord,
+    TopicPartition,
+    TopicSpec,
+)
 from log.consumer_groups import ConsumerOffsets
 from log.errors import TopicExistsError, UnknownPartitionError, UnknownTopicError
 from log.file.batch_codec import Compression
@@ -194,8 +203,8 @@ class FileLog:
         partition: int,
         offset: int,
         *,
-        max_records: int = 10_000,
-        max_bytes: int = 16 * 1024 * 1024,
+        max_records: int = READ_MAX_RECORDS,
+        max_bytes: int = READ_MAX_BYTES,
     ) -> list[StoredRecord]:
         """Read records at or after ``offset`` in offset order (see :meth:`log.base.Log.read`)."""
         return self._partition(topic, partition).read(max(offset, 0), max_records, max_bytes)
@@ -207,13 +216,13 @@ class FileLog:
         offset: int,
         end: int,
         *,
-        max_records: int = 10_000,
-        max_bytes: int = 16 * 1024 * 1024,
+        max_records: int = READ_MAX_RECORDS,
+        max_bytes: int = READ_MAX_BYTES,
     ) -> tuple[RecordColumns, int]:
         """The records :meth:`read` gives, those before ``end``, as Arrow columns; and the offset to go on from.
 
         Read ``[start, end)`` by calling again at the returned offset until it reaches ``end``
-        or stays where it was (nothing more held). See :mod:`log.file.column_reader`.
+        or stays where it was (nothing more held). See :mod:`log.file.column_decoder`.
         """
         return self._partition(topic, partition).read_columns(max(offset, 0), end, max_records, max_bytes)
 
@@ -256,7 +265,7 @@ class FileLog:
         now = _now_ms()
         before_records = after_records = before_bytes = after_bytes = 0
         for number in range(spec.partitions):
-            done = clean_partition(self._partition(topic, number), spec, now)
+            done = clean_partition(self._partition(topic, number).segments, spec, now)
             before_records += done.records_before
             after_records += done.records_after
             before_bytes += done.bytes_before

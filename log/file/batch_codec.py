@@ -70,6 +70,8 @@ _NULL = -1
 MAGIC_POSITION = 8
 #: Batches larger than this are treated as damaged rather than read into memory.
 MAX_BATCH_BYTES = 1 << 31
+#: Lower than every record timestamp: the running max timestamp before any batch.
+NO_TIMESTAMP = -(1 << 63)
 
 
 class BatchHeader(NamedTuple):
@@ -318,7 +320,7 @@ def _encode_batch_python(base_offset: int, records: Sequence[Record], now_ms: in
     pack = RECORD.pack
     parts: list[bytes] = []
     append = parts.append
-    max_ts = -(1 << 63)
+    max_ts = NO_TIMESTAMP
     for delta, record in enumerate(records):
         key, value, ts = record.key, record.value, record.timestamp_ms
         if ts is None:

@@ -34,14 +34,13 @@ import orjson
 
 from core.durable_files import fsync_directory, replace_json
 from log.base import TopicSpec
-from log.file.batch_codec import ATTR_CODEC, RECORD, Compression, records_section, seal_batch
-from log.file.partition import Partition
+from log.file.batch_codec import ATTR_CODEC, NO_TIMESTAMP, RECORD, Compression, records_section, seal_batch
+from log.file.partition_segments import PartitionSegments
 from log.file.segment import CLEANED_SUFFIX
 from log.file.segment_index import SegmentIndex, index_path, time_index_path, write_index_files
 
 CHECKPOINT_NAME = "cleaner-checkpoint.json"
 CLEANER_LOCK_NAME = "cleaner.lock"
-_NO_TIMESTAMP = -(1 << 63)
 
 
 @dataclass(slots=True)
@@ -107,13 +106,13 @@ def cleaner_lock(directory: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def clean_partition(partition: Partition, spec: TopicSpec, now_ms: int) -> PartitionCleaning:
-    """Run one compaction (compacted topics) or retention pass over a partition."""
-    with cleaner_lock(partition.directory):
-        _remove_leftovers(partition.directory)
+def clean_partition(segments: PartitionSegments, spec: TopicSpec, now_ms: int) -> PartitionCleaning:
+    """Run one compaction (compacted topics) or retention pass over a partition's segments."""
+    with cleaner_lock(segments.directory):
+        _remove_leftovers(segments.directory)
         if spec.compacted:
-            return _compact(partition, spec, now_ms)
-        return _retain(partition, spec, now_ms)
+            return _compact(segments, spec, now_ms)
+        return _retain(segments, spec, now_ms)
 
 
 def _remove_leftovers(directory: Path) -> None:
@@ -129,11 +128,11 @@ class _SegmentStats:
     path: Path
     records: int = 0
     size: int = 0
-    max_ts: int = _NO_TIMESTAMP
+    max_ts: int = NO_TIMESTAMP
 
 
-def _compact(partition: Partition, spec: TopicSpec, now_ms: int) -> PartitionCleaning:
-    listing = partition.listing(force=True)
+def _compact(segments: PartitionSegments, spec: TopicSpec, now_ms: int) -> PartitionCleaning:
+    listing = segments.listing(force=True)
     horizon = now_ms - spec.min_compaction_lag_ms
     unpack = RECORD.unpack_from
     record_size = RECORD.size
@@ -143,7 +142,7 @@ def _compact(partition: Partition, spec: TopicSpec, now_ms: int) -> PartitionCle
     for number, (base, path) in enumerate(listing):
         seg = _SegmentStats(base, path, size=os.stat(path).st_size)
         stats.append(seg)
-        for header, buf, off in partition.scan_segment(base, path, active=number == len(listing) - 1):
+        for header, buf, off in segments.scan_segment(base, path, active=number == len(listing) - 1):
             seg.records += header.record_count
             seg.max_ts = max(seg.max_ts, header.max_timestamp)
             first = header.base_offset
@@ -162,21 +161,21 @@ def _compact(partition: Partition, spec: TopicSpec, now_ms: int) -> PartitionCle
             break
         cleanable.append(seg)
     clean_end = stats[len(cleanable)].base
-    checkpoint = CleanerCheckpoint.load(partition.directory)
+    checkpoint = CleanerCheckpoint.load(segments.directory)
     checkpoint.record_pass(clean_end, now_ms, spec.delete_retention_ms)
     # Tombstones first seen at or before this time have outlived their delete retention.
     expired_before = now_ms - spec.delete_retention_ms
     for seg in cleanable:
-        kept, size = _rewrite_segment(partition, seg, latest, checkpoint, expired_before)
+        kept, size = _rewrite_segment(segments, seg, latest, checkpoint, expired_before)
         seg.records, seg.size = kept, size
-    checkpoint.save(partition.directory)
+    checkpoint.save(segments.directory)
     result.records_after = sum(s.records for s in stats)
     result.bytes_after = sum(s.size for s in stats)
     return result
 
 
 def _rewrite_segment(
-    partition: Partition,
+    segments: PartitionSegments,
     seg: _SegmentStats,
     latest: dict[bytes, int],
     checkpoint: CleanerCheckpoint,
@@ -188,14 +187,14 @@ def _rewrite_segment(
     parts: list[bytes | bytearray] = []
     index = SegmentIndex()
     position = 0
-    running = _NO_TIMESTAMP
+    running = NO_TIMESTAMP
     kept_total = 0
     changed = False
-    for header, buf, off in partition.scan_segment(seg.base, seg.path, active=False):
+    for header, buf, off in segments.scan_segment(seg.base, seg.path, active=False):
         first = header.base_offset
         records, p = records_section(buf, off, header)
         kept: list[bytes | memoryview] = []
-        max_ts = _NO_TIMESTAMP
+        max_ts = NO_TIMESTAMP
         for _ in range(header.record_count):
             start = p
             delta, ts, klen, vlen, hlen = unpack(records, p)
@@ -230,7 +229,7 @@ def _rewrite_segment(
         kept_total += len(kept)
     if not changed:
         return kept_total, position
-    _swap(partition.directory, seg.path, parts, index)
+    _swap(segments.directory, seg.path, parts, index)
     return kept_total, position
 
 
@@ -262,12 +261,12 @@ def _delete_segment(path: Path) -> None:
     time_index_path(path).unlink(missing_ok=True)
 
 
-def _retain(partition: Partition, spec: TopicSpec, now_ms: int) -> PartitionCleaning:
-    listing = partition.listing(force=True)
+def _retain(segments: PartitionSegments, spec: TopicSpec, now_ms: int) -> PartitionCleaning:
+    listing = segments.listing(force=True)
     stats: list[_SegmentStats] = []
     for number, (base, path) in enumerate(listing):
         seg = _SegmentStats(base, path, size=os.stat(path).st_size)
-        for header, _buf, _off in partition.scan_segment(base, path, active=number == len(listing) - 1):
+        for header, _buf, _off in segments.scan_segment(base, path, active=number == len(listing) - 1):
             seg.records += header.record_count
             seg.max_ts = max(seg.max_ts, header.max_timestamp)
         stats.append(seg)
@@ -284,7 +283,7 @@ def _retain(partition: Partition, spec: TopicSpec, now_ms: int) -> PartitionClea
         remaining -= seg.size
         deleted += 1
     if deleted:
-        fsync_directory(partition.directory)
+        fsync_directory(segments.directory)
     result.records_after = sum(s.records for s in stats[deleted:])
     result.bytes_after = remaining
     return result

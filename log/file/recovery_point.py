@@ -33,6 +33,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.durable_files import fsync_directory
 from log.file.batch_codec import crc32c
 
 logger = logging.getLogger(__name__)
@@ -118,11 +119,7 @@ class RecoveryPointFile:
                 return cls(os.open(path, os.O_RDWR), path)
             try:
                 # A point is only worth anything if its file survives a crash too.
-                dir_fd = os.open(directory, os.O_RDONLY)
-                try:
-                    os.fsync(dir_fd)
-                finally:
-                    os.close(dir_fd)
+                fsync_directory(directory)
             except BaseException:
                 os.close(fd)
                 raise

@@ -21,14 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from log.errors import CorruptLogError
-from log.file.batch_codec import HEADER_SIZE, MAGIC, MAGIC_POSITION, BatchHeader, crc_ok, parse_header
+from log.file.batch_codec import HEADER_SIZE, MAGIC, MAGIC_POSITION, NO_TIMESTAMP, BatchHeader, crc_ok, parse_header
 from log.file.segment_index import SegmentIndex
 
 SEGMENT_SUFFIX = ".log"
 #: Suffix of a rewritten segment before it atomically replaces the original.
 CLEANED_SUFFIX = ".cleaned"
 _READ_CHUNK = 1 << 20
-_NO_TIMESTAMP = -(1 << 63)
 
 
 def segment_name(base_offset: int) -> str:
@@ -61,7 +60,7 @@ class Segment:
     index: SegmentIndex = field(default_factory=SegmentIndex)
     known_end: int = 0
     next_offset: int = -1
-    running_max_ts: int = _NO_TIMESTAMP
+    running_max_ts: int = NO_TIMESTAMP
     mtime_ns: int = 0
 
     def __post_init__(self) -> None:
@@ -98,7 +97,7 @@ def scan(
     *,
     active: bool,
     stop: ScanStop,
-    running_max_ts: int = _NO_TIMESTAMP,
+    running_max_ts: int = NO_TIMESTAMP,
 ) -> Iterator[tuple[int, BatchHeader, bytes, int]]:
     """Yield ``(position, header, buffer, buffer_position)`` of whole valid batches from ``start``.
 

@@ -20,7 +20,7 @@ import orjson
 from core.durable_files import fsync_directory
 from log.base import TopicSpec
 from log.errors import InvalidTopicNameError, UnknownTopicError
-from log.file.partition import create_partition_directory
+from log.file.partition_segments import create_partition_directory
 from log.topics import validate_topic_name
 
 SPEC_NAME = "topic.json"

@@ -35,11 +35,6 @@ class WriterLock:
         self.partition = partition
         self._fd: int | None = None
 
-    @property
-    def held(self) -> bool:
-        """Whether this object holds the lock."""
-        return self._fd is not None
-
     def acquire(self, *, announce: bool = True, wait: bool = False) -> None:
         """Take the lock; ``WriterLockedError`` naming the holder if another writer keeps it.
 

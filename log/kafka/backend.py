@@ -26,10 +26,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from core.config import KafkaConfig
-from log.base import AppendResult, CompactionResult, Record, StoredRecord, TopicPartition, TopicSpec
+from log.base import (
+    READ_MAX_BYTES,
+    READ_MAX_RECORDS,
+    AppendResult,
+    CompactionResult,
+    Record,
+    StoredRecord,
+    TopicPartition,
+    TopicSpec,
+)
 from log.errors import (
     BatchTooLargeError,
     InvalidTopicNameError,
@@ -93,7 +102,7 @@ class KafkaLog:
         self.client_name: ClientName = client or config.client
         self.max_batch_bytes = max_batch_bytes
         self._settings = ClientSettings(config=config, timeout_s=timeout_s, max_batch_bytes=max_batch_bytes)
-        self._client: KafkaClient = open_client(self._settings, self.client_name)
+        self._client: KafkaClient[Any, Any, Any] = open_client(self._settings, self.client_name)
         self._broker = broker
         self._read_wait_s = read_wait_s
         self._partitions: dict[str, int] = {}
@@ -240,8 +249,8 @@ class KafkaLog:
         partition: int,
         offset: int,
         *,
-        max_records: int = 10_000,
-        max_bytes: int = 16 * 1024 * 1024,
+        max_records: int = READ_MAX_RECORDS,
+        max_bytes: int = READ_MAX_BYTES,
     ) -> list[StoredRecord]:
         """Read records at or after ``offset`` (see :meth:`log.base.Log.read`)."""
         self._check_partition(topic, partition)

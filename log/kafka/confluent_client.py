@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from contextlib import contextmanager, suppress
-from typing import Any, TypeVar
+from contextlib import suppress
+from typing import Any, ClassVar, TypeVar
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -23,24 +22,27 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from log.base import Record, StoredRecord
 from log.errors import LogError, UnknownTopicError
 from log.kafka.clients import (
+    APPEND_UNSURE,
     EARLIEST,
+    FETCH_MAX_WAIT_MS,
+    GROUP_HEARTBEAT_INTERVAL_MS,
+    GROUP_SESSION_TIMEOUT_MS,
     LATEST,
+    LINGER_MS,
     MAX_BATCH_RECORDS,
     ClientSettings,
     ConfigValue,
+    KafkaClient,
+    OffsetOutOfRange,
     authentication_failed,
     librdkafka_security,
     unavailable,
 )
 
-#: The producer holds records until the explicit flush of an append, so no message
-#: set leaves before the whole batch is queued (``flush`` ignores linger).
-_LINGER_MS = 60_000
-_POLL_SLICE_S = 0.15
-_FETCH_MAX_WAIT_MS = 50
 _LOCAL_UNKNOWN = {KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 #: librdkafka reports a refused login or TLS handshake only through ``error_cb``.
 _LOGIN_FAILURES = {KafkaError._AUTHENTICATION, KafkaError._SSL}
+_AUTHORIZATION_FAILURES = {KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.TOPIC_AUTHORIZATION_FAILED}
 
 _T = TypeVar("_T")
 
@@ -62,48 +64,43 @@ def _headers(raw: Any) -> tuple[tuple[str, bytes], ...]:
     return tuple((k, v.encode() if isinstance(v, str) else (v or b"")) for k, v in items)
 
 
-class ConfluentClient:
+class ConfluentClient(KafkaClient[AdminClient, Producer, Consumer]):
     """confluent-kafka admin, producer, reader and group consumers, created on first use."""
 
+    library_errors: ClassVar[tuple[type[BaseException], ...]] = (
+        KafkaException,
+        FutureTimeoutError,
+        BufferError,
+        OSError,
+    )
+
     def __init__(self, settings: ClientSettings) -> None:
-        self.settings = settings
-        self._timeout_ms = int(settings.timeout_s * 1000)
-        self._common: dict[str, Any] = {
+        #: The last refused login (SASL or TLS) librdkafka reported; turns "transport failure" into its cause.
+        self._login_failure: str | None = None
+        common: dict[str, Any] = {
             "bootstrap.servers": settings.config.bootstrap_servers,
             "client.id": settings.client_id,
-            "socket.timeout.ms": self._timeout_ms,
+            "socket.timeout.ms": settings.timeout_ms,
             # librdkafka logs to stderr by default; KafkaLog reports errors itself.
             "log_level": 0,
             "error_cb": self._on_error,
             **librdkafka_security(settings.config),
         }
-        #: The last refused login (SASL or TLS) librdkafka reported; turns "transport failure" into its cause.
-        self._login_failure: str | None = None
-        self._admin: AdminClient | None = None
-        self._producer: Producer | None = None
-        self._reader: Consumer | None = None
-        self._groups: dict[str, Consumer] = {}
-        self._position: tuple[str, int, int] | None = None
+        super().__init__(settings, common)
 
-    @contextmanager
-    def _guard(self, action: str, topic: str | None = None) -> Iterator[None]:
-        try:
-            yield
-        except LogError:
-            raise
-        except (KafkaException, FutureTimeoutError, BufferError, OSError) as exc:
-            code = _code(exc)
-            if topic is not None and code == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                raise UnknownTopicError(topic) from exc
-            if topic is not None and code in _LOCAL_UNKNOWN and topic not in self.topics():
-                # librdkafka says "unknown partition" also when it merely has no
-                # metadata (broker down); only the cluster's metadata can tell.
-                raise UnknownTopicError(topic) from exc
-            if self._admin is not None:
-                self._admin.poll(0)  # serves error_cb, which librdkafka calls only from poll
-            if self._login_failure is not None:
-                raise authentication_failed(self.settings, action, self._login_failure) from exc
-            raise unavailable(self.settings, action, _reason(exc)) from exc
+    def _log_error(self, exc: BaseException, action: str, topic: str | None) -> LogError:
+        code = _code(exc)
+        if topic is not None and code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return UnknownTopicError(topic)
+        if topic is not None and code in _LOCAL_UNKNOWN and topic not in self.topics():
+            # librdkafka says "unknown partition" also when it merely has no
+            # metadata (broker down); only the cluster's metadata can tell.
+            return UnknownTopicError(topic)
+        if self._admin is not None:
+            self._admin.poll(0)  # serves error_cb, which librdkafka calls only from poll
+        if self._login_failure is not None:
+            return authentication_failed(self.settings, action, self._login_failure)
+        return unavailable(self.settings, action, _reason(exc))
 
     def _on_error(self, error: KafkaError) -> None:
         if error.code() in _LOGIN_FAILURES:
@@ -112,71 +109,63 @@ class ConfluentClient:
     def _result(self, future: Future[_T]) -> _T:
         return future.result(timeout=self.settings.timeout_s + 1)
 
-    def _admin_client(self) -> AdminClient:
-        if self._admin is None:
-            self._admin = AdminClient(self._common)
-        return self._admin
+    # -- clients ----------------------------------------------------------------------
 
-    def _producer_client(self) -> Producer:
-        if self._producer is None:
-            size = self.settings.max_batch_bytes
-            self._producer = Producer(
-                {
-                    **self._common,
-                    "acks": "all",
-                    "enable.idempotence": True,
-                    "linger.ms": _LINGER_MS,
-                    # One append must leave as one message set: never cut by size or count.
-                    "batch.size": size,
-                    "message.max.bytes": size,
-                    "batch.num.messages": MAX_BATCH_RECORDS,
-                    "queue.buffering.max.messages": 2 * MAX_BATCH_RECORDS,
-                    "message.timeout.ms": _LINGER_MS + 2 * self._timeout_ms,
-                }
-            )
-        return self._producer
+    def _new_admin(self) -> AdminClient:
+        return AdminClient(self._common)
 
-    def _reader_client(self) -> Consumer:
-        if self._reader is None:
-            fetch_bytes = max(64 * 1024 * 1024, self.settings.max_batch_bytes)
-            self._reader = Consumer(
-                {
-                    **self._common,
-                    # Required by librdkafka; the reader only assigns, it never joins or commits.
-                    "group.id": f"{self.settings.client_id}.reader",
-                    "enable.auto.commit": False,
-                    "enable.auto.offset.store": False,
-                    # An offset outside the log is reported, so read() can tell "retention
-                    # removed it" (start at the beginning) from "past the end" (empty).
-                    "auto.offset.reset": "error",
-                    # No transactions are used; do not depend on the last stable offset.
-                    "isolation.level": "read_uncommitted",
-                    "fetch.wait.max.ms": _FETCH_MAX_WAIT_MS,
-                    "fetch.max.bytes": fetch_bytes,
-                    "max.partition.fetch.bytes": max(8 * 1024 * 1024, self.settings.max_batch_bytes),
-                    "receive.message.max.bytes": fetch_bytes + 1024 * 1024,
-                    "allow.auto.create.topics": False,
-                }
-            )
-        return self._reader
+    def _new_producer(self) -> Producer:
+        size = self.settings.max_batch_bytes
+        return Producer(
+            {
+                **self._common,
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": LINGER_MS,
+                # One append must leave as one message set: never cut by size or count.
+                "batch.size": size,
+                "message.max.bytes": size,
+                "batch.num.messages": MAX_BATCH_RECORDS,
+                "queue.buffering.max.messages": 2 * MAX_BATCH_RECORDS,
+                "message.timeout.ms": self.settings.delivery_timeout_ms,
+            }
+        )
 
-    def _group_client(self, group: str) -> Consumer:
-        consumer = self._groups.get(group)
-        if consumer is None:
-            # Manual commits never join the group; the session settings keep tansu's
-            # coordinator from its ~23 s default join wait should a join ever happen.
-            consumer = Consumer(
-                {
-                    **self._common,
-                    "group.id": group,
-                    "enable.auto.commit": False,
-                    "session.timeout.ms": 6000,
-                    "heartbeat.interval.ms": 2000,
-                    "allow.auto.create.topics": False,
-                }
-            )
-            self._groups[group] = consumer
-        return consumer
+    def _new_reader(self) -> Consumer:
+        fetch_bytes = self.settings.fetch_max_bytes
+        return Consumer(
+            {
+                **self._common,
+                # Required by librdkafka; the reader only assigns, it never joins or commits.
+                "group.id": f"{self.settings.client_id}.reader",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                # An offset outside the log is reported, so read() can tell "retention
+                # removed it" (start at the beginning) from "past the end" (empty).
+                "auto.offset.reset": "error",
+                # No transactions are used; do not depend on the last stable offset.
+                "isolation.level": "read_uncommitted",
+                "fetch.wait.max.ms": FETCH_MAX_WAIT_MS,
+                "fetch.max.bytes": fetch_bytes,
+                "max.partition.fetch.bytes": self.settings.partition_fetch_max_bytes,
+                "receive.message.max.bytes": fetch_bytes + 1024 * 1024,
+                "allow.auto.create.topics": False,
+            }
+        )
+
+    def _new_group_consumer(self, group: str) -> Consumer:
+        return Consumer(
+            {
+                **self._common,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "session.timeout.ms": GROUP_SESSION_TIMEOUT_MS,
+                "heartbeat.interval.ms": GROUP_HEARTBEAT_INTERVAL_MS,
+                "allow.auto.create.topics": False,
+            }
+        )
+
+    # -- topics -----------------------------------------------------------------------
 
     def topics(self) -> dict[str, int]:
         """Topic name → partition count; metadata for all topics never auto-creates one."""
@@ -184,32 +173,21 @@ class ConfluentClient:
             metadata = self._admin_client().list_topics(timeout=self.settings.timeout_s)
         return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
 
-    def create_topic(self, name: str, partitions: int, configs: Mapping[str, str]) -> bool:
-        """Create a topic; ``False`` if it already existed."""
+    def _create_topic(self, name: str, partitions: int, configs: Mapping[str, str]) -> None:
         topic = NewTopic(name, num_partitions=partitions, config=dict(configs))
-        try:
-            with self._guard("create topic"):
-                futures = self._admin_client().create_topics(
-                    [topic], operation_timeout=self.settings.timeout_s, request_timeout=self.settings.timeout_s
-                )
-                self._result(futures[name])
-        except LogError as exc:
-            if exc.__cause__ is not None and _code(exc.__cause__) == KafkaError.TOPIC_ALREADY_EXISTS:
-                return False
-            raise
-        return True
+        futures = self._admin_client().create_topics(
+            [topic], operation_timeout=self.settings.timeout_s, request_timeout=self.settings.timeout_s
+        )
+        self._result(futures[name])
 
-    def delete_topic(self, name: str) -> bool:
-        """Delete a topic; ``False`` if it did not exist."""
-        try:
-            with self._guard("delete topic", name):
-                futures = self._admin_client().delete_topics(
-                    [name], operation_timeout=self.settings.timeout_s, request_timeout=self.settings.timeout_s
-                )
-                self._result(futures[name])
-        except UnknownTopicError:
-            return False
-        return True
+    def _already_exists(self, exc: BaseException) -> bool:
+        return _code(exc) == KafkaError.TOPIC_ALREADY_EXISTS
+
+    def _delete_topic(self, name: str) -> None:
+        futures = self._admin_client().delete_topics(
+            [name], operation_timeout=self.settings.timeout_s, request_timeout=self.settings.timeout_s
+        )
+        self._result(futures[name])
 
     def topic_configs(self, name: str) -> dict[str, ConfigValue]:
         """Every config the broker reports for the topic."""
@@ -223,29 +201,22 @@ class ConfluentClient:
             if entry.value is not None
         }
 
-    def reports_broker_configs(self) -> bool:
-        """Whether DescribeConfigs of a broker returns anything."""
-        admin = self._admin_client()
-        with self._guard("describe cluster"):
-            broker = str(next(iter(admin.list_topics(timeout=self.settings.timeout_s).brokers)))
-        try:
-            with self._guard("describe broker configs"):
-                futures = admin.describe_configs(
-                    [ConfigResource(ResourceType.BROKER, broker)], request_timeout=self.settings.timeout_s
-                )
-                entries = self._result(next(iter(futures.values())))
-        except LogError as exc:
-            if exc.__cause__ is not None and _code(exc.__cause__) in {
-                KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-                KafkaError.TOPIC_AUTHORIZATION_FAILED,
-            }:
-                return True  # a secured Apache Kafka; only it has broker configs to protect
-            raise
-        return bool(entries)
+    def _any_broker_id(self, admin: AdminClient) -> str:
+        return str(next(iter(admin.list_topics(timeout=self.settings.timeout_s).brokers)))
+
+    def _has_broker_configs(self, admin: AdminClient, broker: str) -> bool:
+        futures = admin.describe_configs(
+            [ConfigResource(ResourceType.BROKER, broker)], request_timeout=self.settings.timeout_s
+        )
+        return bool(self._result(next(iter(futures.values()))))
+
+    def _refused_authorization(self, exc: BaseException) -> bool:
+        return _code(exc) in _AUTHORIZATION_FAILURES
+
+    # -- records ----------------------------------------------------------------------
 
     def produce(self, topic: str, partition: int, records: Sequence[Record]) -> tuple[int, int]:
         """Write ``records`` as one message set; return (base, last) offsets."""
-        producer = self._producer_client()
         offsets: list[int] = []
         errors: list[KafkaError] = []
 
@@ -256,38 +227,31 @@ class ConfluentClient:
                 offset = msg.offset()
                 offsets.append(-1 if offset is None or offset < 0 else int(offset))
 
-        try:
-            with self._guard("append, the batch may or may not be in the log", topic):
-                for r in records:
-                    producer.produce(
-                        topic,
-                        value=r.value,
-                        key=r.key,
-                        partition=partition,
-                        timestamp=r.timestamp_ms or 0,
-                        headers=list(r.headers) or None,
-                        on_delivery=delivered,
-                    )
-                left = producer.flush(self.settings.timeout_s)
-                if left:
-                    raise unavailable(
-                        self.settings,
-                        "append",
-                        f"{left} records not acknowledged in time, the batch may or may not be in the log",
-                    )
-                if errors:
-                    raise KafkaException(errors[0])
-                offsets.sort()
-                if offsets[0] < 0 or offsets[-1] - offsets[0] + 1 != len(records):
-                    # Acknowledged without (consecutive) offsets: tansu on s3:// answers a
-                    # retried batch so after a restart whether or not it holds it (measured).
-                    raise unavailable(
-                        self.settings, "append, the batch may or may not be in the log", "acknowledged without offsets"
-                    )
-        except LogError:
-            # Records still queued must not reach the log after we reported failure.
-            self._discard_producer()
-            raise
+        with self._producing(topic) as producer:
+            for r in records:
+                producer.produce(
+                    topic,
+                    value=r.value,
+                    key=r.key,
+                    partition=partition,
+                    timestamp=r.timestamp_ms or 0,
+                    headers=list(r.headers) or None,
+                    on_delivery=delivered,
+                )
+            left = producer.flush(self.settings.timeout_s)
+            if left:
+                raise unavailable(
+                    self.settings,
+                    "append",
+                    f"{left} records not acknowledged in time, the batch may or may not be in the log",
+                )
+            if errors:
+                raise KafkaException(errors[0])
+            offsets.sort()
+            if offsets[0] < 0 or offsets[-1] - offsets[0] + 1 != len(records):
+                # Acknowledged without (consecutive) offsets: tansu on s3:// answers a
+                # retried batch so after a restart whether or not it holds it (measured).
+                raise unavailable(self.settings, APPEND_UNSURE, "acknowledged without offsets")
         return offsets[0], offsets[-1]
 
     def _discard_producer(self) -> None:
@@ -296,45 +260,28 @@ class ConfluentClient:
             producer.purge(in_queue=True, in_flight=True, blocking=False)
             producer.poll(0)
 
-    def fetch(
-        self, topic: str, partition: int, offset: int, max_records: int, wait_s: float
+    def _seek(self, reader: Consumer, topic: str, partition: int, offset: int) -> None:
+        reader.assign([TopicPartition(topic, partition, offset)])
+
+    def _poll(
+        self, reader: Consumer, topic: str, partition: int, offset: int, *, max_records: int, timeout_s: float
     ) -> list[StoredRecord] | None:
-        """Records at or after ``offset``, waiting at most ``wait_s``; ``[]`` at the end, ``None`` if unsure."""
-        reader = self._reader_client()
-        deadline = time.monotonic() + wait_s
-        with self._guard("read", topic):
-            if self._position != (topic, partition, offset):
-                reader.assign([TopicPartition(topic, partition, offset)])
-                self._position = (topic, partition, offset)
-            while True:
-                left = deadline - time.monotonic()
-                first = reader.poll(max(0.0, min(left, _POLL_SLICE_S)))
-                if first is None:
-                    # The high watermark of the latest fetch response (correct even on
-                    # tansu, whose ListOffsets is not) says whether more is coming.
-                    _, high = reader.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
-                    if 0 <= high <= offset:
-                        return []
-                    if left <= 0:
-                        return None
-                    continue
-                error = first.error()
-                if error is not None:
-                    if error.code() == KafkaError._AUTO_OFFSET_RESET:
-                        beginning = self.list_offset(topic, partition, EARLIEST)
-                        if beginning is not None and offset < beginning:
-                            reader.assign([TopicPartition(topic, partition, beginning)])
-                            continue
-                        self._position = None
-                        return []
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise KafkaException(error)
-                messages = [first, *reader.consume(max_records - 1, timeout=0)] if max_records > 1 else [first]
-                out = self._stored(topic, partition, offset, messages)
-                if out:
-                    self._position = (topic, partition, out[-1].offset + 1)
-                    return out
+        first = reader.poll(timeout_s)
+        if first is None:
+            return None
+        error = first.error()
+        if error is not None:
+            if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                raise OffsetOutOfRange
+            if error.code() == KafkaError._PARTITION_EOF:
+                return []
+            raise KafkaException(error)
+        messages = [first, *reader.consume(max_records - 1, timeout=0)] if max_records > 1 else [first]
+        return self._stored(topic, partition, offset, messages)
+
+    def _fetched_end(self, reader: Consumer, topic: str, partition: int) -> int | None:
+        _, high = reader.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+        return int(high) if high >= 0 else None
 
     @staticmethod
     def _stored(topic: str, partition: int, offset: int, messages: list[Message]) -> list[StoredRecord]:
@@ -378,6 +325,8 @@ class ConfluentClient:
                 raise KafkaException(found.error)
         return None if found.offset < 0 else int(found.offset)
 
+    # -- consumer groups ----------------------------------------------------------------
+
     def commit(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
         """Commit next offsets for ``group`` without joining it."""
         consumer = self._group_client(group)
@@ -393,17 +342,11 @@ class ConfluentClient:
             )
         return {tp.partition: int(tp.offset) for tp in found if tp.offset >= 0 and tp.offset != OFFSET_INVALID}
 
-    def close(self) -> None:
-        """Close every client; idempotent."""
-        consumers = [self._reader, *self._groups.values()]
-        self._reader = None
-        self._groups.clear()
-        self._position = None
-        self._admin = None
+    def _close_producer(self) -> None:
         if self._producer is not None:
             self._producer.flush(0)
             self._producer = None
-        for consumer in consumers:
-            if consumer is not None:
-                with suppress(KafkaException, RuntimeError):
-                    consumer.close()
+
+    def _close_consumer(self, consumer: Consumer) -> None:
+        with suppress(KafkaException, RuntimeError):
+            consumer.close()

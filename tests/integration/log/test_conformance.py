@@ -7,6 +7,7 @@ view of the same store, as another process would have) and ``topic_name`` (uniqu
 import time
 
 import pytest
+from harness.topics import make_topic, partition_records
 
 from log.base import (
     AppendResult,
@@ -26,34 +27,20 @@ pytestmark = pytest.mark.integration
 T0 = 1_700_000_000_000
 
 
-def make_topic(log, name, partitions=1, **kwargs):
-    spec = TopicSpec(name, partitions=partitions, **kwargs)
-    log.create_topic(spec)
-    return spec
-
-
-def read_all(log, topic, partition=0, offset=0):
-    out = []
-    while True:
-        batch = log.read(topic, partition, offset)
-        if not batch:
-            return out
-        out.extend(batch)
-        offset = batch[-1].offset + 1
-
-
 def test_backend_is_a_log(any_log):
     assert isinstance(any_log, Log)
 
 
 def test_create_list_describe_delete(any_log, topic_name):
-    spec = make_topic(any_log, topic_name, partitions=3, compacted=True)
+    spec = TopicSpec(topic_name, partitions=3, compacted=True)
+    any_log.create_topic(spec)
     any_log.create_topic(spec)  # exist_ok by default
     assert topic_name in any_log.list_topics()
     assert any_log.list_topics() == sorted(any_log.list_topics())
     described = any_log.describe_topic(topic_name)
     assert (described.name, described.partitions, described.compacted) == (topic_name, 3, True)
-    other = make_topic(any_log, topic_name + "-plain", partitions=2, compacted=False)
+    other = TopicSpec(topic_name + "-plain", partitions=2, compacted=False)
+    any_log.create_topic(other)
     assert any_log.describe_topic(other.name).compacted is False
     any_log.delete_topic(other.name)
     assert other.name not in any_log.list_topics()
@@ -83,7 +70,7 @@ def test_append_returns_contiguous_offsets_and_reads_keep_order(any_log, topic_n
     second = any_log.append(topic_name, 0, [Record(b"k%d" % i, b"w%d" % i, (), T0 + 10 + i) for i in range(3)])
     assert first == AppendResult(topic_name, 0, 0, 4)
     assert second == AppendResult(topic_name, 0, 5, 7)
-    records = read_all(any_log, topic_name)
+    records = partition_records(any_log, topic_name, 0, offset=0)
     assert [r.offset for r in records] == list(range(8))
     assert [r.value for r in records] == [b"v0", b"v1", b"v2", b"v3", b"v4", b"w0", b"w1", b"w2"]
     assert all((r.topic, r.partition) == (topic_name, 0) for r in records)
@@ -116,7 +103,7 @@ def test_tombstones_null_keys_headers_and_timestamps(any_log, topic_name):
         ],
     )
     after = int(time.time() * 1000)
-    records = read_all(any_log, topic_name)
+    records = partition_records(any_log, topic_name, 0, offset=0)
     assert [(r.key, r.value) for r in records] == [
         (b"k", b"v"),
         (b"k", None),
@@ -144,7 +131,7 @@ def test_another_view_sees_new_batches_without_reopening(any_log, open_log, topi
     reader = open_log()
     assert reader.read(topic_name, 0, 0) == []
     any_log.append(topic_name, 0, [Record(b"a", b"1"), Record(b"b", b"2")])
-    assert [r.value for r in read_all(reader, topic_name)] == [b"1", b"2"]
+    assert [r.value for r in partition_records(reader, topic_name, 0, offset=0)] == [b"1", b"2"]
     any_log.append(topic_name, 0, [Record(b"c", b"3")])
     assert [r.value for r in reader.read(topic_name, 0, 2)] == [b"3"]
     assert reader.end_offset(topic_name, 0) == 3
@@ -177,7 +164,7 @@ def test_append_keyed_routes_like_partition_for(any_log, topic_name):
     results = append_keyed(any_log, topic_name, records)
     assert [r.partition for r in results] == sorted({partition_for(r.key, 3) for r in records})
     for partition in range(3):
-        held = read_all(any_log, topic_name, partition)
+        held = partition_records(any_log, topic_name, partition, offset=0)
         expected = [r for r in records if partition_for(r.key, 3) == partition]
         assert [(r.key, r.value) for r in held] == [(r.key, r.value) for r in expected]
 
@@ -196,7 +183,7 @@ def test_compaction_keeps_the_latest_record_per_key(any_log, topic_name):
     result = any_log.compact(topic_name)
     assert result.topic == topic_name
     assert result.records_after <= result.records_before
-    held = read_all(any_log, topic_name)
+    held = partition_records(any_log, topic_name, 0, offset=0)
     # Nothing is renumbered or altered; the latest of every key and keyless records remain.
     for record in held:
         original = written[record.offset]

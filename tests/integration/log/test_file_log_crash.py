@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness.topics import partition_records
 
 from log.base import TopicSpec
 from log.file.backend import FileLog
@@ -41,14 +42,14 @@ BUDGET_S = 40.0
 WRITER = """
 import random, sys
 from pathlib import Path
-from log.file import partition
+from log.file import partition_writer
 from log.base import Record
 from log.file.backend import FileLog
 
 root, run = Path(sys.argv[1]), int(sys.argv[2])
 rng = random.Random(run)
 if run % 2:
-    partition.RECOVERY_POINT_INTERVAL_S = 0.0
+    partition_writer.RECOVERY_POINT_INTERVAL_S = 0.0
 log = FileLog(root, fsync="always", segment_bytes=256 * 1024)
 i = 0
 while True:
@@ -159,16 +160,14 @@ def test_sigkilled_writer_loses_no_acknowledged_batch_and_readers_never_see_part
         seen: dict[int, list[int]] = {}
         sizes: dict[int, int] = {}
         order: list[int] = []
-        offset = 0
-        while batch := log.read(TOPIC, 0, offset):
-            for record in batch:
-                batch_id, size, index = (int(x) for x in record.value.split(b":")[:3])
-                if index == 0:
-                    order.append(batch_id)
-                sizes[batch_id] = size
-                seen.setdefault(batch_id, []).append(index)
-            offset = batch[-1].offset + 1
-        assert offset == log.end_offset(TOPIC, 0)
+        records = partition_records(log, TOPIC, 0, offset=0)
+        for record in records:
+            batch_id, size, index = (int(x) for x in record.value.split(b":")[:3])
+            if index == 0:
+                order.append(batch_id)
+            sizes[batch_id] = size
+            seen.setdefault(batch_id, []).append(index)
+        assert (records[-1].offset + 1 if records else 0) == log.end_offset(TOPIC, 0)
     assert len(order) == len(set(order)), "a batch was stored twice"
     for batch_id, indexes in seen.items():
         assert indexes == list(range(sizes[batch_id])), f"batch {batch_id} incomplete, duplicated or interleaved"

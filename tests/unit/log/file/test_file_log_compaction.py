@@ -3,6 +3,7 @@
 import time
 
 import pytest
+from harness.topics import partition_records
 
 from log.base import Record, TopicSpec
 from log.file.backend import FileLog
@@ -13,12 +14,8 @@ T0 = 1_700_000_000_000
 HOUR = 3600 * 1000
 
 
-def all_records(log, topic, partition=0):
-    return log.read(topic, partition, 0, max_records=1_000_000)
-
-
-def partition_of(log, topic, number=0):
-    return log._partition(topic, number)
+def segments_of(log, topic, number=0):
+    return log._partition(topic, number).segments
 
 
 def active_base(log, topic, number=0):
@@ -45,7 +42,7 @@ def test_keeps_latest_per_key_preserves_offsets_and_null_keys(file_log):
     assert cleanable_end > 0
     latest = {r.key: n for n, r in enumerate(written) if r.key is not None}
     result = file_log.compact("c")
-    kept = all_records(file_log, "c")
+    kept = partition_records(file_log, "c", 0, offset=0)
     for record in kept:
         original = written[record.offset]
         assert (record.key, record.value, record.headers, record.timestamp_ms) == (
@@ -76,18 +73,19 @@ def test_clean_offset_is_zero_before_compaction(file_log):
 def test_records_younger_than_min_lag_are_never_removed(file_log):
     file_log.create_topic(TopicSpec("c", partitions=1, min_compaction_lag_ms=HOUR))
     fill(file_log, "c", 60, ts=T0)
-    part = partition_of(file_log, "c")
+    segments = segments_of(file_log, "c")
     spec = file_log.describe_topic("c")
-    young = clean_partition(part, spec, now_ms=T0 + HOUR - 1)
+    young = clean_partition(segments, spec, now_ms=T0 + HOUR - 1)
     assert young.records_after == young.records_before == 600
-    assert CleanerCheckpoint.load(part.directory).clean_offset == 0
+    assert CleanerCheckpoint.load(segments.directory).clean_offset == 0
     # Segments age past the lag one by one, from the oldest.
-    partial = clean_partition(part, spec, now_ms=T0 + HOUR + 150)
-    clean = CleanerCheckpoint.load(part.directory).clean_offset
+    partial = clean_partition(segments, spec, now_ms=T0 + HOUR + 150)
+    clean = CleanerCheckpoint.load(segments.directory).clean_offset
     assert 0 < clean < active_base(file_log, "c")
-    assert all(r.timestamp_ms + HOUR <= T0 + HOUR + 150 for r in all_records(file_log, "c") if r.offset < clean)
+    held = partition_records(file_log, "c", 0, offset=0)
+    assert all(r.timestamp_ms + HOUR <= T0 + HOUR + 150 for r in held if r.offset < clean)
     assert partial.records_after < 600
-    survivors = {r.offset for r in all_records(file_log, "c")}
+    survivors = {r.offset for r in held}
     assert set(range(clean, 600)) <= survivors
 
 
@@ -95,27 +93,27 @@ def test_tombstones_are_removed_only_delete_retention_after_first_seen(file_log)
     retention = 10 * HOUR
     file_log.create_topic(TopicSpec("c", partitions=1, min_compaction_lag_ms=0, delete_retention_ms=retention))
     spec = file_log.describe_topic("c")
-    part = partition_of(file_log, "c")
+    segments = segments_of(file_log, "c")
     file_log.append("c", 0, [Record(b"gone", b"v1", (), T0), Record(b"gone", None, (), T0 + 1)])
     fill(file_log, "c", 20, keys=3, ts=T0 + 10)  # rolls the tombstone into a closed segment
 
     def offsets_of(key):
-        return [(r.offset, r.value) for r in all_records(file_log, "c") if r.key == key]
+        return [(r.offset, r.value) for r in partition_records(file_log, "c", 0, offset=0) if r.key == key]
 
-    clean_partition(part, spec, now_ms=T0 + HOUR)
+    clean_partition(segments, spec, now_ms=T0 + HOUR)
     assert offsets_of(b"gone") == [(1, None)]  # superseded value removed, tombstone kept
-    clean_partition(part, spec, now_ms=T0 + HOUR + retention - 1)
+    clean_partition(segments, spec, now_ms=T0 + HOUR + retention - 1)
     assert offsets_of(b"gone") == [(1, None)]
     # A tombstone first seen by a later pass gets its own retention window.
     late = file_log.append("c", 0, [Record(b"late", b"v", (), T0 + 5000), Record(b"late", None, (), T0 + 5001)])
     fill(file_log, "c", 20, keys=3, ts=T0 + 6000)
     second_pass = T0 + HOUR + retention
-    clean_partition(part, spec, now_ms=second_pass)
+    clean_partition(segments, spec, now_ms=second_pass)
     assert offsets_of(b"gone") == []
     assert offsets_of(b"late") == [(late.last_offset, None)]
-    clean_partition(part, spec, now_ms=second_pass + retention - 1)
+    clean_partition(segments, spec, now_ms=second_pass + retention - 1)
     assert offsets_of(b"late") == [(late.last_offset, None)]
-    clean_partition(part, spec, now_ms=second_pass + retention)
+    clean_partition(segments, spec, now_ms=second_pass + retention)
     assert offsets_of(b"late") == []
 
 
@@ -124,7 +122,7 @@ def test_tombstone_in_the_active_segment_is_kept(file_log):
     fill(file_log, "c", 20, keys=3)
     file_log.append("c", 0, [Record(b"key-1", None)])
     file_log.compact("c")
-    records = all_records(file_log, "c")
+    records = partition_records(file_log, "c", 0, offset=0)
     assert records[-1].key == b"key-1" and records[-1].value is None
     # The superseded versions of key-1 in closed segments are gone.
     assert [r.offset for r in records if r.key == b"key-1" and r.offset < active_base(file_log, "c")] == []
@@ -140,7 +138,7 @@ def test_a_segment_emptied_by_compaction_disappears(file_log):
     assert len(after) < before
     active = after[-1][0]
     assert len(after) == 1 and active > 0  # only the active segment is left
-    assert [r.offset for r in all_records(file_log, "c")] == list(range(active, 150))
+    assert [r.offset for r in partition_records(file_log, "c", 0, offset=0)] == list(range(active, 150))
     assert file_log.beginning_offset("c", 0) == active
 
 
@@ -150,11 +148,11 @@ def test_compaction_by_another_instance_while_the_writer_keeps_appending(file_lo
     reader = FileLog(tmp_path / "log")
     cleaner = FileLog(tmp_path / "log")
     try:
-        before = [r.offset for r in all_records(reader, "c")]  # caches indexes of the old segments
+        before = [r.offset for r in partition_records(reader, "c", 0, offset=0)]  # caches indexes of the old segments
         cleaner.compact("c")
         fill(file_log, "c", 5)
-        after = all_records(reader, "c")
-        assert [r.offset for r in after] == [r.offset for r in all_records(cleaner, "c")]
+        after = partition_records(reader, "c", 0, offset=0)
+        assert [r.offset for r in after] == [r.offset for r in partition_records(cleaner, "c", 0, offset=0)]
         assert len(after) < len(before) + 50
         assert after[-1].offset == 449
         assert [r.offset for r in reader.read("c", 0, 200, max_records=3)] == [
@@ -172,7 +170,7 @@ def test_interrupted_rewrite_leftovers_are_ignored_and_removed(file_log):
     _base, path = list_segments(directory)[0]
     leftover = path.with_name(path.name + ".cleaned")
     leftover.write_bytes(b"half a rewrite")
-    assert len(all_records(file_log, "c")) == 300
+    assert len(partition_records(file_log, "c", 0, offset=0)) == 300
     file_log.compact("c")
     assert not leftover.exists()
 
@@ -197,7 +195,7 @@ def test_retention_deletes_whole_closed_segments(file_log, compression, limit):
     assert left[-1] == segments[-1]
     first = file_log.beginning_offset("r", 0)
     assert first == left[0][0] > 0
-    records = all_records(file_log, "r")
+    records = partition_records(file_log, "r", 0, offset=0)
     assert [r.offset for r in records] == list(range(first, 200))
     assert result.records_after == len(records)
     if limit == "time":

@@ -4,10 +4,11 @@ import errno
 import os
 
 import pytest
+from harness.topics import partition_records
 
 from log.base import Record, TopicSpec
 from log.errors import LogUnavailableError
-from log.file import partition as partition_module
+from log.file import partition_writer
 from log.file.backend import FileLog
 
 
@@ -20,7 +21,7 @@ def segment_bytes(root) -> int:
 
 
 def all_values(log: FileLog) -> list[bytes]:
-    return [r.value for r in log.read("t", 0, 0, max_records=100_000)]
+    return [r.value for r in partition_records(log, "t", 0, offset=0)]
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def log(tmp_path):
 
 def test_enospc_hook_fails_the_append_truncates_and_the_next_append_works(log, tmp_path, monkeypatch):
     flag = tmp_path / "disk-full"
-    monkeypatch.setattr(partition_module, "_ENOSPC_FLAG_FILE", str(flag))
+    monkeypatch.setattr(partition_writer, "_ENOSPC_FLAG_FILE", str(flag))
     log.append("t", 0, batch(0))
     size = segment_bytes(tmp_path / "log")
     flag.touch()
@@ -62,7 +63,7 @@ def test_failed_fsync_cuts_the_batch_and_its_index_entries(log, tmp_path, monkey
     def full(_fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(partition_module.os, "fdatasync", full)
+    monkeypatch.setattr(partition_writer.os, "fdatasync", full)
     with pytest.raises(LogUnavailableError):
         log.append("t", 0, batch(1))
     after = {p.name: p.stat().st_size for p in directory.iterdir() if p.suffix in (".log", ".index", ".timeindex")}

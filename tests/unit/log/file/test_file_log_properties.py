@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from harness.topics import partition_records
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -56,7 +57,7 @@ class FileLogMachine(RuleBasedStateMachine):
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def held(self, log):
-        return [as_tuple(r) for r in log.read(TOPIC, 0, 0, max_records=1_000_000)]
+        return [as_tuple(r) for r in partition_records(log, TOPIC, 0, offset=0)]
 
     @rule(records=records_strategy)
     def append(self, records):

@@ -10,6 +10,7 @@ import logging
 import os
 
 import pytest
+from harness.topics import partition_records
 
 from log.base import Record
 from log.errors import CorruptLogError
@@ -59,7 +60,7 @@ def write_batches(root, count, *, segment_bytes=1 << 20, unacknowledged=0, make=
 def offsets(root):
     log = FileLog(root)
     try:
-        return [r.offset for r in log.read("t", 0, 0, max_records=100_000)]
+        return [r.offset for r in partition_records(log, "t", 0, offset=0)]
     finally:
         log.close()
 
@@ -72,7 +73,7 @@ def test_torn_tail_is_truncated_with_a_warning(tmp_path, caplog, cut_into):
     size = path.stat().st_size
     cut = last + cut_into if cut_into > 0 else size - 1
     os.truncate(path, cut)
-    with caplog.at_level(logging.WARNING, logger="log.file.partition"):
+    with caplog.at_level(logging.WARNING, logger="log.file.partition_writer"):
         log = FileLog(root)
         assert log.end_offset("t", 0) == 15
     assert path.stat().st_size == last
@@ -197,7 +198,7 @@ def test_torn_compressed_tail_is_truncated_on_open(tmp_path, caplog, cut_into):
     path = write_compressed(root, 4, unacknowledged=1)
     last = batch_positions(path)[-1]
     os.truncate(path, last + cut_into if cut_into > 0 else path.stat().st_size - 1)
-    with caplog.at_level(logging.WARNING, logger="log.file.partition"):
+    with caplog.at_level(logging.WARNING, logger="log.file.partition_writer"):
         log = FileLog(root, compression="zstd")
         assert log.end_offset("t", 0) == 150
     assert path.stat().st_size == last

@@ -10,10 +10,11 @@ import os
 import shutil
 
 import pytest
+from harness.topics import partition_records
 
 from log.base import Record, TopicSpec
 from log.errors import CorruptLogError
-from log.file import partition as partition_module
+from log.file import partition_writer
 from log.file.backend import FileLog
 from log.file.recovery_point import RecoveryPoint, load_recovery_point, recovery_point_path
 from log.file.segment import list_segments
@@ -46,7 +47,7 @@ def die_after_appending(root, record_batches, *, interval=None, **options):
         code = 1
         try:
             if interval is not None:
-                partition_module.RECOVERY_POINT_INTERVAL_S = interval
+                partition_writer.RECOVERY_POINT_INTERVAL_S = interval
             log = FileLog(root, **options)
             for records in record_batches:
                 log.append("t", 0, records)
@@ -63,7 +64,7 @@ def append_and_die(root, batches, first=0, *, interval=None, **options):
 
 def offsets(root):
     with FileLog(root) as log:
-        return [r.offset for r in log.read("t", 0, 0, max_records=100_000)]
+        return [r.offset for r in partition_records(log, "t", 0, offset=0)]
 
 
 def flip(path, position):
@@ -93,7 +94,7 @@ def test_clean_close_records_the_end_of_the_active_segment(root):
 def test_appends_update_it_lazily_not_with_a_second_fsync_each(root, monkeypatch):
     synced = []
     real = os.fdatasync
-    monkeypatch.setattr(partition_module.os, "fdatasync", lambda fd: (synced.append(fd), real(fd))[1])
+    monkeypatch.setattr(partition_writer.os, "fdatasync", lambda fd: (synced.append(fd), real(fd))[1])
     with FileLog(root) as log:
         for i in range(20):
             log.append("t", 0, batch(i))
@@ -103,7 +104,7 @@ def test_appends_update_it_lazily_not_with_a_second_fsync_each(root, monkeypatch
 
 
 def test_an_append_after_the_interval_moves_it_to_the_acknowledged_end(root, monkeypatch):
-    monkeypatch.setattr(partition_module, "RECOVERY_POINT_INTERVAL_S", 0.0)
+    monkeypatch.setattr(partition_writer, "RECOVERY_POINT_INTERVAL_S", 0.0)
     _, path = active(root)
     with FileLog(root) as log:
         for i in range(3):
@@ -184,7 +185,7 @@ def test_a_torn_unacknowledged_tail_after_the_recovery_point_is_truncated(root, 
     last = batch_positions(path)[-1]
     assert last > acknowledged
     os.truncate(path, last + 11)  # the second batch was cut by the crash
-    with caplog.at_level(logging.WARNING, logger="log.file.partition"):
+    with caplog.at_level(logging.WARNING, logger="log.file.partition_writer"):
         assert offsets(root) == list(range(20))
     assert path.stat().st_size == last
     assert any("truncating torn tail" in m and f"byte {last}" in m for m in caplog.messages)

@@ -1,4 +1,4 @@
-"""Records given as Arrow columns, and their file-log batches built without a ``Record`` per row.
+"""Records given as Arrow columns (the file backend's columnar write), and their file-log batches.
 
 A :class:`ColumnRecords` is a key column, a value column and a delete flag per row, all
 records carrying the same headers: each row is the record ``(key, value, headers)``, and a
@@ -8,7 +8,7 @@ exactly those :class:`~log.base.Record` objects (what a Kafka log appends);
 key, as :func:`log.partitioner.partitions_for`), an :class:`~log.file.batch_codec.EncodedBatch`
 whose bytes are the ones the file log writes for those records, built by the extension from
 the Arrow buffers (``native/batch_columns.c``) or by :func:`_column_batches_python`,
-which defines them (``tests/unit/log/file/test_column_writer.py``).
+which defines them (``tests/unit/log/file/test_column_records.py``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The columnar read of the file backend (log.file.column_reader): native decoder == Python twin == Log.read."""
+"""The columnar read of the file backend (log.file.column_decoder): native decoder == Python twin == Log.read."""
 
 import struct
 import time
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import native
 from log.base import Record, TopicSpec
-from log.file import column_reader as columns_module
+from log.file import column_decoder
 from log.file.backend import FileLog
 from log.file.batch_codec import (
     HEADER,
@@ -22,7 +22,7 @@ from log.file.batch_codec import (
     records_section,
     seal_batch,
 )
-from log.file.column_reader import RecordsSection, decode_columns, record_columns
+from log.file.column_decoder import RecordsSection, decode_columns, record_columns
 from log.file.segment import list_segments
 
 HOUR = 3600 * 1000
@@ -134,7 +134,7 @@ def batch_lists(draw):
 def test_native_and_python_decoders_select_the_same_records(batches, min_offset, span, max_records, max_bytes):
     sections = _sections([_batch(base, rows, codec) for base, rows, codec in batches])
     end_offset = min_offset + span
-    python = columns_module._decode_columns_python(sections, min_offset, end_offset, max_records, max_bytes)
+    python = column_decoder._decode_columns_python(sections, min_offset, end_offset, max_records, max_bytes)
     expected_rows, expected_next = _reference(
         [(base, rows) for base, rows, _ in batches], min_offset, end_offset, max_records, max_bytes
     )
@@ -171,7 +171,7 @@ def test_records_running_past_their_section_are_refused(decoder):
     header = parse_header(batch)
     cut = RecordsSection(batch, HEADER_SIZE, header.length - 2, 1, 0)
     decode = (
-        native.speedups.decode_columns if decoder == "native" else columns_module._decode_columns_python  # type: ignore[union-attr]
+        native.speedups.decode_columns if decoder == "native" else column_decoder._decode_columns_python  # type: ignore[union-attr]
     )
     with pytest.raises(ValueError, match="batch at offset 0: its records run past the batch's end"):
         decode([cut], 0, 10, 10, 1 << 20)
@@ -187,16 +187,7 @@ def read_all_columns(log, topic, partition, start, end, chunk):
         columns, resume = log.read_columns(topic, partition, offset, end, max_records=chunk)
         calls += 1
         assert len(columns) <= chunk
-        rows += [
-            (o, t, k, v)
-            for o, t, k, v in zip(
-                columns.offsets.to_pylist(),
-                columns.timestamps_ms.to_pylist(),
-                columns.keys.to_pylist(),
-                columns.values.to_pylist(),
-                strict=True,
-            )
-        ]
+        rows += [(r.offset, r.timestamp_ms, r.key, r.value) for r in columns.to_records()]
         if resume <= offset:
             break
         offset = resume

@@ -1,4 +1,4 @@
-"""Records of one log partition as Arrow columns: the columnar read of the file backend.
+"""The records of file-log batches decoded straight into Arrow columns (the file backend's columnar read).
 
 A reader that turns records into Arrow anyway (the ``headwater_log`` Spark source) reads
 an offset range as :class:`RecordColumns` instead of a ``StoredRecord`` per record:
@@ -9,13 +9,13 @@ not carried (no columnar reader needs them).
 
 :func:`decode_columns` decodes the plain records sections of checked batches; the
 extension (``native``) does it in C, :func:`_decode_columns_python` is its twin
-and defines the result (same bytes, ``tests/unit/log/file/test_column_reader.py``).
+and defines the result (same bytes, ``tests/unit/log/file/test_column_decoder.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
@@ -23,9 +23,6 @@ import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 import native
 from log.columns import RecordColumns
 from log.file.batch_codec import RECORD
-
-if TYPE_CHECKING:
-    pass
 
 _INT32_MAX = (1 << 31) - 1
 

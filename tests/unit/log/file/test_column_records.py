@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 import native
 from log.base import Record, TopicSpec
-from log.file import column_writer as column_batches
+from log.file import column_records
 from log.file.backend import FileLog
 from log.file.batch_codec import encode_batch, encode_headers
-from log.file.column_writer import BatchScratch, ColumnRecords, _column_batches_python
+from log.file.column_records import BatchScratch, ColumnRecords, _column_batches_python
 from log.partitioner import partitions_for
 
 NOW = 1_763_700_000_123
@@ -92,7 +92,7 @@ def test_chunked_columns_and_no_delete_flags():
 
 def test_python_twin_runs_when_the_extension_is_off(monkeypatch):
     records = ColumnRecords(pa.array(['{"id":1}', None]), pa.array(["v", "w"]), pa.array([True, False]), MARKER)
-    monkeypatch.setattr(column_batches, "_native", None)
+    monkeypatch.setattr(column_records, "_native", None)
     batches = records.partition_batches(3, NOW)
     reference = record_path(['{"id":1}', None], ["v", "w"], [True, False], MARKER)
     assert sealed(batches) == [None if b is None else bytes(b) for b in expected_batches(reference, 3)]
