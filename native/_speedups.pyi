@@ -142,7 +142,7 @@ def decode_columns(
     max_bytes: int,
     /,
 ) -> tuple[Any, ...]:
-    """The records of the plain records sections ``parts`` as column buffers; see log/file/column_reader.py.
+    """The records of the plain records sections ``parts`` as column buffers; see log/file/column_decoder.py.
 
     (count, next_offset, offsets, timestamps_ms, key_validity, key_offsets, key_data, value_validity,
     value_offsets, value_data).
@@ -164,4 +164,4 @@ def column_batches(
     scratch: list[bytearray] | None,
     /,
 ) -> list[tuple[Any, int] | None]:
-    """Per partition the encoded batch and its record count (None: no rows); see log/file/column_writer.py."""
+    """Per partition the encoded batch and its record count (None: no rows); see log/file/column_records.py."""

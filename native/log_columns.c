@@ -4,7 +4,7 @@
  * decode_columns(parts, min_offset, end_offset, max_records, max_bytes) walks the plain
  * records sections of CRC-checked batches (log/file/batch_codec.py's record layout) and returns
  * the selected records as the buffers of Arrow arrays, without a Python object per record.
- * log/file/column_reader.py's _decode_columns_python is its twin and defines the result.
+ * log/file/column_decoder.py's _decode_columns_python is its twin and defines the result.
  */
 #include "speedups.h"
 
@@ -900,7 +900,7 @@ PyMethodDef hw_log_columns_methods[] = {
     {"decode_columns", decode_columns, METH_VARARGS,
      "decode_columns(parts, min_offset, end_offset, max_records, max_bytes) -> (count, next_offset, offsets, "
      "timestamps_ms, key_validity, key_offsets, key_data, value_validity, value_offsets, value_data)\n\n"
-     "parts: (buffer, start, stop, record_count, base_offset) of plain records sections. See log/file/column_reader.py."},
+     "parts: (buffer, start, stop, record_count, base_offset) of plain records sections. See log/file/column_decoder.py."},
     {"scan_envelopes", scan_envelopes, METH_VARARGS,
      "scan_envelopes(value_offsets, value_data, first, count) -> 28 column buffers or None. "
      "See spark_log/envelope_scan.py."},

@@ -37,7 +37,7 @@ when a topic has none). The schema is fixed when the query is planned: a streami
 picks up a new column at its next start (from its checkpoint).
 
 Reading: a file log's ranges are read as Arrow columns straight from the segments' bytes
-(:mod:`log.file.column_reader`, no object per record) and built by
+(:mod:`log.file.column_decoder`, no object per record) and built by
 :meth:`~spark_log.source_batches.EventBatchBuilder.build_columns`; other backends hand
 ``StoredRecord`` chunks to :meth:`~spark_log.source_batches.EventBatchBuilder.build`. Both
 give the same rows.

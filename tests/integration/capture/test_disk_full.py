@@ -6,7 +6,7 @@ Two ways to fill the disk, one scenario:
   the log directory and filled with a file; room returns when the file is deleted.
   Needs root (CAP_SYS_ADMIN); skipped with the reason otherwise.
 * ``injected``: ENOSPC injected at the file log's write call through the
-  ``HEADWATER_TEST_ENOSPC_FLAG`` hook of :mod:`log.file.partition` while a flag file exists.
+  ``HEADWATER_TEST_ENOSPC_FLAG`` hook of :mod:`log.file.partition_writer` while a flag file exists.
 
 The capture runs as a real ``headwater capture --follow`` subprocess against real Postgres.
 """
