@@ -40,8 +40,9 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from capture.catalog import primary_key_lookup, relation_from_catalog, typemap_decoders
 from capture.errors import SlotError
-from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, RowDecoder, RowDecoderFactory, SchemaRecord
+from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, RowDecoderFactory, SchemaRecord
 from capture.incremental_snapshot import IncrementalSnapshotter
 from capture.key_set import KeySet, key_set_path
 from capture.pgoutput import LogicalMessage, PgoutputDecoder, Relation
@@ -70,7 +71,7 @@ from capture.stream import (
     pinned_options,
 )
 from capture.transactions import Transaction, TransactionAssembler
-from core.config import LogConfig, SourceConfig, TypesConfig
+from core.config import LogConfig, SourceConfig
 from core.errors import one_line
 from log.base import AppendsEncodedBatches, Log, Record, TopicPartition, TopicSpec, append_keyed, end_offsets
 from log.errors import LogUnavailableError, UnknownTopicError
@@ -83,6 +84,9 @@ from log.topics import SCHEMAS_TOPIC, is_quarantine_topic, quarantine_topic
 from native import speedups
 
 logger = logging.getLogger(__name__)
+
+# typemap_decoders: the agent's row decoders, built where the agent is (runner, tests).
+__all__ = ["AgentSettings", "CaptureAgent", "CaptureStats", "SnapshotProgress", "typemap_decoders"]
 
 
 class SnapshotProgress(Protocol):
@@ -999,37 +1003,6 @@ class CaptureAgent:
         return token
 
 
-def typemap_decoders(modes: TypesConfig) -> Callable[[psycopg.Connection[Any]], RowDecoderFactory]:
-    """Row decoders from :mod:`capture.typemap`, with the database's types loaded once per connection."""
-    from capture.type_registry import load_type_registry
-    from capture.typemap import RowConverter, TextRowDecoder
-
-    def for_connection(conn: psycopg.Connection[Any]) -> RowDecoderFactory:
-        registry = load_type_registry(conn)
-
-        def decoder_for(relation: Relation) -> RowDecoder:
-            # A TextRowDecoder also lets the event builder use the native encoder of the same conversion.
-            return TextRowDecoder(RowConverter(relation.columns, modes, registry))
-
-        return decoder_for
-
-    return for_connection
-
-
-def primary_key_lookup(conn: psycopg.Connection[Any]) -> Callable[[Relation], tuple[str, ...] | None]:
-    """Primary-key column names by relation oid, from the catalog."""
-
-    def lookup(relation: Relation) -> tuple[str, ...] | None:
-        rows = conn.execute(
-            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-            "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s AND i.indisprimary ORDER BY a.attnum",
-            (relation.oid,),
-        ).fetchall()
-        return tuple(r[0] for r in rows) or None
-
-    return lookup
-
-
 class _ChunkReaders:
     """Two connections on one snapshot taking turns at the chunks (the agent's reader, and one more).
 
@@ -1225,33 +1198,3 @@ class _SnapshotPipeline:
         agent.stats.events += rows
         if agent.progress:
             agent.progress.advance(rows)
-
-
-def relation_from_catalog(conn: psycopg.Connection[Any], qualified: str) -> Relation:
-    """A pgoutput-equivalent :class:`Relation` for a table, read from the catalog (for snapshots)."""
-    from capture.pgoutput import RelationColumn, ReplicaIdentity
-
-    row = conn.execute(
-        "SELECT c.oid, n.nspname, c.relname, c.relreplident FROM pg_class c "
-        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s::regclass",
-        (qualified,),
-    ).fetchone()
-    if row is None:
-        msg = f"table {qualified} does not exist"
-        raise ValueError(msg)
-    oid, namespace, name, identity = row
-    columns = conn.execute(
-        "SELECT a.attname, a.atttypid, a.atttypmod, "
-        "coalesce(a.attnum = ANY(i.indkey), false) AS key "
-        "FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND "
-        "(CASE WHEN %s = 'i' THEN i.indisreplident ELSE i.indisprimary END) "
-        "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-        (identity, oid),
-    ).fetchall()
-    cols = tuple(
-        RelationColumn(key=bool(key) or identity == "f", name=n, type_oid=int(t), atttypmod=int(m))
-        for n, t, m, key in columns
-    )
-    return Relation(
-        oid=int(oid), namespace=namespace, name=name, replica_identity=ReplicaIdentity(identity), columns=cols
-    )

@@ -156,3 +156,17 @@ class KeyColumnExcludedError(CaptureError, PermanentError):
         )
         self.source = source
         self.table = table
+
+
+class TypeMappingError(PermanentError):
+    """A column value could not be converted; the record belongs in quarantine, not in the log."""
+
+    def __init__(self, message: str, *, column: str | None = None, type_oid: int | None = None) -> None:
+        where = f"column {column!r}: " if column else ""
+        super().__init__(f"{where}{message}")
+        self.column = column
+        self.type_oid = type_oid
+
+
+class UnrepresentableValueError(TypeMappingError):
+    """The value exists in PostgreSQL but the configured mode cannot express it (NaN in ``precise``)."""

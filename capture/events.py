@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import orjson
 
-from capture.errors import ConfiguredKeyError, KeyColumnExcludedError
+from capture.errors import ConfiguredKeyError, KeyColumnExcludedError, TypeMappingError
 from capture.pgoutput import (
     UNCHANGED_TOAST,
     Delete,
@@ -41,9 +41,9 @@ from capture.pgoutput import (
     Update,
 )
 from capture.quarantine import error_headers, quarantine_value, raw_values
+from capture.rows import TextRowDecoder
 from capture.snapshot import CopyRows, parse_copy_text
 from capture.transactions import Transaction
-from capture.typemap import TextRowDecoder, TypeMappingError
 from log.envelope import CONNECTOR, EVENT_VERSION, ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value
 from log.sequence import Sequence as Seq
 from log.topics import message_topic, quarantine_topic, table_topic

@@ -7,7 +7,8 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-from capture.agent import CaptureAgent, CaptureStats, SnapshotProgress, typemap_decoders
+from capture.agent import CaptureAgent, CaptureStats, SnapshotProgress
+from capture.catalog import typemap_decoders
 from capture.errors import UnknownSourceError
 from capture.registration import connect
 from capture.resync import capture_state_dir

@@ -15,7 +15,8 @@ import orjson
 import psycopg
 import pytest
 
-from capture.agent import CaptureAgent, typemap_decoders
+from capture.agent import CaptureAgent
+from capture.catalog import typemap_decoders
 from core.config import LogConfig, SourceConfig
 from log.file.backend import FileLog
 from log.topics import SCHEMAS_TOPIC
@@ -123,7 +124,8 @@ def test_restart_writes_nothing_twice(pg_server, unique_name, tmp_path):
 WORKER = """
 import sys
 from pathlib import Path
-from capture.agent import CaptureAgent, typemap_decoders
+from capture.agent import CaptureAgent
+from capture.catalog import typemap_decoders
 from core.config import LogConfig, SourceConfig
 from log.file.backend import FileLog
 dsn, name, home = sys.argv[1], sys.argv[2], Path(sys.argv[3])

@@ -12,7 +12,8 @@ from typing import Any
 import orjson
 import psycopg
 
-from capture.agent import CaptureAgent, primary_key_lookup, relation_from_catalog, typemap_decoders
+from capture.agent import CaptureAgent
+from capture.catalog import primary_key_lookup, relation_from_catalog, typemap_decoders
 from capture.incremental_snapshot import WINDOW_CLOSE_PREFIX, IncrementalSnapshotter, request_incremental_snapshot
 from core.config import LogConfig, SourceConfig
 from headwater.cli import main

@@ -306,7 +306,8 @@ def test_invalidated_slot_stops_capture_and_resync_recovers(own_pg, unique_name,
 
 
 def test_when_needed_mode_resyncs_by_itself_after_the_slot_is_dropped(pg_database, tmp_path, monkeypatch):
-    from capture.agent import CaptureAgent, typemap_decoders
+    from capture.agent import CaptureAgent
+    from capture.catalog import typemap_decoders
     from capture.key_set import KEY_SET_FILE, KeySet
     from core.config import LogConfig, SourceConfig
 

@@ -144,7 +144,8 @@ def test_resync_on_kafka_deletes_exactly_the_vanished_keys(pg_server, kafka_brok
 
 def test_spilled_resync_on_kafka_appends_deletes_in_batches(pg_database, kafka_broker, tmp_path, monkeypatch):
     """The agent in-process, both scratch sets spilled to SQLite, deletes appended a few at a time."""
-    from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
+    from capture.agent import AgentSettings, CaptureAgent
+    from capture.catalog import typemap_decoders
     from capture.key_set import KEY_SET_FILE, Candidates, KeySet
     from core.config import KafkaConfig, LogConfig, SourceConfig
     from log.kafka.backend import KafkaLog

@@ -15,7 +15,8 @@ import psycopg
 import pytest
 
 from capture import snapshot
-from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
+from capture.agent import AgentSettings, CaptureAgent
+from capture.catalog import typemap_decoders
 from core.config import LogConfig, SourceConfig
 from log.file.backend import FileLog
 

@@ -19,7 +19,8 @@ import orjson
 import psycopg
 import pytest
 
-from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
+from capture.agent import AgentSettings, CaptureAgent
+from capture.catalog import typemap_decoders
 from core.config import LogConfig, SourceConfig, TypesConfig
 from log.file.backend import FileLog
 from log.topics import ERROR_HEADER, SCHEMAS_TOPIC

@@ -7,6 +7,7 @@ import dataclasses
 import orjson
 import pytest
 
+from capture.errors import UnrepresentableValueError
 from capture.events import EventBuilder, OutRecord
 from capture.pgoutput import (
     UNCHANGED_TOAST,
@@ -22,7 +23,6 @@ from capture.pgoutput import (
     Update,
 )
 from capture.transactions import Transaction
-from capture.typemap import UnrepresentableValueError
 from log.envelope import ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value, transaction_block
 from log.sequence import Lsn
 from log.sequence import Sequence as Seq
