@@ -45,7 +45,8 @@ from capture.errors import SlotError
 from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, RowDecoderFactory, SchemaRecord
 from capture.incremental_snapshot import IncrementalSnapshotter
 from capture.key_set import KeySet, key_set_path
-from capture.pgoutput import LogicalMessage, PgoutputDecoder, Relation
+from capture.pgoutput import PgoutputDecoder
+from capture.pgoutput_messages import LogicalMessage, Relation
 from capture.position import ResumePoint, read_between
 from capture.quarantine import append_or_quarantine
 from capture.resync import DELETE_INDEX_BASE, ResyncRequest, snapshot_keys, vanished_key_deletes

@@ -12,7 +12,7 @@ from typing import Any, Final
 import psycopg
 
 from capture.events import PrimaryKeyLookup, RowDecoder, RowDecoderFactory
-from capture.pgoutput import Relation, RelationColumn, ReplicaIdentity
+from capture.pgoutput_messages import Relation, RelationColumn, ReplicaIdentity
 from capture.rows import RowConverter, TextRowDecoder
 from core.config import TypesConfig
 from log.row_types import PgType, TypeKind, TypeRegistry

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 import orjson
 
 from capture.errors import ConfiguredKeyError, KeyColumnExcludedError, TypeMappingError
-from capture.pgoutput import (
+from capture.pgoutput_messages import (
     UNCHANGED_TOAST,
     Delete,
     Insert,

@@ -65,7 +65,7 @@ from psycopg import sql
 from capture.errors import CaptureError, UnknownSourceError
 from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, SchemaRecord
 from capture.identifiers import TableName, parse_tables
-from capture.pgoutput import LogicalMessage, Relation, TupleData
+from capture.pgoutput_messages import LogicalMessage, Relation, TupleData
 from capture.snapshot import parse_copy_text
 from capture.transactions import Transaction
 from core.config import ProjectConfig

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from capture.pgoutput import UNCHANGED_TOAST, TupleData
+from capture.pgoutput_messages import UNCHANGED_TOAST, TupleData
 from log.base import Log
 from log.errors import BatchTooLargeError
 from log.partitioner import partition_for

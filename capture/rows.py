@@ -14,7 +14,7 @@ import orjson
 
 import native
 from capture.errors import TypeMappingError
-from capture.pgoutput import UNCHANGED_TOAST, NonUtf8Text, TupleValue
+from capture.pgoutput_messages import UNCHANGED_TOAST, NonUtf8Text, TupleValue
 from capture.typemap import column_converter, native_kind
 from core.config import TypesConfig
 from log.row_types import LogicalType, TypeRegistry

@@ -41,7 +41,7 @@ import psycopg.errors
 from psycopg import pq, sql
 
 import native
-from capture.pgoutput import NonUtf8Text, TupleData
+from capture.pgoutput_messages import NonUtf8Text, TupleData
 from capture.stream import libpq_speedups, pgconn_pointer
 from core.durable_files import replace_json
 from log.file.batch_codec import ZSTD_LEVEL, Compression, EncodedBatch

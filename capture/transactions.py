@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypeAlias, cast
 
-from capture.pgoutput import (
+from capture.pgoutput_messages import (
     Begin,
     Commit,
     Delete,

@@ -9,7 +9,7 @@ import pytest
 
 from capture.errors import UnrepresentableValueError
 from capture.events import EventBuilder, OutRecord
-from capture.pgoutput import (
+from capture.pgoutput_messages import (
     UNCHANGED_TOAST,
     Delete,
     Insert,

@@ -13,7 +13,8 @@ import pytest
 from pgoutput_recordings import recording, registry
 
 from capture.errors import TypeMappingError, UnrepresentableValueError
-from capture.pgoutput import UNCHANGED_TOAST, Insert, PgoutputDecoder, Relation, Update
+from capture.pgoutput import PgoutputDecoder
+from capture.pgoutput_messages import UNCHANGED_TOAST, Insert, Relation, Update
 from capture.rows import RowConverter
 from capture.typemap import column_converter
 from core.config import TypesConfig
