@@ -11,8 +11,8 @@ from typing import Any, Final
 
 import psycopg
 
-from capture.events import PrimaryKeyLookup, RowDecoder, RowDecoderFactory
 from capture.pgoutput_messages import Relation, RelationColumn, ReplicaIdentity
+from capture.relations import PrimaryKeyLookup, RowDecoder, RowDecoderFactory
 from capture.rows import RowConverter, TextRowDecoder
 from core.config import TypesConfig
 from log.row_types import PgType, TypeKind, TypeRegistry

@@ -170,3 +170,23 @@ class TypeMappingError(PermanentError):
 
 class UnrepresentableValueError(TypeMappingError):
     """The value exists in PostgreSQL but the configured mode cannot express it (NaN in ``precise``)."""
+
+
+class BadRecordError(ValueError):
+    """A change could not become an event (its record goes to quarantine instead)."""
+
+
+class UnresolvedToastError(BadRecordError):
+    """An unchanged TOASTed value could not be recovered (no previous image for the key)."""
+
+    def __init__(self, topic: str, column: str) -> None:
+        super().__init__(
+            f"{topic}: column {column!r} is an unchanged TOAST value and no previous row image is known; "
+            "set REPLICA IDENTITY FULL on the table or re-snapshot it"
+        )
+        self.topic = topic
+        self.column = column
+
+
+#: Errors that send one change to quarantine instead of stopping capture.
+QUARANTINED_ERRORS = (TypeMappingError, BadRecordError)

@@ -53,7 +53,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,11 +62,13 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from capture.catalog import primary_key_lookup, relation_from_catalog
+from capture.copy_text import parse_copy_text
 from capture.errors import CaptureError, UnknownSourceError
-from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder, OutRecord, SchemaRecord
+from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder
 from capture.identifiers import TableName, parse_tables
-from capture.pgoutput_messages import LogicalMessage, Relation, TupleData
-from capture.snapshot import parse_copy_text
+from capture.pgoutput_messages import LogicalMessage, TupleData
+from capture.records import OutRecord, SchemaRecord
 from capture.transactions import Transaction
 from core.config import ProjectConfig
 from core.durable_files import replace_json
@@ -85,11 +87,6 @@ REQUESTS_DIR = "incremental-requests"
 STATE_FILE = "incremental.json"
 #: How often the agent looks for new request files.
 REQUEST_POLL_S = 1.0
-
-#: A relation as the stream would send it, read from the catalog: ``(conn, "schema"."table")``.
-RelationFromCatalog = Callable[[psycopg.Connection[Any], str], Relation]
-#: Primary-key column names of a relation (None: no primary key).
-PrimaryKeyOf = Callable[[psycopg.Connection[Any], Relation], tuple[str, ...] | None]
 
 
 class IncrementalSnapshotError(CaptureError, PermanentError):
@@ -169,15 +166,11 @@ class IncrementalSnapshotter:
         state_dir: Path,
         publication: str,
         *,
-        relation_from_catalog: RelationFromCatalog,
-        primary_key_of: PrimaryKeyOf,
         chunk_rows: int = CHUNK_ROWS,
     ) -> None:
         self._requests = state_dir / REQUESTS_DIR
         self._state = IncrementalState.load(state_dir / STATE_FILE)
         self._publication = publication
-        self._relation_from_catalog = relation_from_catalog
-        self._primary_key_of = primary_key_of
         self._chunk_rows = chunk_rows
         self._chunk: _Chunk | None = None
         self._staged: tuple[TableProgress, list[str] | None, bool] | None = None
@@ -250,8 +243,8 @@ class IncrementalSnapshotter:
         if published is None:
             msg = f"table {table} is not in publication {self._publication!r}, so its changes are not streamed"
             raise IncrementalSnapshotError(msg, table=str(table))
-        relation = self._relation_from_catalog(conn, table.identifier.as_string(conn))
-        key = self._primary_key_of(conn, relation)
+        relation = relation_from_catalog(conn, table.identifier.as_string(conn))
+        key = primary_key_lookup(conn)(relation)
         if not key:
             msg = f"table {table} has no primary key, which incremental snapshots need for chunking"
             raise IncrementalSnapshotError(msg, table=str(table))

@@ -46,8 +46,8 @@ import orjson
 from capture import publication as pub
 from capture import slot as slots
 from capture.errors import CancelledError, PublicationError, SlotError, UnknownSourceError
-from capture.events import OutRecord
 from capture.key_set import Candidates, KeySet, Latest, remove_key_set
+from capture.records import OutRecord
 from capture.slot import SlotStatus
 from core.config import ProjectConfig
 from core.durable_files import replace_json

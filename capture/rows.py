@@ -2,7 +2,7 @@
 
 :class:`RowConverter` is built once per Relation message (:func:`capture.typemap.column_converter`
 per column) and converts each tuple with one call per column; :class:`TextRowDecoder` is the
-event builder's :data:`capture.events.RowDecoder` over it.
+event builder's :data:`capture.relations.RowDecoder` over it.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class RowConverter:
 
 
 class TextRowDecoder:
-    """A :data:`capture.events.RowDecoder` over a :class:`RowConverter` for text-mode tuples.
+    """A :data:`capture.relations.RowDecoder` over a :class:`RowConverter` for text-mode tuples.
 
     Every column in column order; columns whose TOASTed value was not sent hold
     :data:`UNCHANGED_TOAST` (the event builder fills them). ``converter`` lets the event

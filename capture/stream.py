@@ -2,9 +2,9 @@
 
 psycopg 3 has no replication API, but ``START_REPLICATION`` on a
 ``replication=database`` autocommit connection switches it to COPY BOTH, and
-libpq's ``get_copy_data``/``put_copy_data`` drive it (DESIGN section 8: 126-132k
-changes/s raw here, faster than psycopg2's ``LogicalReplicationConnection``, and it
-keeps one driver for all SQL). The socket is polled with ``select`` so the agent can
+libpq's ``get_copy_data``/``put_copy_data`` drive it (126-132k changes/s raw here,
+faster than psycopg2's ``LogicalReplicationConnection``, and it keeps one driver for
+all SQL). The socket is polled with ``select`` so the agent can
 send heartbeats and status updates while the server is quiet.
 """
 
@@ -31,7 +31,7 @@ from native import speedups
 logger = logging.getLogger(__name__)
 
 #: Session settings pinned on every capture connection so text values decode one way
-#: (DESIGN section 8).
+#: (:mod:`capture.typemap` reads values printed under exactly these).
 PINNED_SETTINGS = {
     "TimeZone": "UTC",
     "DateStyle": "ISO",

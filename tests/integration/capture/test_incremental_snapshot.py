@@ -13,7 +13,7 @@ import orjson
 import psycopg
 
 from capture.agent import CaptureAgent
-from capture.catalog import primary_key_lookup, relation_from_catalog, typemap_decoders
+from capture.catalog import typemap_decoders
 from capture.incremental_snapshot import WINDOW_CLOSE_PREFIX, IncrementalSnapshotter, request_incremental_snapshot
 from core.config import LogConfig, SourceConfig
 from headwater.cli import main
@@ -78,8 +78,6 @@ def agent_for(
     agent.incremental = snapshotter(
         agent.state_dir,
         agent.publication,
-        relation_from_catalog=relation_from_catalog,
-        primary_key_of=lambda conn, relation: primary_key_lookup(conn)(relation),
         chunk_rows=chunk_rows,
     )
     return agent

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -14,11 +15,12 @@ import orjson
 import psycopg
 import pytest
 
-from capture import snapshot
+from capture import copy_text, snapshot_plan
 from capture.agent import AgentSettings, CaptureAgent
 from capture.catalog import typemap_decoders
 from core.config import LogConfig, SourceConfig
 from log.file.backend import FileLog
+from native import speedups
 
 ROWS = 15_000
 
@@ -30,10 +32,10 @@ ROWS = 15_000
 WORKER = """
 import json, os, signal, sys
 from pathlib import Path
-from capture import snapshot
+from capture import copy_text, snapshot_plan
 from log.file.backend import FileLog
-snapshot.CHUNK_PAGES = 16
-snapshot.PIECE_BYTES = 8192
+snapshot_plan.CHUNK_PAGES = 16
+copy_text.PIECE_BYTES = 8192
 state = Path(sys.argv[2]) / "state" / "snapshot.json"
 real_append = FileLog.append
 written = []
@@ -111,8 +113,8 @@ def test_snapshot_sigkilled_mid_chunk_resumes_with_every_row_once(pg_server, uni
     assert chunks - {int(c.rsplit("#", 1)[1]) for c in done}, "no partly written chunk: nothing was tested"
 
     # Resume in this process, with the same small chunks (chunk ids must mean the same pages).
-    monkeypatch.setattr(snapshot, "CHUNK_PAGES", 16)
-    monkeypatch.setattr(snapshot, "PIECE_BYTES", 8192)
+    monkeypatch.setattr(snapshot_plan, "CHUNK_PAGES", 16)
+    monkeypatch.setattr(copy_text, "PIECE_BYTES", 8192)
     log = FileLog(tmp_path / "log")
     try:
         resumed = agent_for(dsn, tmp_path, log)
@@ -138,8 +140,8 @@ def test_snapshot_append_failure_stops_the_writer_and_resumes_with_every_row_onc
     """A failed append mid-snapshot: nothing after it is written (no gap behind a later batch), the
     chunk is not done, and the next run writes every row once."""
     dsn = snapshot_source(pg_server, unique_name("snapfail"))
-    monkeypatch.setattr(snapshot, "CHUNK_PAGES", 16)
-    monkeypatch.setattr(snapshot, "PIECE_BYTES", 4096)
+    monkeypatch.setattr(snapshot_plan, "CHUNK_PAGES", 16)
+    monkeypatch.setattr(copy_text, "PIECE_BYTES", 4096)
     real_append = FileLog.append
     calls = Counter()
 
@@ -175,12 +177,8 @@ def test_snapshot_goes_on_with_one_reader_when_a_second_connection_is_refused(
 ):
     """The next chunk is read ahead on a second connection; when the server refuses it (e.g. at
     max_connections), the agent's own reader takes every chunk and nothing is lost."""
-    import threading
-
-    from capture import agent as agent_module
-
     dsn = snapshot_source(pg_server, unique_name("snaponeconn"))
-    monkeypatch.setattr(snapshot, "CHUNK_PAGES", 16)
+    monkeypatch.setattr(snapshot_plan, "CHUNK_PAGES", 16)
     real_connect = psycopg.connect
     refused = []
 
@@ -190,15 +188,13 @@ def test_snapshot_goes_on_with_one_reader_when_a_second_connection_is_refused(
             raise psycopg.OperationalError("FATAL: sorry, too many clients already")
         return real_connect(*args, **kwargs)
 
-    monkeypatch.setattr(agent_module.psycopg, "connect", connect)
+    monkeypatch.setattr(psycopg, "connect", connect)
     log = FileLog(tmp_path / "log")
     try:
         agent_for(dsn, tmp_path, log).run(until_caught_up=True)
         values = read_values(log)
     finally:
         log.close()
-    from native import speedups
-
     assert refused == ([] if speedups is None else [1])  # the Python path reads on one connection
     assert_every_row_once(values)
     assert json.loads((tmp_path / "state" / "snapshot.json").read_text())["completed"] is True

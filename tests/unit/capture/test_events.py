@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from capture.errors import UnrepresentableValueError
-from capture.events import EventBuilder, OutRecord
+from capture.events import EventBuilder
 from capture.pgoutput_messages import (
     UNCHANGED_TOAST,
     Delete,
@@ -22,6 +22,7 @@ from capture.pgoutput_messages import (
     TupleData,
     Update,
 )
+from capture.records import OutRecord
 from capture.transactions import Transaction
 from log.envelope import ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value, transaction_block
 from log.sequence import Lsn
