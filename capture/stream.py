@@ -24,7 +24,7 @@ from psycopg import pq, sql
 
 from capture.errors import CaptureError, dsn_secrets, scrub_secrets
 from capture.replication_protocol import FrameType, PrimaryKeepalive, decode_copy_data, encode_standby_status
-from core.errors import TransientError
+from core.errors import TransientError, one_line
 from log.sequence import Lsn
 from native import speedups
 
@@ -51,7 +51,7 @@ class ReplicationLostError(CaptureError, TransientError):
     @classmethod
     def from_psycopg(cls, exc: Exception, *, slot: str, dsn: str = "") -> ReplicationLostError:
         """Wrap a driver error, scrubbing any password libpq may have quoted."""
-        detail = scrub_secrets(str(exc), dsn_secrets(dsn)) if dsn else " ".join(str(exc).split())
+        detail = scrub_secrets(str(exc), dsn_secrets(dsn)) if dsn else one_line(exc)
         return cls(f"replication connection for slot {slot!r} lost: {detail}; reconnecting", slot=slot)
 
 
