@@ -18,7 +18,7 @@ Resume points and invariants:
 * ``--until-caught-up`` emits a non-transactional marker message at start; receiving
   it means every transaction committed before start has been received (and the run
   goes on until the incremental snapshots queued by then are done).
-* Incremental snapshots (:mod:`capture.incremental_snapshot`) read chunks between
+* Incremental snapshots (:mod:`capture.incremental_snapshotter`) read chunks between
   watermark messages; their rows join the pending records at the HIGH watermark's
   transaction, and their progress is saved only after an append.
 """
@@ -40,7 +40,7 @@ from psycopg import sql
 from capture.appender import Appender
 from capture.catalog import primary_key_lookup, relation_from_catalog, typemap_decoders
 from capture.events import EventBuilder
-from capture.incremental_snapshot import IncrementalSnapshotter
+from capture.incremental_snapshotter import IncrementalSnapshotter
 from capture.position import ResumePoint
 from capture.previous_images import LogImages
 from capture.registration import connect

@@ -98,7 +98,6 @@ class TupleKind(enum.IntEnum):
     OLD = ord("O")
 
 
-_I8 = struct.Struct(">b")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _U32 = struct.Struct(">I")

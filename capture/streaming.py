@@ -4,7 +4,7 @@ Each committed transaction's events join the appender's pending records; they ar
 appended and the transaction's end LSN acknowledged when a batch is full, when the
 stream goes quiet, and at a stop (always at a transaction boundary). Internal logical
 messages (heartbeats, the caught-up marker) are acknowledged once everything before them
-is durable. Incremental snapshots (:mod:`capture.incremental_snapshot`) read their chunks
+is durable. Incremental snapshots (:mod:`capture.incremental_snapshotter`) read their chunks
 between stream polls, and their rows join the pending records at the HIGH watermark's
 transaction.
 """
@@ -20,7 +20,7 @@ import psycopg
 
 from capture.appender import Appender
 from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder
-from capture.incremental_snapshot import IncrementalSnapshotter
+from capture.incremental_snapshotter import IncrementalSnapshotter
 from capture.pgoutput import PgoutputDecoder
 from capture.pgoutput_messages import LogicalMessage
 from capture.position import ResumePoint

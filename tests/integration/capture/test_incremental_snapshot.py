@@ -14,7 +14,8 @@ import psycopg
 
 from capture.agent import CaptureAgent
 from capture.catalog import typemap_decoders
-from capture.incremental_snapshot import WINDOW_CLOSE_PREFIX, IncrementalSnapshotter, request_incremental_snapshot
+from capture.incremental_snapshot import request_incremental_snapshot
+from capture.incremental_snapshotter import WINDOW_CLOSE_PREFIX, IncrementalSnapshotter
 from core.config import LogConfig, SourceConfig
 from headwater.cli import main
 from log.file.backend import FileLog
