@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 import psycopg
+from harness.topics import read_topic
 
 from capture.agent import CaptureAgent
 from capture.catalog import typemap_decoders
@@ -84,20 +85,10 @@ def agent_for(
     return agent
 
 
-def all_records(log: FileLog, topic: str) -> list:
-    records = []
-    for partition in range(log.describe_topic(topic).partitions):
-        offset = log.beginning_offset(topic, partition)
-        while batch := log.read(topic, partition, offset):
-            records.extend(batch)
-            offset = batch[-1].offset + 1
-    return records
-
-
 def events_by_key(log: FileLog, topic: str) -> dict[int, list[dict]]:
     """Change events per key, in sequence order (tombstones left out)."""
     out: dict[int, list[dict]] = {}
-    for record in all_records(log, topic):
+    for record in read_topic(log, topic):
         if record.value is None:
             continue
         event = orjson.loads(record.value)

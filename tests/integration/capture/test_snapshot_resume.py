@@ -11,9 +11,9 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-import orjson
 import psycopg
 import pytest
+from harness.topics import topic_values
 
 from capture import copy_text, snapshot_plan
 from capture.agent import AgentSettings, CaptureAgent
@@ -49,6 +49,7 @@ def append(self, topic, partition, records):
     return real_append(self, topic, partition, records)
 FileLog.append = append
 sys.path.insert(0, sys.argv[3])
+sys.path.insert(0, str(Path(sys.argv[3]).parents[1]))  # tests/: the harness package
 from test_snapshot_resume import agent_for
 agent_for(sys.argv[1], Path(sys.argv[2])).run(until_caught_up=True)
 """
@@ -68,13 +69,7 @@ def agent_for(dsn: str, home: Path, log: FileLog | None = None, settings: AgentS
 
 
 def read_values(log: FileLog) -> list[dict]:
-    values = []
-    for partition in range(log.describe_topic("snap.public.t").partitions):
-        offset = 0
-        while batch := log.read("snap.public.t", partition, offset):
-            values.extend(orjson.loads(r.value) for r in batch)
-            offset = batch[-1].offset + 1
-    return values
+    return topic_values(log, "snap.public.t")
 
 
 def assert_every_row_once(values: list[dict]) -> None:

@@ -7,7 +7,7 @@ import dataclasses
 import orjson
 import pytest
 
-from capture.errors import UnrepresentableValueError
+from capture.errors import ConfiguredKeyError, KeyColumnExcludedError, UnrepresentableValueError
 from capture.events import EventBuilder
 from capture.pgoutput_messages import (
     UNCHANGED_TOAST,
@@ -297,7 +297,6 @@ def test_index_identity_keys_by_the_identity_index() -> None:
 
 
 def test_configured_key_must_be_carried_by_every_change() -> None:
-    from capture.errors import ConfiguredKeyError, KeyColumnExcludedError
 
     b = EventBuilder("src", "db", decoder_for, configured_keys={'sch"ema.tåble': ("prïce",)})
     with pytest.raises(ConfiguredKeyError, match="REPLICA IDENTITY DEFAULT"):
