@@ -72,6 +72,16 @@ def read_values(log: FileLog) -> list[dict]:
     return topic_values(log, "snap.public.t")
 
 
+def captured_values(dsn: str, home: Path) -> list[dict]:
+    """Run the agent until caught up; the table topic's values then."""
+    log = FileLog(home / "log")
+    try:
+        agent_for(dsn, home, log).run(until_caught_up=True)
+        return read_values(log)
+    finally:
+        log.close()
+
+
 def assert_every_row_once(values: list[dict]) -> None:
     ids = Counter(v["after"]["id"] for v in values)
     assert sorted(ids) == list(range(1, ROWS + 1)), "a row is missing"
@@ -158,12 +168,7 @@ def test_snapshot_append_failure_stops_the_writer_and_resumes_with_every_row_onc
     assert calls[1] == 6, "the writer went on appending to the partition after its failed append"
     assert 0 < len(stored) < ROWS
     monkeypatch.setattr(FileLog, "append", real_append)
-    log = FileLog(tmp_path / "log")
-    try:
-        agent_for(dsn, tmp_path, log).run(until_caught_up=True)
-        values = read_values(log)
-    finally:
-        log.close()
+    values = captured_values(dsn, tmp_path)
     assert_every_row_once(values)
 
 
@@ -184,12 +189,7 @@ def test_snapshot_goes_on_with_one_reader_when_a_second_connection_is_refused(
         return real_connect(*args, **kwargs)
 
     monkeypatch.setattr(psycopg, "connect", connect)
-    log = FileLog(tmp_path / "log")
-    try:
-        agent_for(dsn, tmp_path, log).run(until_caught_up=True)
-        values = read_values(log)
-    finally:
-        log.close()
+    values = captured_values(dsn, tmp_path)
     assert refused == ([] if speedups is None else [1])  # the Python path reads on one connection
     assert_every_row_once(values)
     assert json.loads((tmp_path / "state" / "snapshot.json").read_text())["completed"] is True
