@@ -314,7 +314,7 @@ class EventBuilder:
                 key = table.key(after)
                 after_json = dumps_kept(after)
             self._images.remember(topic, key, after_json)
-            value = self._value(pieces, Op.CREATE, _NULL, after_json, lsn=lsn, index=index, order=order)
+            value = _value(pieces, Op.CREATE, _NULL, after_json, lsn=lsn, index=index, order=order)
             return [OutRecord(topic, key, value, commit, index)]
         if isinstance(change, Update):
             if change.old is None and encoder is not None:
@@ -322,7 +322,7 @@ class EventBuilder:
                 if encoded is not None:  # no old image, no unchanged TOAST: the key did not change
                     after_json, key = encoded
                     self._images.remember(topic, key, after_json)
-                    value = self._value(pieces, Op.UPDATE, _NULL, after_json, lsn=lsn, index=index, order=order)
+                    value = _value(pieces, Op.UPDATE, _NULL, after_json, lsn=lsn, index=index, order=order)
                     return [OutRecord(topic, key, value, commit, index)]
             before = table.image(change.old) if change.old is not None and not change.old_is_key else None
             after = table.image(change.new)
@@ -345,14 +345,14 @@ class EventBuilder:
                 # still carries them in ``before`` so every consumer can find the old row.
                 old_image = before if before is not None else table.key_only_image(change.old or ())
                 delete_before = orjson.dumps(old_image)
-                delete = self._value(pieces, Op.DELETE, delete_before, _NULL, lsn=lsn, index=index, order=order)
-                create = self._value(pieces, Op.CREATE, _NULL, after_json, lsn=lsn, index=index + 1, order=order)
+                delete = _value(pieces, Op.DELETE, delete_before, _NULL, lsn=lsn, index=index, order=order)
+                create = _value(pieces, Op.CREATE, _NULL, after_json, lsn=lsn, index=index + 1, order=order)
                 return [
                     OutRecord(topic, old_key, delete, commit, index),
                     OutRecord(topic, old_key, None, commit, index),
                     OutRecord(topic, new_key, create, commit, index + 1),
                 ]
-            value = self._value(pieces, Op.UPDATE, before_json, after_json, lsn=lsn, index=index, order=order)
+            value = _value(pieces, Op.UPDATE, before_json, after_json, lsn=lsn, index=index, order=order)
             return [OutRecord(topic, new_key, value, commit, index)]
         # Delete: with REPLICA IDENTITY FULL the whole old row, else only the key columns.
         encoded = encoder.encode(change.old) if encoder is not None else None
@@ -365,26 +365,8 @@ class EventBuilder:
             key = table.key(image)
             before_json = orjson.dumps(image)
         self._images.remember(topic, key, None)
-        value = self._value(pieces, Op.DELETE, before_json, _NULL, lsn=lsn, index=index, order=order)
+        value = _value(pieces, Op.DELETE, before_json, _NULL, lsn=lsn, index=index, order=order)
         return [OutRecord(topic, key, value, commit, index), OutRecord(topic, key, None, commit, index)]
-
-    @staticmethod
-    def _value(pieces: _Pieces, op: Op, before: bytes, after: bytes, *, lsn: int, index: int, order: int) -> bytes:
-        # Equal to encode_value(ChangeEvent(...)) with source.lsn = lsn and
-        # transaction.total_order = index + 1 (tests/unit/capture/test_events.py).
-        return _CHANGE_VALUE % (
-            before,
-            after,
-            pieces.pre,
-            lsn,
-            pieces.table_mid,
-            lsn,
-            pieces.post,
-            index,
-            pieces.op_blocks[op],
-            index + 1,
-            order,
-        )
 
     def _quarantined(
         self,
@@ -402,3 +384,21 @@ class EventBuilder:
         if isinstance(change, Update):
             return table.quarantine_record(Op.UPDATE, source, before=change.old, after=change.new, exc=exc)
         return table.quarantine_record(Op.DELETE, source, before=change.old, after=None, exc=exc)
+
+
+def _value(pieces: _Pieces, op: Op, before: bytes, after: bytes, *, lsn: int, index: int, order: int) -> bytes:
+    # Equal to encode_value(ChangeEvent(...)) with source.lsn = lsn and
+    # transaction.total_order = index + 1 (tests/unit/capture/test_events.py).
+    return _CHANGE_VALUE % (
+        before,
+        after,
+        pieces.pre,
+        lsn,
+        pieces.table_mid,
+        lsn,
+        pieces.post,
+        index,
+        pieces.op_blocks[op],
+        index + 1,
+        order,
+    )
