@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import orjson
 import psycopg
 
-from capture.agent import CaptureAgent, typemap_decoders
+from capture.agent import CaptureAgent
+from capture.catalog import typemap_decoders
 from core.config import LogConfig, SourceConfig
 from log.base import end_offsets
 from log.file.backend import FileLog
@@ -327,7 +328,8 @@ def bench_latency(dsn: str, rate: int, seconds: float, work: Path) -> tuple[floa
 _FOLLOWER = """
 import sys
 from pathlib import Path
-from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
+from capture.agent import AgentSettings, CaptureAgent
+from capture.catalog import typemap_decoders
 from core.config import LogConfig, SourceConfig
 from log.file.backend import FileLog
 dsn, home, compression = sys.argv[1], Path(sys.argv[2]), sys.argv[3]

@@ -156,3 +156,37 @@ class KeyColumnExcludedError(CaptureError, PermanentError):
         )
         self.source = source
         self.table = table
+
+
+class TypeMappingError(PermanentError):
+    """A column value could not be converted; the record belongs in quarantine, not in the log."""
+
+    def __init__(self, message: str, *, column: str | None = None, type_oid: int | None = None) -> None:
+        where = f"column {column!r}: " if column else ""
+        super().__init__(f"{where}{message}")
+        self.column = column
+        self.type_oid = type_oid
+
+
+class UnrepresentableValueError(TypeMappingError):
+    """The value exists in PostgreSQL but the configured mode cannot express it (NaN in ``precise``)."""
+
+
+class BadRecordError(ValueError):
+    """A change could not become an event (its record goes to quarantine instead)."""
+
+
+class UnresolvedToastError(BadRecordError):
+    """An unchanged TOASTed value could not be recovered (no previous image for the key)."""
+
+    def __init__(self, topic: str, column: str) -> None:
+        super().__init__(
+            f"{topic}: column {column!r} is an unchanged TOAST value and no previous row image is known; "
+            "set REPLICA IDENTITY FULL on the table or re-snapshot it"
+        )
+        self.topic = topic
+        self.column = column
+
+
+#: Errors that send one change to quarantine instead of stopping capture.
+QUARANTINED_ERRORS = (TypeMappingError, BadRecordError)

@@ -21,6 +21,7 @@ from psycopg import sql
 
 from capture.errors import InvalidIdentifierError, PublicationError
 from capture.identifiers import MAX_IDENTIFIER_BYTES, TableName, quote_part
+from core.errors import one_line
 
 #: The operations a capture publication must publish; anything less loses changes silently.
 REQUIRED_OPERATIONS = frozenset({"insert", "update", "delete", "truncate"})
@@ -190,9 +191,7 @@ def create_publication(
                 )
             )
     except psycopg.Error as exc:
-        detail = " ".join(str(exc).split())
-        msg = f"cannot create publication {name}: {detail}; an owner of the tables can run: {as_text(statement)}"
-        raise PublicationError(msg, source=source, publication=name) from None
+        raise _refused(name, exc, statement, action="create", source=source, who="an owner of the tables") from None
 
 
 def set_publication_targets(
@@ -208,20 +207,24 @@ def set_publication_targets(
     try:
         conn.execute(statement)
     except psycopg.Error as exc:
-        detail = " ".join(str(exc).split())
-        msg = f"cannot alter publication {name}: {detail}; its owner can run: {as_text(statement)}"
-        raise PublicationError(msg, source=source, publication=name) from None
+        raise _refused(name, exc, statement, action="alter", source=source) from None
 
 
 def drop_publication(conn: psycopg.Connection[Any], name: str, *, source: str | None = None) -> bool:
     """Drop the publication; False when it did not exist."""
+    statement = sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(name))
     try:
-        conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(name)))
+        conn.execute(statement)
     except psycopg.errors.UndefinedObject:
         return False
     except psycopg.Error as exc:
-        detail = " ".join(str(exc).split())
-        statement = as_text(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(name)))
-        msg = f"cannot drop publication {name}: {detail}; its owner can run: {statement}"
-        raise PublicationError(msg, source=source, publication=name) from None
+        raise _refused(name, exc, statement, action="drop", source=source) from None
     return True
+
+
+def _refused(
+    name: str, exc: psycopg.Error, statement: sql.Composable, *, action: str, source: str | None, who: str = "its owner"
+) -> PublicationError:
+    """The error for a publication statement the server refused: what failed, and who can run it instead."""
+    msg = f"cannot {action} publication {name}: {one_line(exc)}; {who} can run: {as_text(statement)}"
+    return PublicationError(msg, source=source, publication=name)

@@ -1,4 +1,4 @@
-"""Quarantine: change events whose values cannot be converted go to ``<topic>.quarantine`` (DESIGN section 6).
+"""Quarantine: change events whose values cannot be converted go to ``<topic>.quarantine``.
 
 A bad record must neither stop capture nor vanish. Its record keeps everything needed
 to repair and replay it by hand: the operation, the ``source`` block (with
@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from capture.pgoutput import UNCHANGED_TOAST, TupleData
+from capture.pgoutput_messages import UNCHANGED_TOAST, TupleData
 from log.base import Log
 from log.errors import BatchTooLargeError
 from log.partitioner import partition_for

@@ -8,15 +8,13 @@ objects it created are dropped again. ``remove_source`` drops the database objec
 first and edits the config only when that worked, so a source is never forgotten
 while its slot still retains WAL.
 
-The config is edited with ruamel.yaml round-trip (comments and layout kept), checked
-with :func:`core.config.parse_config` exactly as ``load_config`` will read it,
-and replaced atomically (temporary file, fsync, rename).
+The config is edited in place, checked as it will be read and replaced atomically
+(:mod:`capture.config_document`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -25,13 +23,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import psycopg
-import yaml
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
-from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.tokens import CommentToken
 
+from capture import config_document
 from capture import publication as pub
 from capture import slot as slots
 from capture.errors import (
@@ -52,8 +49,7 @@ from capture.identifiers import parse_schemas, parse_tables, quote_part
 from capture.prerequisites import CaptureRequest, Problem, check_source, fatal
 from capture.publication import PublicationInfo
 from capture.slot import SlotStatus
-from core.config import ProjectConfig, SourceConfig, parse_config
-from core.durable_files import replace_file
+from core.config import ProjectConfig, SourceConfig
 from core.errors import ConfigError
 from log.sequence import Lsn
 
@@ -121,114 +117,6 @@ def connect(dsn: str, *, source: str | None = None) -> psycopg.Connection[Any]:
             "server is running and listening there (listen_addresses) and that no firewall blocks it"
         )
         raise SourceUnreachableError(msg, source=source) from None
-
-
-# -- the config file ----------------------------------------------------------------------------
-
-
-def _yaml() -> YAML:
-    rt = YAML()  # round-trip: keeps comments, key order and quoting
-    rt.preserve_quotes = True
-    rt.width = 4096  # never fold a long DSN over two lines
-    rt.indent(mapping=2, sequence=4, offset=2)
-    return rt
-
-
-def _read_document(path: Path) -> CommentedMap:
-    if not path.is_file():
-        msg = f"{path}: no such config file; run 'headwater init' or pass --config"
-        raise ConfigError(msg, path=str(path))
-    text = path.read_text(encoding="utf-8")
-    try:
-        document = _yaml().load(text)
-    except Exception as exc:  # ruamel raises many unrelated types for malformed YAML
-        msg = f"{path}: invalid YAML ({type(exc).__name__}); fix the file and retry"
-        raise ConfigError(msg, path=str(path)) from None
-    if document is None:
-        document = CommentedMap()
-    if not isinstance(document, CommentedMap):
-        msg = f"{path}: the file must hold a mapping of keys (project, log, sources, ...)"
-        raise ConfigError(msg, path=str(path))
-    return document
-
-
-def _render(document: CommentedMap) -> str:
-    buffer = io.StringIO()
-    _yaml().dump(document, buffer)
-    return buffer.getvalue()
-
-
-def _validate(text: str, path: Path) -> ProjectConfig:
-    """Read ``text`` exactly as :func:`core.config.load_config` will, so what we write always loads."""
-    return parse_config(yaml.safe_load(text), path)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so a reader sees the old file or the new one, never a mix."""
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    replace_file(path, text.encode(), mode=mode)
-
-
-def _sources_map(document: CommentedMap) -> CommentedMap:
-    sources = document.get("sources")
-    if sources is None:
-        sources = CommentedMap()
-        document["sources"] = sources
-    if not isinstance(sources, CommentedMap):
-        msg = "sources: must be a mapping of source name to settings"
-        raise ConfigError(msg, field="sources")
-    # `headwater init` writes `sources: {}`; entries read better in block style.
-    sources.fa.set_block_style()
-    return sources
-
-
-def _comment_slots(node: Any) -> list[tuple[list[Any], int]]:
-    """Where ruamel may keep the comment after ``node``'s last line: each block level's last key or item."""
-    places: list[tuple[list[Any], int]] = []
-    while isinstance(node, (CommentedMap, CommentedSeq)) and len(node) and not node.fa.flow_style():
-        last: Any = list(node.keys())[-1] if isinstance(node, CommentedMap) else len(node) - 1
-        slots = node.ca.items.setdefault(last, [None, None, None, None])
-        places.append((slots, 2 if isinstance(node, CommentedMap) else 0))
-        node = node[last]
-    return places
-
-
-def _detach_trailing_comment(node: Any) -> CommentToken | None:
-    """Remove and return the full-line comments and blank lines that follow ``node`` (not its end-of-line comment).
-
-    ruamel attaches the comment lines between a mapping entry and the next top-level
-    key to the entry's deepest last element; deleting the entry would delete them.
-    """
-    held = [(slots, index) for slots, index in _comment_slots(node) if slots[index] is not None]
-    if not held:
-        return None
-    slots, index = held[-1]
-    token = slots[index]
-    own, newline, rest = token.value.partition("\n")
-    if not newline or not rest:
-        return None
-    token.value = own + newline
-    return CommentToken(rest, token.start_mark, token.end_mark)
-
-
-def _attach_trailing_comment(node: Any, comment: CommentToken) -> bool:
-    """Put ``comment`` after ``node``'s last line; False when ``node`` has no element to carry it."""
-    places = _comment_slots(node)
-    if not places:
-        return False
-    slots, index = places[-1]
-    if slots[index] is None:
-        # A comment that does not start with its own end-of-line would join the last line.
-        slots[index] = CommentToken("\n" + comment.value, comment.start_mark, comment.end_mark)
-    else:
-        slots[index].value += comment.value
-    return True
-
-
-def _flow_list(items: Sequence[str]) -> CommentedSeq:
-    seq = CommentedSeq(items)
-    seq.fa.set_flow_style()
-    return seq
 
 
 # -- results ------------------------------------------------------------------------------------
@@ -362,8 +250,8 @@ def add_source(
     passed and before anything is created; declining raises :class:`CancelledError`.
     """
     config_path = Path(config_path)
-    document = _read_document(config_path)
-    current = _validate(_render(document), config_path)
+    document = config_document.read_document(config_path)
+    current = config_document.validate(config_document.render(document), config_path)
     if name in current.sources:
         msg = (
             f"source {name} is already registered in {config_path}; pick another name, "
@@ -385,16 +273,16 @@ def add_source(
     entry = CommentedMap()
     entry["dsn"] = dsn
     if parsed_tables is not None:
-        entry["tables"] = _flow_list([str(t) for t in parsed_tables])
+        entry["tables"] = config_document.flow_list([str(t) for t in parsed_tables])
     else:
-        entry["schemas"] = _flow_list([quote_part(s) for s in parsed_schemas or ()])
+        entry["schemas"] = config_document.flow_list([quote_part(s) for s in parsed_schemas or ()])
     entry["snapshot"] = snapshot
     entry["slot"] = slot_name
     entry["publication"] = publication_name
-    _sources_map(document)[name] = entry
-    text = _render(document)
+    config_document.sources_map(document)[name] = entry
+    text = config_document.render(document)
     # Validate (and resolve ${VAR} in the DSN) before the database is touched.
-    source_config = _validate(text, config_path).sources[name]
+    source_config = config_document.validate(text, config_path).sources[name]
     request = _request(name, source_config)
 
     warnings: list[str] = []
@@ -431,7 +319,7 @@ def add_source(
             _undo(conn, None, created_publication)
             raise
         try:
-            _write_atomically(config_path, text)
+            config_document.write_atomically(config_path, text)
         except BaseException as exc:
             _undo(conn, slot_name, created_publication)
             if isinstance(exc, OSError):
@@ -463,8 +351,8 @@ def _undo(conn: psycopg.Connection[Any], slot: str | None, publication: str | No
 
 
 def _configured(config_path: Path, name: str) -> tuple[CommentedMap, SourceConfig]:
-    document = _read_document(config_path)
-    config = _validate(_render(document), config_path)
+    document = config_document.read_document(config_path)
+    config = config_document.validate(config_document.render(document), config_path)
     if name not in config.sources:
         known = ", ".join(sorted(config.sources)) or "none"
         msg = f"no source named {name} in {config_path} (registered: {known}); see 'headwater source list'"
@@ -508,16 +396,16 @@ def remove_source(config_path: Path, name: str) -> Removal:
                 f"{pub.as_text(sql.Identifier(publication))}"
             )
     sources = document["sources"]
-    trailing = _detach_trailing_comment(sources[name]) if list(sources.keys())[-1] == name else None
+    trailing = config_document.detach_trailing_comment(sources[name]) if list(sources.keys())[-1] == name else None
     del sources[name]
-    if trailing is not None and not _attach_trailing_comment(sources, trailing):
+    if trailing is not None and not config_document.attach_trailing_comment(sources, trailing):
         sources.fa.set_flow_style()  # `sources: {}`, as `headwater init` writes it
         document.ca.items.setdefault("sources", [None, None, None, None])[2] = CommentToken(
             "\n" + trailing.value, trailing.start_mark, trailing.end_mark
         )
-    text = _render(document)
-    _validate(text, config_path)
-    _write_atomically(config_path, text)
+    text = config_document.render(document)
+    config_document.validate(text, config_path)
+    config_document.write_atomically(config_path, text)
     return Removal(name, slot, publication, slot_dropped, publication_dropped, tuple(notes))
 
 

@@ -46,8 +46,9 @@ import orjson
 from capture import publication as pub
 from capture import slot as slots
 from capture.errors import CancelledError, PublicationError, SlotError, UnknownSourceError
-from capture.events import OutRecord
 from capture.key_set import Candidates, KeySet, Latest, remove_key_set
+from capture.records import OutRecord
+from capture.registration import connect, object_names
 from capture.slot import SlotStatus
 from core.config import ProjectConfig
 from core.durable_files import replace_json
@@ -267,8 +268,6 @@ def _previous(status: SlotStatus | None) -> str:
 
 def resync_question(config: ProjectConfig, name: str) -> str:
     """The confirmation question for ``resync``."""
-    from capture.registration import object_names  # the config editor's imports: only for the command
-
     source = _source(config, name)
     slot, _ = object_names(name, source)
     return (
@@ -287,8 +286,6 @@ def _source(config: ProjectConfig, name: str) -> Any:
 
 def resync_source(config: ProjectConfig, name: str, *, confirm: Callable[[str], bool] | None = None) -> ResyncResult:
     """Check the source, record a resync request, and replace its slot with a fresh one."""
-    from capture.registration import connect, object_names  # the config editor's imports: only for the command
-
     source = _source(config, name)
     slot, publication = object_names(name, source)
     with connect(source.dsn.get_secret_value(), source=name) as conn:

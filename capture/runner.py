@@ -7,10 +7,13 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-from capture.agent import CaptureAgent, CaptureStats, SnapshotProgress, typemap_decoders
+from capture.agent import CaptureAgent
+from capture.catalog import typemap_decoders
 from capture.errors import UnknownSourceError
 from capture.registration import connect
 from capture.resync import capture_state_dir
+from capture.snapshot_plan import SnapshotProgress
+from capture.stats import CaptureStats
 from core.config import ProjectConfig
 from log.factory import open_log
 

@@ -21,6 +21,7 @@ import psycopg
 from psycopg import sql
 
 from capture.errors import InvalidIdentifierError, SlotError
+from core.errors import one_line
 from log.sequence import Lsn
 
 #: Postgres allows lower-case letters, digits and "_" in slot names, up to NAMEDATALEN - 1 bytes.
@@ -150,7 +151,7 @@ def create_slot(conn: psycopg.Connection[Any], slot: str, *, source: str | None 
         msg = f"replication slot {slot} already exists; choose another name with --slot NAME"
         raise SlotError(msg, source=source, slot=slot) from None
     except psycopg.Error as exc:
-        detail = " ".join(str(exc).split())
+        detail = one_line(exc)
         msg = (
             f"cannot create replication slot {slot}: {detail}; "
             "run 'headwater source add' again to recheck the prerequisites"
@@ -176,7 +177,7 @@ def drop_slot(conn: psycopg.Connection[Any], slot: str, *, source: str | None = 
     except psycopg.errors.UndefinedObject:
         return False
     except psycopg.Error as exc:
-        detail = " ".join(str(exc).split())
+        detail = one_line(exc)
         msg = (
             f"cannot drop replication slot {slot}: {detail}; "
             f"a superuser can run SELECT pg_drop_replication_slot('{slot}')"

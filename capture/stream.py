@@ -2,9 +2,9 @@
 
 psycopg 3 has no replication API, but ``START_REPLICATION`` on a
 ``replication=database`` autocommit connection switches it to COPY BOTH, and
-libpq's ``get_copy_data``/``put_copy_data`` drive it (DESIGN section 8: 126-132k
-changes/s raw here, faster than psycopg2's ``LogicalReplicationConnection``, and it
-keeps one driver for all SQL). The socket is polled with ``select`` so the agent can
+libpq's ``get_copy_data``/``put_copy_data`` drive it (126-132k changes/s raw here,
+faster than psycopg2's ``LogicalReplicationConnection``, and it keeps one driver for
+all SQL). The socket is polled with ``select`` so the agent can
 send heartbeats and status updates while the server is quiet.
 """
 
@@ -24,14 +24,14 @@ from psycopg import pq, sql
 
 from capture.errors import CaptureError, dsn_secrets, scrub_secrets
 from capture.replication_protocol import FrameType, PrimaryKeepalive, decode_copy_data, encode_standby_status
-from core.errors import TransientError
+from core.errors import TransientError, one_line
 from log.sequence import Lsn
 from native import speedups
 
 logger = logging.getLogger(__name__)
 
 #: Session settings pinned on every capture connection so text values decode one way
-#: (DESIGN section 8).
+#: (:mod:`capture.typemap` reads values printed under exactly these).
 PINNED_SETTINGS = {
     "TimeZone": "UTC",
     "DateStyle": "ISO",
@@ -51,7 +51,7 @@ class ReplicationLostError(CaptureError, TransientError):
     @classmethod
     def from_psycopg(cls, exc: Exception, *, slot: str, dsn: str = "") -> ReplicationLostError:
         """Wrap a driver error, scrubbing any password libpq may have quoted."""
-        detail = scrub_secrets(str(exc), dsn_secrets(dsn)) if dsn else " ".join(str(exc).split())
+        detail = scrub_secrets(str(exc), dsn_secrets(dsn)) if dsn else one_line(exc)
         return cls(f"replication connection for slot {slot!r} lost: {detail}; reconnecting", slot=slot)
 
 

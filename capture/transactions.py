@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypeAlias, cast
 
-from capture.pgoutput import (
+from capture.pgoutput_messages import (
     Begin,
     Commit,
     Delete,
@@ -80,16 +80,6 @@ class TransactionAssembler:
         # Streamed transactions by top-level xid: (xid of the (sub)transaction, change, lsn).
         self._streamed: dict[int, list[tuple[int | None, Change, int]]] = {}
         self._stream_xid: int | None = None
-
-    @property
-    def streamed_in_flight(self) -> int:
-        """Changes buffered for streamed transactions not yet committed or aborted."""
-        return sum(len(changes) for changes in self._streamed.values())
-
-    @property
-    def in_transaction(self) -> bool:
-        """True between Begin and Commit of a non-streamed transaction."""
-        return self._open is not None
 
     def open_lists(self) -> tuple[list[Change], list[int]] | None:
         """The change and LSN lists :meth:`feed` appends a row change to now, if it only appends.

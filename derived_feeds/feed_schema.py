@@ -53,7 +53,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from capture.typemap import Oid
+from log.row_types import Oid
 
 if TYPE_CHECKING:
     from pyspark.sql import Column

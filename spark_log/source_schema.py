@@ -66,8 +66,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from capture.typemap import LogicalKind, LogicalType, logical_type
 from core.config import TypesConfig
+from log.row_types import LogicalKind, LogicalType, logical_type
 from spark_log.errors import SchemaConflictError
 
 #: Output columns of the source, in order (``before``/``after`` last).

@@ -28,7 +28,7 @@ import orjson
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from capture.typemap import LogicalKind, LogicalType
+from log.row_types import LogicalKind, LogicalType
 
 # Spark's timestamp and date range: years 0001..9999. Postgres' ±infinity sentinels and
 # dates beyond it are clamped to its ends (Spark cannot print or cast beyond them).

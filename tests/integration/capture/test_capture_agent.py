@@ -14,10 +14,14 @@ from pathlib import Path
 import orjson
 import psycopg
 import pytest
+from harness.topics import read_topic, topic_values
 
-from capture.agent import CaptureAgent, typemap_decoders
+from capture.agent import CaptureAgent
+from capture.catalog import typemap_decoders
 from core.config import LogConfig, SourceConfig
+from log.base import Record, TopicSpec, append_keyed
 from log.file.backend import FileLog
+from log.table_schemas import latest_schemas, schema_key
 from log.topics import SCHEMAS_TOPIC
 
 
@@ -45,20 +49,6 @@ def agent_for(dsn: str, name: str, log: FileLog, home: Path, snapshot: str = "in
     )
 
 
-def read_all(log: FileLog, topic: str) -> list:
-    records = []
-    for partition in range(log.describe_topic(topic).partitions):
-        offset = log.beginning_offset(topic, partition)
-        while batch := log.read(topic, partition, offset):
-            records.extend(batch)
-            offset = batch[-1].offset + 1
-    return records
-
-
-def events(log: FileLog, topic: str) -> list[dict]:
-    return [orjson.loads(r.value) for r in read_all(log, topic) if r.value is not None]
-
-
 def sequences(evts: list[dict]) -> list[tuple[int, int]]:
     return [(e["source"]["commit_lsn"], e["source"]["txn_index"]) for e in evts]
 
@@ -68,7 +58,7 @@ def test_snapshot_then_stream_every_change_once(pg_server, unique_name, tmp_path
     log = FileLog(tmp_path / "log")
     topic = f"{name}.public.items"
     agent_for(dsn, name, log, tmp_path).run(until_caught_up=True)
-    snap = events(log, topic)
+    snap = topic_values(log, topic)
     assert len(snap) == 500
     assert {e["op"] for e in snap} == {"r"}
     assert all(e["source"]["snapshot"] in ("true", "last") for e in snap)
@@ -90,7 +80,7 @@ def test_snapshot_then_stream_every_change_once(pg_server, unique_name, tmp_path
         conn.execute("TRUNCATE items")
     agent_for(dsn, name, log, tmp_path).run(until_caught_up=True)
 
-    evts = events(log, topic)
+    evts = topic_values(log, topic)
     seqs = sequences(evts)
     assert len(seqs) == len(set(seqs)), "an event was written twice"
     streamed = [e for e in evts if e["op"] != "r"]
@@ -99,7 +89,7 @@ def test_snapshot_then_stream_every_change_once(pg_server, unique_name, tmp_path
     renamed = next(e for e in streamed if e["op"] == "u" and e["after"]["label"] == "renamed")
     assert renamed["after"]["doc"] == big, "unchanged TOAST value must be filled, never a placeholder"
     assert not any(e["after"] and e["after"]["id"] == 3000 for e in streamed), "rolled back insert leaked"
-    keys_with_tombstone = {r.key for r in read_all(log, topic) if r.value is None}
+    keys_with_tombstone = {r.key for r in read_topic(log, topic) if r.value is None}
     assert {orjson.loads(k)["id"] for k in keys_with_tombstone} == {2, 3}
     assert SCHEMAS_TOPIC in log.list_topics()
     log.close()
@@ -114,7 +104,7 @@ def test_restart_writes_nothing_twice(pg_server, unique_name, tmp_path):
         conn.execute("UPDATE items SET price = price + 1 WHERE id <= 100")
     for _ in range(3):
         agent_for(dsn, name, log, tmp_path).run(until_caught_up=True)
-    seqs = sequences(events(log, topic))
+    seqs = sequences(topic_values(log, topic))
     assert len(seqs) == 600
     assert len(set(seqs)) == 600
     log.close()
@@ -123,7 +113,8 @@ def test_restart_writes_nothing_twice(pg_server, unique_name, tmp_path):
 WORKER = """
 import sys
 from pathlib import Path
-from capture.agent import CaptureAgent, typemap_decoders
+from capture.agent import CaptureAgent
+from capture.catalog import typemap_decoders
 from core.config import LogConfig, SourceConfig
 from log.file.backend import FileLog
 dsn, name, home = sys.argv[1], sys.argv[2], Path(sys.argv[3])
@@ -157,7 +148,7 @@ def test_sigkill_during_workload_leaves_each_change_once(pg_server, unique_name,
             worker.wait(timeout=30)
     log = FileLog(tmp_path / "log")
     agent_for(dsn, name, log, tmp_path).run(until_caught_up=True)
-    evts = events(log, topic)
+    evts = topic_values(log, topic)
     seqs = sequences(evts)
     assert len(seqs) == len(set(seqs)), "duplicates after SIGKILL"
     streamed = [e for e in evts if e["op"] != "r"]
@@ -173,15 +164,13 @@ def test_snapshot_never_streams_only(pg_server, unique_name, tmp_path, mode):
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO items VALUES (9999, 'new', 1, NULL)")
     agent_for(dsn, name, log, tmp_path, snapshot=mode).run(until_caught_up=True)
-    evts = events(log, f"{name}.public.items")
+    evts = topic_values(log, f"{name}.public.items")
     assert [e["op"] for e in evts] == ["c"]
     log.close()
 
 
 def test_a_full_identity_schema_from_before_recorded_keys_is_recorded_again_at_start(pg_server, unique_name, tmp_path):
     """Logs written before schema records named their key: capture records it at its next start (issue 15)."""
-    from log.base import Record, TopicSpec, append_keyed
-    from log.table_schemas import latest_schemas, schema_key
 
     dsn, name = create_source(pg_server, unique_name("cap"))
     with psycopg.connect(dsn, autocommit=True) as conn:

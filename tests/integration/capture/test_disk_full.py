@@ -26,6 +26,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from harness.topics import topic_values
 
 from log.file.backend import FileLog
 
@@ -69,16 +70,10 @@ def tmpfs(directory: Path, size: str) -> Iterator[None]:
 
 
 def ids_in_log(log_dir: Path, topic: str) -> list[int]:
-    ids = []
     with FileLog(log_dir) as log:
         if topic not in log.list_topics():
-            return ids
-        for partition in range(log.describe_topic(topic).partitions):
-            offset = log.beginning_offset(topic, partition)
-            while batch := log.read(topic, partition, offset):
-                ids += [orjson.loads(r.value)["after"]["id"] for r in batch if r.value is not None]
-                offset = batch[-1].offset + 1
-    return ids
+            return []
+        return [value["after"]["id"] for value in topic_values(log, topic)]
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:

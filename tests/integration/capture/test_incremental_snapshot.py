@@ -11,9 +11,12 @@ from typing import Any
 
 import orjson
 import psycopg
+from harness.topics import read_topic
 
-from capture.agent import CaptureAgent, primary_key_lookup, relation_from_catalog, typemap_decoders
-from capture.incremental_snapshot import WINDOW_CLOSE_PREFIX, IncrementalSnapshotter, request_incremental_snapshot
+from capture.agent import CaptureAgent
+from capture.catalog import typemap_decoders
+from capture.incremental_snapshot import request_incremental_snapshot
+from capture.incremental_snapshotter import WINDOW_CLOSE_PREFIX, IncrementalSnapshotter
 from core.config import LogConfig, SourceConfig
 from headwater.cli import main
 from log.file.backend import FileLog
@@ -77,27 +80,15 @@ def agent_for(
     agent.incremental = snapshotter(
         agent.state_dir,
         agent.publication,
-        relation_from_catalog=relation_from_catalog,
-        primary_key_of=lambda conn, relation: primary_key_lookup(conn)(relation),
         chunk_rows=chunk_rows,
     )
     return agent
 
 
-def all_records(log: FileLog, topic: str) -> list:
-    records = []
-    for partition in range(log.describe_topic(topic).partitions):
-        offset = log.beginning_offset(topic, partition)
-        while batch := log.read(topic, partition, offset):
-            records.extend(batch)
-            offset = batch[-1].offset + 1
-    return records
-
-
 def events_by_key(log: FileLog, topic: str) -> dict[int, list[dict]]:
     """Change events per key, in sequence order (tombstones left out)."""
     out: dict[int, list[dict]] = {}
-    for record in all_records(log, topic):
+    for record in read_topic(log, topic):
         if record.value is None:
             continue
         event = orjson.loads(record.value)

@@ -13,9 +13,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-import capture.snapshot as snapshot_module
+import capture.copy_reader as copy_reader_module
 import capture.stream as stream_module
-from capture.snapshot import Chunk, copy_out, read_chunk
+from capture.copy_reader import copy_out, read_chunk
+from capture.read_ahead import ReadAhead
+from capture.snapshot_plan import Chunk
 from capture.stream import ReplicationStream, StreamOptions, WalMessage, libpq_speedups
 from log.sequence import Lsn
 from native import speedups
@@ -38,8 +40,8 @@ def _table(pg_database: Any) -> None:
 def _read_all(pg_database: Any, *, native: bool, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     with monkeypatch.context() as patch:
         if not native:
-            patch.setattr(snapshot_module, "libpq_speedups", lambda: None)
-        patch.setattr(snapshot_module, "BATCH_BYTES", 64 << 10)  # several blocks per chunk
+            patch.setattr(copy_reader_module, "libpq_speedups", lambda: None)
+        patch.setattr(copy_reader_module, "BATCH_BYTES", 64 << 10)  # several blocks per chunk
         with psycopg.connect(pg_database.dsn) as conn:
             return [rows.data for rows in read_chunk(conn, Chunk("public", "t", 0, 0, None), ["id", "label", "note"])]
 
@@ -58,7 +60,7 @@ def test_abandoned_snapshot_chunk_leaves_the_connection_usable(
     pg_database: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _table(pg_database)
-    monkeypatch.setattr(snapshot_module, "BATCH_BYTES", 16 << 10)
+    monkeypatch.setattr(copy_reader_module, "BATCH_BYTES", 16 << 10)
     with psycopg.connect(pg_database.dsn) as conn:
         chunks = read_chunk(conn, Chunk("public", "t", 0, 0, None), ["id", "label", "note"])
         first = next(chunks)
@@ -67,7 +69,7 @@ def test_abandoned_snapshot_chunk_leaves_the_connection_usable(
         assert conn.execute("SELECT count(*) FROM t").fetchone() == (ROWS,)
         failing = sql.SQL("COPY (SELECT 1 / (g - 5000) FROM generate_series(1, 10000) g) TO STDOUT")
         with pytest.raises(psycopg.errors.DivisionByZero):
-            b"".join(snapshot_module._prefetched(snapshot_module._native_copy_out(libpq_speedups(), conn, failing)))
+            b"".join(ReadAhead(copy_reader_module._native_copy_out(libpq_speedups(), conn, failing)))
 
 
 def test_native_copy_failure_and_early_stop_match_python(pg_database: Any) -> None:
@@ -76,7 +78,7 @@ def test_native_copy_failure_and_early_stop_match_python(pg_database: Any) -> No
     assert native is not None
     with psycopg.connect(pg_database.dsn, autocommit=True) as conn:
         errors = []
-        readers = (lambda: snapshot_module._native_copy_out(native, conn, failing), lambda: copy_out(conn, failing))
+        readers = (lambda: copy_reader_module._native_copy_out(native, conn, failing), lambda: copy_out(conn, failing))
         for reader in readers:
             with pytest.raises(psycopg.Error) as caught:
                 b"".join(reader())
@@ -86,7 +88,7 @@ def test_native_copy_failure_and_early_stop_match_python(pg_database: Any) -> No
         assert "division by zero" in errors[0][1]
         # Abandoned after its first block: drained, the connection stays usable.
         big = sql.SQL("COPY (SELECT g, repeat('x', 100) FROM generate_series(1, 200000) g) TO STDOUT")
-        blocks = snapshot_module._native_copy_out(native, conn, big)
+        blocks = copy_reader_module._native_copy_out(native, conn, big)
         assert next(blocks).startswith(b"1\t")
         blocks.close()
         assert conn.execute("SELECT 2").fetchone() == (2,)

@@ -20,7 +20,12 @@ from pathlib import Path
 import orjson
 import psycopg
 import pytest
+from harness.topics import read_topic
 
+from capture.agent import CaptureAgent
+from capture.catalog import typemap_decoders
+from capture.key_set import KEY_SET_FILE, KeySet
+from core.config import LogConfig, SourceConfig
 from log.file.backend import FileLog
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -75,17 +80,9 @@ class Project:
             return cur.fetchall() if cur.description is not None else []
 
     def log_records(self) -> list:
-        out = []
         with FileLog(self.dir / "home" / "log") as log:
             topic = f"{self.name}.public.t"
-            if topic not in log.list_topics():
-                return out
-            for partition in range(log.describe_topic(topic).partitions):
-                offset = log.beginning_offset(topic, partition)
-                while batch := log.read(topic, partition, offset):
-                    out.extend(batch)
-                    offset = batch[-1].offset + 1
-        return out
+            return read_topic(log, topic) if topic in log.list_topics() else []
 
 
 def make_project(server, name: str, tmp_path: Path) -> Project:
@@ -306,9 +303,6 @@ def test_invalidated_slot_stops_capture_and_resync_recovers(own_pg, unique_name,
 
 
 def test_when_needed_mode_resyncs_by_itself_after_the_slot_is_dropped(pg_database, tmp_path, monkeypatch):
-    from capture.agent import CaptureAgent, typemap_decoders
-    from capture.key_set import KEY_SET_FILE, KeySet
-    from core.config import LogConfig, SourceConfig
 
     name = pg_database.name
     pg_database.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")

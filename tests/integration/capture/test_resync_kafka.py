@@ -21,9 +21,14 @@ from typing import Any
 import orjson
 import psycopg
 import yaml
+from harness.topics import topic_records
 
-from core.config import load_config
+from capture.agent import AgentSettings, CaptureAgent
+from capture.catalog import typemap_decoders
+from capture.key_set import KEY_SET_FILE, Candidates, KeySet
+from core.config import KafkaConfig, LogConfig, SourceConfig, load_config
 from log.factory import open_log
+from log.kafka.backend import KafkaLog
 
 ROOT = Path(__file__).resolve().parents[3]
 PASSWORD_VAR = "HW_RESYNC_KAFKA_PW"
@@ -33,14 +38,7 @@ def read_topic(config: Path, topic: str) -> dict[int, list[Any]]:
     """Every record of ``topic`` per partition, read back from the broker through the Kafka log."""
     log = open_log(load_config(config, strict_env=False))
     try:
-        out: dict[int, list[Any]] = {}
-        for partition in range(log.describe_topic(topic).partitions):
-            records, offset = [], log.beginning_offset(topic, partition)
-            while batch := log.read(topic, partition, offset):
-                records.extend(batch)
-                offset = batch[-1].offset + 1
-            out[partition] = records
-        return out
+        return topic_records(log, topic)
     finally:
         log.close()
 
@@ -144,10 +142,6 @@ def test_resync_on_kafka_deletes_exactly_the_vanished_keys(pg_server, kafka_brok
 
 def test_spilled_resync_on_kafka_appends_deletes_in_batches(pg_database, kafka_broker, tmp_path, monkeypatch):
     """The agent in-process, both scratch sets spilled to SQLite, deletes appended a few at a time."""
-    from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
-    from capture.key_set import KEY_SET_FILE, Candidates, KeySet
-    from core.config import KafkaConfig, LogConfig, SourceConfig
-    from log.kafka.backend import KafkaLog
 
     name = pg_database.name
     topic = f"{name}.public.t"

@@ -7,17 +7,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
-import orjson
 import psycopg
 import pytest
+from harness.topics import topic_values
 
-from capture import snapshot
-from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
+from capture import copy_text, snapshot_plan
+from capture.agent import AgentSettings, CaptureAgent
+from capture.catalog import typemap_decoders
 from core.config import LogConfig, SourceConfig
 from log.file.backend import FileLog
+from native import speedups
 
 ROWS = 15_000
 
@@ -29,10 +32,10 @@ ROWS = 15_000
 WORKER = """
 import json, os, signal, sys
 from pathlib import Path
-from capture import snapshot
+from capture import copy_text, snapshot_plan
 from log.file.backend import FileLog
-snapshot.CHUNK_PAGES = 16
-snapshot.PIECE_BYTES = 8192
+snapshot_plan.CHUNK_PAGES = 16
+copy_text.PIECE_BYTES = 8192
 state = Path(sys.argv[2]) / "state" / "snapshot.json"
 real_append = FileLog.append
 written = []
@@ -46,6 +49,7 @@ def append(self, topic, partition, records):
     return real_append(self, topic, partition, records)
 FileLog.append = append
 sys.path.insert(0, sys.argv[3])
+sys.path.insert(0, str(Path(sys.argv[3]).parents[1]))  # tests/: the harness package
 from test_snapshot_resume import agent_for
 agent_for(sys.argv[1], Path(sys.argv[2])).run(until_caught_up=True)
 """
@@ -65,13 +69,17 @@ def agent_for(dsn: str, home: Path, log: FileLog | None = None, settings: AgentS
 
 
 def read_values(log: FileLog) -> list[dict]:
-    values = []
-    for partition in range(log.describe_topic("snap.public.t").partitions):
-        offset = 0
-        while batch := log.read("snap.public.t", partition, offset):
-            values.extend(orjson.loads(r.value) for r in batch)
-            offset = batch[-1].offset + 1
-    return values
+    return topic_values(log, "snap.public.t")
+
+
+def captured_values(dsn: str, home: Path) -> list[dict]:
+    """Run the agent until caught up; the table topic's values then."""
+    log = FileLog(home / "log")
+    try:
+        agent_for(dsn, home, log).run(until_caught_up=True)
+        return read_values(log)
+    finally:
+        log.close()
 
 
 def assert_every_row_once(values: list[dict]) -> None:
@@ -110,8 +118,8 @@ def test_snapshot_sigkilled_mid_chunk_resumes_with_every_row_once(pg_server, uni
     assert chunks - {int(c.rsplit("#", 1)[1]) for c in done}, "no partly written chunk: nothing was tested"
 
     # Resume in this process, with the same small chunks (chunk ids must mean the same pages).
-    monkeypatch.setattr(snapshot, "CHUNK_PAGES", 16)
-    monkeypatch.setattr(snapshot, "PIECE_BYTES", 8192)
+    monkeypatch.setattr(snapshot_plan, "CHUNK_PAGES", 16)
+    monkeypatch.setattr(copy_text, "PIECE_BYTES", 8192)
     log = FileLog(tmp_path / "log")
     try:
         resumed = agent_for(dsn, tmp_path, log)
@@ -137,8 +145,8 @@ def test_snapshot_append_failure_stops_the_writer_and_resumes_with_every_row_onc
     """A failed append mid-snapshot: nothing after it is written (no gap behind a later batch), the
     chunk is not done, and the next run writes every row once."""
     dsn = snapshot_source(pg_server, unique_name("snapfail"))
-    monkeypatch.setattr(snapshot, "CHUNK_PAGES", 16)
-    monkeypatch.setattr(snapshot, "PIECE_BYTES", 4096)
+    monkeypatch.setattr(snapshot_plan, "CHUNK_PAGES", 16)
+    monkeypatch.setattr(copy_text, "PIECE_BYTES", 4096)
     real_append = FileLog.append
     calls = Counter()
 
@@ -160,12 +168,7 @@ def test_snapshot_append_failure_stops_the_writer_and_resumes_with_every_row_onc
     assert calls[1] == 6, "the writer went on appending to the partition after its failed append"
     assert 0 < len(stored) < ROWS
     monkeypatch.setattr(FileLog, "append", real_append)
-    log = FileLog(tmp_path / "log")
-    try:
-        agent_for(dsn, tmp_path, log).run(until_caught_up=True)
-        values = read_values(log)
-    finally:
-        log.close()
+    values = captured_values(dsn, tmp_path)
     assert_every_row_once(values)
 
 
@@ -174,12 +177,8 @@ def test_snapshot_goes_on_with_one_reader_when_a_second_connection_is_refused(
 ):
     """The next chunk is read ahead on a second connection; when the server refuses it (e.g. at
     max_connections), the agent's own reader takes every chunk and nothing is lost."""
-    import threading
-
-    from capture import agent as agent_module
-
     dsn = snapshot_source(pg_server, unique_name("snaponeconn"))
-    monkeypatch.setattr(snapshot, "CHUNK_PAGES", 16)
+    monkeypatch.setattr(snapshot_plan, "CHUNK_PAGES", 16)
     real_connect = psycopg.connect
     refused = []
 
@@ -189,15 +188,8 @@ def test_snapshot_goes_on_with_one_reader_when_a_second_connection_is_refused(
             raise psycopg.OperationalError("FATAL: sorry, too many clients already")
         return real_connect(*args, **kwargs)
 
-    monkeypatch.setattr(agent_module.psycopg, "connect", connect)
-    log = FileLog(tmp_path / "log")
-    try:
-        agent_for(dsn, tmp_path, log).run(until_caught_up=True)
-        values = read_values(log)
-    finally:
-        log.close()
-    from native import speedups
-
+    monkeypatch.setattr(psycopg, "connect", connect)
+    values = captured_values(dsn, tmp_path)
     assert refused == ([] if speedups is None else [1])  # the Python path reads on one connection
     assert_every_row_once(values)
     assert json.loads((tmp_path / "state" / "snapshot.json").read_text())["completed"] is True

@@ -18,8 +18,10 @@ from pathlib import Path
 import orjson
 import psycopg
 import pytest
+from harness.topics import partition_records, read_topic, topic_values
 
-from capture.agent import AgentSettings, CaptureAgent, typemap_decoders
+from capture.agent import AgentSettings, CaptureAgent
+from capture.catalog import typemap_decoders
 from core.config import LogConfig, SourceConfig, TypesConfig
 from log.file.backend import FileLog
 from log.topics import ERROR_HEADER, SCHEMAS_TOPIC
@@ -61,18 +63,8 @@ def agent_for(
     )
 
 
-def records(log: FileLog, topic: str) -> list:
-    out = []
-    for partition in range(log.describe_topic(topic).partitions):
-        offset = log.beginning_offset(topic, partition)
-        while batch := log.read(topic, partition, offset):
-            out.extend(batch)
-            offset = batch[-1].offset + 1
-    return out
-
-
 def events(log: FileLog, topic: str) -> list[dict]:
-    evts = [orjson.loads(r.value) for r in records(log, topic) if r.value is not None]
+    evts = topic_values(log, topic)
     return sorted(evts, key=lambda e: (e["source"]["commit_lsn"], e["source"]["txn_index"]))
 
 
@@ -145,7 +137,7 @@ def test_unconvertible_value_goes_to_quarantine_and_capture_goes_on(pg_database,
     agent_for(dsn, name, log, tmp_path, types=precise, snapshot="never").run(until_caught_up=True)
     good = events(log, f"{name}.public.t")
     assert [e["after"]["id"] for e in good] == [2, 3]
-    [bad] = records(log, f"{name}.public.t.quarantine")
+    [bad] = read_topic(log, f"{name}.public.t.quarantine")
     assert orjson.loads(bad.key) == {"id": "1"}
     reason = dict(bad.headers)[ERROR_HEADER].decode()
     assert "NaN" in reason and "decimal_handling_mode" in reason
@@ -156,7 +148,7 @@ def test_unconvertible_value_goes_to_quarantine_and_capture_goes_on(pg_database,
     log.close()
     # A restart re-reads nothing into quarantine twice.
     log = capture_once(dsn, name, tmp_path, types=precise, snapshot="never")
-    assert len(records(log, f"{name}.public.t.quarantine")) == 1
+    assert len(read_topic(log, f"{name}.public.t.quarantine")) == 1
     log.close()
 
 
@@ -200,12 +192,12 @@ def test_replica_identity_full_vs_default_toast_and_truncate(pg_database, tmp_pa
     assert d[4]["after"]["label"] == "a3"
     # The key is the primary key under both identities; the delete is followed by a tombstone.
     for topic in (f"{name}.public.d", f"{name}.public.f"):
-        stored = records(log, topic)
+        stored = read_topic(log, topic)
         assert {r.key for r in stored if r.key is not None} == {b'{"id":1}', b'{"id":2}'}
         assert [r.key for r in stored if r.value is None] == [b'{"id":2}']
         truncate = next(orjson.loads(r.value) for r in stored if r.value and orjson.loads(r.value)["op"] == "t")
         assert truncate["before"] is None and truncate["after"] is None
-    assert [r.key for r in records(log, f"{name}.public.d") if r.value and b'"op":"t"' in r.value] == [None]
+    assert [r.key for r in read_topic(log, f"{name}.public.d") if r.value and b'"op":"t"' in r.value] == [None]
     # source.lsn is the change's own WAL position; sequence is [last commit, lsn] as Debezium.
     for e in d[2:]:
         source = e["source"]
@@ -239,7 +231,7 @@ def test_add_rename_drop_column_mid_stream(pg_database, tmp_path):
         {"id": 3, "a2": "z", "b": 9},
         {"id": 4, "a2": "w"},
     ]
-    versions = [orjson.loads(r.value) for r in records(log, SCHEMAS_TOPIC) if r.key == f"{name}.public.t".encode()]
+    versions = [orjson.loads(r.value) for r in read_topic(log, SCHEMAS_TOPIC) if r.key == f"{name}.public.t".encode()]
     assert [v["version"] for v in versions] == [1, 2, 3, 4]
     assert [[c["name"] for c in v["columns"]] for v in versions] == [
         ["id", "a"],
@@ -273,7 +265,7 @@ def test_streamed_200k_row_transaction_arrives_once_in_order(pg_database, tmp_pa
     topic = f"{name}.public.t"
     commit_lsns, indexes = set(), []
     for partition in range(log.describe_topic(topic).partitions):
-        stored = [orjson.loads(r.value)["source"] for r in records_of_partition(log, topic, partition)]
+        stored = [orjson.loads(r.value)["source"] for r in partition_records(log, topic, partition)]
         part_indexes = [s["txn_index"] for s in stored]
         assert part_indexes == sorted(part_indexes), "out of order within a partition"
         commit_lsns.update(s["commit_lsn"] for s in stored)
@@ -281,14 +273,6 @@ def test_streamed_200k_row_transaction_arrives_once_in_order(pg_database, tmp_pa
     assert len(commit_lsns) == 1
     assert sorted(indexes) == list(range(200_000)), "an event is missing or doubled"
     log.close()
-
-
-def records_of_partition(log: FileLog, topic: str, partition: int) -> list:
-    out, offset = [], log.beginning_offset(topic, partition)
-    while batch := log.read(topic, partition, offset):
-        out.extend(batch)
-        offset = batch[-1].offset + 1
-    return out
 
 
 def test_rolled_back_streamed_transaction_emits_nothing(pg_database, tmp_path):

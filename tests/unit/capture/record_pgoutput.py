@@ -32,7 +32,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from capture.type_registry import load_type_registry  # noqa: E402
+from capture.catalog import load_type_registry  # noqa: E402
 from operations.embedded_postgres import EmbeddedPostgres  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"

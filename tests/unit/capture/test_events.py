@@ -7,8 +7,9 @@ import dataclasses
 import orjson
 import pytest
 
-from capture.events import EventBuilder, OutRecord
-from capture.pgoutput import (
+from capture.errors import ConfiguredKeyError, KeyColumnExcludedError, UnrepresentableValueError
+from capture.events import EventBuilder
+from capture.pgoutput_messages import (
     UNCHANGED_TOAST,
     Delete,
     Insert,
@@ -21,8 +22,8 @@ from capture.pgoutput import (
     TupleData,
     Update,
 )
+from capture.records import OutRecord
 from capture.transactions import Transaction
-from capture.typemap import UnrepresentableValueError
 from log.envelope import ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value, transaction_block
 from log.sequence import Lsn
 from log.sequence import Sequence as Seq
@@ -296,7 +297,6 @@ def test_index_identity_keys_by_the_identity_index() -> None:
 
 
 def test_configured_key_must_be_carried_by_every_change() -> None:
-    from capture.errors import ConfiguredKeyError, KeyColumnExcludedError
 
     b = EventBuilder("src", "db", decoder_for, configured_keys={'sch"ema.tåble': ("prïce",)})
     with pytest.raises(ConfiguredKeyError, match="REPLICA IDENTITY DEFAULT"):

@@ -8,18 +8,15 @@ import time
 import pytest
 from pgoutput_recordings import recording
 
-from capture.pgoutput import (
-    PG_EPOCH_OFFSET_US,
+from capture.pgoutput import PG_EPOCH_OFFSET_US, MessageType, PgoutputDecodeError, PgoutputDecoder
+from capture.pgoutput_messages import (
     UNCHANGED_TOAST,
     Begin,
     Commit,
     Delete,
     Insert,
     LogicalMessage,
-    MessageType,
     Origin,
-    PgoutputDecodeError,
-    PgoutputDecoder,
     PgoutputMessage,
     Relation,
     RelationColumn,

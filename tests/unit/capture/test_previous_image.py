@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import orjson
 
-from capture.agent import CaptureAgent
+from capture.previous_images import LogImages
 from log.base import Record, TopicSpec
 from log.file.backend import FileLog
 from log.partitioner import partition_for
@@ -21,8 +19,7 @@ def event(op: str, after: dict | None, commit_lsn: int, txn_index: int) -> bytes
 
 
 def lookup(log: FileLog, before: tuple[int, int]) -> dict | None:
-    agent = SimpleNamespace(log=log, _partitions=lambda topic: 3)
-    return CaptureAgent._previous_image(agent, TOPIC, KEY, before)  # type: ignore[arg-type]
+    return LogImages(log, lambda topic: 3)(TOPIC, KEY, before)
 
 
 def test_records_of_the_change_being_rebuilt_and_later_ones_are_not_its_previous_image(tmp_path):

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capture.agent import RetryReport
 from capture.key_set import KEY_SET_FILE, Candidates, KeySet
 from capture.resync import DELETE_INDEX_BASE, ResyncRequest, snapshot_keys, vanished_key_deletes
+from capture.retry_report import RetryReport
 from capture.slot import SlotStatus, is_gone, slot_gone_error
 from log.base import Record, TopicSpec
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_value
@@ -135,7 +135,7 @@ def test_gone_slot_messages_say_what_happened_and_what_to_run():
 
 def test_retry_report_logs_state_changes_not_every_attempt(caplog):
     report = RetryReport("shop")
-    with caplog.at_level(logging.WARNING, logger="capture.agent"):
+    with caplog.at_level(logging.WARNING, logger="capture.retry_report"):
         report.resumed()  # nothing failed: silent
         for _ in range(5):
             report.failed("connection refused; reconnecting", 5.0)

@@ -12,19 +12,13 @@ from typing import Any
 import pytest
 from pgoutput_recordings import recording, registry
 
-from capture.pgoutput import UNCHANGED_TOAST, Insert, PgoutputDecoder, Relation, Update
-from capture.type_registry import PgType, TypeKind, TypeRegistry
-from capture.typemap import (
-    LogicalKind,
-    LogicalType,
-    Oid,
-    RowConverter,
-    TypeMappingError,
-    UnrepresentableValueError,
-    column_converter,
-    logical_type,
-)
+from capture.errors import TypeMappingError, UnrepresentableValueError
+from capture.pgoutput import PgoutputDecoder
+from capture.pgoutput_messages import UNCHANGED_TOAST, Insert, Relation, Update
+from capture.rows import RowConverter
+from capture.typemap import column_converter
 from core.config import TypesConfig
+from log.row_types import LogicalKind, LogicalType, Oid, PgType, TypeKind, TypeRegistry, logical_type
 
 STRING = TypesConfig()  # decimal string, time adaptive, binary base64 (our defaults)
 PRECISE = TypesConfig(decimal_handling_mode="precise", time_precision_mode="connect", binary_handling_mode="hex")
@@ -260,13 +254,6 @@ def test_logical_types(mode: str) -> None:
     actual = dict(zip(converter.names, map(str, converter.logical_types), strict=True))
     for name, spec in LOGICAL[mode].items():
         assert actual[name] == spec, name
-
-
-def test_logical_type_function_and_value_object() -> None:
-    assert logical_type(Oid.NUMERIC, (12 << 16 | 3) + 4, STRING) == LogicalType(LogicalKind.DECIMAL, 12, 3)
-    assert str(logical_type(Oid.TIMESTAMP, 6, STRING)) == "timestamp_us"
-    assert str(logical_type(1115, -1, PRECISE)) == "array<timestamp_ms>"
-    assert str(logical_type(99999, -1, STRING)) == "string"  # unknown oid: its text
 
 
 def test_unchanged_toast_never_becomes_a_value() -> None:

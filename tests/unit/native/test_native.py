@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import native
+from capture.errors import TypeMappingError
 from capture.events import EventBuilder, OutRecord
 from capture.pgoutput import (
     UNCHANGED_TOAST,
@@ -34,14 +35,16 @@ from capture.pgoutput import (
     Update,
     _read_tuple_python,
 )
+from capture.rows import RowConverter, TextRowDecoder
 from capture.snapshot import CopyRows, PartitionBatch, copy_pieces, encodable, encode_piece, parse_copy_text
 from capture.stream import WalMessage
 from capture.transactions import Transaction, TransactionAssembler
-from capture.typemap import Oid, RowConverter, TextRowDecoder, TypeMappingError, _native_kind
+from capture.typemap import native_kind as _native_kind
 from core.config import TypesConfig
 from log import partitioner
 from log.base import Record
 from log.file import batch_codec
+from log.row_types import Oid
 from log.sequence import Lsn
 from log.sequence import Sequence as Seq
 

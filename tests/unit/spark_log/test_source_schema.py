@@ -20,9 +20,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from capture.typemap import LogicalKind as K
-from capture.typemap import LogicalType as L
 from core.config import TypesConfig
+from log.row_types import LogicalKind as K
+from log.row_types import LogicalType as L
 from spark_log.errors import SchemaConflictError
 from spark_log.source_schema import POINT_TYPE, merged_struct, output_schema, row_schema, spark_type
 

@@ -10,8 +10,8 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from capture.typemap import LogicalKind as K
-from capture.typemap import LogicalType as L
+from log.row_types import LogicalKind as K
+from log.row_types import LogicalType as L
 from spark_log.value_decoder import MAX_TIMESTAMP_US, MIN_TIMESTAMP_US, BadValue, decode_values
 
 UTC = dt.UTC

@@ -1,0 +1,319 @@
+"""The initial snapshot: every row of the published tables as ``op: r`` events.
+
+Consistency: the slot is created with ``EXPORT_SNAPSHOT`` and readers run in
+``REPEATABLE READ`` with ``SET TRANSACTION SNAPSHOT``, so they see exactly the data
+before the slot's consistent point; the stream then starts at that point. The
+exported snapshot lives only while the slot-creating connection stays idle, so that
+connection is held, untouched, until reading ends (:mod:`capture.slot_policy`).
+
+Speed: ``COPY (SELECT ...) TO STDOUT`` in text format (:mod:`capture.copy_reader`; the
+same text the stream sends, so one type map decodes both), split into chunks of heap
+pages (:mod:`capture.snapshot_plan`). With the extension and the file log, pieces of
+each COPY block are encoded into finished batches by threads and appended in order by
+one more (:mod:`capture.snapshot`, :mod:`capture.snapshot_pipeline`).
+
+Resume: a chunk is recorded in the state file only after its events are appended.
+After a crash the slot (and its consistent point) stay; the chunks not yet done are
+read with a fresh snapshot taken later. Their rows may be newer than the consistent
+point, but every change after that point is streamed afterwards and sorts later, so
+the latest image per key still converges to the source.
+
+A resync (:mod:`capture.resync`) reads every table again and then writes deletes for
+the keys the log holds but the re-snapshot did not find.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from capture.appender import Appender
+from capture.catalog import relation_from_catalog
+from capture.copy_reader import read_chunk
+from capture.copy_text import CopyRows
+from capture.events import EventBuilder
+from capture.key_set import KeySet, key_set_path
+from capture.pgoutput_messages import Relation
+from capture.position import ResumePoint
+from capture.read_ahead import ReadAhead
+from capture.resync import DELETE_INDEX_BASE, snapshot_keys, vanished_key_deletes
+from capture.snapshot_pipeline import ChunkReaders, SnapshotPipeline
+from capture.snapshot_plan import Chunk, SnapshotProgress, SnapshotState, plan_chunks
+from capture.stream import pinned_options
+from log.base import AppendsEncodedBatches
+from log.sequence import Sequence as Seq
+from log.topics import quarantine_topic
+from native import speedups
+
+logger = logging.getLogger(__name__)
+
+#: Each published table: its oid, its relation and its chunks, in table order.
+_Plan = list[tuple[int, Relation, list[Chunk]]]
+
+
+class SnapshotReader:
+    """Reads every table of the source's publication at one snapshot into the log, chunk by chunk."""
+
+    def __init__(
+        self,
+        source: str,
+        dsn: str,
+        publication: str,
+        state_dir: Path,
+        appender: Appender,
+        *,
+        max_batch_records: int,
+        progress: SnapshotProgress | None,
+    ) -> None:
+        self._source = source
+        self._dsn = dsn
+        self._publication = publication
+        self._state_dir = state_dir
+        self._appender = appender
+        self._log = appender.log
+        self._stats = appender.stats
+        self._max_batch = max_batch_records
+        self._progress = progress
+
+    def read(
+        self,
+        builder: EventBuilder,
+        resume: ResumePoint,
+        state: SnapshotState,
+        *,
+        exported: str | None,
+        reconcile: bool = False,
+    ) -> None:
+        """Read the chunks ``state`` does not hold as done, at snapshot ``exported`` (None: a new one).
+
+        With ``reconcile`` (a resync) it then writes deletes for the keys the log holds live but
+        the snapshot did not find.
+        """
+        reader = psycopg.connect(self._dsn, options=pinned_options())
+        # The keys the re-snapshot reads (resync only): spilled to disk beyond a threshold.
+        present = KeySet(key_set_path(self._state_dir)) if reconcile else None
+        pipeline: SnapshotPipeline | None = None
+        try:
+            reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            if exported is not None:
+                reader.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(exported)))
+            plan, total_rows = self._plan(reader, builder)
+            if self._progress:
+                self._progress.start(total_rows)
+            consistent = state.consistent_lsn or 0
+            # Per topic, where the re-snapshot's records start: the reconcile reads only what is before.
+            starts = self._starts(plan, builder) if present is not None else {}
+            # Natively encoded batches need the file log.
+            if speedups is not None and isinstance(self._log, AppendsEncodedBatches):
+                pipeline = SnapshotPipeline(self._appender, builder, resume, self._progress)
+            self._read_chunks(reader, builder, resume, state, plan=plan, pipeline=pipeline, exported=exported)
+            if pipeline is not None:
+                pipeline.drain()
+            if present is not None:
+                self._reconcile(builder, resume, plan, present=present, starts=starts, consistent=consistent)
+            self._appender.flush(resume, None)
+            reader.rollback()
+        finally:
+            if pipeline is not None:
+                pipeline.close()
+            reader.close()
+            if present is not None:
+                present.close()  # the file stays until the request is cleared
+            if self._progress:
+                self._progress.finish()
+
+    def _plan(self, reader: psycopg.Connection[Any], builder: EventBuilder) -> tuple[_Plan, int]:
+        """The published tables in chunks (their schema records pending) and the catalog's row estimate."""
+        tables = reader.execute(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2",
+            (self._publication,),
+        ).fetchall()
+        plan: _Plan = []
+        total_rows = 0
+        for schema, table in tables:
+            relation = relation_from_catalog(
+                reader, f"{sql.Identifier(schema).as_string(reader)}.{sql.Identifier(table).as_string(reader)}"
+            )
+            schema_record = builder.relation(relation)
+            if schema_record is not None:
+                self._appender.schemas.append(schema_record)
+            chunks = plan_chunks(reader, schema, table, relation.oid)
+            plan.append((relation.oid, relation, chunks))
+            estimate = reader.execute("SELECT reltuples FROM pg_class WHERE oid = %s", (relation.oid,)).fetchone()
+            total_rows += max(int(estimate[0]) if estimate else 0, 0)
+        return plan, total_rows
+
+    def _starts(self, plan: _Plan, builder: EventBuilder) -> dict[str, dict[int, int]]:
+        # Before anything is appended: a resync's reconcile reads each topic before these offsets
+        # and takes the re-snapshot's keys from after them (the agent is the topics' only writer).
+        topics = self._appender.topics
+        starts: dict[str, dict[int, int]] = {}
+        for oid, _relation, _chunks in plan:
+            topic = builder.topic_of(oid)
+            starts[topic] = topics.end_offsets(topic)
+            starts[quarantine_topic(topic)] = topics.end_offsets(quarantine_topic(topic))
+        return starts
+
+    def _read_chunks(
+        self,
+        reader: psycopg.Connection[Any],
+        builder: EventBuilder,
+        resume: ResumePoint,
+        state: SnapshotState,
+        *,
+        plan: _Plan,
+        pipeline: SnapshotPipeline | None,
+        exported: str | None,
+    ) -> None:
+        appender = self._appender
+        pending = appender.records
+        consistent = state.consistent_lsn or 0
+        readers: ChunkReaders | None = None
+        ahead: ReadAhead[CopyRows] | None = None  # the next chunk, read meanwhile
+        chunk_rows: Iterator[CopyRows] | None = None
+        todo = [
+            (table_no, oid, relation, chunk)
+            for table_no, (oid, relation, chunks) in enumerate(plan)
+            for chunk in chunks
+            if chunk.id not in state.done_chunks
+        ]
+        try:
+            if pipeline is not None and len(todo) > 1:
+                readers = ChunkReaders.on_snapshot(self._dsn, reader, exported)
+            for position, (table_no, oid, relation, chunk) in enumerate(todo):
+                columns = [c.name for c in relation.columns]
+                topic = builder.topic_of(oid)
+                encoder = builder.snapshot_pieces(oid, consistent)[0] if pipeline is not None else None
+                if ahead is not None and readers is not None and readers.ready(position):
+                    chunk_rows, ahead = ahead, None
+                else:
+                    if ahead is not None:  # no second connection: the reader takes every chunk from now on
+                        ahead.close()
+                        ahead, readers = None, None
+                    chunk_rows = read_chunk(reader, chunk, columns)
+                if readers is not None and position + 1 < len(todo):
+                    # The next chunk's COPY starts now on the other connection (the two take turns), so the
+                    # server runs it while this one is taken; its rows are still appended after this chunk's.
+                    _table, _oid, following, upcoming = todo[position + 1]
+                    ahead = readers.start(position + 1, upcoming, [c.name for c in following.columns])
+                if pipeline is not None and position == 0:
+                    # The schemas go to the log first, from the writer thread (creating a topic costs
+                    # directory fsyncs: tens of ms on a busy disk), while the first COPY runs.
+                    chunk_rows = ReadAhead(chunk_rows, name="snapshot-first-chunk")
+                    pipeline.append_schemas()
+                # txn_index is unique per (table, chunk, row): chunks resume independently.
+                next_index = (table_no << 40) | (chunk.number << 24)
+                for rows in chunk_rows:
+                    # Stamped with the read time (as Debezium does): the rows belong to the snapshot's day.
+                    read_us = time.time_ns() // 1000
+                    pieces = rows.native_pieces() if pipeline is not None and encoder is not None else None
+                    # Right after a restart the log may hold some of these rows: the per-record check.
+                    if pipeline is not None and pieces is not None and not resume.may_hold(consistent, next_index):
+                        if pending:  # (the schemas went to the writer first: append_schemas)
+                            pipeline.drain()
+                            appender.flush(resume, None)  # records built before go first
+                        start = Seq(consistent, next_index)
+                        next_index = pipeline.submit(topic, oid, rows.data, pieces, start, ts_us=read_us)
+                        continue
+                    if pipeline is not None:
+                        pipeline.drain()
+                    records = builder.snapshot_records(oid, rows, Seq(consistent, next_index), ts_us=read_us)
+                    next_index += len(rows)
+                    pending.extend(records)
+                    self._stats.events += len(records)
+                    if len(pending) >= self._max_batch:
+                        appender.flush(resume, None)
+                    if self._progress:
+                        self._progress.advance(len(rows))
+                # Every event of the chunk is durable (each append fsynced) before the chunk counts as done.
+                if pipeline is not None and not pending:
+                    # The writer records it after the chunk's last append, while the next chunk is read.
+                    pipeline.after_appends(functools.partial(_chunk_done, state, chunk.id))
+                    continue
+                if pipeline is not None:
+                    pipeline.drain()
+                appender.flush(resume, None)
+                _chunk_done(state, chunk.id)
+        finally:
+            for unfinished in (chunk_rows, ahead):  # after an error: their threads stop, their COPYs drain
+                close = getattr(unfinished, "close", None)
+                if close is not None:
+                    close()
+            if readers is not None:
+                readers.close()
+
+    def _reconcile(
+        self,
+        builder: EventBuilder,
+        resume: ResumePoint,
+        plan: _Plan,
+        *,
+        present: KeySet,
+        starts: dict[str, dict[int, int]],
+        consistent: int,
+    ) -> None:
+        """Deletes (+ tombstones) for keys the log holds live but the re-snapshot did not find."""
+        self._appender.flush(resume, None)
+        quarantined: set[str] = set()
+        for oid, _relation, _chunks in plan:
+            topic = builder.topic_of(oid)
+            # Every row the re-snapshot read is in the log now: its keys, from the log itself.
+            snapshot_keys(self._log, topic, starts[topic], present)
+            if self._appender.topics.end_offsets(quarantine_topic(topic)) != starts[quarantine_topic(topic)]:
+                quarantined.add(topic)
+        ts_us = time.time_ns() // 1000
+        first_index = DELETE_INDEX_BASE
+        pending = self._appender.records
+        for topic in present.topics():
+            if topic in quarantined:
+                # A quarantined row's key is not comparable with the log's keys: a delete
+                # written for it could remove a row the source still has.
+                logger.warning(
+                    "source %s: %s: rows went to quarantine during the re-snapshot, so keys deleted while the "
+                    "slot was gone are not reconciled for this table; fix the rows and resync again",
+                    self._source,
+                    topic,
+                )
+                continue
+            deleted = 0
+            deletes = vanished_key_deletes(
+                self._log,
+                topic,
+                present,
+                commit_lsn=consistent,
+                first_index=first_index,
+                ts_us=ts_us,
+                end=starts[topic],
+            )
+            # Appended as generated (a mass delete is never held whole); a batch ends after a
+            # tombstone, so each delete shares its tombstone's atomic append.
+            with contextlib.closing(deletes):
+                for record in deletes:
+                    pending.append(record)
+                    if record.value is None:
+                        deleted += 1
+                        if len(pending) >= self._max_batch:
+                            self._appender.flush(resume, None)
+            self._appender.flush(resume, None)
+            first_index += deleted
+            self._stats.events += deleted
+            if deleted:
+                logger.warning(
+                    "source %s: %s: %d rows deleted while the slot was gone; their deletes are written",
+                    self._source,
+                    topic,
+                    deleted,
+                )
+
+
+def _chunk_done(state: SnapshotState, chunk_id: str) -> None:
+    state.done_chunks.add(chunk_id)
+    state.save()
