@@ -38,7 +38,7 @@ import psycopg
 from psycopg import sql
 
 from capture.appender import Appender
-from capture.catalog import primary_key_lookup, relation_from_catalog, typemap_decoders
+from capture.catalog import primary_key_lookup, relation_from_catalog
 from capture.events import EventBuilder
 from capture.incremental_snapshotter import IncrementalSnapshotter
 from capture.position import ResumePoint
@@ -56,10 +56,6 @@ from capture.streaming import CAUGHT_UP_PREFIX, Streaming, emit_marker
 from core.config import LogConfig, SourceConfig
 from log.base import Log
 from log.table_schemas import latest_schemas, schema_key
-
-# The names callers build and watch an agent with (SnapshotProgress, CaptureStats and
-# typemap_decoders are defined by the agent's collaborators).
-__all__ = ["AgentSettings", "CaptureAgent", "CaptureStats", "SnapshotProgress", "typemap_decoders"]
 
 
 @dataclass(frozen=True)

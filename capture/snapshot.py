@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import native
-from capture.copy_text import CopyRows, copy_pieces, encodable, parse_copy_text
+from capture.copy_text import parse_copy_text
 from capture.events import EventBuilder
 from capture.records import OutRecord
 from log.file.batch_codec import ZSTD_LEVEL, Compression, EncodedBatch
@@ -25,18 +25,6 @@ from log.sequence import Sequence as Seq
 if TYPE_CHECKING:
     from native._speedups import RowEncoder
 
-# CopyRows, copy_pieces and encodable are imported from here by tests/unit/native/test_native.py
-# (whose imports are outside this change); they live in capture.copy_text.
-__all__ = [
-    "ENCODE_THREADS",
-    "EncodedPiece",
-    "PartitionBatch",
-    "encode_piece",
-    "CopyRows",
-    "copy_pieces",
-    "encodable",
-    "parse_copy_text",
-]
 
 #: Threads encoding pieces (the extension releases the GIL while it encodes).
 ENCODE_THREADS = 2

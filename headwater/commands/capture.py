@@ -9,8 +9,8 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from capture.agent import SnapshotProgress
 from capture.runner import ProgressFactory, run_capture
+from capture.snapshot_plan import SnapshotProgress
 from headwater.cli_context import Context, config_option, once_or_follow, pass_context
 
 

@@ -11,7 +11,8 @@ import psycopg
 import yaml
 from dagster import AssetKey, DagsterInstance, materialize
 
-from capture.agent import CaptureAgent, typemap_decoders
+from capture.agent import CaptureAgent
+from capture.catalog import typemap_decoders
 from capture.runner import run_capture
 from core.config import load_config
 from dagster_project.definitions import build_definitions

@@ -10,8 +10,8 @@ from __future__ import annotations
 import orjson
 from test_enrichment_state import COLUMNS, Shop
 
-from capture.typemap import Oid
 from log.base import Record
+from log.row_types import Oid
 from log.topics import SCHEMAS_TOPIC
 
 

@@ -18,13 +18,13 @@ import orjson
 import yaml
 from harness.fault_injection import CliProcess
 
-from capture.typemap import Oid
 from core.config import load_config
 from derived_feeds.feed_job import await_query, start_feed
 from derived_feeds.feed_spec import feed_spec
 from log.base import Record, TopicSpec, append_keyed, end_offsets
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
+from log.row_types import Oid
 from log.topics import SCHEMAS_TOPIC
 
 SQL = "SELECT o.id, o.amount, c.country FROM source o LEFT JOIN customers c ON o.customer_id = c.id WHERE o.amount > 0"

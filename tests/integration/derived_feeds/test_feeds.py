@@ -9,7 +9,8 @@ from pathlib import Path
 import orjson
 import yaml
 
-from capture.agent import CaptureAgent, typemap_decoders
+from capture.agent import CaptureAgent
+from capture.catalog import typemap_decoders
 from core.config import LogConfig, load_config
 from derived_feeds.feed_job import await_query, run_feeds, start_feed
 from derived_feeds.feed_spec import feed_spec

@@ -11,7 +11,8 @@ from pathlib import Path
 import orjson
 import yaml
 
-from capture.agent import CaptureAgent, typemap_decoders
+from capture.agent import CaptureAgent
+from capture.catalog import typemap_decoders
 from core.config import LogConfig, SourceConfig, TableConfig, load_config
 from log.base import Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value

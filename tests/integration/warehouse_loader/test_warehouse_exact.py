@@ -18,7 +18,8 @@ import orjson
 import yaml
 from harness.items_workload import COLUMNS, SCHEMA, Workload, canonical, source_rows
 
-from capture.agent import CaptureAgent, typemap_decoders
+from capture.agent import CaptureAgent
+from capture.catalog import typemap_decoders
 from core.config import load_config
 from log.factory import open_log
 from log.sequence import Sequence

@@ -20,23 +20,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import native
+from capture.copy_text import CopyRows, copy_pieces, encodable, parse_copy_text
 from capture.errors import TypeMappingError
 from capture.events import EventBuilder, OutRecord
-from capture.pgoutput import (
+from capture.pgoutput import PgoutputDecodeError, PgoutputDecoder, _read_tuple_python
+from capture.pgoutput_messages import (
     UNCHANGED_TOAST,
     Delete,
     Insert,
     NonUtf8Text,
-    PgoutputDecodeError,
-    PgoutputDecoder,
     Relation,
     RelationColumn,
     ReplicaIdentity,
     Update,
-    _read_tuple_python,
 )
 from capture.rows import RowConverter, TextRowDecoder
-from capture.snapshot import CopyRows, PartitionBatch, copy_pieces, encodable, encode_piece, parse_copy_text
+from capture.snapshot import PartitionBatch, encode_piece
 from capture.stream import WalMessage
 from capture.transactions import Transaction, TransactionAssembler
 from capture.typemap import native_kind as _native_kind
