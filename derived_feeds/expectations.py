@@ -161,12 +161,3 @@ def with_checks(changes: Any, checks: Sequence[Check], row: str = "after") -> An
     if not checks:
         return changes
     return changes.withColumns({check.flag: check.predicate(F.col(row)) for check in checks})
-
-
-def drop_passing(checks: Sequence[Check]) -> Column | None:
-    """True where a row meets every ``drop`` expectation (None when there are none)."""
-    result: Column | None = None
-    for check in checks:
-        if check.action == "drop":
-            result = F.col(check.flag) if result is None else result & F.col(check.flag)
-    return result

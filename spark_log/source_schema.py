@@ -2,7 +2,7 @@
 
 A table topic's ``before``/``after`` become typed STRUCTs: each column's logical type
 (:func:`capture.typemap.logical_type` under the source's type modes) is decoded back
-into the Spark type below. Decisions (also in the report and the README):
+into the Spark type below:
 
 =====================================  ===================================================
 logical type (JSON value)              Spark type

@@ -1,6 +1,6 @@
 """Apply planned SCD actions to Delta tables with deltalake (delta-rs), exactly once per micro-batch.
 
-Contract (DESIGN sections 6 and 7):
+Contract:
 
 * One micro-batch = one ``batch_id`` (Spark's ``foreachBatch`` id, stable across replays
   of the same batch). Its commit carries the Delta app transaction
@@ -24,9 +24,9 @@ Contract (DESIGN sections 6 and 7):
   be cast safely to the table's raises :class:`SchemaMismatchError` before anything is
   committed (delta-rs' own MERGE would silently cast, e.g. int to string).
 
-deltalake's Rust runtime panics in a forked child (DESIGN 8): call these functions from
-the process that imported deltalake, or from a process started with ``spawn``; never
-from a ``fork``-started multiprocessing worker.
+deltalake's Rust runtime (its thread pool) does not survive ``fork``: a forked child that
+uses it panics. Call these functions from the process that imported deltalake, or from a
+process started with ``spawn``; never from a ``fork``-started multiprocessing worker.
 """
 
 from __future__ import annotations

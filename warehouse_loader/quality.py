@@ -3,7 +3,7 @@
 Each warehouse table named under ``quality:`` gets one GX ``ExpectationSuite`` built from
 its entries (``expect`` = a GX 1.x expectation name, the other keys its arguments) and is
 validated in an ephemeral GX context against the table's current Delta version, read into
-pandas. ``dagster-ge`` only supports GX 0.x (DESIGN 8), so GX is driven directly here and
+pandas. ``dagster-ge`` only supports GX 0.x, so GX is driven directly here and
 both ``headwater quality`` and the Dagster asset checks call :func:`run_quality`.
 
 Results keep, per expectation, success, unexpected count and a few sample unexpected

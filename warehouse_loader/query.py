@@ -1,4 +1,4 @@
-"""Read-only SQL over warehouse tables: DuckDB over each Delta table's current files (DESIGN 7).
+"""Read-only SQL over warehouse tables: DuckDB over each Delta table's current files.
 
 Each table is registered under its warehouse name as a view over the Parquet files of
 its current Delta version (nothing is copied up front; DuckDB pushes projections and

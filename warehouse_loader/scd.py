@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
-import pyarrow as pa  # type: ignore[import-untyped]  # no stubs; see report
+import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from warehouse_loader.changes import (
