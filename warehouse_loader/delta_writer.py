@@ -24,9 +24,9 @@ Contract:
   be cast safely to the table's raises :class:`SchemaMismatchError` before anything is
   committed (delta-rs' own MERGE would silently cast, e.g. int to string).
 
-deltalake's Rust runtime (its thread pool) does not survive ``fork``: a forked child that
-uses it panics. Call these functions from the process that imported deltalake, or from a
-process started with ``spawn``; never from a ``fork``-started multiprocessing worker.
+deltalake's Rust runtime panics in a forked child: call these functions from the process
+that imported deltalake, or from a process started with ``spawn``; never from a
+``fork``-started multiprocessing worker.
 """
 
 from __future__ import annotations
