@@ -31,6 +31,8 @@ from pyspark.sql.types import StructType
 
 from core.config import ProjectConfig
 from core.errors import HeadwaterError
+from derived_feeds.enrichment import process_enriched_batch
+from derived_feeds.enrichment_state import check_checkpoint, latest_per_key, start_stateful
 from derived_feeds.errors import FeedConfigError
 from derived_feeds.expectations import Check, compile_checks, with_checks
 from derived_feeds.feed_events import AFTER_JSON, KEY_JSON, encode_events, pair_changes, paired_events
@@ -54,6 +56,7 @@ from log.base import Log, Record, TopicSpec, append_keyed
 from log.table_schemas import read_schema_records, schema_key
 from log.topics import SCHEMAS_TOPIC
 from spark_log import source_schema as cols
+from spark_log.data_source import register_log_source
 from spark_log.progress import commit_progress, track_progress
 
 if TYPE_CHECKING:
@@ -86,8 +89,6 @@ class FeedPlan:
 
 
 def _image_struct(spark: SparkSession, config: ProjectConfig, feed: str, field_name: str, topic: str) -> StructType:
-    from spark_log.data_source import register_log_source
-
     register_log_source(spark)
     schema = (
         spark.read.format("headwater_log").option("config", str(config.config_path)).option("topic", topic).load()
@@ -239,8 +240,6 @@ def start_feed(
     options: Mapping[str, str] | None = None,
 ) -> tuple[StreamingQuery, FeedPlan]:
     """Plan feed ``spec`` and start its streaming query (returns the running query and the plan)."""
-    from spark_log.data_source import register_log_source
-
     plan = plan_feed(spark, config, log, spec)
     register_log_source(spark)
     reader = (
@@ -258,8 +257,6 @@ def start_feed(
     def apply(batch: DataFrame, batch_id: int) -> None:
         try:
             if spec.lookup_topics:
-                from derived_feeds.enrichment import process_enriched_batch
-
                 process_enriched_batch(plan, log, batch, BatchMarker(run, batch_id), _write)
             else:
                 process_batch(plan, log, batch, BatchMarker(run, batch_id))
@@ -272,8 +269,6 @@ def start_feed(
         track_progress(spark, log, query_name, spec.group)
     stream = reader.load()
     if spec.lookup_topics:  # enrichment: the latest change per (topic, key) in Spark's state store
-        from derived_feeds.enrichment_state import check_checkpoint, latest_per_key, start_stateful
-
         check_checkpoint(spec)
         stream = latest_per_key(stream)
     writer = stream.writeStream.queryName(query_name).foreachBatch(apply)

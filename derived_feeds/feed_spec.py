@@ -13,7 +13,10 @@ from pathlib import Path
 
 from core.config import FeedConfig, ProjectConfig
 from derived_feeds.errors import FeedConfigError
-from log.topics import feed_group, quarantine_topic
+from derived_feeds.feed_graph import run_order
+from log.errors import InvalidTopicNameError
+from log.topics import feed_group, quarantine_topic, validate_topic_name
+from spark_log.versions import current_version, resolve_topic
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +67,6 @@ def feed_spec(config: ProjectConfig, name: str, *, topic: str | None = None, ver
 
     ``topic``/``version`` override the output (``headwater reprocess`` writes version N+1).
     """
-    from spark_log.versions import current_version, resolve_topic
-
     feed = config.feeds.get(name)
     if feed is None:
         known = ", ".join(config.feeds) or "none"
@@ -94,10 +95,8 @@ def check_before_spark(config: ProjectConfig, topics: Collection[str], names: Se
     feed can evaluate, with an action. Column-level checks need the SQL's output schema and
     stay in :func:`derived_feeds.feed_job.plan_feed`.
     """
+    # pyspark (the expectations are Spark predicates): `headwater status` reads feed specs without Spark.
     from derived_feeds.expectations import RULES
-    from derived_feeds.feed_graph import run_order
-    from log.errors import InvalidTopicNameError
-    from log.topics import validate_topic_name
 
     produced = set(topics) | {feed_spec(config, name).topic for name in config.feeds}
     for name in run_order(config, names):

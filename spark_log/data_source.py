@@ -53,6 +53,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -70,8 +71,9 @@ from log.factory import open_log
 from log.reading import READ_CHUNK, read_range, read_range_columns
 from log.table_schemas import read_schema_records
 from spark_log.errors import LogSourceOptionError
+from spark_log.latest_per_key import latest_per_key
 from spark_log.offsets import LogPosition, OffsetRange, OffsetsSpec, admit, offset_ranges
-from spark_log.source_batches import EventBatchBuilder
+from spark_log.source_batches import EventBatchBuilder, arrow_schema
 from spark_log.source_schema import (
     FIRST_OP,
     RowSchema,
@@ -82,7 +84,6 @@ from spark_log.source_schema import (
 )
 
 if TYPE_CHECKING:
-    import pyarrow as pa  # type: ignore[import-untyped]
     from pyspark.sql import SparkSession
 
 SOURCE_NAME = "headwater_log"
@@ -258,11 +259,6 @@ class _RangeReading:
             log.close()
 
     def _latest_per_key(self, batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
-
-        from spark_log.latest_per_key import latest_per_key
-        from spark_log.source_batches import arrow_schema
-
         if not batches:
             return
         # StructType.add changes the struct in place: add to a copy, the builder's schema stays as declared.

@@ -211,7 +211,7 @@ def test_crash_after_delta_commit_replays_the_batch_once(spark, pg_database, uni
 
     # 1. Both tables die right after batch 1 is committed to Delta, before Spark's checkpoint.
     crash_after_commit = True
-    monkeypatch.setattr(delta_writer, "write_batch", write_batch)  # start_load binds it at start
+    monkeypatch.setattr(delta_writer, "write_batch", write_batch)  # load_job looks it up per batch
     errors = load(spark, config, max_records=60)
     assert all(errors.values()), errors
     for name in (SCD1, SCD2):
