@@ -3,7 +3,7 @@
 ``headwater_log`` (streaming, the feed's ``from`` topic, resolved to its current version,
 reduced to the latest change per key by the source) → ``foreachBatch`` on the driver →
 the feed's SQL in Spark (:mod:`derived_feeds.transform`) → SQL rows paired with their
-source changes, checked and encoded on the driver in Arrow (:mod:`derived_feeds.feed_events`)
+source changes, checked and encoded on the driver in Arrow (:mod:`derived_feeds.feed_output`)
 → :func:`derived_feeds.feed_writer.append_once` into the feed's
 topic (compacted, keyed by the feed key) and its quarantine.
 
@@ -35,8 +35,8 @@ from derived_feeds.enrichment import process_enriched_batch
 from derived_feeds.enrichment_state import check_checkpoint, latest_per_key, start_stateful
 from derived_feeds.errors import FeedConfigError
 from derived_feeds.expectations import Check, compile_checks, with_checks
-from derived_feeds.feed_events import AFTER_JSON, KEY_JSON, encode_events, pair_changes, paired_events
 from derived_feeds.feed_graph import run_order
+from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, encode_output, pair_changes, paired_output
 from derived_feeds.feed_schema import JSON_OPTIONS, schema_columns, schema_record, wire_struct
 from derived_feeds.feed_spec import FeedSpec, feed_spec
 from derived_feeds.feed_writer import AppendMemo, BatchMarker, append_once, checkpoint_run, plan_batch, record_quality
@@ -168,8 +168,8 @@ def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarke
     """One micro-batch of a plain feed: compute, check, encode, append exactly once, record counts.
 
     Spark computes the latest change per key (already done by the source when read with
-    ``latestPerKey``) and the SQL; the driver pairs changes with SQL rows and writes the
-    events' JSON in Arrow (``feed_events``): no shuffle, no join in Spark. When the SQL is
+    ``latestPerKey``) and the SQL; the driver pairs changes with SQL rows and encodes the
+    output records in Arrow (``feed_output``): no shuffle, no join in Spark. When the SQL is
     projections and filters over ``source`` and the feed key holds the source's key, one
     Spark pass returns each change with its SQL row (``transform.paired_rows``, planned at
     the query's first batch and reused: ``transform.OnePass``); otherwise the reduced
@@ -180,8 +180,8 @@ def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarke
     if plan.one_pass is not None:
         paired = plan.one_pass.paired(batch)  # planned at the query's first batch, then reused
         if paired is not None:  # projections/filters: one Spark pass, no cache, no join
-            events = paired_events(paired.toArrow(), plan.checks)
-            _append(plan, log, encode_events(events, spec.name, plan.checks), marker)
+            records = paired_output(paired.toArrow(), plan.checks)
+            _append(plan, log, encode_output(records, spec.name, plan.checks), marker)
             plan.stats["one_pass"] += 1
             return
     latest = _latest(batch).persist()  # only what the SQL and the pairing read: the cache is built per batch
@@ -189,8 +189,8 @@ def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarke
         output = apply_sql(spark, current_images(latest), spec.config.sql)
         changes = change_rows(latest, spec.key).toArrow()
         outputs = output_rows(output, spec.key, plan.source_struct, plan.checks).toArrow()
-        events = pair_changes(changes, outputs, plan.checks)
-        _append(plan, log, encode_events(events, spec.name, plan.checks), marker)
+        records = pair_changes(changes, outputs, plan.checks)
+        _append(plan, log, encode_output(records, spec.name, plan.checks), marker)
     finally:
         latest.unpersist()
 
@@ -202,7 +202,7 @@ def _latest(batch: DataFrame) -> DataFrame:
 
 
 def _write(plan: FeedPlan, log: Log, changes: DataFrame, marker: BatchMarker) -> None:
-    """Check, encode and append feed events given as a DataFrame (``__hw_key``, ``op``, ``after``, META)."""
+    """Check, encode and append feed output records given as a DataFrame (``__hw_key``, ``op``, ``after``, META)."""
     checked = with_checks(changes, plan.checks)
     after_type = changes.schema[AFTER].dataType
     assert isinstance(after_type, StructType)
@@ -213,7 +213,7 @@ def _write(plan: FeedPlan, log: Log, changes: DataFrame, marker: BatchMarker) ->
         *META,
         *[check.flag for check in plan.checks],
     )
-    _append(plan, log, encode_events(frame.toArrow(), plan.spec.name, plan.checks), marker)
+    _append(plan, log, encode_output(frame.toArrow(), plan.spec.name, plan.checks), marker)
 
 
 def _append(plan: FeedPlan, log: Log, encoded: pa.Table, marker: BatchMarker) -> None:

@@ -24,7 +24,7 @@ Array<simple type>         the element's array    array of the element's values
 struct, map, other         json 114               the value's JSON text, as a string
 =========================  =====================  ==========================================
 
-The round trip is exact: ``event_schema.spark_type(logical_type(oid, typmod))`` gives the
+The round trip is exact: ``spark_log.source_schema.spark_type(logical_type(oid, typmod))`` gives the
 original Spark type for every row above (``tests/unit/derived_feeds/test_feed_schema.py``).
 """
 

@@ -38,8 +38,8 @@ picks up a new column at its next start (from its checkpoint).
 
 Reading: a file log's ranges are read as Arrow columns straight from the segments' bytes
 (:mod:`log.file.column_decoder`, no object per record) and built by
-:meth:`~spark_log.source_batches.EventBatchBuilder.build_columns`; other backends hand
-``StoredRecord`` chunks to :meth:`~spark_log.source_batches.EventBatchBuilder.build`. Both
+:meth:`~spark_log.source_batches.SourceBatchBuilder.build_columns`; other backends hand
+``StoredRecord`` chunks to :meth:`~spark_log.source_batches.SourceBatchBuilder.build`. Both
 give the same rows.
 
 Offsets: one position per partition, ``{"<topic>": {"<partition>": next offset}}``; a
@@ -73,7 +73,7 @@ from log.table_schemas import read_schema_records
 from spark_log.errors import LogSourceOptionError
 from spark_log.latest_per_key import latest_per_key
 from spark_log.offsets import LogPosition, OffsetRange, OffsetsSpec, admit, offset_ranges
-from spark_log.source_batches import EventBatchBuilder, arrow_schema
+from spark_log.source_batches import SourceBatchBuilder, arrow_schema
 from spark_log.source_schema import (
     FIRST_OP,
     RowSchema,
@@ -233,7 +233,7 @@ class _RangeReading:
     """Executor side shared by both readers: open the log in the worker, decode each chunk."""
 
     options: LogSourceOptions
-    builder: EventBatchBuilder
+    builder: SourceBatchBuilder
 
     def _read_ranges(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, LogRangePartition):
@@ -303,11 +303,11 @@ class HeadwaterLogDataSource(DataSource):
                 self._schema = output_schema(row).add(FIRST_OP, StringType())
         return self._schema
 
-    def _builder(self, schema: StructType) -> EventBatchBuilder:
+    def _builder(self, schema: StructType) -> SourceBatchBuilder:
         self.schema()
         if self.parsed.latest_per_key:  # the builder makes the rows, the reader adds the first op
             schema = StructType([field for field in schema.fields if field.name != FIRST_OP])
-        return EventBatchBuilder(schema, self._row_schemas, include_tombstones=self.parsed.include_tombstones)
+        return SourceBatchBuilder(schema, self._row_schemas, include_tombstones=self.parsed.include_tombstones)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """The batch reader."""
@@ -321,7 +321,7 @@ class HeadwaterLogDataSource(DataSource):
 class LogBatchReader(_RangeReading, DataSourceReader):
     """Reads ``startingOffsets`` to ``endingOffsets`` (ends taken when Spark plans the query)."""
 
-    def __init__(self, options: LogSourceOptions, builder: EventBatchBuilder) -> None:
+    def __init__(self, options: LogSourceOptions, builder: SourceBatchBuilder) -> None:
         self.options = options
         self.builder = builder
 
@@ -350,7 +350,7 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
     the log open between calls; ``read`` runs in executors, which open their own.
     """
 
-    def __init__(self, options: LogSourceOptions, builder: EventBatchBuilder) -> None:
+    def __init__(self, options: LogSourceOptions, builder: SourceBatchBuilder) -> None:
         self.options = options
         self.builder = builder
         self._log: Log | None = None  # opened on first use: this object is pickled to executors first

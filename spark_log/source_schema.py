@@ -37,8 +37,8 @@ domains, arrays of them) map to String; a non-string JSON value in a String colu
 kept as its JSON text rather than dropped.
 
 Schema evolution: a topic is read with its latest schema version; columns of older
-versions that were dropped later are kept after the latest columns (null in newer
-events), and a column that changed type takes its latest type.
+versions that were dropped later are kept after the latest columns (null in rows of newer
+versions), and a column that changed type takes its latest type.
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def _changes_with_spark(
     # Every partition named: one the options leave out would be read from earliest to latest.
     starting = {topic: {str(p): start for p, (start, _) in ranges.items()}}
     ending = {topic: {str(p): end for p, (_, end) in ranges.items()}}
-    events = (
+    rows = (
         spark.read.format("headwater_log")
         .option("config", str(config.config_path))
         .option("topic", topic)
@@ -168,7 +168,7 @@ def _changes_with_spark(
         .option("endingOffsets", orjson.dumps(ending).decode())
         .load()
     )
-    return change_batch(events, keys)
+    return change_batch(rows, keys)
 
 
 def _in_days(column: pa.ChunkedArray, days: Iterable[dt.date]) -> pa.ChunkedArray:

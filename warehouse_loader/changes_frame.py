@@ -33,9 +33,9 @@ CHANGE_OPS = (Op.CREATE.value, Op.UPDATE.value, Op.READ.value, Op.DELETE.value, 
 _IMAGE = "__hw_image"
 
 
-def changes_frame(events: DataFrame, keys: Sequence[str]) -> DataFrame:
+def changes_frame(rows: DataFrame, keys: Sequence[str]) -> DataFrame:
     """The change batch as a DataFrame (lazy; see :func:`change_batch` for the Arrow table)."""
-    image_type = events.schema[cols.AFTER].dataType
+    image_type = rows.schema[cols.AFTER].dataType
     if not isinstance(image_type, StructType):
         msg = (
             "the topic has no schema record, so 'after' is a JSON string; a warehouse load needs typed "
@@ -48,7 +48,7 @@ def changes_frame(events: DataFrame, keys: Sequence[str]) -> DataFrame:
         msg = f"key column(s) {', '.join(missing)} are not in the row image (columns: {', '.join(names)})"
         raise ChangeFrameError(msg)
     image = F.when(F.col(cols.OP) == Op.DELETE.value, F.col(cols.BEFORE)).otherwise(F.col(cols.AFTER))
-    flat = events.where(F.col(cols.OP).isin(*CHANGE_OPS)).select(
+    flat = rows.where(F.col(cols.OP).isin(*CHANGE_OPS)).select(
         image.alias(_IMAGE),
         F.col(cols.SEQ).alias(SEQ),
         F.col(cols.OP).alias(OP),
@@ -64,9 +64,9 @@ def changes_frame(events: DataFrame, keys: Sequence[str]) -> DataFrame:
     )
 
 
-def change_batch(events: DataFrame, keys: Sequence[str]) -> pa.Table:
+def change_batch(rows: DataFrame, keys: Sequence[str]) -> pa.Table:
     """The change batch of a micro-batch as an Arrow table (call it inside ``foreachBatch``)."""
-    table = changes_frame(events, keys).toArrow()
+    table = changes_frame(rows, keys).toArrow()
     position = table.schema.get_field_index(COMMIT_TS)
     if table.schema.field(position).type != COMMIT_TS_TYPE:
         table = table.set_column(position, COMMIT_TS, table.column(position).cast(COMMIT_TS_TYPE))

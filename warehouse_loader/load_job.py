@@ -151,7 +151,7 @@ def start_load(
     path = table_path(config, name)
     build, source_topic = load_identity(config, name)
     register_log_source(spark)
-    events = (
+    rows = (
         spark.readStream.format("headwater_log")
         .option("config", str(config.config_path))
         .option("topic", source_topic)
@@ -172,7 +172,7 @@ def start_load(
 
     if not available_now:
         track_progress(spark, log, query_name, load_group(build))
-    writer = events.writeStream.queryName(query_name).foreachBatch(apply)
+    writer = rows.writeStream.queryName(query_name).foreachBatch(apply)
     writer = writer.option("checkpointLocation", str(checkpoint_path(config, build)))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_interval)
     return writer.start()
