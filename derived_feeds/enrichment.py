@@ -53,9 +53,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from derived_feeds.enrichment_state import CHANGES, TRUNCATE_KEY, newer_than, not_truncated, state_tables
+from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, META
 from derived_feeds.feed_schema import JSON_OPTIONS
 from derived_feeds.feed_writer import BatchMarker
-from derived_feeds.transform import AFTER, IMAGE, KEY_JSON, META, SRC_KEY, apply_sql
+from derived_feeds.transform import AFTER, IMAGE, SRC_KEY, apply_sql
 from log.base import Log
 from log.envelope import Op
 from spark_log import source_schema as cols
@@ -65,7 +66,6 @@ if TYPE_CHECKING:
 
     from derived_feeds.feed_job import FeedPlan
 
-_AFTER_JSON = "__hw_after_json"
 _POSITION = (cols.SEQ, cols.COMMIT_LSN, cols.TXN_INDEX)
 
 
@@ -114,7 +114,7 @@ def _output_rows(output: DataFrame, plan: FeedPlan) -> DataFrame:
     return output.select(
         _key_json([F.col(f"`{name}`") for name in plan.spec.key], plan).alias(KEY_JSON),
         row.alias(AFTER),
-        F.to_json(row, JSON_OPTIONS).alias(_AFTER_JSON),
+        F.to_json(row, JSON_OPTIONS).alias(AFTER_JSON),
     )
 
 
@@ -235,7 +235,7 @@ def process_enriched_batch(
         images = _project(rest, plan.source_struct)
         old = _output_rows(apply_sql(spark, images, spec.config.sql, _views(before, plan)), plan)
         new = _output_rows(apply_sql(spark, images, spec.config.sql, views_after), plan)
-        changed = new.join(old.select(KEY_JSON, _AFTER_JSON), on=[KEY_JSON, _AFTER_JSON], how="left_anti")
+        changed = new.join(old.select(KEY_JSON, AFTER_JSON), on=[KEY_JSON, AFTER_JSON], how="left_anti")
         gone = old.select(KEY_JSON).join(new.select(KEY_JSON), on=KEY_JSON, how="left_anti")
         sources = rest.select(KEY_JSON, *META)
         records = records.unionByName(

@@ -49,8 +49,9 @@ from pyspark.sql.types import StringType, StructType
 
 from core.errors import PermanentError
 from derived_feeds.errors import DerivedFeedsError
+from derived_feeds.feed_output import META
 from derived_feeds.feed_schema import JSON_OPTIONS
-from derived_feeds.transform import IMAGE, META, ROW_OPS, SRC_KEY
+from derived_feeds.transform import IMAGE, SRC_KEY
 from log.envelope import Op
 from spark_log import source_schema as cols
 
@@ -113,12 +114,11 @@ def latest_per_key(rows: DataFrame) -> DataFrame:
     """
     image_type = rows.schema[cols.AFTER].dataType
     assert isinstance(image_type, StructType), "enriched topics are typed (checked by plan_feed)"
-    image = F.when(F.col(cols.OP) == Op.DELETE.value, F.col(cols.BEFORE)).otherwise(F.col(cols.AFTER))
     is_truncate = F.col(cols.OP) == Op.TRUNCATE.value
-    changes = rows.where((F.col(cols.OP).isin(*ROW_OPS) & F.col(cols.KEY).isNotNull()) | is_truncate)
+    changes = rows.where((F.col(cols.OP).isin(*cols.ROW_OPS) & F.col(cols.KEY).isNotNull()) | is_truncate)
     key = F.when(is_truncate, F.lit(TRUNCATE_KEY)).otherwise(F.col(cols.KEY))
     order = F.struct(F.col(cols.SEQ), F.col(cols.PARTITION), F.col(cols.OFFSET))
-    latest = F.max_by(F.struct(cols.OP, F.to_json(image, _STATE_JSON).alias(_IMAGE_JSON), *META), order)
+    latest = F.max_by(F.struct(cols.OP, F.to_json(cols.row_image(), _STATE_JSON).alias(_IMAGE_JSON), *META), order)
     return (
         changes.groupBy(F.col(cols.TOPIC), key.alias(SRC_KEY))
         .agg(latest.alias(_LATEST), F.count(F.lit(1)).alias(CHANGES))

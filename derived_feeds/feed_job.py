@@ -36,13 +36,12 @@ from derived_feeds.enrichment_state import check_checkpoint, latest_per_key, sta
 from derived_feeds.errors import FeedConfigError
 from derived_feeds.expectations import Check, compile_checks, with_checks
 from derived_feeds.feed_graph import run_order
-from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, encode_output, pair_changes, paired_output
+from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, META, encode_output, pair_changes, paired_output
 from derived_feeds.feed_schema import JSON_OPTIONS, schema_columns, schema_record, wire_struct
 from derived_feeds.feed_spec import FeedSpec, feed_spec
 from derived_feeds.feed_writer import AppendMemo, BatchMarker, append_once, checkpoint_run, plan_batch, record_quality
 from derived_feeds.transform import (
     AFTER,
-    META,
     SRC_KEY,
     OnePass,
     apply_sql,

@@ -37,9 +37,8 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from derived_feeds import feed_output
 from derived_feeds.expectations import Check, with_checks
-from derived_feeds.feed_output import AFTER_JSON
+from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, META
 from derived_feeds.feed_schema import JSON_OPTIONS, wire_struct
 from log.envelope import Op
 from spark_log import source_schema as cols
@@ -47,17 +46,11 @@ from spark_log import source_schema as cols
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-#: Columns of :func:`latest_changes` besides the image.
+#: Columns of :func:`latest_changes` besides the image, ``op``, META and ``__hw_first_op``.
 SRC_KEY = "__hw_src_key"
-FIRST_OP = cols.FIRST_OP
 IMAGE = "__hw_image"
 #: The output record's row (a STRUCT of the SQL's columns) in frames of feed output records.
 AFTER = "after"
-#: The feed key as JSON text (the feed record's key).
-KEY_JSON = feed_output.KEY_JSON
-#: The source position and provenance every feed output record keeps.
-META = feed_output.META
-ROW_OPS = (Op.CREATE.value, Op.UPDATE.value, Op.READ.value, Op.DELETE.value)
 SOURCE_VIEW = "source"
 
 
@@ -69,15 +62,14 @@ def latest_changes(rows: DataFrame) -> DataFrame:
     One aggregation over one scan of the source's ``rows``: every later step reads its result,
     so the source is decoded once per micro-batch (Spark reuses the exchange).
     """
-    image = F.when(F.col(cols.OP) == Op.DELETE.value, F.col(cols.BEFORE)).otherwise(F.col(cols.AFTER))
-    changes = rows.where(F.col(cols.OP).isin(*ROW_OPS, Op.TRUNCATE.value))
+    changes = rows.where(F.col(cols.OP).isin(*cols.CHANGE_OPS))
     group = F.coalesce(F.col(cols.KEY), F.format_string("\u0000%d:%d", F.col(cols.PARTITION), F.col(cols.OFFSET)))
     order = F.struct(F.col(cols.SEQ), F.col(cols.PARTITION), F.col(cols.OFFSET))
-    latest = F.max_by(F.struct(F.col(cols.KEY).alias(SRC_KEY), cols.OP, image.alias(IMAGE), *META), order)
+    latest = F.max_by(F.struct(F.col(cols.KEY).alias(SRC_KEY), cols.OP, cols.row_image().alias(IMAGE), *META), order)
     return (
         changes.groupBy(F.col(cols.TOPIC), group.alias("__hw_group"))
-        .agg(latest.alias("last"), F.min_by(F.col(cols.OP), order).alias(FIRST_OP))
-        .select(cols.TOPIC, "last.*", FIRST_OP)
+        .agg(latest.alias("last"), F.min_by(F.col(cols.OP), order).alias(cols.FIRST_OP))
+        .select(cols.TOPIC, "last.*", cols.FIRST_OP)
     )
 
 
@@ -87,8 +79,10 @@ def reduced_changes(rows: DataFrame) -> DataFrame:
     The source applied the same rule per log partition (``spark_log.latest_per_key``),
     so this is a projection: no aggregation, no shuffle.
     """
-    image = F.when(F.col(cols.OP) == Op.DELETE.value, F.col(cols.BEFORE)).otherwise(F.col(cols.AFTER))
-    return rows.select(cols.TOPIC, F.col(cols.KEY).alias(SRC_KEY), cols.OP, image.alias(IMAGE), *META, F.col(FIRST_OP))
+    image = cols.row_image()
+    return rows.select(
+        cols.TOPIC, F.col(cols.KEY).alias(SRC_KEY), cols.OP, image.alias(IMAGE), *META, F.col(cols.FIRST_OP)
+    )
 
 
 def current_images(latest: DataFrame) -> DataFrame:
@@ -122,7 +116,7 @@ def change_rows(latest: DataFrame, key: Sequence[str]) -> DataFrame:
     """
     key_json = F.to_json(F.struct(*[F.col(IMAGE)[name].alias(name) for name in key]), JSON_OPTIONS)
     return latest.select(
-        F.when(F.col(cols.OP) != Op.TRUNCATE.value, key_json).alias(KEY_JSON), cols.OP, FIRST_OP, *META
+        F.when(F.col(cols.OP) != Op.TRUNCATE.value, key_json).alias(KEY_JSON), cols.OP, cols.FIRST_OP, *META
     )
 
 
@@ -153,7 +147,7 @@ CHANGE = "__hw_change"
 
 def source_rows(latest: DataFrame) -> DataFrame:
     """Every latest change's image columns (deletes: ``before``), plus the change itself as STRUCT ``__hw_change``."""
-    return latest.select(F.col(f"{IMAGE}.*"), F.struct(cols.OP, FIRST_OP, *META).alias(CHANGE))
+    return latest.select(F.col(f"{IMAGE}.*"), F.struct(cols.OP, cols.FIRST_OP, *META).alias(CHANGE))
 
 
 def paired_rows(
@@ -191,7 +185,7 @@ def paired_rows(
         passes = F.when(passes, F.coalesce(condition, F.lit(False))).otherwise(F.lit(False))
     after = F.when(passes, F.struct(*[column for _, column in projection]))
     key_json = F.to_json(F.struct(*[rows[name].alias(name) for name in key]), JSON_OPTIONS)
-    change = [F.col(f"{CHANGE}.{name}").alias(name) for name in (cols.OP, FIRST_OP, *META)]
+    change = [F.col(f"{CHANGE}.{name}").alias(name) for name in (cols.OP, cols.FIRST_OP, *META)]
     paired = rows.select(
         F.when(F.col(f"{CHANGE}.{cols.OP}") != Op.TRUNCATE.value, key_json).alias(KEY_JSON), *change, after.alias(AFTER)
     )
@@ -201,7 +195,7 @@ def paired_rows(
     return checked.select(
         KEY_JSON,
         cols.OP,
-        FIRST_OP,
+        cols.FIRST_OP,
         *META,
         F.to_json(wire_struct(F.col(AFTER), after_type), JSON_OPTIONS).alias(AFTER_JSON),
         *[check.flag for check in checks],
