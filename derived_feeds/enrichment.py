@@ -56,7 +56,7 @@ from derived_feeds.enrichment_state import CHANGES, TRUNCATE_KEY, newer_than, no
 from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, META
 from derived_feeds.feed_schema import JSON_OPTIONS
 from derived_feeds.feed_writer import BatchMarker
-from derived_feeds.transform import AFTER, IMAGE, SRC_KEY, apply_sql
+from derived_feeds.transform import AFTER, IMAGE, SRC_KEY, apply_sql, typed_key_json
 from log.base import Log
 from log.envelope import Op
 from spark_log import source_schema as cols
@@ -97,22 +97,17 @@ def _views(tables: LookupTables, plan: FeedPlan) -> dict[str, DataFrame]:
     return {view: _project(frame, plan.lookup_structs[view]) for view, frame in tables.frames.items()}
 
 
-def _key_json(columns: list[Column], plan: FeedPlan) -> Column:
-    """The feed key as JSON, each column typed as in the source image (so both sides compare equal)."""
-    pairs = zip(columns, plan.spec.key, strict=True)
-    typed = [column.cast(plan.source_struct[name].dataType).alias(name) for column, name in pairs]
-    return F.to_json(F.struct(*typed), JSON_OPTIONS)
-
-
 def _source_key_json(plan: FeedPlan) -> Column:
-    return _key_json([F.col(IMAGE)[name] for name in plan.spec.key], plan)
+    return typed_key_json([F.col(IMAGE)[name] for name in plan.spec.key], plan.spec.key, plan.source_struct)
 
 
 def _output_rows(output: DataFrame, plan: FeedPlan) -> DataFrame:
     """SQL rows as (key JSON, row, row JSON)."""
     row = F.struct(*[F.col(f"`{c}`") for c in output.columns])
     return output.select(
-        _key_json([F.col(f"`{name}`") for name in plan.spec.key], plan).alias(KEY_JSON),
+        typed_key_json([F.col(f"`{name}`") for name in plan.spec.key], plan.spec.key, plan.source_struct).alias(
+            KEY_JSON
+        ),
         row.alias(AFTER),
         F.to_json(row, JSON_OPTIONS).alias(AFTER_JSON),
     )

@@ -55,7 +55,7 @@ from log.base import Log, Record, TopicSpec, append_keyed
 from log.table_schemas import read_schema_records, schema_key
 from log.topics import SCHEMAS_TOPIC
 from spark_log import source_schema as cols
-from spark_log.data_source import register_log_source
+from spark_log.data_source import log_reader
 from spark_log.progress import commit_progress, track_progress
 
 if TYPE_CHECKING:
@@ -88,10 +88,7 @@ class FeedPlan:
 
 
 def _image_struct(spark: SparkSession, config: ProjectConfig, feed: str, field_name: str, topic: str) -> StructType:
-    register_log_source(spark)
-    schema = (
-        spark.read.format("headwater_log").option("config", str(config.config_path)).option("topic", topic).load()
-    ).schema
+    schema = log_reader(spark, config, topic).load().schema
     image = schema[cols.AFTER].dataType
     if not isinstance(image, StructType):
         msg = f"topic {topic!r} has no schema record in {SCHEMAS_TOPIC}, so its rows are untyped; capture it first"
@@ -102,9 +99,8 @@ def _image_struct(spark: SparkSession, config: ProjectConfig, feed: str, field_n
 def plan_feed(spark: SparkSession, config: ProjectConfig, log: Log, spec: FeedSpec) -> FeedPlan:
     """Check ``spec`` against its input and write its topics and schema record (before any batch)."""
     topics = set(log.list_topics())
-    for view, topic in {"from": spec.source_topic, **spec.lookup_topics}.items():
+    for where, topic in spec.input_fields.items():
         if topic not in topics:
-            where = "from" if view == "from" else f"lookups.{view}"
             raise FeedConfigError(spec.name, where, f"topic {topic!r} does not exist (yet); run its producer first")
     source = _image_struct(spark, config, spec.name, "from", spec.source_topic)
     lookups = {
@@ -240,13 +236,8 @@ def start_feed(
 ) -> tuple[StreamingQuery, FeedPlan]:
     """Plan feed ``spec`` and start its streaming query (returns the running query and the plan)."""
     plan = plan_feed(spark, config, log, spec)
-    register_log_source(spark)
-    reader = (
-        spark.readStream.format("headwater_log")
-        .option("config", str(config.config_path))
-        .option("topic", ",".join(spec.input_topics))
-        .option("maxRecordsPerBatch", str(max_records_per_batch))
-    )
+    reader = log_reader(spark, config, ",".join(spec.input_topics), streaming=True)
+    reader = reader.option("maxRecordsPerBatch", str(max_records_per_batch))
     if not spec.lookup_topics:  # enrichment keeps every change of its topics (state per key)
         reader = reader.option("latestPerKey", "true")
     for name, value in (options or {}).items():

@@ -57,6 +57,12 @@ class FeedSpec:
         return feed_group(self.name)
 
     @property
+    def input_fields(self) -> dict[str, str]:
+        """Each input topic by the config field that names it: ``from``, ``lookups.<view>``."""
+        named = {"from": self.source_topic, **self.lookup_topics}
+        return {("from" if view == "from" else f"lookups.{view}"): topic for view, topic in named.items()}
+
+    @property
     def input_topics(self) -> tuple[str, ...]:
         """The stream's topics: the source first, then the lookups' topics."""
         return (self.source_topic, *sorted(set(self.lookup_topics.values()) - {self.source_topic}))
@@ -96,7 +102,7 @@ def check_before_spark(config: ProjectConfig, topics: Collection[str], names: Se
     stay in :func:`derived_feeds.feed_job.plan_feed`.
     """
     # pyspark (the expectations are Spark predicates): `headwater status` reads feed specs without Spark.
-    from derived_feeds.expectations import RULES
+    from derived_feeds.expectations import checked_rule
 
     produced = set(topics) | {feed_spec(config, name).topic for name in config.feeds}
     for name in run_order(config, names):
@@ -106,16 +112,10 @@ def check_before_spark(config: ProjectConfig, topics: Collection[str], names: Se
             validate_topic_name(spec.quarantine_topic)
         except InvalidTopicNameError as exc:
             raise FeedConfigError(name, "(name)", f"{exc}; rename the feed") from None
-        for view, topic in {"from": spec.source_topic, **spec.lookup_topics}.items():
+        for where, topic in spec.input_fields.items():
             if topic not in produced:
-                where = "from" if view == "from" else f"lookups.{view}"
                 msg = f"topic {topic!r} does not exist (yet); run its producer first or fix the name"
                 raise FeedConfigError(name, where, msg)
         for index, expectation in enumerate(spec.config.expectations):
             where = f"expectations[{index}]"
-            if expectation.expect not in RULES:
-                supported = ", ".join(sorted(RULES))
-                msg = f"{expectation.expect} is not a row-level expectation a feed can evaluate; use one of {supported}"
-                raise FeedConfigError(name, f"{where}.expect", msg)
-            if expectation.action is None:
-                raise FeedConfigError(name, f"{where}.action", "give action: warn, drop or fail")
+            checked_rule(name, where, expectation, name_field=f"{where}.expect")

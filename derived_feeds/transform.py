@@ -128,15 +128,22 @@ def output_rows(output: DataFrame, key: Sequence[str], image: StructType, checks
     """
     after_type = output.schema
     row = F.struct(*[F.col(f"`{c}`") for c in output.columns])
-    key_json = F.to_json(
-        F.struct(*[F.col(f"`{name}`").cast(image[name].dataType).alias(name) for name in key]), JSON_OPTIONS
-    )
+    key_json = typed_key_json([F.col(f"`{name}`") for name in key], key, image)
     checked: DataFrame = with_checks(output.select(row.alias(AFTER), key_json.alias(KEY_JSON)), checks)
     return checked.select(
         KEY_JSON,
         F.to_json(wire_struct(F.col(AFTER), after_type), JSON_OPTIONS).alias(AFTER_JSON),
         *[check.flag for check in checks],
     )
+
+
+def typed_key_json(columns: Sequence[Column], key: Sequence[str], image: StructType) -> Column:
+    """The feed key (``columns``, named ``key``) as JSON, each cast to its type in the source ``image``.
+
+    Typed alike, a key taken from the SQL's row and one taken from the source's change give the same text.
+    """
+    typed = [column.cast(image[name].dataType).alias(name) for column, name in zip(columns, key, strict=True)]
+    return F.to_json(F.struct(*typed), JSON_OPTIONS)
 
 
 # --------------------------------------------------------------------------- one pass (projection/filter SQL)

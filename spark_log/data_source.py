@@ -84,7 +84,8 @@ from spark_log.source_schema import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrameReader, SparkSession
+    from pyspark.sql.streaming.readwriter import DataStreamReader
 
 SOURCE_NAME = "headwater_log"
 DEFAULT_SPLIT_RECORDS = 100_000
@@ -176,6 +177,18 @@ def _flag(options: Mapping[str, str], name: str) -> bool:
 def register_log_source(spark: SparkSession) -> None:
     """Make ``spark.read/readStream.format("headwater_log")`` available in this session."""
     spark.dataSource.register(HeadwaterLogDataSource)
+
+
+def log_reader(
+    spark: SparkSession, config: ProjectConfig, topic: str, *, streaming: bool = False
+) -> DataFrameReader | DataStreamReader:
+    """``spark.read`` (``readStream`` when ``streaming``) of the project log's ``topic`` (or several, comma-separated).
+
+    Registers the source in the session; further options (offsets, batch size) may follow.
+    """
+    register_log_source(spark)
+    reader = spark.readStream if streaming else spark.read
+    return reader.format(SOURCE_NAME).option("config", str(config.config_path)).option("topic", topic)
 
 
 # --------------------------------------------------------------------------- planning (driver)

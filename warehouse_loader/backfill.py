@@ -153,17 +153,14 @@ def _changes_with_spark(
     spark: SparkSession, config: ProjectConfig, topic: str, ranges: dict[int, tuple[int, int]], keys: Sequence[str]
 ) -> pa.Table:
     # pyspark only where a Spark session reads the range (the driver path and its tests need none).
-    from spark_log.data_source import register_log_source
+    from spark_log.data_source import log_reader
     from warehouse_loader.changes_frame import change_batch
 
-    register_log_source(spark)
     # Every partition named: one the options leave out would be read from earliest to latest.
     starting = {topic: {str(p): start for p, (start, _) in ranges.items()}}
     ending = {topic: {str(p): end for p, (_, end) in ranges.items()}}
     rows = (
-        spark.read.format("headwater_log")
-        .option("config", str(config.config_path))
-        .option("topic", topic)
+        log_reader(spark, config, topic)
         .option("startingOffsets", orjson.dumps(starting).decode())
         .option("endingOffsets", orjson.dumps(ending).decode())
         .load()

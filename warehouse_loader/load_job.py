@@ -138,7 +138,7 @@ def start_load(
 ) -> StreamingQuery:
     """Start the streaming load of warehouse table ``name`` (returns the running query)."""
     # These import pyspark: `headwater status` imports this module (table keys and paths) without Spark.
-    from spark_log.data_source import register_log_source
+    from spark_log.data_source import log_reader
     from spark_log.progress import track_progress
     from warehouse_loader.changes_frame import change_batch
 
@@ -150,14 +150,8 @@ def start_load(
     keys = table_keys(config, log, name)
     path = table_path(config, name)
     build, source_topic = load_identity(config, name)
-    register_log_source(spark)
-    rows = (
-        spark.readStream.format("headwater_log")
-        .option("config", str(config.config_path))
-        .option("topic", source_topic)
-        .option("maxRecordsPerBatch", str(max_records_per_batch))
-        .load()
-    )
+    reader = log_reader(spark, config, source_topic, streaming=True)
+    rows = reader.option("maxRecordsPerBatch", str(max_records_per_batch)).load()
 
     query_name = f"load_{build}"
 
