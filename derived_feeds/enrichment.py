@@ -104,10 +104,9 @@ def _source_key_json(plan: FeedPlan) -> Column:
 def _output_rows(output: DataFrame, plan: FeedPlan) -> DataFrame:
     """SQL rows as (key JSON, row, row JSON)."""
     row = F.struct(*[F.col(f"`{c}`") for c in output.columns])
+    key = plan.spec.key
     return output.select(
-        typed_key_json([F.col(f"`{name}`") for name in plan.spec.key], plan.spec.key, plan.source_struct).alias(
-            KEY_JSON
-        ),
+        typed_key_json([F.col(f"`{name}`") for name in key], key, plan.source_struct).alias(KEY_JSON),
         row.alias(AFTER),
         F.to_json(row, JSON_OPTIONS).alias(AFTER_JSON),
     )
