@@ -187,6 +187,12 @@ def table_schema(target: DeltaTable) -> pa.Schema:
     return target.to_pyarrow_dataset().schema
 
 
+def _create(path: Path, rows: pa.Table, table: str, batch_id: int, commit: CommitProperties) -> WriteResult:
+    """Create the table at ``path`` holding ``rows``, in one commit."""
+    write_deltalake(str(path), rows, commit_properties=commit)
+    return WriteResult(table, batch_id, skipped=False, version=DeltaTable(str(path)).version(), inserted=rows.num_rows)
+
+
 def _metrics(
     table: str, batch_id: int, target: DeltaTable, before: int, stats: dict[str, Any], *, keys: Sequence[str]
 ) -> WriteResult:
@@ -296,9 +302,7 @@ def _merge_scd1(
     op, seq = quote(OP), quote(actions.sequence_by)
     if target is None:
         upserts = rows.filter(pc.not_equal(rows.column(OP), DELETE_OP))
-        write_deltalake(str(path), upserts, commit_properties=_commit(table, batch_id, keys=keys))
-        created = DeltaTable(str(path))
-        return WriteResult(table, batch_id, skipped=False, version=created.version(), inserted=upserts.num_rows)
+        return _create(path, upserts, table, batch_id, _commit(table, batch_id, keys=keys))
     merge = target.merge(
         rows,
         key_match(keys, "t", "s"),
@@ -422,9 +426,7 @@ def commit_scd2(
         if (actions.tombstones.num_rows or actions.truncates) and not _already(side, table, batch_id):
             _append_scd2_tombstones(side_path, side, actions, keys=keys, table=table, batch_id=batch_id)
         if target is None:
-            write_deltalake(str(path), versions, commit_properties=_commit(table, batch_id, metadata, keys=keys))
-            created = DeltaTable(str(path))
-            return WriteResult(table, batch_id, skipped=False, version=created.version(), inserted=versions.num_rows)
+            return _create(path, versions, table, batch_id, _commit(table, batch_id, metadata, keys=keys))
         # Removed versions ride in the same source with a null __hw_op (a real version always has one).
         removed = pa.Table.from_arrays(
             [
