@@ -15,6 +15,7 @@ from decimal import Decimal
 import orjson
 import pytest
 import yaml
+from harness.topics import topic_records
 from pyspark.sql.types import StructType
 
 from core.config import ExpectationConfig, load_config
@@ -232,16 +233,13 @@ def write_changes(log) -> None:
 def feed_records(log, topic: str) -> list:
     """The topic's records as comparable values: key, value without the feed's name, headers' names."""
     out = []
-    for partition in range(log.describe_topic(topic).partitions):
-        offset = 0
-        while batch := log.read(topic, partition, offset):
-            for record in batch:
-                value = orjson.loads(record.value) if record.value is not None else None
-                if isinstance(value, dict) and isinstance(value.get("source"), dict):
-                    value["source"].pop("name")
-                headers = sorted(k for k, _ in record.headers if not k.startswith("headwater.batch"))
-                out.append((partition, record.key, orjson.dumps(value, option=orjson.OPT_SORT_KEYS), headers))
-            offset = batch[-1].offset + 1
+    for partition, records in topic_records(log, topic).items():
+        for record in records:
+            value = orjson.loads(record.value) if record.value is not None else None
+            if isinstance(value, dict) and isinstance(value.get("source"), dict):
+                value["source"].pop("name")
+            headers = sorted(k for k, _ in record.headers if not k.startswith("headwater.batch"))
+            out.append((partition, record.key, orjson.dumps(value, option=orjson.OPT_SORT_KEYS), headers))
     return sorted(out, key=repr)
 
 

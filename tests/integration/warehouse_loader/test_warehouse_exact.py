@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 import yaml
 from harness.items_workload import COLUMNS, SCHEMA, Workload, canonical, source_rows
+from harness.topics import read_topic
 
 from capture.agent import CaptureAgent, typemap_decoders
 from core.config import load_config
@@ -125,22 +126,19 @@ def expected_versions(config) -> set[tuple]:
     by_key: dict[tuple[int, int], list[tuple[str, str]]] = {}
     truncates: set[str] = set()
     try:
-        for partition in range(log.describe_topic(topic).partitions):
-            offset = log.beginning_offset(topic, partition)
-            while records := log.read(topic, partition, offset):
-                offset = records[-1].offset + 1
-                for record in records:
-                    if record.value is None:
-                        continue  # tombstone
-                    event = orjson.loads(record.value)
-                    seq = Sequence(event["source"]["commit_lsn"], event["source"]["txn_index"]).sortable()
-                    if event["op"] == "t":
-                        truncates.add(seq)
-                    else:
-                        key = orjson.loads(record.key)
-                        by_key.setdefault((key["region"], key["id"]), []).append((seq, event["op"]))
+        records = read_topic(log, topic)
     finally:
         log.close()
+    for record in records:
+        if record.value is None:
+            continue  # tombstone
+        event = orjson.loads(record.value)
+        seq = Sequence(event["source"]["commit_lsn"], event["source"]["txn_index"]).sortable()
+        if event["op"] == "t":
+            truncates.add(seq)
+        else:
+            key = orjson.loads(record.key)
+            by_key.setdefault((key["region"], key["id"]), []).append((seq, event["op"]))
     versions = set()
     for key, changes in by_key.items():
         changes.sort()
