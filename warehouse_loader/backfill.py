@@ -14,7 +14,7 @@ A day is a UTC calendar date of ``__hw_commit_ts``. For the chosen days:
 2. **Plan.** The versions of every key the days touch are read and, in memory, the
    days' versions (``__hw_commit_ts`` on a chosen day) are removed and the version
    before each of them reopened (``__END_AT`` null). The changes are then planned
-   against that state with the normal SCD2 planner (:func:`warehouse_loader.scd.plan_scd2`,
+   against that state with the normal SCD2 planner (:func:`warehouse_loader.scd2.plan_scd2`,
    remembered tombstones included), which places every change at its sequence position:
    the reopened version is closed again by the day's first change, and the day's last
    version is closed by the next surviving version or delete. A removed version's
