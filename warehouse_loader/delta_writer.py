@@ -21,8 +21,8 @@ Contract:
   versions (remembered deletes are deduplicated with the batch's own).
 * Schema: a new batch column is added (``merge_schema``); a table column missing from
   the batch stays and is null in rows the batch writes; a batch column whose type cannot
-  be cast safely to the table's raises :class:`SchemaMismatchError` before anything is
-  committed (delta-rs' own MERGE would silently cast, e.g. int to string).
+  be cast safely to the table's raises before anything is committed
+  (:mod:`warehouse_loader.schema_evolution`).
 
 deltalake's Rust runtime panics in a forked child: call these functions from the process
 that imported deltalake, or from a process started with ``spawn``; never from a
@@ -45,9 +45,10 @@ from deltalake.exceptions import CommitFailedError
 from core.config import TableConfig
 from warehouse_loader.changes import DELETE_OP, END_AT, OP, SEQ, START_AT, TRUNCATE_OP
 from warehouse_loader.delta_scan import select_rows
-from warehouse_loader.errors import SchemaMismatchError, WarehouseWriteError
+from warehouse_loader.errors import WarehouseWriteError
 from warehouse_loader.scd1 import Scd1Actions, plan_scd1
 from warehouse_loader.scd2 import Scd2Actions, plan_scd2, scd2_truncate_span, scd2_window, truncate_sequences
+from warehouse_loader.schema_evolution import reconcile
 from warehouse_loader.sql_text import column_list, key_match, quote, sql_literal
 
 TOMBSTONES_DIR = "_hw_tombstones"
@@ -130,58 +131,6 @@ def _commit(
     return CommitProperties(app_transactions=[Transaction(app_id=table, version=batch_id)], custom_metadata=custom)
 
 
-# --------------------------------------------------------------------------- schema
-
-
-def _family(kind: pa.DataType) -> str:
-    """Types within one family cast into each other when the values fit (checked, never silently)."""
-    checks = (
-        ("int", pa.types.is_integer),
-        ("float", pa.types.is_floating),
-        ("string", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)),
-        ("binary", lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)),
-        ("timestamp", pa.types.is_timestamp),
-        ("date", pa.types.is_date),
-        ("decimal", pa.types.is_decimal),
-    )
-    for name, check in checks:
-        if check(kind):
-            return name
-    return str(kind)
-
-
-def _reconcile(table: str, target: pa.Schema | None, batch: pa.Table) -> tuple[pa.Table, bool]:
-    """Fit ``batch`` to the table's schema; returns the batch and whether it adds columns.
-
-    Null-typed columns (no value seen yet) carry no type and are dropped unless the table
-    has the column; they are added when a batch brings a typed value.
-    """
-    adds = False
-    for field in batch.schema:
-        name = field.name
-        if target is None or name not in target.names:
-            if pa.types.is_null(field.type):
-                batch = batch.drop_columns([name])
-            else:
-                adds = target is not None
-            continue
-        want = target.field(name).type
-        if field.type == want:
-            continue
-        if not (pa.types.is_null(field.type) or _family(field.type) == _family(want)):
-            raise SchemaMismatchError(table, name, str(want), str(field.type))
-        try:
-            column = batch.column(name).cast(want)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            raise SchemaMismatchError(table, name, str(want), str(field.type)) from None
-        batch = batch.set_column(batch.schema.get_field_index(name), pa.field(name, want), column)
-    if target is not None:
-        for field in target:
-            if field.name not in batch.column_names:
-                batch = batch.append_column(field, pa.nulls(batch.num_rows, field.type))
-    return batch, adds
-
-
 def table_schema(target: DeltaTable) -> pa.Schema:
     """The Arrow schema of the table's current version."""
     return target.to_pyarrow_dataset().schema
@@ -227,7 +176,7 @@ def write_scd1(
     side = open_table(side_path)
     tombstones, watermark = _read_tombstones(side, changes, keys, sequence_by)
     actions = plan_scd1(changes, keys, tombstones=tombstones, truncated_through=watermark, sequence_by=sequence_by)
-    rows, adds = _reconcile(table, None if target is None else table_schema(target), actions.rows)
+    rows, adds = reconcile(table, None if target is None else table_schema(target), actions.rows)
     needs_side = actions.deletes.num_rows > 0 or actions.truncate_at is not None
     if tombstones is not None and tombstones.num_rows and actions.upserts.num_rows:
         needs_side = True
@@ -345,7 +294,7 @@ def write_scd2(
     spanning = None
     if target is not None:
         # Check types before planning: planning unifies the batch with existing versions.
-        _reconcile(table, table_schema(target), changes)
+        reconcile(table, table_schema(target), changes)
         spanning = spanning_versions(target, changes, keys, sequence_by)
     window = scd2_window(changes, keys, sequence_by, spanning)
     if target is not None:
@@ -421,7 +370,7 @@ def commit_scd2(
     """
     side_path = path / TOMBSTONES_DIR
     side = open_table(side_path)
-    versions, adds = _reconcile(table, None if target is None else table_schema(target), actions.versions)
+    versions, adds = reconcile(table, None if target is None else table_schema(target), actions.versions)
     try:
         if (actions.tombstones.num_rows or actions.truncates) and not _already(side, table, batch_id):
             _append_scd2_tombstones(side_path, side, actions, keys=keys, table=table, batch_id=batch_id)
@@ -495,5 +444,5 @@ def _append_scd2_tombstones(
         truncate_rows[actions.sequence_by] = pa.array(actions.truncates, marks.schema.field(actions.sequence_by).type)
         truncate_rows[OP] = pa.array([TRUNCATE_OP] * count, pa.string())
         marks = pa.concat_tables([marks, pa.table(truncate_rows, schema=marks.schema)])
-    marks, _ = _reconcile(table, None if side is None else table_schema(side), marks)
+    marks, _ = reconcile(table, None if side is None else table_schema(side), marks)
     write_deltalake(str(side_path), marks, mode="append", commit_properties=_commit(table, batch_id))

@@ -23,8 +23,9 @@ import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 from deltalake import DeltaTable
 
-from warehouse_loader.delta_scan import register_delta, sql_list
+from warehouse_loader.delta_scan import register_delta
 from warehouse_loader.errors import QueryError, UnknownTableError
+from warehouse_loader.sql_text import sql_list
 
 OutputFormat = Literal["table", "json", "csv"]
 

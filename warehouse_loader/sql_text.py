@@ -1,4 +1,4 @@
-"""SQL text the SCD planners, the Delta writer and the backfill build: identifiers, literals, key conditions.
+"""SQL text the SCD planners, the Delta writer, the backfill and queries build: identifiers, literals, key conditions.
 
 One dialect serves DuckDB (planning, reading Delta files) and DataFusion (delta-rs MERGE
 predicates): both fold unquoted identifiers to lower case, so every column name is quoted.
@@ -25,6 +25,11 @@ def sql_literal(value: Any) -> str:
         return str(value)
     msg = f"truncate needs a string or integer sequence column, got {type(value).__name__}"
     raise ChangeBatchError(msg)
+
+
+def sql_list(values: Sequence[str]) -> str:
+    """A DuckDB list literal of strings (DDL and SET take no prepared parameters)."""
+    return "[" + ", ".join("'" + v.replace("'", "''") + "'" for v in values) + "]"
 
 
 def key_match(keys: Sequence[str], left: str, right: str) -> str:
