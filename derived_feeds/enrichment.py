@@ -22,9 +22,9 @@ Truncates (``enrichment_state`` keeps each topic's latest one): every image of a
 older than its latest truncate is gone. A lookup truncate empties that lookup view (the
 batch's later changes of that topic then apply) and is a lookup change like any other:
 every source row is run again, so rows an inner join loses get deletes and left-join rows
-get nulls. A source truncate passes through to the feed as a truncate event (as in plain
+get nulls. A source truncate passes through to the feed as a truncate record (as in plain
 feeds), and the source rows it took away are out of the state a later lookup change runs;
-changes of the batch older than it make no event (the truncate event covers them). Images
+changes of the batch older than it make no record (the truncate covers them). Images
 are compared with the truncate by ``__hw_seq``, whichever batch they came in, except that
 a change is taken to be newer than the truncates of earlier batches (capture appends each
 topic in source order).
@@ -53,9 +53,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from derived_feeds.enrichment_state import CHANGES, TRUNCATE_KEY, newer_than, not_truncated, state_tables
+from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, META
 from derived_feeds.feed_schema import JSON_OPTIONS
 from derived_feeds.feed_writer import BatchMarker
-from derived_feeds.transform import AFTER, IMAGE, KEY_JSON, META, SRC_KEY, apply_sql
+from derived_feeds.transform import AFTER, IMAGE, SRC_KEY, apply_sql, typed_key_json
 from log.base import Log
 from log.envelope import Op
 from spark_log import source_schema as cols
@@ -65,7 +66,6 @@ if TYPE_CHECKING:
 
     from derived_feeds.feed_job import FeedPlan
 
-_AFTER_JSON = "__hw_after_json"
 _POSITION = (cols.SEQ, cols.COMMIT_LSN, cols.TXN_INDEX)
 
 
@@ -97,24 +97,18 @@ def _views(tables: LookupTables, plan: FeedPlan) -> dict[str, DataFrame]:
     return {view: _project(frame, plan.lookup_structs[view]) for view, frame in tables.frames.items()}
 
 
-def _key_json(columns: list[Column], plan: FeedPlan) -> Column:
-    """The feed key as JSON, each column typed as in the source image (so both sides compare equal)."""
-    pairs = zip(columns, plan.spec.key, strict=True)
-    typed = [column.cast(plan.source_struct[name].dataType).alias(name) for column, name in pairs]
-    return F.to_json(F.struct(*typed), JSON_OPTIONS)
-
-
 def _source_key_json(plan: FeedPlan) -> Column:
-    return _key_json([F.col(IMAGE)[name] for name in plan.spec.key], plan)
+    return typed_key_json([F.col(IMAGE)[name] for name in plan.spec.key], plan.spec.key, plan.source_struct)
 
 
 def _output_rows(output: DataFrame, plan: FeedPlan) -> DataFrame:
     """SQL rows as (key JSON, row, row JSON)."""
     row = F.struct(*[F.col(f"`{c}`") for c in output.columns])
+    key = plan.spec.key
     return output.select(
-        _key_json([F.col(f"`{name}`") for name in plan.spec.key], plan).alias(KEY_JSON),
+        typed_key_json([F.col(f"`{name}`") for name in key], key, plan.source_struct).alias(KEY_JSON),
         row.alias(AFTER),
-        F.to_json(row, JSON_OPTIONS).alias(_AFTER_JSON),
+        F.to_json(row, JSON_OPTIONS).alias(AFTER_JSON),
     )
 
 
@@ -141,7 +135,8 @@ def _lookup_tables(spark: SparkSession, plan: FeedPlan, batch_id: int, prior: Ca
     return LookupTables(batch_id - 1, frames)
 
 
-def _events(frame: DataFrame, op: Column, after: Column) -> DataFrame:
+def _output(frame: DataFrame, op: Column, after: Column) -> DataFrame:
+    """Feed output records (key JSON, ``op``, ``after``, META) of ``frame``'s rows."""
     return frame.select(KEY_JSON, op.alias(cols.OP), after.alias(AFTER), *META)
 
 
@@ -216,12 +211,12 @@ def process_enriched_batch(
     # Changed source keys: their SQL rows with the lookups after this batch.
     source_changes = changes.where(F.col(cols.TOPIC) == spec.source_topic).withColumn(KEY_JSON, _source_key_json(plan))
     live = source_changes.where(F.col(cols.OP) != Op.DELETE.value)
-    output = _output_rows(apply_sql(spark, _project(live, plan.source_struct), spec.config.sql, views_after), plan)
-    upserts = live.join(output.select(KEY_JSON, AFTER), on=KEY_JSON, how="inner")
+    sql_rows = _output_rows(apply_sql(spark, _project(live, plan.source_struct), spec.config.sql, views_after), plan)
+    upserts = live.join(sql_rows.select(KEY_JSON, AFTER), on=KEY_JSON, how="inner")
     never_in_feed = (F.col(CHANGES) == 1) & F.col(cols.OP).isin(Op.CREATE.value, Op.READ.value)
-    deletes = source_changes.join(output.select(KEY_JSON), on=KEY_JSON, how="left_anti").where(~never_in_feed)
-    events = _events(upserts, F.col(cols.OP), F.col(AFTER)).unionByName(
-        _events(deletes, F.lit(Op.DELETE.value), no_row)
+    deletes = source_changes.join(sql_rows.select(KEY_JSON), on=KEY_JSON, how="left_anti").where(~never_in_feed)
+    records = _output(upserts, F.col(cols.OP), F.col(AFTER)).unionByName(
+        _output(deletes, F.lit(Op.DELETE.value), no_row)
     )
 
     if trigger is not None:  # every other source key, before vs after the lookup changes
@@ -234,23 +229,23 @@ def process_enriched_batch(
         images = _project(rest, plan.source_struct)
         old = _output_rows(apply_sql(spark, images, spec.config.sql, _views(before, plan)), plan)
         new = _output_rows(apply_sql(spark, images, spec.config.sql, views_after), plan)
-        changed = new.join(old.select(KEY_JSON, _AFTER_JSON), on=[KEY_JSON, _AFTER_JSON], how="left_anti")
+        changed = new.join(old.select(KEY_JSON, AFTER_JSON), on=[KEY_JSON, AFTER_JSON], how="left_anti")
         gone = old.select(KEY_JSON).join(new.select(KEY_JSON), on=KEY_JSON, how="left_anti")
         sources = rest.select(KEY_JSON, *META)
-        events = events.unionByName(
-            _events(changed.join(sources, on=KEY_JSON), F.lit(Op.UPDATE.value), F.col(AFTER))
-        ).unionByName(_events(gone.join(sources, on=KEY_JSON), F.lit(Op.DELETE.value), no_row))
+        records = records.unionByName(
+            _output(changed.join(sources, on=KEY_JSON), F.lit(Op.UPDATE.value), F.col(AFTER))
+        ).unionByName(_output(gone.join(sources, on=KEY_JSON), F.lit(Op.DELETE.value), no_row))
         # A lookup change re-emits with its (newer) sequence.
         position = F.greatest(F.struct(*[F.col(c) for c in _POSITION]), trigger)
-        events = events.withColumns({name: position[name] for name in _POSITION})
+        records = records.withColumns({name: position[name] for name in _POSITION})
 
     # A source truncate passes through with its own position (the rows after it are newer).
     if spec.source_topic in truncated_at:
         source_truncate = batch_rows.where(is_truncate & (F.col(cols.TOPIC) == spec.source_topic))
         no_key = source_truncate.withColumn(KEY_JSON, F.lit(None).cast(StringType()))
-        events = events.unionByName(_events(no_key, F.col(cols.OP), no_row))
+        records = records.unionByName(_output(no_key, F.col(cols.OP), no_row))
 
-    write(plan, log, events, marker)
+    write(plan, log, records, marker)
     key = _cache_key(spark, plan)
     for stale in [other for other in _last_tables if other[0] == key[0]]:  # an earlier query of this feed
         del _last_tables[stale]

@@ -19,7 +19,7 @@ load 12-17): the Python processor makes state calls per key over a socket, 5,000
 20,000 keys took 1.7-4.3 s. Deleted keys stay in the state with op ``d`` (an aggregation
 cannot drop a key); rows of keyless tables are left out.
 
-Truncates (keyless ``t`` events) count: each topic's latest truncate is one more grouping
+Truncates (keyless ``t`` changes) count: each topic's latest truncate is one more grouping
 row of the same aggregation, under the reserved key :data:`TRUNCATE_KEY`, so it is kept,
 checkpointed and restored with the rows. Every image of a topic older than that topic's
 latest truncate (by ``__hw_seq``, the order of ``max_by``) is gone: :func:`without_truncated`
@@ -49,8 +49,9 @@ from pyspark.sql.types import StringType, StructType
 
 from core.errors import PermanentError
 from derived_feeds.errors import DerivedFeedsError
+from derived_feeds.feed_output import META
 from derived_feeds.feed_schema import JSON_OPTIONS
-from derived_feeds.transform import IMAGE, META, ROW_OPS, SRC_KEY
+from derived_feeds.transform import IMAGE, SRC_KEY
 from log.envelope import Op
 from spark_log import source_schema as cols
 
@@ -103,7 +104,7 @@ def _state_schemas(checkpoint: Path) -> list[Path]:
     return sorted((checkpoint / "state").glob("*/*/_metadata/schema"))
 
 
-def latest_per_key(events: DataFrame) -> DataFrame:
+def latest_per_key(rows: DataFrame) -> DataFrame:
     """The streaming aggregation over ``headwater_log`` rows: per ``(topic, key)`` its latest change.
 
     Columns: ``topic``, ``__hw_src_key``, ``op``, ``__hw_image`` (``after``, ``before`` for a
@@ -111,16 +112,15 @@ def latest_per_key(events: DataFrame) -> DataFrame:
     as :func:`derived_feeds.transform.latest_changes`. A topic's latest truncate is the row
     with key :data:`TRUNCATE_KEY` (op ``t``, null image).
     """
-    image_type = events.schema[cols.AFTER].dataType
+    image_type = rows.schema[cols.AFTER].dataType
     assert isinstance(image_type, StructType), "enriched topics are typed (checked by plan_feed)"
-    image = F.when(F.col(cols.OP) == Op.DELETE.value, F.col(cols.BEFORE)).otherwise(F.col(cols.AFTER))
     is_truncate = F.col(cols.OP) == Op.TRUNCATE.value
-    rows = events.where((F.col(cols.OP).isin(*ROW_OPS) & F.col(cols.KEY).isNotNull()) | is_truncate)
+    changes = rows.where((F.col(cols.OP).isin(*cols.ROW_OPS) & F.col(cols.KEY).isNotNull()) | is_truncate)
     key = F.when(is_truncate, F.lit(TRUNCATE_KEY)).otherwise(F.col(cols.KEY))
     order = F.struct(F.col(cols.SEQ), F.col(cols.PARTITION), F.col(cols.OFFSET))
-    latest = F.max_by(F.struct(cols.OP, F.to_json(image, _STATE_JSON).alias(_IMAGE_JSON), *META), order)
+    latest = F.max_by(F.struct(cols.OP, F.to_json(cols.row_image(), _STATE_JSON).alias(_IMAGE_JSON), *META), order)
     return (
-        rows.groupBy(F.col(cols.TOPIC), key.alias(SRC_KEY))
+        changes.groupBy(F.col(cols.TOPIC), key.alias(SRC_KEY))
         .agg(latest.alias(_LATEST), F.count(F.lit(1)).alias(CHANGES))
         .select(
             cols.TOPIC,

@@ -124,18 +124,29 @@ class Check:
         return row.isNull() | F.coalesce(ok, F.lit(False))
 
 
+def checked_rule(
+    feed: str, where: str, expectation: ExpectationConfig, *, name_field: str | None = None
+) -> tuple[_Rule, Action]:
+    """The rule and action of the feed expectation at ``where``; a one-line config error if either is missing.
+
+    An unknown expectation name is reported at ``name_field`` (default ``where``).
+    """
+    rule = RULES.get(expectation.expect)
+    if rule is None:
+        supported = ", ".join(sorted(RULES))
+        msg = f"{expectation.expect} is not a row-level expectation a feed can evaluate; use one of {supported}"
+        raise FeedConfigError(feed, name_field or where, msg)
+    if expectation.action is None:
+        raise FeedConfigError(feed, f"{where}.action", "give action: warn, drop or fail")
+    return rule, expectation.action
+
+
 def compile_checks(feed: str, expectations: Sequence[ExpectationConfig], output: StructType) -> list[Check]:
     """Validate a feed's expectations against its output columns; a one-line config error otherwise."""
     checks = []
     for index, expectation in enumerate(expectations):
         where = f"expectations[{index}]"
-        rule = RULES.get(expectation.expect)
-        if rule is None:
-            supported = ", ".join(sorted(RULES))
-            msg = f"{expectation.expect} is not a row-level expectation a feed can evaluate; use one of {supported}"
-            raise FeedConfigError(feed, where, msg)
-        if expectation.action is None:
-            raise FeedConfigError(feed, f"{where}.action", "give action: warn, drop or fail")
+        rule, action = checked_rule(feed, where, expectation)
         args = expectation.kwargs
         column = args.pop("column", None)
         if not isinstance(column, str):
@@ -152,7 +163,7 @@ def compile_checks(feed: str, expectations: Sequence[ExpectationConfig], output:
         mostly = float(args.pop("mostly", 1.0))
         for name in _COMMON:
             args.pop(name, None)
-        checks.append(Check(index, expectation.expect, column, expectation.action, args, mostly))
+        checks.append(Check(index, expectation.expect, column, action, args, mostly))
     return checks
 
 
@@ -161,12 +172,3 @@ def with_checks(changes: Any, checks: Sequence[Check], row: str = "after") -> An
     if not checks:
         return changes
     return changes.withColumns({check.flag: check.predicate(F.col(row)) for check in checks})
-
-
-def drop_passing(checks: Sequence[Check]) -> Column | None:
-    """True where a row meets every ``drop`` expectation (None when there are none)."""
-    result: Column | None = None
-    for check in checks:
-        if check.action == "drop":
-            result = F.col(check.flag) if result is None else result & F.col(check.flag)
-    return result

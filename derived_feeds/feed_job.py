@@ -3,7 +3,7 @@
 ``headwater_log`` (streaming, the feed's ``from`` topic, resolved to its current version,
 reduced to the latest change per key by the source) → ``foreachBatch`` on the driver →
 the feed's SQL in Spark (:mod:`derived_feeds.transform`) → SQL rows paired with their
-source changes, checked and encoded on the driver in Arrow (:mod:`derived_feeds.feed_events`)
+source changes, checked and encoded on the driver in Arrow (:mod:`derived_feeds.feed_output`)
 → :func:`derived_feeds.feed_writer.append_once` into the feed's
 topic (compacted, keyed by the feed key) and its quarantine.
 
@@ -31,16 +31,17 @@ from pyspark.sql.types import StructType
 
 from core.config import ProjectConfig
 from core.errors import HeadwaterError
+from derived_feeds.enrichment import process_enriched_batch
+from derived_feeds.enrichment_state import check_checkpoint, latest_per_key, start_stateful
 from derived_feeds.errors import FeedConfigError
 from derived_feeds.expectations import Check, compile_checks, with_checks
-from derived_feeds.feed_events import AFTER_JSON, KEY_JSON, encode_events, pair_changes, paired_events
 from derived_feeds.feed_graph import run_order
+from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, META, encode_output, pair_changes, paired_output
 from derived_feeds.feed_schema import JSON_OPTIONS, schema_columns, schema_record, wire_struct
 from derived_feeds.feed_spec import FeedSpec, feed_spec
 from derived_feeds.feed_writer import AppendMemo, BatchMarker, append_once, checkpoint_run, plan_batch, record_quality
 from derived_feeds.transform import (
     AFTER,
-    META,
     SRC_KEY,
     OnePass,
     apply_sql,
@@ -54,6 +55,7 @@ from log.base import Log, Record, TopicSpec, append_keyed
 from log.table_schemas import read_schema_records, schema_key
 from log.topics import SCHEMAS_TOPIC
 from spark_log import source_schema as cols
+from spark_log.data_source import log_reader
 from spark_log.progress import commit_progress, track_progress
 
 if TYPE_CHECKING:
@@ -86,12 +88,7 @@ class FeedPlan:
 
 
 def _image_struct(spark: SparkSession, config: ProjectConfig, feed: str, field_name: str, topic: str) -> StructType:
-    from spark_log.data_source import register_log_source
-
-    register_log_source(spark)
-    schema = (
-        spark.read.format("headwater_log").option("config", str(config.config_path)).option("topic", topic).load()
-    ).schema
+    schema = log_reader(spark, config, topic).load().schema
     image = schema[cols.AFTER].dataType
     if not isinstance(image, StructType):
         msg = f"topic {topic!r} has no schema record in {SCHEMAS_TOPIC}, so its rows are untyped; capture it first"
@@ -102,9 +99,8 @@ def _image_struct(spark: SparkSession, config: ProjectConfig, feed: str, field_n
 def plan_feed(spark: SparkSession, config: ProjectConfig, log: Log, spec: FeedSpec) -> FeedPlan:
     """Check ``spec`` against its input and write its topics and schema record (before any batch)."""
     topics = set(log.list_topics())
-    for view, topic in {"from": spec.source_topic, **spec.lookup_topics}.items():
+    for where, topic in spec.input_fields.items():
         if topic not in topics:
-            where = "from" if view == "from" else f"lookups.{view}"
             raise FeedConfigError(spec.name, where, f"topic {topic!r} does not exist (yet); run its producer first")
     source = _image_struct(spark, config, spec.name, "from", spec.source_topic)
     lookups = {
@@ -167,8 +163,8 @@ def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarke
     """One micro-batch of a plain feed: compute, check, encode, append exactly once, record counts.
 
     Spark computes the latest change per key (already done by the source when read with
-    ``latestPerKey``) and the SQL; the driver pairs changes with SQL rows and writes the
-    events' JSON in Arrow (``feed_events``): no shuffle, no join in Spark. When the SQL is
+    ``latestPerKey``) and the SQL; the driver pairs changes with SQL rows and encodes the
+    output records in Arrow (``feed_output``): no shuffle, no join in Spark. When the SQL is
     projections and filters over ``source`` and the feed key holds the source's key, one
     Spark pass returns each change with its SQL row (``transform.paired_rows``, planned at
     the query's first batch and reused: ``transform.OnePass``); otherwise the reduced
@@ -179,8 +175,8 @@ def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarke
     if plan.one_pass is not None:
         paired = plan.one_pass.paired(batch)  # planned at the query's first batch, then reused
         if paired is not None:  # projections/filters: one Spark pass, no cache, no join
-            events = paired_events(paired.toArrow(), plan.checks)
-            _append(plan, log, encode_events(events, spec.name, plan.checks), marker)
+            records = paired_output(paired.toArrow(), plan.checks)
+            _append(plan, log, encode_output(records, spec.name, plan.checks), marker)
             plan.stats["one_pass"] += 1
             return
     latest = _latest(batch).persist()  # only what the SQL and the pairing read: the cache is built per batch
@@ -188,8 +184,8 @@ def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarke
         output = apply_sql(spark, current_images(latest), spec.config.sql)
         changes = change_rows(latest, spec.key).toArrow()
         outputs = output_rows(output, spec.key, plan.source_struct, plan.checks).toArrow()
-        events = pair_changes(changes, outputs, plan.checks)
-        _append(plan, log, encode_events(events, spec.name, plan.checks), marker)
+        records = pair_changes(changes, outputs, plan.checks)
+        _append(plan, log, encode_output(records, spec.name, plan.checks), marker)
     finally:
         latest.unpersist()
 
@@ -201,7 +197,7 @@ def _latest(batch: DataFrame) -> DataFrame:
 
 
 def _write(plan: FeedPlan, log: Log, changes: DataFrame, marker: BatchMarker) -> None:
-    """Check, encode and append feed events given as a DataFrame (``__hw_key``, ``op``, ``after``, META)."""
+    """Check, encode and append feed output records given as a DataFrame (``__hw_key``, ``op``, ``after``, META)."""
     checked = with_checks(changes, plan.checks)
     after_type = changes.schema[AFTER].dataType
     assert isinstance(after_type, StructType)
@@ -212,7 +208,7 @@ def _write(plan: FeedPlan, log: Log, changes: DataFrame, marker: BatchMarker) ->
         *META,
         *[check.flag for check in plan.checks],
     )
-    _append(plan, log, encode_events(frame.toArrow(), plan.spec.name, plan.checks), marker)
+    _append(plan, log, encode_output(frame.toArrow(), plan.spec.name, plan.checks), marker)
 
 
 def _append(plan: FeedPlan, log: Log, encoded: pa.Table, marker: BatchMarker) -> None:
@@ -239,16 +235,9 @@ def start_feed(
     options: Mapping[str, str] | None = None,
 ) -> tuple[StreamingQuery, FeedPlan]:
     """Plan feed ``spec`` and start its streaming query (returns the running query and the plan)."""
-    from spark_log.data_source import register_log_source
-
     plan = plan_feed(spark, config, log, spec)
-    register_log_source(spark)
-    reader = (
-        spark.readStream.format("headwater_log")
-        .option("config", str(config.config_path))
-        .option("topic", ",".join(spec.input_topics))
-        .option("maxRecordsPerBatch", str(max_records_per_batch))
-    )
+    reader = log_reader(spark, config, ",".join(spec.input_topics), streaming=True)
+    reader = reader.option("maxRecordsPerBatch", str(max_records_per_batch))
     if not spec.lookup_topics:  # enrichment keeps every change of its topics (state per key)
         reader = reader.option("latestPerKey", "true")
     for name, value in (options or {}).items():
@@ -258,8 +247,6 @@ def start_feed(
     def apply(batch: DataFrame, batch_id: int) -> None:
         try:
             if spec.lookup_topics:
-                from derived_feeds.enrichment import process_enriched_batch
-
                 process_enriched_batch(plan, log, batch, BatchMarker(run, batch_id), _write)
             else:
                 process_batch(plan, log, batch, BatchMarker(run, batch_id))
@@ -272,8 +259,6 @@ def start_feed(
         track_progress(spark, log, query_name, spec.group)
     stream = reader.load()
     if spec.lookup_topics:  # enrichment: the latest change per (topic, key) in Spark's state store
-        from derived_feeds.enrichment_state import check_checkpoint, latest_per_key, start_stateful
-
         check_checkpoint(spec)
         stream = latest_per_key(stream)
     writer = stream.writeStream.queryName(query_name).foreachBatch(apply)

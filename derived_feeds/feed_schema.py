@@ -2,7 +2,7 @@
 
 Feed topics are read back by the same ``headwater_log`` source as raw table topics, so a
 feed writes its column list as PG-like type descriptors (``type_oid``, ``typmod``) that
-:func:`capture.typemap.logical_type` maps back to the same Spark type under the default
+:func:`log.row_types.logical_type` maps back to the same Spark type under the default
 type modes (a feed's topic belongs to no source, so readers use ``TypesConfig()``), and
 writes values in exactly the JSON form those modes produce:
 
@@ -24,7 +24,7 @@ Array<simple type>         the element's array    array of the element's values
 struct, map, other         json 114               the value's JSON text, as a string
 =========================  =====================  ==========================================
 
-The round trip is exact: ``event_schema.spark_type(logical_type(oid, typmod))`` gives the
+The round trip is exact: ``spark_log.source_schema.spark_type(logical_type(oid, typmod))`` gives the
 original Spark type for every row above (``tests/unit/derived_feeds/test_feed_schema.py``).
 """
 

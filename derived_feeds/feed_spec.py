@@ -13,7 +13,10 @@ from pathlib import Path
 
 from core.config import FeedConfig, ProjectConfig
 from derived_feeds.errors import FeedConfigError
-from log.topics import feed_group, quarantine_topic
+from derived_feeds.feed_graph import run_order
+from log.errors import InvalidTopicNameError
+from log.topics import feed_group, quarantine_topic, validate_topic_name
+from spark_log.versions import current_version, resolve_topic
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,12 @@ class FeedSpec:
         return feed_group(self.name)
 
     @property
+    def input_fields(self) -> dict[str, str]:
+        """Each input topic by the config field that names it: ``from``, ``lookups.<view>``."""
+        named = {"from": self.source_topic, **self.lookup_topics}
+        return {("from" if view == "from" else f"lookups.{view}"): topic for view, topic in named.items()}
+
+    @property
     def input_topics(self) -> tuple[str, ...]:
         """The stream's topics: the source first, then the lookups' topics."""
         return (self.source_topic, *sorted(set(self.lookup_topics.values()) - {self.source_topic}))
@@ -64,8 +73,6 @@ def feed_spec(config: ProjectConfig, name: str, *, topic: str | None = None, ver
 
     ``topic``/``version`` override the output (``headwater reprocess`` writes version N+1).
     """
-    from spark_log.versions import current_version, resolve_topic
-
     feed = config.feeds.get(name)
     if feed is None:
         known = ", ".join(config.feeds) or "none"
@@ -94,10 +101,8 @@ def check_before_spark(config: ProjectConfig, topics: Collection[str], names: Se
     feed can evaluate, with an action. Column-level checks need the SQL's output schema and
     stay in :func:`derived_feeds.feed_job.plan_feed`.
     """
-    from derived_feeds.expectations import RULES
-    from derived_feeds.feed_graph import run_order
-    from log.errors import InvalidTopicNameError
-    from log.topics import validate_topic_name
+    # pyspark (the expectations are Spark predicates): `headwater status` reads feed specs without Spark.
+    from derived_feeds.expectations import checked_rule
 
     produced = set(topics) | {feed_spec(config, name).topic for name in config.feeds}
     for name in run_order(config, names):
@@ -107,16 +112,10 @@ def check_before_spark(config: ProjectConfig, topics: Collection[str], names: Se
             validate_topic_name(spec.quarantine_topic)
         except InvalidTopicNameError as exc:
             raise FeedConfigError(name, "(name)", f"{exc}; rename the feed") from None
-        for view, topic in {"from": spec.source_topic, **spec.lookup_topics}.items():
+        for where, topic in spec.input_fields.items():
             if topic not in produced:
-                where = "from" if view == "from" else f"lookups.{view}"
                 msg = f"topic {topic!r} does not exist (yet); run its producer first or fix the name"
                 raise FeedConfigError(name, where, msg)
         for index, expectation in enumerate(spec.config.expectations):
             where = f"expectations[{index}]"
-            if expectation.expect not in RULES:
-                supported = ", ".join(sorted(RULES))
-                msg = f"{expectation.expect} is not a row-level expectation a feed can evaluate; use one of {supported}"
-                raise FeedConfigError(name, f"{where}.expect", msg)
-            if expectation.action is None:
-                raise FeedConfigError(name, f"{where}.action", "give action: warn, drop or fail")
+            checked_rule(name, where, expectation, name_field=f"{where}.expect")

@@ -8,11 +8,11 @@ Per micro-batch of the feed's input (``headwater_log`` rows):
    and :func:`reduced_changes` is a projection (no shuffle);
 2. :func:`apply_sql` runs the feed's SQL over the current images (``source`` view);
 3. :func:`change_rows` and :func:`output_rows` are what the driver pairs by the feed key
-   (``derived_feeds.feed_events.pair_changes``) to decide each key's event: the SQL's row
+   (``derived_feeds.feed_output.pair_changes``) to decide each key's output record: the SQL's row
    as an upsert (the source op ``c``/``u``/``r``), or a delete when the source row was
    deleted or no longer passes the SQL. For SQL that is projections and filters over
    ``source`` (the common case), :func:`paired_rows` does 2 and 3 in one pass instead:
-   each change with its own SQL row, no second read, no join (same events); a feed query
+   each change with its own SQL row, no second read, no join (same records); a feed query
    plans it at its first micro-batch and reuses that plan for the others (:class:`OnePass`).
 
 Why deletes without state (decision): a key whose latest image fails the filter gets a
@@ -22,7 +22,7 @@ and it keeps the feed stateless: restarts and reprocessing need nothing but the 
 one cheap exception: a key whose first change in the batch is an insert cannot have been
 in the feed, so a failing insert produces nothing.
 
-Invariant: every output event carries its source change's ``(commit_lsn, txn_index)``
+Invariant: every output record carries its source change's ``(commit_lsn, txn_index)``
 and ``__hw_seq``, so downstream sinks apply it exactly as they would the raw change.
 Feed keys are source columns passed through the SQL unchanged (checked at start).
 """
@@ -37,9 +37,8 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from derived_feeds import feed_events
 from derived_feeds.expectations import Check, with_checks
-from derived_feeds.feed_events import AFTER_JSON
+from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, META
 from derived_feeds.feed_schema import JSON_OPTIONS, wire_struct
 from log.envelope import Op
 from spark_log import source_schema as cols
@@ -47,49 +46,42 @@ from spark_log import source_schema as cols
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-#: Columns of :func:`latest_changes` besides the image.
+#: Columns of :func:`latest_changes` besides the image, ``op``, META and ``__hw_first_op``.
 SRC_KEY = "__hw_src_key"
-FIRST_OP = cols.FIRST_OP
 IMAGE = "__hw_image"
-#: The feed event's row (a STRUCT of the SQL's columns) in frames of feed events.
+#: The output record's row (a STRUCT of the SQL's columns) in frames of feed output records.
 AFTER = "after"
-#: The feed key as JSON text (the feed record's key).
-KEY_JSON = feed_events.KEY_JSON
-#: The source position and provenance every feed event keeps.
-META = feed_events.META
-ROW_OPS = (Op.CREATE.value, Op.UPDATE.value, Op.READ.value, Op.DELETE.value)
 SOURCE_VIEW = "source"
 
 
-def latest_changes(events: DataFrame) -> DataFrame:
+def latest_changes(rows: DataFrame) -> DataFrame:
     """One row per ``(topic, key)``: its latest change (``op``, image, META) and its first op in the batch.
 
-    The image is ``after`` for upserts and ``before`` for deletes. Events without a key
+    The image is ``after`` for upserts and ``before`` for deletes. Changes without a key
     (keyless tables, truncates) stay one row each. Messages and tombstones are left out.
-    One aggregation over one scan of ``events``: every later step reads its result, so the
-    source is decoded once per micro-batch (Spark reuses the exchange).
+    One aggregation over one scan of the source's ``rows``: every later step reads its result,
+    so the source is decoded once per micro-batch (Spark reuses the exchange).
     """
-    image = F.when(F.col(cols.OP) == Op.DELETE.value, F.col(cols.BEFORE)).otherwise(F.col(cols.AFTER))
-    rows = events.where(F.col(cols.OP).isin(*ROW_OPS, Op.TRUNCATE.value))
+    changes = rows.where(F.col(cols.OP).isin(*cols.CHANGE_OPS))
     group = F.coalesce(F.col(cols.KEY), F.format_string("\u0000%d:%d", F.col(cols.PARTITION), F.col(cols.OFFSET)))
     order = F.struct(F.col(cols.SEQ), F.col(cols.PARTITION), F.col(cols.OFFSET))
-    latest = F.max_by(F.struct(F.col(cols.KEY).alias(SRC_KEY), cols.OP, image.alias(IMAGE), *META), order)
+    latest = F.max_by(F.struct(F.col(cols.KEY).alias(SRC_KEY), cols.OP, cols.row_image().alias(IMAGE), *META), order)
     return (
-        rows.groupBy(F.col(cols.TOPIC), group.alias("__hw_group"))
-        .agg(latest.alias("last"), F.min_by(F.col(cols.OP), order).alias(FIRST_OP))
-        .select(cols.TOPIC, "last.*", FIRST_OP)
+        changes.groupBy(F.col(cols.TOPIC), group.alias("__hw_group"))
+        .agg(latest.alias("last"), F.min_by(F.col(cols.OP), order).alias(cols.FIRST_OP))
+        .select(cols.TOPIC, "last.*", cols.FIRST_OP)
     )
 
 
-def reduced_changes(events: DataFrame) -> DataFrame:
+def reduced_changes(rows: DataFrame) -> DataFrame:
     """:func:`latest_changes` of a read the source already reduced per key (option ``latestPerKey``).
 
     The source applied the same rule per log partition (``spark_log.latest_per_key``),
     so this is a projection: no aggregation, no shuffle.
     """
-    image = F.when(F.col(cols.OP) == Op.DELETE.value, F.col(cols.BEFORE)).otherwise(F.col(cols.AFTER))
-    return events.select(
-        cols.TOPIC, F.col(cols.KEY).alias(SRC_KEY), cols.OP, image.alias(IMAGE), *META, F.col(FIRST_OP)
+    image = cols.row_image()
+    return rows.select(
+        cols.TOPIC, F.col(cols.KEY).alias(SRC_KEY), cols.OP, image.alias(IMAGE), *META, F.col(cols.FIRST_OP)
     )
 
 
@@ -117,14 +109,14 @@ _VIEWS = threading.Lock()
 
 
 def change_rows(latest: DataFrame, key: Sequence[str]) -> DataFrame:
-    """What the driver pairs (``feed_events.pair_changes``): per latest change its feed key as JSON, ops, META.
+    """What the driver pairs (``feed_output.pair_changes``): per latest change its feed key as JSON, ops, META.
 
     The key JSON is built from the source image (null for truncates, which have no key);
     deletes carry it as their ``before``.
     """
     key_json = F.to_json(F.struct(*[F.col(IMAGE)[name].alias(name) for name in key]), JSON_OPTIONS)
     return latest.select(
-        F.when(F.col(cols.OP) != Op.TRUNCATE.value, key_json).alias(KEY_JSON), cols.OP, FIRST_OP, *META
+        F.when(F.col(cols.OP) != Op.TRUNCATE.value, key_json).alias(KEY_JSON), cols.OP, cols.FIRST_OP, *META
     )
 
 
@@ -136,15 +128,22 @@ def output_rows(output: DataFrame, key: Sequence[str], image: StructType, checks
     """
     after_type = output.schema
     row = F.struct(*[F.col(f"`{c}`") for c in output.columns])
-    key_json = F.to_json(
-        F.struct(*[F.col(f"`{name}`").cast(image[name].dataType).alias(name) for name in key]), JSON_OPTIONS
-    )
+    key_json = typed_key_json([F.col(f"`{name}`") for name in key], key, image)
     checked: DataFrame = with_checks(output.select(row.alias(AFTER), key_json.alias(KEY_JSON)), checks)
     return checked.select(
         KEY_JSON,
         F.to_json(wire_struct(F.col(AFTER), after_type), JSON_OPTIONS).alias(AFTER_JSON),
         *[check.flag for check in checks],
     )
+
+
+def typed_key_json(columns: Sequence[Column], key: Sequence[str], image: StructType) -> Column:
+    """The feed key (``columns``, named ``key``) as JSON, each cast to its type in the source ``image``.
+
+    Typed alike, a key taken from the SQL's row and one taken from the source's change give the same text.
+    """
+    typed = [column.cast(image[name].dataType).alias(name) for column, name in zip(columns, key, strict=True)]
+    return F.to_json(F.struct(*typed), JSON_OPTIONS)
 
 
 # --------------------------------------------------------------------------- one pass (projection/filter SQL)
@@ -155,7 +154,7 @@ CHANGE = "__hw_change"
 
 def source_rows(latest: DataFrame) -> DataFrame:
     """Every latest change's image columns (deletes: ``before``), plus the change itself as STRUCT ``__hw_change``."""
-    return latest.select(F.col(f"{IMAGE}.*"), F.struct(cols.OP, FIRST_OP, *META).alias(CHANGE))
+    return latest.select(F.col(f"{IMAGE}.*"), F.struct(cols.OP, cols.FIRST_OP, *META).alias(CHANGE))
 
 
 def paired_rows(
@@ -171,7 +170,7 @@ def paired_rows(
     evaluated only on the images of changes that are not deletes or truncates; the
     projection only where it holds. Columns: ``__hw_key``, ``op``, ``__hw_first_op``,
     META, ``__hw_after_json`` (null where the SQL has no row) and the check flags, i.e.
-    what ``feed_events.paired_events`` reads. The caller makes sure the feed key is
+    what ``feed_output.paired_output`` reads. The caller makes sure the feed key is
     unique per change (one row per key in the SQL's output, as in the join).
     """
     if CHANGE in latest.schema[IMAGE].dataType.fieldNames():  # type: ignore[attr-defined]
@@ -193,7 +192,7 @@ def paired_rows(
         passes = F.when(passes, F.coalesce(condition, F.lit(False))).otherwise(F.lit(False))
     after = F.when(passes, F.struct(*[column for _, column in projection]))
     key_json = F.to_json(F.struct(*[rows[name].alias(name) for name in key]), JSON_OPTIONS)
-    change = [F.col(f"{CHANGE}.{name}").alias(name) for name in (cols.OP, FIRST_OP, *META)]
+    change = [F.col(f"{CHANGE}.{name}").alias(name) for name in (cols.OP, cols.FIRST_OP, *META)]
     paired = rows.select(
         F.when(F.col(f"{CHANGE}.{cols.OP}") != Op.TRUNCATE.value, key_json).alias(KEY_JSON), *change, after.alias(AFTER)
     )
@@ -203,7 +202,7 @@ def paired_rows(
     return checked.select(
         KEY_JSON,
         cols.OP,
-        FIRST_OP,
+        cols.FIRST_OP,
         *META,
         F.to_json(wire_struct(F.col(AFTER), after_type), JSON_OPTIONS).alias(AFTER_JSON),
         *[check.flag for check in checks],

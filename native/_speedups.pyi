@@ -149,7 +149,7 @@ def decode_columns(
     """
 
 def scan_envelopes(value_offsets: Any, value_data: Any, first: int, count: int, /) -> tuple[Any, ...] | None:
-    """Envelope columns and before/after JSON streams (28 buffers); None: Python decides (envelope_scan.py)."""
+    """Envelope columns and before/after JSON streams (28 buffers); None: Python decides (envelope_scanner)."""
 
 # batch_columns.c: Arrow columns -> file-log record batches (write side of derived feeds)
 

@@ -286,7 +286,7 @@ out:
  * plain int64 of at most 18 digits, a negative commit_lsn or txn_index, a wrong JSON type, a
  * value that is no envelope (op, before and after all null). The caller then builds the batch
  * the way it did without the scanner. It also returns the sequence column of (commit_lsn,
- * txn_index). spark_log/envelope_scan.py's _scan_envelopes_python is its twin and
+ * txn_index). spark_log/envelope_scanner.py's _scan_envelopes_python is its twin and
  * defines the result.
  */
 #define ENV_MAX_DEPTH 200
@@ -903,6 +903,6 @@ PyMethodDef hw_log_columns_methods[] = {
      "parts: (buffer, start, stop, record_count, base_offset) of plain records sections. See log/file/column_decoder.py."},
     {"scan_envelopes", scan_envelopes, METH_VARARGS,
      "scan_envelopes(value_offsets, value_data, first, count) -> 28 column buffers or None. "
-     "See spark_log/envelope_scan.py."},
+     "See spark_log/envelope_scanner.py."},
     {NULL, NULL, 0, NULL},
 };

@@ -38,8 +38,8 @@ picks up a new column at its next start (from its checkpoint).
 
 Reading: a file log's ranges are read as Arrow columns straight from the segments' bytes
 (:mod:`log.file.column_decoder`, no object per record) and built by
-:meth:`~spark_log.source_batches.EventBatchBuilder.build_columns`; other backends hand
-``StoredRecord`` chunks to :meth:`~spark_log.source_batches.EventBatchBuilder.build`. Both
+:meth:`~spark_log.source_batches.SourceBatchBuilder.build_columns`; other backends hand
+``StoredRecord`` chunks to :meth:`~spark_log.source_batches.SourceBatchBuilder.build`. Both
 give the same rows.
 
 Offsets: one position per partition, ``{"<topic>": {"<partition>": next offset}}``; a
@@ -53,6 +53,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -70,8 +71,9 @@ from log.factory import open_log
 from log.reading import READ_CHUNK, read_range, read_range_columns
 from log.table_schemas import read_schema_records
 from spark_log.errors import LogSourceOptionError
+from spark_log.latest_per_key import latest_per_key
 from spark_log.offsets import LogPosition, OffsetRange, OffsetsSpec, admit, offset_ranges
-from spark_log.source_batches import EventBatchBuilder
+from spark_log.source_batches import SourceBatchBuilder, arrow_schema
 from spark_log.source_schema import (
     FIRST_OP,
     RowSchema,
@@ -82,8 +84,8 @@ from spark_log.source_schema import (
 )
 
 if TYPE_CHECKING:
-    import pyarrow as pa  # type: ignore[import-untyped]
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrameReader, SparkSession
+    from pyspark.sql.streaming.readwriter import DataStreamReader
 
 SOURCE_NAME = "headwater_log"
 DEFAULT_SPLIT_RECORDS = 100_000
@@ -177,6 +179,18 @@ def register_log_source(spark: SparkSession) -> None:
     spark.dataSource.register(HeadwaterLogDataSource)
 
 
+def log_reader(
+    spark: SparkSession, config: ProjectConfig, topic: str, *, streaming: bool = False
+) -> DataFrameReader | DataStreamReader:
+    """``spark.read`` (``readStream`` when ``streaming``) of the project log's ``topic`` (or several, comma-separated).
+
+    Registers the source in the session; further options (offsets, batch size) may follow.
+    """
+    register_log_source(spark)
+    reader = spark.readStream if streaming else spark.read
+    return reader.format(SOURCE_NAME).option("config", str(config.config_path)).option("topic", topic)
+
+
 # --------------------------------------------------------------------------- planning (driver)
 
 
@@ -232,7 +246,7 @@ class _RangeReading:
     """Executor side shared by both readers: open the log in the worker, decode each chunk."""
 
     options: LogSourceOptions
-    builder: EventBatchBuilder
+    builder: SourceBatchBuilder
 
     def _read_ranges(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, LogRangePartition):
@@ -258,11 +272,6 @@ class _RangeReading:
             log.close()
 
     def _latest_per_key(self, batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
-
-        from spark_log.latest_per_key import latest_per_key
-        from spark_log.source_batches import arrow_schema
-
         if not batches:
             return
         # StructType.add changes the struct in place: add to a copy, the builder's schema stays as declared.
@@ -307,11 +316,11 @@ class HeadwaterLogDataSource(DataSource):
                 self._schema = output_schema(row).add(FIRST_OP, StringType())
         return self._schema
 
-    def _builder(self, schema: StructType) -> EventBatchBuilder:
+    def _builder(self, schema: StructType) -> SourceBatchBuilder:
         self.schema()
         if self.parsed.latest_per_key:  # the builder makes the rows, the reader adds the first op
             schema = StructType([field for field in schema.fields if field.name != FIRST_OP])
-        return EventBatchBuilder(schema, self._row_schemas, include_tombstones=self.parsed.include_tombstones)
+        return SourceBatchBuilder(schema, self._row_schemas, include_tombstones=self.parsed.include_tombstones)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """The batch reader."""
@@ -325,7 +334,7 @@ class HeadwaterLogDataSource(DataSource):
 class LogBatchReader(_RangeReading, DataSourceReader):
     """Reads ``startingOffsets`` to ``endingOffsets`` (ends taken when Spark plans the query)."""
 
-    def __init__(self, options: LogSourceOptions, builder: EventBatchBuilder) -> None:
+    def __init__(self, options: LogSourceOptions, builder: SourceBatchBuilder) -> None:
         self.options = options
         self.builder = builder
 
@@ -354,7 +363,7 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
     the log open between calls; ``read`` runs in executors, which open their own.
     """
 
-    def __init__(self, options: LogSourceOptions, builder: EventBatchBuilder) -> None:
+    def __init__(self, options: LogSourceOptions, builder: SourceBatchBuilder) -> None:
         self.options = options
         self.builder = builder
         self._log: Log | None = None  # opened on first use: this object is pickled to executors first

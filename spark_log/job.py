@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from core.config import ProjectConfig
 from core.errors import HeadwaterError, PermanentError
 from log.base import Log
+from log.factory import open_log
+from spark_log.session import spark_session, stop_spark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -22,9 +24,6 @@ if TYPE_CHECKING:
 @contextmanager
 def spark_job(config: ProjectConfig, app_name: str) -> Iterator[tuple[SparkSession, Log]]:
     """Open the project's log and a Spark session; close both (and the JVM) on exit."""
-    from log.factory import open_log
-    from spark_log.session import spark_session, stop_spark
-
     log = open_log(config)
     spark_log = config.home_dir / "logs" / "spark.log"
     with _jvm_stderr_to(spark_log):

@@ -13,28 +13,22 @@ Pure: one Arrow table of the source's rows in, one out (same columns plus ``__hw
 
 from __future__ import annotations
 
-from typing import Final
-
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from log.envelope import Op
 from spark_log import source_schema as cols
-
-#: Ops of row changes (a truncate stays one row of its own: it has no key).
-CHANGE_OPS: Final = (Op.CREATE.value, Op.UPDATE.value, Op.READ.value, Op.DELETE.value, Op.TRUNCATE.value)
 
 
 def latest_per_key(table: pa.Table) -> pa.Table:
     """Per ``(topic, key)`` the latest change by ``(__hw_seq, partition, offset)``, with the key's first op.
 
-    Rows without a key stay one row each (their first op is their op); messages and
-    tombstones (ops other than row changes) are left out. A null ``__hw_seq`` sorts
+    Rows without a key (truncates, keyless tables) stay one row each (their first op is
+    their op); messages and tombstones (ops other than changes) are left out. A null ``__hw_seq`` sorts
     before every sequence, as in Spark's ordering of the same struct.
     """
     ops = table.column(cols.OP)
-    is_change = pc.fill_null(pc.is_in(ops, pa.array(CHANGE_OPS)), False)
+    is_change = pc.fill_null(pc.is_in(ops, pa.array(cols.CHANGE_OPS)), False)
     changes = table if pc.all(is_change).as_py() else table.filter(is_change)
     has_key = changes.column(cols.KEY).is_valid()
     if pc.all(has_key).as_py():

@@ -7,7 +7,7 @@ anything else).
 Two paths, one result. The bulk path parses the whole batch's values at once with
 ``pyarrow.json`` into the envelope's regular JSON types (no Python object per value)
 and converts columns with Arrow kernels (:func:`value_decoder.decode_wire`). Of a batch
-the envelope scanner takes (:mod:`spark_log.envelope_scan`: each value read exactly
+the envelope scanner takes (:mod:`spark_log.envelope_scanner`: each value read exactly
 as the whole parse would read it), ``op`` and the source fields come from the scanner and
 only the before/after images go through ``pyarrow.json``; other batches are parsed whole,
 so the scanner changes neither a row nor an error. The bulk path is
@@ -38,7 +38,7 @@ from log.base import StoredRecord
 from log.columns import RecordColumns
 from log.sequence import Sequence as Seq
 from spark_log import source_schema as cols
-from spark_log.envelope_scan import scan_envelopes
+from spark_log.envelope_scanner import scan_envelopes
 from spark_log.errors import UndecodableValueError
 from spark_log.source_schema import RowSchema
 from spark_log.value_decoder import BadValue, decode_values, decode_wire, wire_type
@@ -51,7 +51,7 @@ def arrow_schema(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
-class EventBatchBuilder:
+class SourceBatchBuilder:
     """Builds the source's record batches for one declared schema.
 
     ``row_schemas`` maps each table topic to its row schema; ``None`` means the images
@@ -77,12 +77,12 @@ class EventBatchBuilder:
         bulk = self._build_bulk(kept, target)
         if bulk is not None:
             return bulk
-        events = _parse(kept)
-        columns = _envelope_columns(kept, events)
+        envelopes = _parse(kept)
+        columns = _envelope_columns(kept, envelopes)
         image_type = target.field(cols.AFTER).type
-        befores = [None if e is None else e.get("before") for e in events]
+        befores = [None if e is None else e.get("before") for e in envelopes]
         columns.append(self._images(kept, befores, image_type, cols.BEFORE))
-        afters = [None if e is None else e.get("after") for e in events]
+        afters = [None if e is None else e.get("after") for e in envelopes]
         columns.append(self._images(kept, afters, image_type, cols.AFTER))
         return pa.RecordBatch.from_arrays(columns, schema=target)
 
@@ -383,7 +383,7 @@ def _parse(records: Sequence[StoredRecord]) -> list[dict[str, Any] | None]:
     """Parse every value (``None`` for tombstones); a value that is not an envelope becomes ``after``."""
     loads = orjson.loads
     try:
-        events = [None if r.value is None else loads(r.value) for r in records]
+        envelopes = [None if r.value is None else loads(r.value) for r in records]
     except orjson.JSONDecodeError:
         for record in records:
             if record.value is not None:
@@ -400,15 +400,15 @@ def _parse(records: Sequence[StoredRecord]) -> list[dict[str, Any] | None]:
                         reason=str(exc),
                     ) from None
         raise
-    for index, event in enumerate(events):
-        if event is not None and (type(event) is not dict or not any(k in event for k in _ENVELOPE_KEYS)):
-            events[index] = {"after": event}
-    return events
+    for index, envelope in enumerate(envelopes):
+        if envelope is not None and (type(envelope) is not dict or not any(k in envelope for k in _ENVELOPE_KEYS)):
+            envelopes[index] = {"after": envelope}
+    return envelopes
 
 
-def _envelope_columns(records: Sequence[StoredRecord], events: Sequence[dict[str, Any] | None]) -> list[pa.Array]:
+def _envelope_columns(records: Sequence[StoredRecord], envelopes: Sequence[dict[str, Any] | None]) -> list[pa.Array]:
     # One comprehension per column: several times faster than appending to many lists in one loop.
-    sources = [_NO_SOURCE if e is None else (e.get("source") or _NO_SOURCE) for e in events]
+    sources = [_NO_SOURCE if e is None else (e.get("source") or _NO_SOURCE) for e in envelopes]
     lsns = [s.get("commit_lsn") for s in sources]
     indexes = [s.get("txn_index") for s in sources]
     seqs = [
@@ -422,7 +422,7 @@ def _envelope_columns(records: Sequence[StoredRecord], events: Sequence[dict[str
         pa.array([r.offset for r in records], pa.int64()),
         pa.array([r.timestamp_ms * 1000 for r in records], pa.int64()).cast(utc),
         pa.array([None if r.key is None else r.key.decode() for r in records], pa.string()),
-        pa.array([None if e is None else e.get("op") for e in events], pa.string()),
+        pa.array([None if e is None else e.get("op") for e in envelopes], pa.string()),
         pa.array(seqs, pa.string()),
         pa.array(lsns, pa.int64()),
         pa.array(indexes, pa.int64()),

@@ -1,8 +1,8 @@
 """The Spark schema of the ``headwater_log`` source, built from ``_headwater.schemas`` and the type map.
 
 A table topic's ``before``/``after`` become typed STRUCTs: each column's logical type
-(:func:`capture.typemap.logical_type` under the source's type modes) is decoded back
-into the Spark type below. Decisions (also in the report and the README):
+(:func:`log.row_types.logical_type` under the source's type modes) is decoded back
+into the Spark type below:
 
 =====================================  ===================================================
 logical type (JSON value)              Spark type
@@ -37,16 +37,17 @@ domains, arrays of them) map to String; a non-string JSON value in a String colu
 kept as its JSON text rather than dropped.
 
 Schema evolution: a topic is read with its latest schema version; columns of older
-versions that were dropped later are kept after the latest columns (null in newer
-events), and a column that changed type takes its latest type.
+versions that were dropped later are kept after the latest columns (null in rows of newer
+versions), and a column that changed type takes its latest type.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -67,8 +68,12 @@ from pyspark.sql.types import (
 )
 
 from core.config import TypesConfig
+from log.envelope import Op
 from log.row_types import LogicalKind, LogicalType, logical_type
 from spark_log.errors import SchemaConflictError
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
 
 #: Output columns of the source, in order (``before``/``after`` last).
 TOPIC = "topic"
@@ -89,6 +94,11 @@ BEFORE = "before"
 AFTER = "after"
 #: Added by the source option ``latestPerKey``: the key's first op in the micro-batch.
 FIRST_OP = "__hw_first_op"
+
+#: ``op`` of a row change (its image is a row); with truncates, of every change. Messages
+#: (``m``) and tombstones (``op`` null) change no row.
+ROW_OPS = (Op.CREATE.value, Op.UPDATE.value, Op.READ.value, Op.DELETE.value)
+CHANGE_OPS = (*ROW_OPS, Op.TRUNCATE.value)
 
 #: Spark's DecimalType ceiling.
 MAX_DECIMAL_PRECISION = 38
@@ -212,6 +222,11 @@ def merged_struct(schemas: Sequence[RowSchema], unconstrained: UnconstrainedNume
             elif known.dataType != field.dataType:
                 raise SchemaConflictError(field.name, known.dataType.simpleString(), field.dataType.simpleString())
     return StructType(list(fields.values()))
+
+
+def row_image() -> Column:
+    """Each change's row image: ``after``, or ``before`` for a delete (its key, under the default replica identity)."""
+    return F.when(F.col(OP) == Op.DELETE.value, F.col(BEFORE)).otherwise(F.col(AFTER))
 
 
 def output_schema(row: StructType | None) -> StructType:

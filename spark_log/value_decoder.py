@@ -1,6 +1,6 @@
-"""JSON values of one column -> one Arrow array of the column's Spark type (see ``event_schema``).
+"""JSON values of one column -> one Arrow array of the column's Spark type (see ``source_schema``).
 
-Column-wise and pure: each function takes the column's values across a batch of events
+Column-wise and pure: each function takes the column's values across a batch of records
 and returns an array of exactly the Arrow type Spark expects (``to_arrow_schema`` of the
 declared schema), trying one vectorised Arrow conversion first and falling back to a
 per-value Python path only when the batch holds special values (NaN text, infinities,

@@ -14,7 +14,7 @@ A day is a UTC calendar date of ``__hw_commit_ts``. For the chosen days:
 2. **Plan.** The versions of every key the days touch are read and, in memory, the
    days' versions (``__hw_commit_ts`` on a chosen day) are removed and the version
    before each of them reopened (``__END_AT`` null). The changes are then planned
-   against that state with the normal SCD2 planner (:func:`warehouse_loader.scd.plan_scd2`,
+   against that state with the normal SCD2 planner (:func:`warehouse_loader.scd2.plan_scd2`,
    remembered tombstones included), which places every change at its sequence position:
    the reopened version is closed again by the day's first change, and the day's last
    version is closed by the next surviving version or delete. A removed version's
@@ -54,6 +54,7 @@ from core.config import ProjectConfig
 from core.errors import PermanentError
 from log.base import Log
 from log.envelope import ChangeEvent, decode_value
+from log.reading import read_range
 from warehouse_loader.changes import (
     COMMIT_TS,
     COMMIT_TS_TYPE,
@@ -65,18 +66,19 @@ from warehouse_loader.changes import (
     changes_from_events,
 )
 from warehouse_loader.delta_scan import select_rows
-from warehouse_loader.delta_writer import WriteResult, commit_scd2, read_scd2_tombstones, write_scd2
-from warehouse_loader.errors import WarehouseError
-from warehouse_loader.scd import (
-    Scd2Actions,
-    Scd2State,
-    apply_scd2,
-    plan_scd2,
-    quote,
-    scd2_truncate_span,
-    scd2_window,
-    truncate_sequences,
+from warehouse_loader.delta_writer import (
+    WriteResult,
+    commit_scd2,
+    open_table,
+    plan_with_remembered,
+    spanning_versions,
+    table_schema,
+    write_scd2,
 )
+from warehouse_loader.errors import WarehouseError
+from warehouse_loader.load_job import load_identity, table_keys, table_path
+from warehouse_loader.scd2 import Scd2Actions, Scd2State, apply_scd2, scd2_window
+from warehouse_loader.sql_text import column_list, key_match, quote
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -140,8 +142,6 @@ def offset_ranges(log: Log, topic: str, days: Sequence[dt.date]) -> dict[int, tu
 def _changes_on_driver(
     log: Log, topic: str, ranges: dict[int, tuple[int, int]], keys: Sequence[str], schema: pa.Schema | None
 ) -> pa.Table:
-    from log.reading import read_range
-
     events: list[ChangeEvent] = []
     for partition, (start, end) in sorted(ranges.items()):
         for records in read_range(log, topic, partition, start, end):
@@ -152,22 +152,20 @@ def _changes_on_driver(
 def _changes_with_spark(
     spark: SparkSession, config: ProjectConfig, topic: str, ranges: dict[int, tuple[int, int]], keys: Sequence[str]
 ) -> pa.Table:
-    from spark_log.data_source import register_log_source
+    # pyspark only where a Spark session reads the range (the driver path and its tests need none).
+    from spark_log.data_source import log_reader
     from warehouse_loader.changes_frame import change_batch
 
-    register_log_source(spark)
     # Every partition named: one the options leave out would be read from earliest to latest.
     starting = {topic: {str(p): start for p, (start, _) in ranges.items()}}
     ending = {topic: {str(p): end for p, (_, end) in ranges.items()}}
-    events = (
-        spark.read.format("headwater_log")
-        .option("config", str(config.config_path))
-        .option("topic", topic)
+    rows = (
+        log_reader(spark, config, topic)
         .option("startingOffsets", orjson.dumps(starting).decode())
         .option("endingOffsets", orjson.dumps(ending).decode())
         .load()
     )
-    return change_batch(events, keys)
+    return change_batch(rows, keys)
 
 
 def _in_days(column: pa.ChunkedArray, days: Iterable[dt.date]) -> pa.ChunkedArray:
@@ -218,22 +216,14 @@ def _plan_rebuild(
     (``changes`` placed at their sequence positions) are applied to the affected keys'
     versions here, so the table sees one commit: readers never see the days cleared.
     """
-    k = ", ".join(f"t.{quote(key)}" for key in keys)
+    k = column_list(keys, "t")
     sa, ea, seq = quote(START_AT), quote(END_AT), quote(sequence_by)
-
-    def on(left: str, right: str) -> str:
-        return " AND ".join(f"{left}.{quote(key)} = {right}.{quote(key)}" for key in keys)
-
+    on = partial(key_match, keys)
     in_days = partial(_days_predicate, days)
     removed = select_rows(target, f"SELECT {k}, t.{sa} FROM target t WHERE {in_days('t')}")
-    truncates = truncate_sequences(changes, sequence_by)
-    spanning = None
-    if truncates:
-        spanning = select_rows(
-            target, f"SELECT {k}, t.{sa}, t.{ea} FROM target t WHERE {scd2_truncate_span(truncates, 't')}"
-        )
+    spanning = spanning_versions(target, changes, keys, sequence_by)
     window = scd2_window(changes, keys, sequence_by, spanning)
-    key_list = ", ".join(quote(key) for key in keys)
+    key_list = column_list(keys)
     existing = select_rows(
         target,
         f"WITH affected AS (SELECT DISTINCT {key_list} FROM (SELECT {key_list} FROM win UNION ALL "
@@ -251,7 +241,7 @@ def _plan_rebuild(
     # A removed version's end that no surviving version starts at and no rebuilt change
     # carries is a delete on a day not rebuilt: hand it back as that delete, or it is lost.
     lost = (
-        f"SELECT {', '.join('r.' + quote(key) for key in keys)}, r.{ea} AS {seq} FROM existing r "
+        f"SELECT {column_list(keys, 'r')}, r.{ea} AS {seq} FROM existing r "
         f"WHERE {in_days('r')} AND r.{ea} IS NOT NULL "
         f"AND NOT EXISTS (SELECT 1 FROM existing t WHERE {on('t', 'r')} AND t.{sa} = r.{ea} AND NOT {in_days('t')}) "
         f"AND NOT EXISTS (SELECT 1 FROM changes c WHERE {on('c', 'r')} AND c.{seq} = r.{ea})"
@@ -265,17 +255,11 @@ def _plan_rebuild(
     if deletes.num_rows:
         changes = pa.concat_tables([changes, deletes])
         window = scd2_window(changes, keys, sequence_by, spanning)
-    tombstones, remembered = read_scd2_tombstones(path, window, keys, sequence_by)
-    actions = plan_scd2(
-        changes,
-        keys,
-        cleared,
-        tombstones=tombstones,
-        truncates=remembered,
-        track_history_columns=track_history_columns,
-        sequence_by=sequence_by,
+    actions = plan_with_remembered(
+        path, changes, keys, cleared, window, track_history_columns=track_history_columns, sequence_by=sequence_by
     )
-    final = apply_scd2(Scd2State(cleared, actions.tombstones.schema.empty_table(), remembered), actions, keys).rows
+    # Only the versions are wanted here: the tombstones and truncates go to the commit as planned.
+    final = apply_scd2(Scd2State(cleared, actions.tombstones.schema.empty_table()), actions, keys).rows
     with duckdb.connect(":memory:") as con:
         con.register("existing", existing)
         con.register("final", final)
@@ -312,8 +296,6 @@ def rebuild_days(
     spark: SparkSession | None, config: ProjectConfig, log: Log, table: str, days: Iterable[dt.date]
 ) -> BackfillResult:
     """Rebuild the versions of SCD2 table ``table`` committed on ``days`` (UTC dates) from the log."""
-    from warehouse_loader.load_job import load_identity, table_keys, table_path
-
     chosen = tuple(sorted(set(days)))
     settings = config.warehouse.tables.get(table)
     if settings is None or settings.mode != "scd2":
@@ -325,10 +307,10 @@ def rebuild_days(
     keys = table_keys(config, log, table)
     build, topic = load_identity(config, table)
     path = table_path(config, table)
-    target = DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None
+    target = open_table(path)
     ranges = offset_ranges(log, topic, chosen)
     if spark is None:
-        schema = None if target is None else target.to_pyarrow_dataset().schema
+        schema = None if target is None else table_schema(target)
         changes = _changes_on_driver(log, topic, ranges, keys, schema)
     else:
         changes = _changes_with_spark(spark, config, topic, ranges, keys)
@@ -338,7 +320,7 @@ def rebuild_days(
         if target is None:
             return BackfillResult(table, chosen, 0, 0, None)
         # No change on these days: clearing them still needs the change batch's columns.
-        stored = target.to_pyarrow_dataset().schema
+        stored = table_schema(target)
         changes = pa.schema([f for f in stored if f.name not in (START_AT, END_AT)]).empty_table()
     read = changes.num_rows
     metadata = {"headwater.backfill": ",".join(map(str, chosen))}

@@ -1,6 +1,6 @@
 """The change batch: the Arrow table every SCD function and the Delta writer take as input.
 
-One row per change event, flattened (DESIGN section 4):
+One row per change, flattened from its change event (``log.envelope``):
 
 * the key columns (the topic key / replica identity), non-null except on truncates;
 * ``__hw_seq``: ``Sequence.sortable()`` of ``(commit_lsn, txn_index)``, a fixed-width string
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import pyarrow as pa  # type: ignore[import-untyped]  # no stubs; see report
+import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 
 from log.envelope import ChangeEvent, Op
 from warehouse_loader.errors import ChangeBatchError
@@ -32,8 +32,6 @@ START_AT = "__START_AT"
 END_AT = "__END_AT"
 #: Columns Headwater adds to every warehouse row.
 METADATA_COLUMNS = (SEQ, OP, COMMIT_TS)
-#: Columns an SCD2 table adds on top of :data:`METADATA_COLUMNS`.
-VERSION_COLUMNS = (START_AT, END_AT)
 COMMIT_TS_TYPE = pa.timestamp("us", tz="UTC")
 
 #: Ops whose row image becomes (a version of) the row.
@@ -41,12 +39,6 @@ UPSERT_OPS = (Op.CREATE.value, Op.UPDATE.value, Op.READ.value)
 DELETE_OP = Op.DELETE.value
 TRUNCATE_OP = Op.TRUNCATE.value
 _KNOWN_OPS = frozenset((*UPSERT_OPS, DELETE_OP, TRUNCATE_OP))
-
-
-def row_columns(schema: pa.Schema, keys: Sequence[str], sequence_by: str = SEQ) -> list[str]:
-    """The row-image columns of a batch or table: everything but keys, metadata and version columns."""
-    skip = {*keys, *METADATA_COLUMNS, *VERSION_COLUMNS, sequence_by}
-    return [name for name in schema.names if name not in skip]
 
 
 def check_changes(changes: pa.Table, keys: Sequence[str], sequence_by: str = SEQ) -> None:

@@ -20,7 +20,6 @@ import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from log.envelope import Op
 from spark_log import source_schema as cols
 from warehouse_loader.changes import COMMIT_TS, COMMIT_TS_TYPE, OP, SEQ
 from warehouse_loader.errors import ChangeFrameError
@@ -28,14 +27,12 @@ from warehouse_loader.errors import ChangeFrameError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-#: Ops that are changes of rows (``m`` messages and tombstones, op null, are not).
-CHANGE_OPS = (Op.CREATE.value, Op.UPDATE.value, Op.READ.value, Op.DELETE.value, Op.TRUNCATE.value)
 _IMAGE = "__hw_image"
 
 
-def changes_frame(events: DataFrame, keys: Sequence[str]) -> DataFrame:
+def changes_frame(rows: DataFrame, keys: Sequence[str]) -> DataFrame:
     """The change batch as a DataFrame (lazy; see :func:`change_batch` for the Arrow table)."""
-    image_type = events.schema[cols.AFTER].dataType
+    image_type = rows.schema[cols.AFTER].dataType
     if not isinstance(image_type, StructType):
         msg = (
             "the topic has no schema record, so 'after' is a JSON string; a warehouse load needs typed "
@@ -47,9 +44,8 @@ def changes_frame(events: DataFrame, keys: Sequence[str]) -> DataFrame:
     if missing:
         msg = f"key column(s) {', '.join(missing)} are not in the row image (columns: {', '.join(names)})"
         raise ChangeFrameError(msg)
-    image = F.when(F.col(cols.OP) == Op.DELETE.value, F.col(cols.BEFORE)).otherwise(F.col(cols.AFTER))
-    flat = events.where(F.col(cols.OP).isin(*CHANGE_OPS)).select(
-        image.alias(_IMAGE),
+    flat = rows.where(F.col(cols.OP).isin(*cols.CHANGE_OPS)).select(
+        cols.row_image().alias(_IMAGE),
         F.col(cols.SEQ).alias(SEQ),
         F.col(cols.OP).alias(OP),
         F.col(cols.COMMIT_TS).alias(COMMIT_TS),
@@ -64,9 +60,9 @@ def changes_frame(events: DataFrame, keys: Sequence[str]) -> DataFrame:
     )
 
 
-def change_batch(events: DataFrame, keys: Sequence[str]) -> pa.Table:
+def change_batch(rows: DataFrame, keys: Sequence[str]) -> pa.Table:
     """The change batch of a micro-batch as an Arrow table (call it inside ``foreachBatch``)."""
-    table = changes_frame(events, keys).toArrow()
+    table = changes_frame(rows, keys).toArrow()
     position = table.schema.get_field_index(COMMIT_TS)
     if table.schema.field(position).type != COMMIT_TS_TYPE:
         table = table.set_column(position, COMMIT_TS, table.column(position).cast(COMMIT_TS_TYPE))

@@ -13,24 +13,18 @@ miss it, which ``union_by_name`` fills with NULL.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]
 from deltalake import DeltaTable
 
-
-def sql_list(values: Sequence[str]) -> str:
-    """A DuckDB list literal of strings (DDL and SET take no prepared parameters)."""
-    return "[" + ", ".join("'" + v.replace("'", "''") + "'" for v in values) + "]"
+from warehouse_loader.sql_text import quote, sql_list
 
 
 def register_delta(con: duckdb.DuckDBPyConnection, name: str, table: DeltaTable) -> None:
     """Make ``name`` a view (or an empty table) over ``table``'s current version."""
     files = table.file_uris()
-    quoted = '"' + name.replace('"', '""') + '"'
     if files:
-        con.execute(f"CREATE VIEW {quoted} AS SELECT * FROM read_parquet({sql_list(files)}, union_by_name = true)")
+        con.execute(f"CREATE VIEW {quote(name)} AS SELECT * FROM read_parquet({sql_list(files)}, union_by_name = true)")
     else:
         con.register(name, pa.schema(table.schema().to_arrow()).empty_table())
 

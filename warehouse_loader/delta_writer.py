@@ -1,6 +1,6 @@
 """Apply planned SCD actions to Delta tables with deltalake (delta-rs), exactly once per micro-batch.
 
-Contract (DESIGN sections 6 and 7):
+Contract:
 
 * One micro-batch = one ``batch_id`` (Spark's ``foreachBatch`` id, stable across replays
   of the same batch). Its commit carries the Delta app transaction
@@ -21,12 +21,12 @@ Contract (DESIGN sections 6 and 7):
   versions (remembered deletes are deduplicated with the batch's own).
 * Schema: a new batch column is added (``merge_schema``); a table column missing from
   the batch stays and is null in rows the batch writes; a batch column whose type cannot
-  be cast safely to the table's raises :class:`SchemaMismatchError` before anything is
-  committed (delta-rs' own MERGE would silently cast, e.g. int to string).
+  be cast safely to the table's raises before anything is committed
+  (:mod:`warehouse_loader.schema_evolution`).
 
-deltalake's Rust runtime panics in a forked child (DESIGN 8): call these functions from
-the process that imported deltalake, or from a process started with ``spawn``; never
-from a ``fork``-started multiprocessing worker.
+deltalake's Rust runtime panics in a forked child: call these functions from the process
+that imported deltalake, or from a process started with ``spawn``; never from a
+``fork``-started multiprocessing worker.
 """
 
 from __future__ import annotations
@@ -45,18 +45,11 @@ from deltalake.exceptions import CommitFailedError
 from core.config import TableConfig
 from warehouse_loader.changes import DELETE_OP, END_AT, OP, SEQ, START_AT, TRUNCATE_OP
 from warehouse_loader.delta_scan import select_rows
-from warehouse_loader.errors import SchemaMismatchError, WarehouseWriteError
-from warehouse_loader.scd import (
-    Scd1Actions,
-    Scd2Actions,
-    plan_scd1,
-    plan_scd2,
-    quote,
-    scd2_truncate_span,
-    scd2_window,
-    sql_literal,
-    truncate_sequences,
-)
+from warehouse_loader.errors import WarehouseWriteError
+from warehouse_loader.scd1 import Scd1Actions, plan_scd1
+from warehouse_loader.scd2 import Scd2Actions, plan_scd2, scd2_truncate_span, scd2_window, truncate_sequences
+from warehouse_loader.schema_evolution import reconcile
+from warehouse_loader.sql_text import column_list, key_match, quote, sql_literal
 
 TOMBSTONES_DIR = "_hw_tombstones"
 #: Commit metadata naming the key columns a table's rows are merged on (a JSON list).
@@ -100,11 +93,12 @@ def write_batch(
 
 def committed_batch(path: Path, table: str) -> int | None:
     """The highest batch id committed to the table at ``path``, or None (absent table, no batch)."""
-    target = _open(path)
+    target = open_table(path)
     return None if target is None else _txn_version(target, table)
 
 
-def _open(path: Path) -> DeltaTable | None:
+def open_table(path: Path) -> DeltaTable | None:
+    """The Delta table at ``path``, or None when there is none (yet)."""
     return DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None
 
 
@@ -122,7 +116,7 @@ def _already(target: DeltaTable | None, table: str, batch_id: int) -> bool:
 
 def loaded_key(path: Path) -> tuple[str, ...] | None:
     """The key the table at ``path`` was last merged on (None: no table, or written before keys were recorded)."""
-    target = _open(path)
+    target = open_table(path)
     history = target.history(1) if target is not None else []
     recorded = history[0].get(KEY_METADATA) if history else None
     return None if recorded is None else tuple(orjson.loads(recorded))
@@ -137,64 +131,15 @@ def _commit(
     return CommitProperties(app_transactions=[Transaction(app_id=table, version=batch_id)], custom_metadata=custom)
 
 
-# --------------------------------------------------------------------------- schema
-
-
-def _family(kind: pa.DataType) -> str:
-    """Types within one family cast into each other when the values fit (checked, never silently)."""
-    checks = (
-        ("int", pa.types.is_integer),
-        ("float", pa.types.is_floating),
-        ("string", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)),
-        ("binary", lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)),
-        ("timestamp", pa.types.is_timestamp),
-        ("date", pa.types.is_date),
-        ("decimal", pa.types.is_decimal),
-    )
-    for name, check in checks:
-        if check(kind):
-            return name
-    return str(kind)
-
-
-def _reconcile(table: str, target: pa.Schema | None, batch: pa.Table) -> tuple[pa.Table, bool]:
-    """Fit ``batch`` to the table's schema; returns the batch and whether it adds columns.
-
-    Null-typed columns (no value seen yet) carry no type and are dropped unless the table
-    has the column; they are added when a batch brings a typed value.
-    """
-    adds = False
-    for field in batch.schema:
-        name = field.name
-        if target is None or name not in target.names:
-            if pa.types.is_null(field.type):
-                batch = batch.drop_columns([name])
-            else:
-                adds = target is not None
-            continue
-        want = target.field(name).type
-        if field.type == want:
-            continue
-        if not (pa.types.is_null(field.type) or _family(field.type) == _family(want)):
-            raise SchemaMismatchError(table, name, str(want), str(field.type))
-        try:
-            column = batch.column(name).cast(want)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            raise SchemaMismatchError(table, name, str(want), str(field.type)) from None
-        batch = batch.set_column(batch.schema.get_field_index(name), pa.field(name, want), column)
-    if target is not None:
-        for field in target:
-            if field.name not in batch.column_names:
-                batch = batch.append_column(field, pa.nulls(batch.num_rows, field.type))
-    return batch, adds
-
-
-def _schema(target: DeltaTable) -> pa.Schema:
+def table_schema(target: DeltaTable) -> pa.Schema:
+    """The Arrow schema of the table's current version."""
     return target.to_pyarrow_dataset().schema
 
 
-def _on(keys: Sequence[str]) -> str:
-    return " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
+def _create(path: Path, rows: pa.Table, table: str, batch_id: int, commit: CommitProperties) -> WriteResult:
+    """Create the table at ``path`` holding ``rows``, in one commit."""
+    write_deltalake(str(path), rows, commit_properties=commit)
+    return WriteResult(table, batch_id, skipped=False, version=DeltaTable(str(path)).version(), inserted=rows.num_rows)
 
 
 def _metrics(
@@ -203,7 +148,7 @@ def _metrics(
     if target.version() == before:
         # delta-rs commits nothing for a MERGE that changes no row (a replayed or all-stale
         # batch); record the batch anyway, with an empty append carrying the app transaction.
-        empty = _schema(target).empty_table()
+        empty = table_schema(target).empty_table()
         write_deltalake(target, empty, mode="append", commit_properties=_commit(table, batch_id, keys=keys))
         target.update_incremental()
     return WriteResult(
@@ -224,14 +169,14 @@ def write_scd1(
     path: Path, changes: pa.Table, *, table: str, batch_id: int, keys: Sequence[str], sequence_by: str = SEQ
 ) -> WriteResult:
     """Apply one micro-batch to an SCD1 table: tombstones first, then one MERGE (see module doc)."""
-    target = _open(path)
+    target = open_table(path)
     if _already(target, table, batch_id):
         return WriteResult(table=table, batch_id=batch_id, skipped=True, version=target.version() if target else None)
     side_path = path / TOMBSTONES_DIR
-    side = _open(side_path)
+    side = open_table(side_path)
     tombstones, watermark = _read_tombstones(side, changes, keys, sequence_by)
     actions = plan_scd1(changes, keys, tombstones=tombstones, truncated_through=watermark, sequence_by=sequence_by)
-    rows, adds = _reconcile(table, None if target is None else _schema(target), actions.rows)
+    rows, adds = reconcile(table, None if target is None else table_schema(target), actions.rows)
     needs_side = actions.deletes.num_rows > 0 or actions.truncate_at is not None
     if tombstones is not None and tombstones.num_rows and actions.upserts.num_rows:
         needs_side = True
@@ -251,11 +196,10 @@ def _read_tombstones(
         return None, None
     seq = quote(sequence_by)
     batch_keys = changes.select(list(keys))
-    on = " AND ".join(f"t.{quote(k)} = b.{quote(k)}" for k in keys)
     tombs = select_rows(
         side,
-        f"SELECT {', '.join('t.' + quote(k) for k in keys)}, t.{seq} FROM target t "
-        f"WHERE t.{quote(OP)} = 'd' AND EXISTS (SELECT 1 FROM batch b WHERE {on})",
+        f"SELECT {column_list(keys, 't')}, t.{seq} FROM target t "
+        f"WHERE t.{quote(OP)} = 'd' AND EXISTS (SELECT 1 FROM batch b WHERE {key_match(keys, 't', 'b')})",
         batch=batch_keys,
     )
     mark = select_rows(side, f"SELECT max({seq}) AS m FROM target WHERE {quote(OP)} = '{TRUNCATE_OP}'")
@@ -276,7 +220,7 @@ def _write_tombstones(
         return
     merge = side.merge(
         marks,
-        " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys),
+        key_match(keys, "t", "s"),
         source_alias="s",
         target_alias="t",
         commit_properties=_commit(table, batch_id),
@@ -307,12 +251,10 @@ def _merge_scd1(
     op, seq = quote(OP), quote(actions.sequence_by)
     if target is None:
         upserts = rows.filter(pc.not_equal(rows.column(OP), DELETE_OP))
-        write_deltalake(str(path), upserts, commit_properties=_commit(table, batch_id, keys=keys))
-        created = DeltaTable(str(path))
-        return WriteResult(table, batch_id, skipped=False, version=created.version(), inserted=upserts.num_rows)
+        return _create(path, upserts, table, batch_id, _commit(table, batch_id, keys=keys))
     merge = target.merge(
         rows,
-        _on(keys),
+        key_match(keys, "t", "s"),
         source_alias="s",
         target_alias="t",
         merge_schema=adds,
@@ -345,31 +287,62 @@ def write_scd2(
     sequence_by: str = SEQ,
 ) -> WriteResult:
     """Apply one micro-batch to an SCD2 table: new tombstones first, then one MERGE on ``(keys, __START_AT)``."""
-    target = _open(path)
+    target = open_table(path)
     if _already(target, table, batch_id):
         return WriteResult(table=table, batch_id=batch_id, skipped=True, version=target.version() if target else None)
     existing = None
     spanning = None
     if target is not None:
         # Check types before planning: planning unifies the batch with existing versions.
-        _reconcile(table, _schema(target), changes)
-        truncates = truncate_sequences(changes, sequence_by)
-        if truncates:
-            spanning = select_rows(
-                target,
-                f"SELECT {', '.join('t.' + quote(k) for k in keys)}, t.{quote(START_AT)}, t.{quote(END_AT)} "
-                f"FROM target t WHERE {scd2_truncate_span(truncates, 't')}",
-            )
+        reconcile(table, table_schema(target), changes)
+        spanning = spanning_versions(target, changes, keys, sequence_by)
     window = scd2_window(changes, keys, sequence_by, spanning)
     if target is not None:
         existing = select_rows(
             target,
-            f"SELECT t.* FROM target t JOIN win w ON {_on_window(keys)} "
+            f"SELECT t.* FROM target t JOIN win w ON {key_match(keys, 't', 'w')} "
             f"WHERE t.{quote(END_AT)} IS NULL OR t.{quote(END_AT)} >= w.__min_seq",
             win=window,
         )
-    tombstones, remembered = read_scd2_tombstones(path, window, keys, sequence_by)
-    actions = plan_scd2(
+    actions = plan_with_remembered(
+        path, changes, keys, existing, window, track_history_columns=track_history_columns, sequence_by=sequence_by
+    )
+    return commit_scd2(path, target, actions, keys=keys, table=table, batch_id=batch_id)
+
+
+def spanning_versions(target: DeltaTable, changes: pa.Table, keys: Sequence[str], sequence_by: str) -> pa.Table | None:
+    """Keys, ``__START_AT`` and ``__END_AT`` of the versions spanning a truncate of ``changes`` (None: no truncate).
+
+    What :func:`warehouse_loader.scd2.scd2_window` takes as ``existing``: a truncate closes such versions
+    of every key, not only of the batch's.
+    """
+    truncates = truncate_sequences(changes, sequence_by)
+    if not truncates:
+        return None
+    return select_rows(
+        target,
+        f"SELECT {column_list(keys, 't')}, t.{quote(START_AT)}, t.{quote(END_AT)} "
+        f"FROM target t WHERE {scd2_truncate_span(truncates, 't')}",
+    )
+
+
+def plan_with_remembered(
+    path: Path,
+    changes: pa.Table,
+    keys: Sequence[str],
+    existing: pa.Table | None,
+    window: pa.Table,
+    *,
+    track_history_columns: Sequence[str] | None,
+    sequence_by: str,
+) -> Scd2Actions:
+    """:func:`~warehouse_loader.scd2.plan_scd2` with the deletes and truncates the table at ``path`` remembers.
+
+    ``window`` as :func:`~warehouse_loader.scd2.scd2_window` returns it: the remembered deletes
+    of its keys from their ``__min_seq`` on are read, and every remembered truncate.
+    """
+    tombstones, remembered = _read_scd2_tombstones(path, window, keys, sequence_by)
+    return plan_scd2(
         changes,
         keys,
         existing,
@@ -378,7 +351,6 @@ def write_scd2(
         track_history_columns=track_history_columns,
         sequence_by=sequence_by,
     )
-    return commit_scd2(path, target, actions, keys=keys, table=table, batch_id=batch_id)
 
 
 def commit_scd2(
@@ -397,15 +369,13 @@ def commit_scd2(
     readers see all of ``actions`` or none. ``metadata`` joins the commit's custom metadata.
     """
     side_path = path / TOMBSTONES_DIR
-    side = _open(side_path)
-    versions, adds = _reconcile(table, None if target is None else _schema(target), actions.versions)
+    side = open_table(side_path)
+    versions, adds = reconcile(table, None if target is None else table_schema(target), actions.versions)
     try:
         if (actions.tombstones.num_rows or actions.truncates) and not _already(side, table, batch_id):
             _append_scd2_tombstones(side_path, side, actions, keys=keys, table=table, batch_id=batch_id)
         if target is None:
-            write_deltalake(str(path), versions, commit_properties=_commit(table, batch_id, metadata, keys=keys))
-            created = DeltaTable(str(path))
-            return WriteResult(table, batch_id, skipped=False, version=created.version(), inserted=versions.num_rows)
+            return _create(path, versions, table, batch_id, _commit(table, batch_id, metadata, keys=keys))
         # Removed versions ride in the same source with a null __hw_op (a real version always has one).
         removed = pa.Table.from_arrays(
             [
@@ -420,7 +390,7 @@ def commit_scd2(
         sa, op = quote(START_AT), quote(OP)
         merge = target.merge(
             source,
-            f"{_on(keys)} AND t.{sa} = s.{sa}",
+            f"{key_match(keys, 't', 's')} AND t.{sa} = s.{sa}",
             source_alias="s",
             target_alias="t",
             merge_schema=adds,
@@ -439,24 +409,17 @@ def commit_scd2(
         raise WarehouseWriteError(table, batch_id, str(exc).splitlines()[0]) from exc
 
 
-def _on_window(keys: Sequence[str]) -> str:
-    return " AND ".join(f"t.{quote(k)} = w.{quote(k)}" for k in keys)
-
-
-def read_scd2_tombstones(
+def _read_scd2_tombstones(
     path: Path, window: pa.Table, keys: Sequence[str], sequence_by: str
 ) -> tuple[pa.Table | None, tuple[Any, ...]]:
-    """Remembered deletes of the window's keys from their ``__min_seq`` on, and every remembered truncate.
-
-    ``path`` is the SCD2 table's; ``window`` as :func:`warehouse_loader.scd.scd2_window` returns it.
-    """
-    side = _open(path / TOMBSTONES_DIR)
+    """Remembered deletes of the window's keys from their ``__min_seq`` on, and every remembered truncate."""
+    side = open_table(path / TOMBSTONES_DIR)
     if side is None:
         return None, ()
     seq = quote(sequence_by)
     tombs = select_rows(
         side,
-        f"SELECT {', '.join('t.' + quote(k) for k in keys)}, t.{seq} FROM target t JOIN win w ON {_on_window(keys)} "
+        f"SELECT {column_list(keys, 't')}, t.{seq} FROM target t JOIN win w ON {key_match(keys, 't', 'w')} "
         f"WHERE t.{quote(OP)} = '{DELETE_OP}' AND t.{seq} >= w.__min_seq",
         win=window,
     )
@@ -481,5 +444,5 @@ def _append_scd2_tombstones(
         truncate_rows[actions.sequence_by] = pa.array(actions.truncates, marks.schema.field(actions.sequence_by).type)
         truncate_rows[OP] = pa.array([TRUNCATE_OP] * count, pa.string())
         marks = pa.concat_tables([marks, pa.table(truncate_rows, schema=marks.schema)])
-    marks, _ = _reconcile(table, None if side is None else _schema(side), marks)
+    marks, _ = reconcile(table, None if side is None else table_schema(side), marks)
     write_deltalake(str(side_path), marks, mode="append", commit_properties=_commit(table, batch_id))

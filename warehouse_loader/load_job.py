@@ -21,6 +21,8 @@ from core.errors import HeadwaterError, PermanentError
 from log.base import Log
 from log.table_schemas import read_schema_records, schema_key
 from log.topics import load_group
+from spark_log.versions import resolve_table_path, resolve_topic
+from warehouse_loader import delta_writer
 from warehouse_loader.errors import WarehouseError
 
 if TYPE_CHECKING:
@@ -42,8 +44,6 @@ class TableKeyError(WarehouseError, PermanentError):
 
 def table_path(config: ProjectConfig, name: str) -> Path:
     """Where the current version of Delta table ``name`` lives (``headwater reprocess`` moves it)."""
-    from spark_log.versions import resolve_table_path
-
     return resolve_table_path(config, name)
 
 
@@ -54,8 +54,6 @@ def load_identity(config: ProjectConfig, name: str) -> tuple[str, str]:
     Delta app transaction, the checkpoint and the consumer group, so versions never share
     state; the source topic is the current version of the table's input.
     """
-    from spark_log.versions import resolve_topic
-
     return table_path(config, name).name, resolve_topic(config, config.warehouse.tables[name].from_)
 
 
@@ -103,10 +101,8 @@ def table_keys(config: ProjectConfig, log: Log, name: str) -> tuple[str, ...]:
 
 
 def _check_loaded_key(config: ProjectConfig, name: str, keys: tuple[str, ...], versions: list[dict[str, Any]]) -> None:
-    from warehouse_loader.delta_writer import loaded_key
-
     path = table_path(config, name)
-    merged_on = loaded_key(path)
+    merged_on = delta_writer.loaded_key(path)
     if merged_on is not None and merged_on != keys:
         msg = (
             f"warehouse table {name!r} was merged on key ({', '.join(merged_on)}) but its input is now keyed by "
@@ -141,10 +137,10 @@ def start_load(
     processing_interval: str = "1 second",
 ) -> StreamingQuery:
     """Start the streaming load of warehouse table ``name`` (returns the running query)."""
-    from spark_log.data_source import register_log_source
+    # These import pyspark: `headwater status` imports this module (table keys and paths) without Spark.
+    from spark_log.data_source import log_reader
     from spark_log.progress import track_progress
     from warehouse_loader.changes_frame import change_batch
-    from warehouse_loader.delta_writer import write_batch
 
     if name not in config.warehouse.tables:
         known = ", ".join(config.warehouse.tables) or "none"
@@ -154,14 +150,8 @@ def start_load(
     keys = table_keys(config, log, name)
     path = table_path(config, name)
     build, source_topic = load_identity(config, name)
-    register_log_source(spark)
-    events = (
-        spark.readStream.format("headwater_log")
-        .option("config", str(config.config_path))
-        .option("topic", source_topic)
-        .option("maxRecordsPerBatch", str(max_records_per_batch))
-        .load()
-    )
+    reader = log_reader(spark, config, source_topic, streaming=True)
+    rows = reader.option("maxRecordsPerBatch", str(max_records_per_batch)).load()
 
     query_name = f"load_{build}"
 
@@ -169,14 +159,14 @@ def start_load(
         changes = change_batch(batch, keys)
         if changes.num_rows:
             try:
-                write_batch(path, changes, table=build, batch_id=batch_id, keys=keys, config=table)
+                delta_writer.write_batch(path, changes, table=build, batch_id=batch_id, keys=keys, config=table)
             except HeadwaterError as exc:
                 _FAILURES[query_name] = exc  # Spark wraps it in a Java exception: keep it to re-raise as is
                 raise
 
     if not available_now:
         track_progress(spark, log, query_name, load_group(build))
-    writer = events.writeStream.queryName(query_name).foreachBatch(apply)
+    writer = rows.writeStream.queryName(query_name).foreachBatch(apply)
     writer = writer.option("checkpointLocation", str(checkpoint_path(config, build)))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_interval)
     return writer.start()
@@ -189,7 +179,7 @@ def run_loads(
     selected = list(names) or list(config.warehouse.tables)
     queries = [start_load(spark, config, log, name, available_now=available_now) for name in selected]
     if available_now:
-        from spark_log.progress import commit_progress
+        from spark_log.progress import commit_progress  # pyspark, as in start_load
 
         for name, query in zip(selected, queries, strict=True):
             query.awaitTermination()

@@ -3,7 +3,7 @@
 Each warehouse table named under ``quality:`` gets one GX ``ExpectationSuite`` built from
 its entries (``expect`` = a GX 1.x expectation name, the other keys its arguments) and is
 validated in an ephemeral GX context against the table's current Delta version, read into
-pandas. ``dagster-ge`` only supports GX 0.x (DESIGN 8), so GX is driven directly here and
+pandas. ``dagster-ge`` only supports GX 0.x, so GX is driven directly here and
 both ``headwater quality`` and the Dagster asset checks call :func:`run_quality`.
 
 Results keep, per expectation, success, unexpected count and a few sample unexpected
@@ -26,10 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from deltalake import DeltaTable
 
 from core.config import ExpectationConfig, ProjectConfig
 from core.errors import ConfigError
+from warehouse_loader.delta_scan import select_rows
 from warehouse_loader.errors import WarehouseError
+from warehouse_loader.load_job import table_path
 
 if TYPE_CHECKING:
     import pandas as pd  # type: ignore[import-untyped]
@@ -329,10 +332,6 @@ def outcome_from_result(entry: ExpectationConfig, name: str, result: Mapping[str
 
 def read_table(path: Path) -> pd.DataFrame:
     """The current version of the Delta table at ``path`` as pandas (its ``_delta_log`` must exist)."""
-    from deltalake import DeltaTable
-
-    from warehouse_loader.delta_scan import select_rows
-
     # Read through DuckDB: DeltaTable.to_pandas() scans a pyarrow dataset whose threads can
     # outlive the call and abort the process at exit (arrow#34314).
     frame: pd.DataFrame = select_rows(DeltaTable(str(path)), "SELECT * FROM target").to_pandas()
@@ -415,8 +414,6 @@ def run_quality(
     every expectation as failed with the reason. With ``record`` the run is appended to
     :func:`runs_path`; with ``data_docs`` GX Data Docs are (re)built under :func:`data_docs_path`.
     """
-    from warehouse_loader.load_job import table_path
-
     suites = validate_suites(config, tables)
     validator = _Validator(data_docs_path(config) if data_docs else None)
     outcomes: list[TableOutcome] = []

@@ -1,4 +1,4 @@
-"""Read-only SQL over warehouse tables: DuckDB over each Delta table's current files (DESIGN 7).
+"""Read-only SQL over warehouse tables: DuckDB over each Delta table's current files.
 
 Each table is registered under its warehouse name as a view over the Parquet files of
 its current Delta version (nothing is copied up front; DuckDB pushes projections and
@@ -23,8 +23,9 @@ import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 from deltalake import DeltaTable
 
-from warehouse_loader.delta_scan import register_delta, sql_list
+from warehouse_loader.delta_scan import register_delta
 from warehouse_loader.errors import QueryError, UnknownTableError
+from warehouse_loader.sql_text import sql_list
 
 OutputFormat = Literal["table", "json", "csv"]
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 import yaml
 from harness.fault_injection import CliProcess
+from harness.topics import partition_records
 
 from core.config import load_config
 from derived_feeds.feed_job import await_query, start_feed
@@ -93,14 +94,8 @@ class Shop:
         }
 
     def feed_records(self, since: dict[int, int] | None = None) -> list[Record]:
-        out: list[Record] = []
         with self.log() as log:
-            for partition in range(2):
-                offset = (since or {}).get(partition, 0)
-                while batch := log.read(FEED, partition, offset):
-                    out.extend(batch)
-                    offset = batch[-1].offset + 1
-        return out
+            return [r for p in range(2) for r in partition_records(log, FEED, p, (since or {}).get(p))]
 
     def feed_ends(self) -> dict[int, int]:
         with self.log() as log:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import orjson
 import yaml
+from harness.topics import partition_records
 from test_enrichment_state import Shop
 
 from core.config import load_config
@@ -63,13 +64,9 @@ class TruncatingShop(Shop):
 
     def events(self, feed: str, since: dict[int, int] | None = None) -> list[dict]:
         """The feed's events after offsets ``since`` (tombstones left out), in source order as a sink applies them."""
-        out = []
         with self.log() as log:
-            for partition in range(2):
-                offset = (since or {}).get(partition, 0)
-                while batch := log.read(feed, partition, offset):
-                    out.extend(orjson.loads(r.value) for r in batch if r.value is not None)
-                    offset = batch[-1].offset + 1
+            records = [r for p in range(2) for r in partition_records(log, feed, p, (since or {}).get(p))]
+        out = [orjson.loads(r.value) for r in records if r.value is not None]
         return sorted(out, key=lambda e: (e["source"]["commit_lsn"], e["source"]["txn_index"]))
 
     def fold(self, feed: str) -> dict:  # type: ignore[override]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import orjson
 import pyarrow as pa
+from harness.topics import partition_records
 
 from core.config import KafkaConfig
 from derived_feeds.expectations import Check
@@ -23,7 +24,7 @@ def encoded_batch(n: int) -> pa.Table:
 
 
 def contents(log, topic: str, partitions: int) -> list[list[tuple]]:
-    return [[(r.key, r.value, r.headers) for r in log.read(topic, p, 0)] for p in range(partitions)]
+    return [[(r.key, r.value, r.headers) for r in partition_records(log, topic, p)] for p in range(partitions)]
 
 
 def test_kafka_gets_the_records_the_file_log_holds_and_replays_nothing(kafka_broker, unique_name, tmp_path):

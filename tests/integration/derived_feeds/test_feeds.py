@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 import yaml
+from harness.topics import partition_records
 
 from capture.agent import CaptureAgent
 from capture.catalog import typemap_decoders
@@ -75,13 +76,8 @@ def records(config_path: Path, topic: str, since: dict[int, int] | None = None) 
     """Every record of ``topic`` (partition by partition), or those at or after the offsets ``since``."""
     log = open_log(load_config(config_path))
     try:
-        out = []
-        for partition in range(log.describe_topic(topic).partitions):
-            offset = (since or {}).get(partition, 0)
-            while batch := log.read(topic, partition, offset):
-                out.extend(batch)
-                offset = batch[-1].offset + 1
-        return out
+        partitions = range(log.describe_topic(topic).partitions)
+        return [r for p in partitions for r in partition_records(log, topic, p, (since or {}).get(p))]
     finally:
         log.close()
 

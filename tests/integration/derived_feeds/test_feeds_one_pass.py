@@ -15,13 +15,14 @@ from decimal import Decimal
 import orjson
 import pytest
 import yaml
+from harness.topics import topic_records
 from pyspark.sql.types import StructType
 
 from core.config import ExpectationConfig, load_config
 from derived_feeds import transform
 from derived_feeds.expectations import compile_checks
-from derived_feeds.feed_events import encode_events, pair_changes, paired_events
 from derived_feeds.feed_job import _unique_key, run_feeds
+from derived_feeds.feed_output import encode_output, pair_changes, paired_output
 from derived_feeds.feed_spec import feed_spec
 from log.base import Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
@@ -75,7 +76,7 @@ def general_events(spark, latest, sql, checks):
     image = latest.schema["__hw_image"].dataType
     changes = transform.change_rows(latest, ["id"]).toArrow()
     outputs = transform.output_rows(output, ["id"], image, checks).toArrow()
-    return encode_events(pair_changes(changes, outputs, checks), "f", checks)
+    return encode_output(pair_changes(changes, outputs, checks), "f", checks)
 
 
 def output_of(spark, latest, sql) -> StructType:
@@ -95,7 +96,7 @@ def test_one_pass_makes_the_events_of_the_general_path(spark, latest, sql):
     paired = transform.paired_rows(spark, latest, sql, ["id"], output, checks=checks)
 
     assert paired is not None
-    one_pass = encode_events(paired_events(paired.toArrow(), checks), "f", checks)
+    one_pass = encode_output(paired_output(paired.toArrow(), checks), "f", checks)
     general = general_events(spark, latest, sql, checks)
     assert sorted_rows(one_pass) == sorted_rows(general)
     assert general.num_rows >= 4  # upserts, deletes and the truncate are all there
@@ -112,7 +113,7 @@ def test_sql_that_is_not_projections_and_filters_over_source_takes_the_general_p
 
 
 def events_of(spark, paired, checks):
-    return sorted_rows(encode_events(paired_events(paired.toArrow(), checks), "f", checks))
+    return sorted_rows(encode_output(paired_output(paired.toArrow(), checks), "f", checks))
 
 
 def with_image(spark, latest, image_type: str, image):
@@ -232,16 +233,13 @@ def write_changes(log) -> None:
 def feed_records(log, topic: str) -> list:
     """The topic's records as comparable values: key, value without the feed's name, headers' names."""
     out = []
-    for partition in range(log.describe_topic(topic).partitions):
-        offset = 0
-        while batch := log.read(topic, partition, offset):
-            for record in batch:
-                value = orjson.loads(record.value) if record.value is not None else None
-                if isinstance(value, dict) and isinstance(value.get("source"), dict):
-                    value["source"].pop("name")
-                headers = sorted(k for k, _ in record.headers if not k.startswith("headwater.batch"))
-                out.append((partition, record.key, orjson.dumps(value, option=orjson.OPT_SORT_KEYS), headers))
-            offset = batch[-1].offset + 1
+    for partition, records in topic_records(log, topic).items():
+        for record in records:
+            value = orjson.loads(record.value) if record.value is not None else None
+            if isinstance(value, dict) and isinstance(value.get("source"), dict):
+                value["source"].pop("name")
+            headers = sorted(k for k, _ in record.headers if not k.startswith("headwater.batch"))
+            out.append((partition, record.key, orjson.dumps(value, option=orjson.OPT_SORT_KEYS), headers))
     return sorted(out, key=repr)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 import yaml
 from harness.items_workload import COLUMNS, SCHEMA, Workload, canonical, source_rows
+from harness.topics import read_topic
 
 from capture.agent import CaptureAgent
 from capture.catalog import typemap_decoders
@@ -126,22 +127,19 @@ def expected_versions(config) -> set[tuple]:
     by_key: dict[tuple[int, int], list[tuple[str, str]]] = {}
     truncates: set[str] = set()
     try:
-        for partition in range(log.describe_topic(topic).partitions):
-            offset = log.beginning_offset(topic, partition)
-            while records := log.read(topic, partition, offset):
-                offset = records[-1].offset + 1
-                for record in records:
-                    if record.value is None:
-                        continue  # tombstone
-                    event = orjson.loads(record.value)
-                    seq = Sequence(event["source"]["commit_lsn"], event["source"]["txn_index"]).sortable()
-                    if event["op"] == "t":
-                        truncates.add(seq)
-                    else:
-                        key = orjson.loads(record.key)
-                        by_key.setdefault((key["region"], key["id"]), []).append((seq, event["op"]))
+        records = read_topic(log, topic)
     finally:
         log.close()
+    for record in records:
+        if record.value is None:
+            continue  # tombstone
+        event = orjson.loads(record.value)
+        seq = Sequence(event["source"]["commit_lsn"], event["source"]["txn_index"]).sortable()
+        if event["op"] == "t":
+            truncates.add(seq)
+        else:
+            key = orjson.loads(record.key)
+            by_key.setdefault((key["region"], key["id"]), []).append((seq, event["op"]))
     versions = set()
     for key, changes in by_key.items():
         changes.sort()
@@ -212,7 +210,7 @@ def test_crash_after_delta_commit_replays_the_batch_once(spark, pg_database, uni
 
     # 1. Both tables die right after batch 1 is committed to Delta, before Spark's checkpoint.
     crash_after_commit = True
-    monkeypatch.setattr(delta_writer, "write_batch", write_batch)  # start_load binds it at start
+    monkeypatch.setattr(delta_writer, "write_batch", write_batch)  # load_job looks it up per batch
     errors = load(spark, config, max_records=60)
     assert all(errors.values()), errors
     for name in (SCD1, SCD2):

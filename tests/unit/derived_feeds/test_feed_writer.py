@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pyarrow as pa
 import pytest
+from harness.topics import partition_records
 
 from core.config import ExpectationConfig
 from derived_feeds.errors import FeedConfigError, FeedExpectationError
@@ -136,7 +137,7 @@ class NotAFileLog:
 
 
 def read_all(log, topic, partitions):
-    return {p: [(r.key, r.value, r.headers) for r in log.read(topic, p, 0)] for p in range(partitions)}
+    return {p: [(r.key, r.value, r.headers) for r in partition_records(log, topic, p)] for p in range(partitions)}
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])

@@ -10,7 +10,7 @@ from core.config import TypesConfig
 from log.base import StoredRecord
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from spark_log.latest_per_key import latest_per_key
-from spark_log.source_batches import EventBatchBuilder
+from spark_log.source_batches import SourceBatchBuilder
 from spark_log.source_schema import output_schema, row_schema
 
 TOPIC = "shop.public.items"
@@ -54,7 +54,7 @@ def expected(rows: list[dict]) -> list[tuple]:
 
 def test_latest_per_key_follows_the_rule():
     schema = row_schema(TOPIC, [SCHEMA], TypesConfig())
-    build = EventBatchBuilder(output_schema(schema.struct()), {TOPIC: schema})
+    build = SourceBatchBuilder(output_schema(schema.struct()), {TOPIC: schema})
     for seed in range(5):
         batch = build.build(records(seed))
         got = latest_per_key(pa.Table.from_batches([batch])).to_pylist()
@@ -68,7 +68,7 @@ def test_latest_per_key_follows_the_rule():
 
 def test_empty_and_message_only_input():
     schema = row_schema(TOPIC, [SCHEMA], TypesConfig())
-    build = EventBatchBuilder(output_schema(schema.struct()), {TOPIC: schema})
+    build = SourceBatchBuilder(output_schema(schema.struct()), {TOPIC: schema})
     empty = pa.Table.from_batches([build.build([])])
     assert latest_per_key(empty).num_rows == 0
     assert "__hw_first_op" in latest_per_key(empty).column_names
@@ -78,7 +78,7 @@ def test_several_topics_and_partitions_in_one_table():
     """Topic and partition order the rows when they vary (a reader's table has one of each)."""
     schema = row_schema(TOPIC, [SCHEMA], TypesConfig())
     other = "shop.public.others"
-    build = EventBatchBuilder(output_schema(schema.struct()), {TOPIC: schema, other: schema})
+    build = SourceBatchBuilder(output_schema(schema.struct()), {TOPIC: schema, other: schema})
     mixed = [
         StoredRecord(other if i % 3 == 0 else TOPIC, i % 2, r.offset, 0, r.key, r.value)
         for i, r in enumerate(records(7))

@@ -12,7 +12,7 @@ from log.base import StoredRecord
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.sequence import Sequence
 from spark_log.errors import UndecodableValueError
-from spark_log.source_batches import EventBatchBuilder, arrow_schema
+from spark_log.source_batches import SourceBatchBuilder, arrow_schema
 from spark_log.source_schema import output_schema, row_schema
 
 TOPIC = "shop.public.items"
@@ -37,7 +37,7 @@ def stored(offset, key, value):
 
 def builder(versions=(V1,), **kwargs):
     schema = row_schema(TOPIC, list(versions), TypesConfig())
-    return EventBatchBuilder(output_schema(schema.struct()), {TOPIC: schema}, **kwargs)
+    return SourceBatchBuilder(output_schema(schema.struct()), {TOPIC: schema}, **kwargs)
 
 
 RECORDS = [
@@ -77,7 +77,7 @@ def test_old_events_read_with_the_latest_schema():
 
 
 def test_json_images_without_schema():
-    build = EventBatchBuilder(output_schema(None), None)
+    build = SourceBatchBuilder(output_schema(None), None)
     rows = build.build([*RECORDS[:1], stored(9, {"k": 1}, orjson.dumps({"k": 1, "v": "plain"}))]).to_pylist()
     assert orjson.loads(rows[0]["after"]) == {"id": 1, "price": "1.50"}
     assert rows[1]["op"] is None and orjson.loads(rows[1]["after"]) == {"k": 1, "v": "plain"}

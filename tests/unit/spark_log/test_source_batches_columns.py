@@ -16,7 +16,7 @@ from log.reading import read_range, read_range_columns
 from log.topics import SCHEMAS_TOPIC
 from spark_log.data_source import HeadwaterLogDataSource, LogRangePartition
 from spark_log.offsets import OffsetRange
-from spark_log.source_batches import EventBatchBuilder
+from spark_log.source_batches import SourceBatchBuilder
 from spark_log.source_schema import FIRST_OP, output_schema
 from tests.unit.spark_log.test_source_batches import (
     RECORDS,
@@ -47,7 +47,7 @@ def test_columns_build_the_batch_the_records_build(tombstones, versions):
     build = (
         builder(versions, include_tombstones=tombstones)
         if versions
-        else EventBatchBuilder(output_schema(None), None, include_tombstones=tombstones)
+        else SourceBatchBuilder(output_schema(None), None, include_tombstones=tombstones)
     )
     expected = build.build(records)
     if versions:  # regular envelopes: the bulk path, never the records

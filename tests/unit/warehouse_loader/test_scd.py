@@ -18,15 +18,8 @@ from hypothesis import strategies as st
 from log.sequence import Sequence
 from warehouse_loader.changes import COMMIT_TS, END_AT, OP, SEQ, START_AT, check_changes
 from warehouse_loader.errors import ChangeBatchError
-from warehouse_loader.scd import (
-    Scd1State,
-    Scd2State,
-    apply_scd1,
-    apply_scd2,
-    empty_tombstones,
-    plan_scd1,
-    plan_scd2,
-)
+from warehouse_loader.scd1 import Scd1State, apply_scd1, empty_tombstones, plan_scd1
+from warehouse_loader.scd2 import Scd2State, apply_scd2, plan_scd2
 
 KEYS = ["userId"]
 _OPS = {"INSERT": "c", "UPDATE": "u", "DELETE": "d", "TRUNCATE": "t"}

@@ -1,13 +1,13 @@
-"""A micro-batch's feed events on the driver, in Arrow: pairing changes with SQL rows, and the events' JSON.
+"""A micro-batch's feed output records on the driver, in Arrow: changes paired with SQL rows, then encoded.
 
 Spark hands the driver two small tables per micro-batch (``transform.change_rows``: one
 row per latest source change with its feed key as JSON and its position;
 ``transform.output_rows``: one row per SQL output row with the same key JSON and the row
 as JSON). :func:`pair_changes` joins them here, where a hash join of 100k rows takes
 milliseconds, instead of a shuffle and sort-merge join in Spark, and applies the feed's
-rule (``transform`` module docstring). :func:`encode_events` then builds each event's
-Debezium value with Arrow string kernels: no Python per row, no JSON writer per row in
-the JVM.
+rule (``transform`` module docstring). :func:`encode_output` then builds each record's
+Debezium change-event value with Arrow string kernels: no Python per row, no JSON writer
+per row in the JVM.
 
 Pure (Arrow tables in and out). Values have ``log.envelope.encode_value``'s key order;
 the ``source`` block names the feed and keeps the source position.
@@ -30,7 +30,7 @@ from spark_log import source_schema as cols
 KEY_JSON: Final = "__hw_key"
 AFTER_JSON: Final = "__hw_after_json"
 _NULL: Final = "null"
-#: The source position and provenance every feed event keeps .
+#: The source position and provenance every feed output record keeps.
 META: Final = (
     cols.SEQ,
     cols.COMMIT_LSN,
@@ -59,7 +59,7 @@ def pair_changes(changes: pa.Table, outputs: pa.Table, checks: Sequence[Check] =
     return _feed_ops(joined, changes.filter(is_truncate), checks)
 
 
-def paired_events(rows: pa.Table, checks: Sequence[Check] = ()) -> pa.Table:
+def paired_output(rows: pa.Table, checks: Sequence[Check] = ()) -> pa.Table:
     """:func:`pair_changes` of changes already paired in Spark (``transform.paired_rows``: one pass).
 
     ``rows`` has every latest change with its SQL row's JSON and check flags (null where
@@ -91,7 +91,7 @@ def _feed_ops(joined: pa.Table, truncates: pa.Table, checks: Sequence[Check]) ->
         **{name: _array(joined, name) for name in META},
         **{check.flag: _null_where(deleted, _array(joined, check.flag)) for check in checks},
     }
-    events = pa.table(columns).filter(keep)
+    output = pa.table(columns).filter(keep)
     if truncates.num_rows:
         empty = {AFTER_JSON: pa.string(), **{check.flag: pa.bool_() for check in checks}}
         truncate_columns = {
@@ -100,8 +100,8 @@ def _feed_ops(joined: pa.Table, truncates: pa.Table, checks: Sequence[Check]) ->
             **{name: pa.nulls(truncates.num_rows, kind) for name, kind in empty.items()},
             **{name: truncates.column(name) for name in META},
         }
-        events = pa.concat_tables([events, pa.table(truncate_columns).select(events.column_names)])
-    return events
+        output = pa.concat_tables([output, pa.table(truncate_columns).select(output.column_names)])
+    return output
 
 
 def _array(table: pa.Table, name: str) -> pa.Array:
@@ -112,17 +112,17 @@ def _null_where(mask: pa.Array, values: pa.Array) -> pa.Array:
     return pc.if_else(mask, pa.scalar(None, values.type), values)
 
 
-def encode_events(events: pa.Table, feed: str, checks: Sequence[Check] = ()) -> pa.Table:
-    """Feed events (:func:`pair_changes`) -> ``key``, ``op``, ``value``, ``dropped_value`` and the check flags.
+def encode_output(output: pa.Table, feed: str, checks: Sequence[Check] = ()) -> pa.Table:
+    """Feed output records (:func:`pair_changes`) -> ``key``, ``op``, ``value``, ``dropped_value`` and the check flags.
 
-    ``value`` is the event's Debezium JSON; ``dropped_value`` (only where a ``drop`` check
+    ``value`` is the record's Debezium change event (JSON); ``dropped_value`` (only where a ``drop`` check
     failed) the delete that takes the key out of the feed instead. Deletes carry the key
     columns in ``before``, as Debezium's with the default replica identity.
     """
-    key = _array(events, KEY_JSON)
-    op = _array(events, cols.OP)
+    key = _array(output, KEY_JSON)
+    op = _array(output, cols.OP)
     is_delete = pc.fill_null(pc.equal(op, Op.DELETE.value), False)
-    ts_us = pc.fill_null(_array(events, cols.COMMIT_TS).cast(pa.int64()), 0)
+    ts_us = pc.fill_null(_array(output, cols.COMMIT_TS).cast(pa.int64()), 0)
     # As Spark's floor(ts_us / 1000): a double division, then floor.
     ts_ms = pc.floor(pc.divide(ts_us.cast(pa.float64()), 1000.0)).cast(pa.int64())
     ts_ms_text, ts_us_text = _number_text(ts_ms), _number_text(ts_us)
@@ -132,32 +132,32 @@ def encode_events(events: pa.Table, feed: str, checks: Sequence[Check] = ()) -> 
         ',"ts_us":',
         ts_us_text,
         ',"snapshot":',
-        _string_text(pc.fill_null(_array(events, cols.SNAPSHOT), "false")),
+        _string_text(pc.fill_null(_array(output, cols.SNAPSHOT), "false")),
         ',"db":',
-        _string_text(_array(events, cols.SOURCE_DB)),
+        _string_text(_array(output, cols.SOURCE_DB)),
         ',"sequence":"[null,null]","schema":',
-        _string_text(_array(events, cols.SOURCE_SCHEMA)),
+        _string_text(_array(output, cols.SOURCE_SCHEMA)),
         ',"table":',
-        _string_text(_array(events, cols.SOURCE_TABLE)),
+        _string_text(_array(output, cols.SOURCE_TABLE)),
         ',"txId":null,"lsn":null,"xmin":null,"commit_lsn":',
-        _number_text(_array(events, cols.COMMIT_LSN)),
+        _number_text(_array(output, cols.COMMIT_LSN)),
         ',"txn_index":',
-        _number_text(_array(events, cols.TXN_INDEX)),
+        _number_text(_array(output, cols.TXN_INDEX)),
         "}",
         "",
     )
     before = pc.fill_null(pc.if_else(is_delete, key, pa.scalar(None, pa.string())), _NULL)
-    after = pc.fill_null(_array(events, AFTER_JSON), _NULL)
+    after = pc.fill_null(_array(output, AFTER_JSON), _NULL)
     value = _envelope(before, after, source, op, ts_ms_text, ts_us_text)
-    dropped = pa.nulls(events.num_rows, pa.string())
-    drop_flags = [pc.fill_null(_array(events, c.flag), True) for c in checks if c.action == "drop"]
+    dropped = pa.nulls(output.num_rows, pa.string())
+    drop_flags = [pc.fill_null(_array(output, c.flag), True) for c in checks if c.action == "drop"]
     if drop_flags:
         passing = drop_flags[0]
         for flag in drop_flags[1:]:
             passing = pc.and_(passing, flag)
         delete = _envelope(pc.fill_null(key, _NULL), _NULL, source, Op.DELETE.value, ts_ms_text, ts_us_text)
         dropped = pc.if_else(pc.invert(passing), delete, pa.scalar(None, pa.string()))
-    flags = {check.flag: _array(events, check.flag) for check in checks}
+    flags = {check.flag: _array(output, check.flag) for check in checks}
     return pa.table({"key": key, cols.OP: op, "value": value, "dropped_value": dropped, **flags})
 
 

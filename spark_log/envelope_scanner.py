@@ -16,7 +16,7 @@ object or null, the images objects or null, and each value an envelope (``op``,
 ``before`` or ``after`` not null). Otherwise it answers ``None`` and the caller builds the
 batch as before, which also raises as before. The extension (``native``) does it
 in C; :func:`_scan_envelopes_python` is its twin and defines the result
-(``tests/unit/spark_log/test_envelope_scan.py``).
+(``tests/unit/spark_log/test_envelope_scanner.py``).
 """
 
 from __future__ import annotations

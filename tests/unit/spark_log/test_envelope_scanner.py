@@ -15,7 +15,7 @@ from log.base import StoredRecord
 from log.columns import RecordColumns
 from native import speedups
 from spark_log import source_batches as event_batches
-from spark_log.envelope_scan import _scan_envelopes_python, scan_envelopes
+from spark_log.envelope_scanner import _scan_envelopes_python, scan_envelopes
 from spark_log.errors import UndecodableValueError
 from tests.unit.spark_log.test_source_batches import RECORDS, TOPIC, builder
 

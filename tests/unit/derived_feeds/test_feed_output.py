@@ -8,7 +8,7 @@ import orjson
 import pyarrow as pa
 
 from derived_feeds.expectations import Check
-from derived_feeds.feed_events import AFTER_JSON, KEY_JSON, encode_events, pair_changes, paired_events
+from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, encode_output, pair_changes, paired_output
 from log.envelope import CONNECTOR, EVENT_VERSION
 
 UTC = dt.UTC
@@ -61,7 +61,7 @@ def test_upserts_deletes_filtered_rows_and_truncates():
     )
     outputs = outputs_table([('{"id":1}', '{"id":1,"name":"a"}')])
     events = pair_changes(changes, outputs)
-    encoded = encode_events(events, "clean")
+    encoded = encode_output(events, "clean")
     rows = by_key(encoded)
     assert set(rows) == {('{"id":1}', "u"), ('{"id":2}', "d"), ('{"id":4}', "d"), (None, "t")}
     upsert = orjson.loads(rows[('{"id":1}', "u")]["value"])
@@ -108,7 +108,7 @@ def test_drop_check_writes_a_delete_instead():
     outputs = outputs_table(
         [('{"id":1}', '{"id":1,"name":null}'), ('{"id":2}', '{"id":2,"name":"b"}')], {check.flag: [False, True]}
     )
-    encoded = encode_events(pair_changes(changes, outputs, [check]), "clean", [check])
+    encoded = encode_output(pair_changes(changes, outputs, [check]), "clean", [check])
     rows = {r["key"]: r for r in encoded.to_pylist()}
     assert rows['{"id":1}'][check.flag] is False
     dropped = orjson.loads(rows['{"id":1}']["dropped_value"])
@@ -121,9 +121,9 @@ def test_drop_check_writes_a_delete_instead():
 def test_several_sql_rows_per_key_and_empty_batches():
     changes = changes_table([('{"id":1}', "u", "u", 10)])
     outputs = outputs_table([('{"id":1}', '{"id":1,"n":1}'), ('{"id":1}', '{"id":1,"n":2}')])
-    assert encode_events(pair_changes(changes, outputs), "f").num_rows == 2
+    assert encode_output(pair_changes(changes, outputs), "f").num_rows == 2
     empty = pair_changes(changes_table([]), outputs_table([]))
-    assert encode_events(empty, "f").num_rows == 0
+    assert encode_output(empty, "f").num_rows == 0
 
 
 def test_changes_paired_in_spark_make_the_same_events_as_the_driver_join():
@@ -143,8 +143,8 @@ def test_changes_paired_in_spark_make_the_same_events_as_the_driver_join():
     paired = changes.append_column(AFTER_JSON, pa.array([afters.get(r[0]) for r in rows], pa.string()))
     paired = paired.append_column(check.flag, pa.array([flags.get(r[0]) for r in rows], pa.bool_()))
 
-    joined = encode_events(pair_changes(changes, outputs, [check]), "f", [check])
-    one_pass = encode_events(paired_events(paired, [check]), "f", [check])
+    joined = encode_output(pair_changes(changes, outputs, [check]), "f", [check])
+    one_pass = encode_output(paired_output(paired, [check]), "f", [check])
 
     def key(row):
         return (row["key"] or "", row["op"])

@@ -1,0 +1,317 @@
+"""SCD type 2 planning: a change batch against the affected versions, remembered deletes and truncates → versions.
+
+Semantics (versions keyed by ``__START_AT``, late changes placed at their sequence,
+tombstones, truncates): :mod:`warehouse_loader.scd`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+from warehouse_loader.changes import (
+    COMMIT_TS,
+    DELETE_OP,
+    END_AT,
+    METADATA_COLUMNS,
+    OP,
+    SEQ,
+    START_AT,
+    TRUNCATE_OP,
+    check_changes,
+)
+from warehouse_loader.errors import ChangeBatchError
+from warehouse_loader.scd import conform, duckdb_tables, merged_schema
+from warehouse_loader.sql_text import column_list, key_match, quote, sql_literal
+
+
+@dataclass(frozen=True, slots=True)
+class Scd2State:
+    """An SCD2 table as data: its versions, the deletes it remembers and the truncates applied.
+
+    ``tombstones`` (keys + sequence) holds every delete that closed no version when it was
+    planned (it arrived before the key's older changes, or a late change left it behind
+    another delete): the versions cannot show it, yet it bounds a version that a later,
+    older change opens. ``truncates``: the sequences of every truncate applied.
+    """
+
+    rows: pa.Table
+    tombstones: pa.Table
+    truncates: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Scd2Actions:
+    """What one micro-batch does to an SCD2 table, keyed by ``(keys, __START_AT)``.
+
+    ``versions``: full version rows to insert, or to replace the row with the same key
+    and ``__START_AT`` (a closing is a replaced row whose ``__END_AT`` is now set).
+    ``removed``: keys + ``__START_AT`` of versions that no longer exist (a late change
+    moved a boundary). ``tombstones``: keys + sequence of deletes to remember from now on
+    (see :class:`Scd2State`); none is ever forgotten, a remembered delete that a later
+    batch turns into a version's end is merely redundant. ``truncates``: the batch's
+    truncate sequences not remembered yet. Versions a truncate closes are in
+    ``versions`` like any other closing, for every key (not only the batch's).
+    """
+
+    versions: pa.Table
+    removed: pa.Table
+    tombstones: pa.Table
+    truncates: tuple[Any, ...] = ()
+    sequence_by: str = SEQ
+
+
+def truncate_sequences(changes: pa.Table, sequence_by: str = SEQ) -> tuple[Any, ...]:
+    """The distinct sequences of the batch's truncates, ascending."""
+    values = changes.filter(pc.equal(changes.column(OP), TRUNCATE_OP)).column(sequence_by)
+    return tuple(sorted(set(values.to_pylist())))
+
+
+def scd2_window(
+    changes: pa.Table, keys: Sequence[str], sequence_by: str = SEQ, existing: pa.Table | None = None
+) -> pa.Table:
+    """Keys whose versions a batch can change, each with the lowest sequence that touches it: ``keys + __min_seq``.
+
+    Those are the batch's keys and, with ``existing``, every key with a version that spans
+    a truncate of the batch (started before it, open or ended after it; the writer passes
+    the rows matching :func:`scd2_truncate_span`). A version of such a key can change only
+    if it is open or ends at or after ``__min_seq``: the writer loads exactly those rows
+    as ``existing`` for :func:`plan_scd2`, and these keys' tombstones from ``__min_seq`` on.
+    """
+    check_changes(changes, keys, sequence_by)
+    seq = quote(sequence_by)
+    truncates = truncate_sequences(changes, sequence_by)
+    live = changes.filter(pc.not_equal(changes.column(OP), TRUNCATE_OP))
+    truncs = pa.table({sequence_by: pa.array(truncates, changes.schema.field(sequence_by).type)})
+    lowest = "min(l." + seq + ")"
+    if truncates:
+        lowest = f"least(min(l.{seq}), (SELECT min({seq}) FROM truncs))"
+    sql = f"SELECT {column_list(keys, 'l')}, {lowest} AS __min_seq FROM live l GROUP BY ALL"
+    spans = existing is not None and bool(truncates) and existing.num_rows > 0
+    if spans:
+        sql = f"""
+            SELECT {column_list(keys)}, min(__min_seq) AS __min_seq FROM (
+                {sql}
+                UNION ALL
+                SELECT {column_list(keys, "o")}, (SELECT min({seq}) FROM truncs) FROM existing o
+                WHERE {scd2_truncate_span(truncates, "o")}
+            ) GROUP BY ALL
+        """
+    tables = {"live": live, "truncs": truncs} | ({"existing": existing} if spans else {})
+    with duckdb_tables(**tables) as con:
+        window = con.sql(sql).to_arrow_table()
+    return window
+
+
+def scd2_truncate_span(truncates: Sequence[Any], alias: str) -> str:
+    """SQL predicate: the version ``alias`` spans one of ``truncates`` (which it must end at).
+
+    Sequences are inlined as literals (strings or integers), so the predicate also serves
+    as a filter on the Delta table in the writer.
+    """
+    if not truncates:
+        return "false"
+    sa, ea = f"{alias}.{quote(START_AT)}", f"{alias}.{quote(END_AT)}"
+    return " OR ".join(f"({sa} < {sql_literal(v)} AND ({ea} IS NULL OR {ea} > {sql_literal(v)}))" for v in truncates)
+
+
+def plan_scd2(
+    changes: pa.Table,
+    keys: Sequence[str],
+    existing: pa.Table | None = None,
+    *,
+    tombstones: pa.Table | None = None,
+    truncates: Sequence[Any] = (),
+    track_history_columns: Sequence[str] | None = None,
+    sequence_by: str = SEQ,
+) -> Scd2Actions:
+    """Recompute the versions of the affected keys from their existing versions, tombstones and the batch.
+
+    ``existing``: the target's versions, at least those the writer selects with
+    :func:`scd2_window` and :func:`scd2_truncate_span` (passing the whole table is fine;
+    it is narrowed here). ``tombstones`` (keys + sequence, a superset is fine) and
+    ``truncates`` are the remembered deletes and truncates (:class:`Scd2State`).
+
+    Existing versions are turned back into events (an upsert at ``__START_AT``, another
+    at the sequence of the last change folded into it, a delete at an ``__END_AT`` no
+    version starts at), merged with the batch, the tombstones and a delete per key at
+    each truncate, deduplicated on (key, sequence) and folded into versions again. So a
+    remembered delete bounds the version a late older change opens, and a late event
+    older than a truncate opens a version closed at it. Rebuilding a version that
+    absorbed untracked-only changes keeps only its latest values, so a late *tracked*
+    change inside such a version splits it with those values.
+    """
+    check_changes(changes, keys, sequence_by)
+    live = changes.filter(pc.not_equal(changes.column(OP), TRUNCATE_OP))
+    batch_truncates = truncate_sequences(changes, sequence_by)
+    remembered = set(truncates)
+    all_truncates = tuple(sorted(remembered.union(batch_truncates)))
+    seq_type = changes.schema.field(sequence_by).type
+    fixed = {*keys, sequence_by, OP, START_AT, END_AT}
+    change_values = [f for f in live.schema if f.name not in fixed]
+    if existing is None:
+        existing_schema = pa.schema(
+            [
+                *[changes.schema.field(k) for k in keys],
+                *change_values,
+                pa.field(sequence_by, seq_type),
+                pa.field(OP, pa.string()),
+                pa.field(START_AT, seq_type),
+                pa.field(END_AT, seq_type),
+            ]
+        )
+        existing = existing_schema.empty_table()
+    tomb_schema = pa.schema([*[changes.schema.field(k) for k in keys], pa.field(sequence_by, seq_type)])
+    tomb = tomb_schema.empty_table() if tombstones is None else tombstones.select([*keys, sequence_by])
+    value_schema = merged_schema(
+        pa.schema([f for f in existing.schema if f.name not in fixed]), pa.schema(change_values)
+    )
+    values = value_schema.names
+    if track_history_columns is None:
+        tracked = [v for v in values if v not in METADATA_COLUMNS]
+    else:
+        tracked = list(track_history_columns)
+        unknown = [c for c in tracked if c not in values]
+        if unknown:
+            msg = f"track_history_columns names {', '.join(unknown)}, not columns of the table or batch"
+            raise ChangeBatchError(msg)
+    out_schema = pa.schema(
+        [
+            *[changes.schema.field(k) for k in keys],
+            *[f for f in value_schema if f.name not in (OP, COMMIT_TS)],
+            pa.field(sequence_by, seq_type),
+            pa.field(OP, pa.string()),
+            *([value_schema.field(COMMIT_TS)] if COMMIT_TS in values else []),
+            pa.field(START_AT, seq_type),
+            pa.field(END_AT, seq_type),
+        ]
+    )
+    window = scd2_window(changes, keys, sequence_by, existing)
+    k = column_list(keys)
+    s = quote(sequence_by)
+    op = quote(OP)
+    sa, ea = quote(START_AT), quote(END_AT)
+    ex_vals = ", ".join((f"o.{quote(v)}" if v in existing.column_names else f"NULL AS {quote(v)}") for v in values)
+    ch_vals = ", ".join((f"c.{quote(v)}" if v in live.column_names else f"NULL AS {quote(v)}") for v in values)
+    null_vals = ", ".join(f"NULL AS {quote(v)}" for v in values)
+    lags = "".join(f", lag({quote(t)}) OVER w AS __p{i}" for i, t in enumerate(tracked))
+    # Tracking every column: each change opens a version, even one that repeats the values,
+    # so no change is folded away and a late change can always be placed exactly.
+    differs = "true"
+    if track_history_columns is not None:
+        differs = " OR ".join(f"{quote(t)} IS DISTINCT FROM __p{i}" for i, t in enumerate(tracked)) or "false"
+    out_names = out_schema.names
+    compare = [n for n in out_names if n not in (*keys, START_AT) and n in existing.column_names]
+    changed = " OR ".join(f"v.{quote(n)} IS DISTINCT FROM o.{quote(n)}" for n in compare) or "false"
+    renamed = {START_AT: f"__start AS {sa}", END_AT: f"__next AS {ea}", sequence_by: f"__seq AS {s}"}
+    renamed[OP] = f"__op AS {op}"
+    select_version = ", ".join(renamed.get(n, quote(n)) for n in out_names)
+    versions_sql = f"""
+        WITH events AS (
+            SELECT {column_list(keys, "c")}, {ch_vals}, c.{s} AS __seq, c.{op} AS __op, 0 AS __prio FROM live c
+            UNION ALL
+            SELECT {column_list(keys, "o")}, {ex_vals}, o.{sa}, o.{op}, 1 FROM old o
+            UNION ALL
+            SELECT {column_list(keys, "o")}, {ex_vals}, o.{s}, o.{op}, 1 FROM old o WHERE o.{s} <> o.{sa}
+            UNION ALL
+            SELECT {column_list(keys, "d")}, {null_vals}, d.{s}, '{DELETE_OP}', 1 FROM stored_deletes d
+            UNION ALL
+            SELECT {column_list(keys, "w")}, {null_vals}, t.{s}, '{DELETE_OP}', 2 FROM win w
+            JOIN truncs t ON t.{s} >= w.__min_seq
+        ),
+        dedup AS (
+            SELECT * FROM events
+            QUALIFY row_number() OVER (PARTITION BY {k}, __seq ORDER BY __prio, __op DESC) = 1
+        ),
+        ordered AS (
+            SELECT *, lag(__op) OVER w AS __prev_op, lead(__seq) OVER w AS __next {lags}
+            FROM dedup WINDOW w AS (PARTITION BY {k} ORDER BY __seq)
+        ),
+        flagged AS (
+            SELECT *, sum(CASE WHEN __op = '{DELETE_OP}' THEN 0
+                               WHEN __prev_op IS NULL OR __prev_op = '{DELETE_OP}' OR ({differs}) THEN 1
+                               ELSE 0 END) OVER (PARTITION BY {k} ORDER BY __seq ROWS UNBOUNDED PRECEDING) AS __vid
+            FROM ordered
+        ),
+        ups AS (
+            SELECT *, min(__seq) OVER (PARTITION BY {k}, __vid) AS __start FROM flagged WHERE __op <> '{DELETE_OP}'
+            QUALIFY row_number() OVER (PARTITION BY {k}, __vid ORDER BY __seq DESC) = 1
+        ),
+        versions AS (SELECT {select_version} FROM ups)
+        SELECT v.*, (o.{sa} IS NULL OR {changed}) AS __changed FROM versions v
+        LEFT JOIN old o ON {key_match(keys, "v", "o")} AND v.{sa} = o.{sa}
+    """
+    # Deletes the stored state already holds: version ends no version starts at, and the
+    # tombstones from __min_seq on.
+    stored_deletes_sql = f"""
+        SELECT {column_list(keys, "o")}, o.{ea} AS {s} FROM old o
+        WHERE o.{ea} IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM old n WHERE {key_match(keys, "n", "o")} AND n.{sa} = o.{ea})
+        UNION ALL
+        SELECT {column_list(keys, "b")}, b.{s} FROM tomb b
+        JOIN win w ON {key_match(keys, "w", "b")} AND b.{s} >= w.__min_seq
+    """
+    # A delete that ends no rebuilt version (it follows a delete, or nothing) is invisible in
+    # the versions: remember it, unless a truncate's (truncates are remembered whole) or
+    # already remembered. Cheaper than a second pass over the ordered events: deletes are few.
+    tombstones_sql = f"""
+        WITH deletes AS (
+            SELECT DISTINCT * FROM (
+                SELECT {column_list(keys, "c")}, c.{s} FROM live c WHERE c.{op} = '{DELETE_OP}'
+                UNION ALL SELECT * FROM stored_deletes
+            )
+        )
+        SELECT d.* FROM deletes d
+        WHERE NOT EXISTS (SELECT 1 FROM rebuilt r WHERE {key_match(keys, "r", "d")} AND r.{ea} = d.{s})
+          AND NOT EXISTS (SELECT 1 FROM truncs t WHERE t.{s} = d.{s})
+          AND NOT EXISTS (SELECT 1 FROM tomb b WHERE {key_match(keys, "b", "d")} AND b.{s} = d.{s})
+    """
+    truncs = pa.table({sequence_by: pa.array(all_truncates, seq_type)})
+    with duckdb_tables(existing=existing, win=window, live=live, truncs=truncs, tomb=tomb) as con:
+        con.execute(
+            f"""CREATE TEMP TABLE old AS SELECT o.* FROM existing o JOIN win w ON {key_match(keys, "o", "w")}
+                WHERE o.{ea} IS NULL OR o.{ea} >= w.__min_seq"""
+        )
+        con.execute(f"CREATE TEMP TABLE stored_deletes AS {stored_deletes_sql}")
+        con.execute(f"CREATE TEMP TABLE rebuilt AS {versions_sql}")
+        versions = con.sql("SELECT * EXCLUDE (__changed) FROM rebuilt WHERE __changed").to_arrow_table()
+        removed = con.sql(
+            f"""SELECT {column_list(keys, "o")}, o.{sa} FROM old o
+                WHERE NOT EXISTS (SELECT 1 FROM rebuilt r WHERE {key_match(keys, "r", "o")} AND r.{sa} = o.{sa})"""
+        ).to_arrow_table()
+        new_tombstones = con.sql(tombstones_sql).to_arrow_table()
+    removed_schema = pa.schema([*[changes.schema.field(kk) for kk in keys], pa.field(START_AT, seq_type)])
+    return Scd2Actions(
+        versions=conform(versions, out_schema),
+        removed=conform(removed, removed_schema),
+        tombstones=conform(new_tombstones, tomb_schema),
+        truncates=tuple(v for v in batch_truncates if v not in remembered),
+        sequence_by=sequence_by,
+    )
+
+
+def apply_scd2(state: Scd2State, actions: Scd2Actions, keys: Sequence[str]) -> Scd2State:
+    """Apply ``actions`` to an in-memory SCD2 table: the twin of the Delta writer's tombstone append and MERGE."""
+    sa = quote(START_AT)
+    schema = merged_schema(state.rows.schema, actions.versions.schema)
+    sql = f"""
+        SELECT r.* FROM target r
+        WHERE NOT EXISTS (SELECT 1 FROM versions v WHERE {key_match(keys, "v", "r")} AND v.{sa} = r.{sa})
+          AND NOT EXISTS (SELECT 1 FROM removed d WHERE {key_match(keys, "d", "r")} AND d.{sa} = r.{sa})
+        UNION ALL BY NAME
+        SELECT * FROM versions
+    """
+    with duckdb_tables(
+        target=conform(state.rows, schema), versions=conform(actions.versions, schema), removed=actions.removed
+    ) as con:
+        out = con.sql(sql).to_arrow_table()
+    tombstones = pa.concat_tables([state.tombstones, conform(actions.tombstones, state.tombstones.schema)])
+    return Scd2State(
+        rows=conform(out, schema),
+        tombstones=tombstones,
+        truncates=tuple(sorted({*state.truncates, *actions.truncates})),
+    )
