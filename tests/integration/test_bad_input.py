@@ -29,6 +29,7 @@ import orjson
 import psycopg
 import pytest
 import yaml
+from harness import topics as harness_topics
 from harness.names import NameFactory
 from psycopg import sql
 
@@ -118,12 +119,8 @@ class Project:
             for topic in log.list_topics():
                 if not topic.startswith(f"{self.source}."):
                     continue
-                for partition in range(log.describe_topic(topic).partitions):
-                    rows, offset = [], log.beginning_offset(topic, partition)
-                    while batch := log.read(topic, partition, offset):
-                        rows.extend((r.offset, r.key, r.value) for r in batch)
-                        offset = batch[-1].offset + 1
-                    out[(topic, partition)] = rows
+                for partition, records in harness_topics.topic_records(log, topic).items():
+                    out[(topic, partition)] = [(r.offset, r.key, r.value) for r in records]
             return out
         finally:
             log.close()
@@ -515,13 +512,7 @@ def topic_values(p: Project, topic: str) -> list[dict[str, Any]]:
     config = load_config(p.config, strict_env=False)
     log = open_log(config)
     try:
-        values = []
-        for partition in range(log.describe_topic(topic).partitions):
-            offset = log.beginning_offset(topic, partition)
-            while batch := log.read(topic, partition, offset):
-                values.extend(orjson.loads(r.value) for r in batch if r.value is not None)
-                offset = batch[-1].offset + 1
-        return values
+        return harness_topics.topic_values(log, topic)
     finally:
         log.close()
 
@@ -635,11 +626,7 @@ def test_value_too_large_for_kafka_goes_to_quarantine(project: Project, kafka_br
     try:
 
         def read_all(topic: str) -> list[Any]:
-            out, offset = [], log.beginning_offset(topic, 0)
-            while batch := log.read(topic, 0, offset):
-                out.extend(batch)
-                offset = batch[-1].offset + 1
-            return out
+            return harness_topics.partition_records(log, topic, 0)
 
         topic = f"{name}.public.kbig"
         assert [orjson.loads(r.value)["after"]["id"] for r in read_all(topic) if r.value] == [1, 3]

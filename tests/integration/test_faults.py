@@ -39,6 +39,7 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
+from harness import topics as harness_topics
 from harness.broker import MotoS3, TansuBroker, persistent_broker_unavailable
 from harness.fault_injection import BrokerProcess, CliProcess, Component, FaultInjector, Schedule
 from harness.items_workload import COLUMNS, SCHEMA, Workload, canonical, source_rows
@@ -193,13 +194,7 @@ def read_topic(config: ProjectConfig, topic: str) -> list:
     """Every record of ``topic``, partition by partition in offset order."""
     log = open_log(config)
     try:
-        records = []
-        for partition in range(log.describe_topic(topic).partitions):
-            offset = log.beginning_offset(topic, partition)
-            while batch := log.read(topic, partition, offset):
-                records.extend(batch)
-                offset = batch[-1].offset + 1
-        return records
+        return harness_topics.read_topic(log, topic)
     finally:
         log.close()
 

@@ -10,6 +10,7 @@ import orjson
 import psycopg
 import yaml
 from dagster import AssetKey, DagsterInstance, materialize
+from harness.topics import read_topic
 
 from capture.agent import CaptureAgent
 from capture.catalog import typemap_decoders
@@ -28,13 +29,9 @@ def all_events(config, topic: str) -> dict[int, list[dict]]:
     """Change events per key in sequence order (tombstones left out)."""
     out: dict[int, list[dict]] = {}
     with open_log(config) as log:
-        for partition in range(log.describe_topic(topic).partitions):
-            offset = log.beginning_offset(topic, partition)
-            while batch := log.read(topic, partition, offset):
-                for record in batch:
-                    if record.value is not None:
-                        out.setdefault(orjson.loads(record.key)["id"], []).append(orjson.loads(record.value))
-                offset = batch[-1].offset + 1
+        for record in read_topic(log, topic):
+            if record.value is not None:
+                out.setdefault(orjson.loads(record.key)["id"], []).append(orjson.loads(record.value))
     for events in out.values():
         events.sort(key=lambda e: (e["source"]["commit_lsn"], e["source"]["txn_index"]))
     return out
