@@ -39,7 +39,7 @@ import yaml
 from harness.row_compare import canonical_row, checksum, row_diff
 from psycopg import sql
 
-from headwater.config import ProjectConfig, load_config
+from core.config import ProjectConfig, load_config
 from warehouse_loader.load_job import table_path
 from warehouse_loader.query import run_query
 
@@ -224,6 +224,8 @@ class ShapesWorkload:
         if new_key != key:
             self.gone[shape.table].add(key)
             self.stats[shape.table, "key_change"] += 1
+            if shape.unique and not set(shape.unique) & set(values):
+                self.stats[shape.table, "key_only_change"] += 1  # under USING INDEX: no old key sent
             if "region" in values and values["region"] != key[0]:
                 self.stats[shape.table, "region_change"] += 1
         else:
@@ -491,7 +493,7 @@ def assert_workload_covers_every_case(workload: ShapesWorkload, shapes: tuple[Sh
     streamed = workload.stats - since
     for shape in shapes:
         kinds = ["insert", "reinsert", "update", "key_change", "delete", "truncate"]
-        kinds += ["unique_change"] if shape.unique else []
+        kinds += ["unique_change", "key_only_change"] if shape.unique else []
         kinds += ["doc_update"] if shape.toast else []
         kinds += ["region_change"] if "region" in shape.key else []
         assert all(streamed[shape.table, kind] > 0 for kind in kinds), (shape.table, dict(streamed))
