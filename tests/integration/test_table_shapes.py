@@ -309,7 +309,6 @@ class ShapesProject:
     config_path: Path
     config: ProjectConfig
     shapes: tuple[Shape, ...]
-    topics: dict[str, str]
     feed: str | None
     workload: ShapesWorkload
     snapshot_keys: dict[str, Counter[tuple]] = field(default_factory=dict)
@@ -360,7 +359,13 @@ class ShapesProject:
         config_path = tmp_path / "headwater.yaml"
         config_path.write_text(yaml.safe_dump(document, sort_keys=False))
         workload = ShapesWorkload(conn, shapes, SEED)
-        return cls(pg_database, config_path, load_config(config_path), shapes, topics, feed_name, workload)
+        return cls(pg_database, config_path, load_config(config_path), shapes, feed_name, workload)
+
+    def __enter__(self) -> ShapesProject:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.workload.conn.close()
 
     def cli(self, *args: str) -> float:
         """Run ``headwater <args>`` as a subprocess; it must exit 0. Returns its wall time."""
@@ -504,59 +509,46 @@ def assert_workload_covers_every_case(workload: ShapesWorkload, shapes: tuple[Sh
 
 
 def test_every_table_shape_loads_exactly_as_scd1_and_scd2(pg_database, unique_name, tmp_path):
-    project = ShapesProject.create(
-        pg_database,
-        unique_name("shp"),
-        tmp_path,
-        SHAPES,
-        {"partitions": 3, "file": {"fsync": "never"}},
-        feed=True,
-    )
-    workload = project.workload
-    workload.initial_rows(30)
-    workload.transactions(60)
-    project.note_snapshot()
-    seconds = project.cli("run", "--until-caught-up")  # the snapshot
-    reports = [("snapshot run", project.check())]
-    tables = [report("file log, after the snapshot run", reports[-1][1], seconds)]
+    log = {"partitions": 3, "file": {"fsync": "never"}}
+    with ShapesProject.create(pg_database, unique_name("shp"), tmp_path, SHAPES, log, feed=True) as project:
+        workload = project.workload
+        workload.initial_rows(30)
+        workload.transactions(60)
+        project.note_snapshot()
+        seconds = project.cli("run", "--until-caught-up")  # the snapshot
+        reports = [("snapshot run", project.check())]
+        tables = [report("file log, after the snapshot run", reports[-1][1], seconds)]
 
-    before = Counter(workload.stats)
-    workload.transactions(80)
-    workload.truncate_and_reload(reinserts_per_shape=8, inserts_per_shape=8)
-    workload.transactions(120)
-    assert_workload_covers_every_case(workload, SHAPES, since=before)
-    (toasted,) = pg_database.execute(
-        "SELECT count(*) FROM toasted WHERE pg_column_size(doc) > 4000 AND pg_column_size(doc) = octet_length(doc)"
-    )[0]
-    assert toasted > 0, "no uncompressed out-of-line doc values"
-    seconds = project.cli("run", "--until-caught-up")  # streaming
-    reports.append(("streaming run", project.check()))
-    tables.append(report("file log, after the streaming run", reports[-1][1], seconds))
+        before = Counter(workload.stats)
+        workload.transactions(80)
+        workload.truncate_and_reload(reinserts_per_shape=8, inserts_per_shape=8)
+        workload.transactions(120)
+        assert_workload_covers_every_case(workload, SHAPES, since=before)
+        (toasted,) = pg_database.execute(
+            "SELECT count(*) FROM toasted WHERE pg_column_size(doc) > 4000 AND pg_column_size(doc) = octet_length(doc)"
+        )[0]
+        assert toasted > 0, "no uncompressed out-of-line doc values"
+        seconds = project.cli("run", "--until-caught-up")  # streaming
+        reports.append(("streaming run", project.check()))
+        tables.append(report("file log, after the streaming run", reports[-1][1], seconds))
     assert not failures(reports), "\n\n".join(tables)
 
 
 def test_key_shapes_load_exactly_on_the_kafka_backend(kafka_broker, pg_database, unique_name, tmp_path):
     shapes = (PK_DEFAULT, PK_FULL, PK_COMPOSITE)
-    kafka = {"bootstrap_servers": kafka_broker.bootstrap_servers}
-    project = ShapesProject.create(
-        pg_database,
-        unique_name("shk"),
-        tmp_path,
-        shapes,
-        {"backend": "kafka", "partitions": 3, "kafka": kafka},
-        feed=False,
-    )
-    workload = project.workload
-    workload.initial_rows(30)
-    project.note_snapshot()
-    project.cli("capture", "--until-caught-up")  # the snapshot (no load: the run below loads it all)
-    before = Counter(workload.stats)
-    workload.transactions(50)
-    workload.truncate_and_reload(reinserts_per_shape=8, inserts_per_shape=8)
-    workload.transactions(70)
-    assert_workload_covers_every_case(workload, shapes, since=before)
-    seconds = project.cli("run", "--until-caught-up")
-    outcomes = project.check()
+    log = {"backend": "kafka", "partitions": 3, "kafka": {"bootstrap_servers": kafka_broker.bootstrap_servers}}
+    with ShapesProject.create(pg_database, unique_name("shk"), tmp_path, shapes, log, feed=False) as project:
+        workload = project.workload
+        workload.initial_rows(30)
+        project.note_snapshot()
+        project.cli("capture", "--until-caught-up")  # the snapshot (no load: the run below loads it all)
+        before = Counter(workload.stats)
+        workload.transactions(50)
+        workload.truncate_and_reload(reinserts_per_shape=8, inserts_per_shape=8)
+        workload.transactions(70)
+        assert_workload_covers_every_case(workload, shapes, since=before)
+        seconds = project.cli("run", "--until-caught-up")
+        outcomes = project.check()
     table = report("kafka log, snapshot + one streamed round", outcomes, seconds)
     assert not failures([("kafka", outcomes)]), table
 
