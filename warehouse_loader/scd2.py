@@ -228,14 +228,18 @@ def plan_scd2(
     )
     select_version = ", ".join(renamed.get(n, quote(n)) for n in out_names)
     has_inherited = INHERITED in existing.column_names
-    a_live = "".join(f", {authored(c, 'c', f'c.{s}', seq_type, remembered=False)}" for c in ignored)
+    a_live = "".join(
+        f", {authored(c, 'c', f'c.{s}', seq_type, remembered=False)} AS __a{i}" for i, c in enumerate(ignored)
+    )
     a_start = "".join(f", {authored(c, 'o', f'o.{sa}', seq_type, remembered=has_inherited)}" for c in ignored)
     a_last = "".join(f", {authored(c, 'o', f'o.{s}', seq_type, remembered=has_inherited)}" for c in ignored)
     a_none = ", NULL" * len(ignored)
     # Ignored-null columns take the value authored latest since the key's last delete.
     filled = "dedup"
     if ignored:
-        candidate = "FILTER (WHERE __a{i} IS NOT NULL) OVER seg"
+        # A stored version's inherited value keeps the sequence it was authored at: a delete
+        # that arrived later between the two ends its inheritance.
+        candidate = "FILTER (WHERE __a{i} IS NOT NULL AND (__since IS NULL OR __a{i} > __since)) OVER seg"
         fills = ", ".join(
             f"arg_max({quote(c)}, __a{i}) {candidate.format(i=i)} AS {quote(c)}" for i, c in enumerate(ignored)
         )
@@ -243,7 +247,10 @@ def plan_scd2(
         filled = f"""(
             SELECT * REPLACE ({fills}) {marks} FROM (
                 SELECT *, sum(CASE WHEN __op = '{DELETE_OP}' THEN 1 ELSE 0 END)
-                    OVER (PARTITION BY {k} ORDER BY __seq ROWS UNBOUNDED PRECEDING) AS __seg FROM dedup
+                    OVER (PARTITION BY {k} ORDER BY __seq ROWS UNBOUNDED PRECEDING) AS __seg,
+                    max(CASE WHEN __op = '{DELETE_OP}' THEN __seq END)
+                    OVER (PARTITION BY {k} ORDER BY __seq ROWS UNBOUNDED PRECEDING) AS __since
+                FROM dedup
             ) WINDOW seg AS (PARTITION BY {k}, __seg ORDER BY __seq ROWS UNBOUNDED PRECEDING)
         )"""
     versions_sql = f"""
