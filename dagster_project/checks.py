@@ -1,7 +1,8 @@
-"""Asset checks from the ``quality:`` suites: one check per expectation, one GX run per table.
+"""Asset checks from the ``quality:`` suites and the built-in checks: one check per expectation, one GX run per table.
 
-Each suite becomes a ``multi_asset_check`` on its warehouse table with one
-``AssetCheckSpec`` per entry (named by :func:`warehouse_loader.quality.check_names`), so
+Each checked table (a ``quality:`` suite, or an SCD2 table with its built-in invariant
+checks) becomes a ``multi_asset_check`` on its warehouse table with one
+``AssetCheckSpec`` per entry (named by :func:`warehouse_loader.quality.table_checks`), so
 the UI shows every expectation and ``blocking`` is set per entry: a failed blocking
 expectation is reported with ERROR severity, which fails the run and stops downstream
 assets; a failed non-blocking one is a WARN. Each result carries the unexpected count
@@ -24,7 +25,7 @@ from dagster import (
 from core.config import ProjectConfig
 from dagster_project.lineage import warehouse_key
 from dagster_project.resources import HeadwaterProject
-from warehouse_loader.quality import ExpectationOutcome, check_names, run_quality, validate_suites
+from warehouse_loader.quality import ExpectationOutcome, checked_tables, run_quality, table_checks, validate_suites
 
 
 def _result(key_name: str, outcome: ExpectationOutcome, rows: int | None) -> AssetCheckResult:
@@ -54,8 +55,7 @@ def _result(key_name: str, outcome: ExpectationOutcome, rows: int | None) -> Ass
 
 
 def quality_check(config: ProjectConfig, table: str) -> AssetChecksDefinition:
-    """The checks of ``quality.<table>``: one GX validation of the table yields a result per expectation."""
-    entries = config.quality[table]
+    """The checks of ``table``: one GX validation of the table yields a result per expectation."""
     specs = [
         AssetCheckSpec(
             name,
@@ -64,7 +64,7 @@ def quality_check(config: ProjectConfig, table: str) -> AssetChecksDefinition:
             description=f"{entry.expect}({', '.join(f'{k}={v!r}' for k, v in entry.kwargs.items())})"
             + (" [blocking]" if entry.blocking else ""),
         )
-        for name, entry in zip(check_names(entries), entries, strict=True)
+        for name, entry in table_checks(config, table)
     ]
 
     @multi_asset_check(name=f"quality_{table}", specs=specs, compute_kind="great_expectations")
@@ -80,4 +80,4 @@ def quality_check(config: ProjectConfig, table: str) -> AssetChecksDefinition:
 def build_checks(config: ProjectConfig) -> list[AssetChecksDefinition]:
     """The checks of every suite; a bad entry fails loading with a one-line config error."""
     validate_suites(config)
-    return [quality_check(config, table) for table in config.quality]
+    return [quality_check(config, table) for table in checked_tables(config)]

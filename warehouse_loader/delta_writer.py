@@ -124,6 +124,17 @@ def loaded_key(path: Path) -> tuple[str, ...] | None:
     return None if recorded is None else tuple(orjson.loads(recorded))
 
 
+def recorded_key(path: Path, *, commits: int = 100) -> tuple[str, ...] | None:
+    """The key the latest of the last ``commits`` commits naming one records (a commit made
+    outside Headwater names none); None when none does.
+    """
+    target = open_table(path)
+    for commit in target.history(commits) if target is not None else []:
+        if commit.get(KEY_METADATA) is not None:
+            return tuple(orjson.loads(commit[KEY_METADATA]))
+    return None
+
+
 def _commit(
     table: str, batch_id: int, metadata: dict[str, str] | None = None, *, keys: Sequence[str] | None = None
 ) -> CommitProperties:

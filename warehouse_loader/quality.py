@@ -31,8 +31,10 @@ from deltalake import DeltaTable
 from core.config import ExpectationConfig, ProjectConfig
 from core.errors import ConfigError
 from warehouse_loader.delta_scan import select_rows
+from warehouse_loader.delta_writer import recorded_key
 from warehouse_loader.errors import WarehouseError
 from warehouse_loader.load_job import table_path
+from warehouse_loader.scd2_invariants import INVARIANTS, invariant_rows
 
 if TYPE_CHECKING:
     import pandas as pd  # type: ignore[import-untyped]
@@ -42,6 +44,7 @@ SAMPLE_SIZE = 5
 #: Name of the pandas data source inside the ephemeral GX context.
 _DATASOURCE = "headwater_warehouse"
 _SAMPLE_TEXT_MAX = 200
+_NULL_CHECK = "expect_column_values_to_be_null"
 
 
 class QualityConfigError(ConfigError):
@@ -167,20 +170,46 @@ def _argument_errors(exc: Exception) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+def builtin_checks(config: ProjectConfig, table: str) -> list[tuple[str, ExpectationConfig]]:
+    """The blocking checks every table of its kind gets: SCD2 invariants (:mod:`warehouse_loader.scd2_invariants`)."""
+    settings = config.warehouse.tables.get(table)
+    if settings is None or settings.mode != "scd2":
+        return []
+    return [
+        (name, ExpectationConfig.model_validate({"expect": _NULL_CHECK, "column": column, "blocking": True}))
+        for name, (column, _) in INVARIANTS.items()
+    ]
+
+
+def table_checks(config: ProjectConfig, table: str) -> list[tuple[str, ExpectationConfig]]:
+    """Every check of ``table``, named: its ``quality:`` entries (:func:`check_names`), then the built-in ones."""
+    entries = config.quality.get(table, ())
+    return [*zip(check_names(entries), entries, strict=True), *builtin_checks(config, table)]
+
+
+def checked_tables(config: ProjectConfig) -> list[str]:
+    """Tables with a ``quality:`` suite or built-in checks, suites first."""
+    builtin = [name for name in config.warehouse.tables if builtin_checks(config, name) and name not in config.quality]
+    return [*config.quality, *builtin]
+
+
 def validate_suites(config: ProjectConfig, tables: Iterable[str] | None = None) -> dict[str, list[Any]]:
-    """Build every selected suite's expectations (config errors surface here, before any data is read)."""
+    """Build every selected table's expectations (config errors surface here, before any data is read)."""
     selected = select_tables(config, tables)
     source = _config_source(config)
-    return {name: build_expectations(name, config.quality[name], source=source) for name in selected}
+    return {
+        name: build_expectations(name, [entry for _, entry in table_checks(config, name)], source=source)
+        for name in selected
+    }
 
 
 def select_tables(config: ProjectConfig, tables: Iterable[str] | None = None) -> list[str]:
-    """The tables to check: ``tables`` (all suites when empty); each must have a suite and be a warehouse table."""
-    wanted = list(tables or ()) or list(config.quality)
+    """The tables to check: ``tables`` (all checked ones when empty); each must have checks and be a warehouse table."""
+    wanted = list(tables or ()) or checked_tables(config)
     source = _config_source(config)
     for name in wanted:
-        if name not in config.quality:
-            known = ", ".join(config.quality) or "none"
+        if name not in config.quality and not builtin_checks(config, name):
+            known = ", ".join(checked_tables(config)) or "none"
             msg = f"{source}: no quality suite for table {name!r}; suites: {known} (see quality: in headwater.yaml)"
             raise QualityConfigError(msg, path=source, field=f"quality.{name}")
         if name not in config.warehouse.tables:
@@ -330,8 +359,15 @@ def outcome_from_result(entry: ExpectationConfig, name: str, result: Mapping[str
     )
 
 
-def read_table(path: Path) -> pd.DataFrame:
-    """The current version of the Delta table at ``path`` as pandas (its ``_delta_log`` must exist)."""
+def read_table(path: Path, *, invariants: bool = False) -> pd.DataFrame:
+    """The current version of the Delta table at ``path`` as pandas (its ``_delta_log`` must exist).
+
+    ``invariants``: an SCD2 table, with the invariant columns its built-in checks read
+    (keyed on the key its last commit records).
+    """
+    keys = recorded_key(path) if invariants else None
+    if keys:
+        return invariant_rows(path, keys).to_pandas()
     # Read through DuckDB: DeltaTable.to_pandas() scans a pyarrow dataset whose threads can
     # outlive the call and abort the process at exit (arrow#34314).
     frame: pd.DataFrame = select_rows(DeltaTable(str(path)), "SELECT * FROM target").to_pandas()
@@ -418,8 +454,7 @@ def run_quality(
     validator = _Validator(data_docs_path(config) if data_docs else None)
     outcomes: list[TableOutcome] = []
     for table, expectations in suites.items():
-        entries = config.quality[table]
-        names = check_names(entries)
+        names, entries = (list(column) for column in zip(*table_checks(config, table), strict=True))
         path = table_path(config, table)
         if not (path / "_delta_log").is_dir():
             reason = f"table {table!r} is not loaded yet; run 'headwater load {table} --available-now'"
@@ -431,7 +466,7 @@ def run_quality(
             ]
             outcomes.append(TableOutcome(table=table, rows=None, expectations=failed, error=reason))
             continue
-        frame = read_table(path)
+        frame = read_table(path, invariants=bool(builtin_checks(config, table)))
         results = validator.validate(table, expectations, frame)
         outcomes.append(
             TableOutcome(
