@@ -125,8 +125,9 @@ def loaded_key(path: Path) -> tuple[str, ...] | None:
 
 
 def recorded_key(path: Path, *, commits: int = 100) -> tuple[str, ...] | None:
-    """The key the latest of the last ``commits`` commits naming one records (a commit made
-    outside Headwater names none); None when none does.
+    """The key recorded by the latest of the last ``commits`` commits that names one, or None.
+
+    A commit made outside Headwater names none, so :func:`loaded_key` alone would miss it.
     """
     target = open_table(path)
     for commit in target.history(commits) if target is not None else []:
