@@ -97,6 +97,19 @@ def runs_path(config: ProjectConfig) -> Path:
     return quality_dir(config) / "runs.jsonl"
 
 
+def verify_runs_path(config: ProjectConfig) -> Path:
+    """The ``headwater verify`` history, one JSON object per line (``operations.verify.VerifyResult.as_json``)."""
+    return quality_dir(config) / "verify.jsonl"
+
+
+def latest_verifications(config: ProjectConfig) -> dict[str, dict[str, Any]]:
+    """The last recorded ``headwater verify`` result of each table (torn or foreign lines skipped)."""
+    latest: dict[str, dict[str, Any]] = {}
+    for run in load_runs(verify_runs_path(config), limit=10_000, field="table"):
+        latest[str(run["table"])] = run
+    return latest
+
+
 def data_docs_path(config: ProjectConfig) -> Path:
     """Where GX Data Docs are built (they load CSS/JS from CDNs: unstyled offline)."""
     return quality_dir(config) / "data_docs"
@@ -490,8 +503,8 @@ def append_run(path: Path, run: QualityRun) -> None:
         handle.write(line)
 
 
-def load_runs(path: Path, *, limit: int = 50) -> list[dict[str, Any]]:
-    """The last ``limit`` recorded runs, oldest first; unreadable lines (a torn last write) are skipped."""
+def load_runs(path: Path, *, limit: int = 50, field: str = "run_at") -> list[dict[str, Any]]:
+    """The last ``limit`` recorded runs (objects with ``field``), oldest first; unreadable lines are skipped."""
     if not path.is_file():
         return []
     runs: list[dict[str, Any]] = []
@@ -500,6 +513,6 @@ def load_runs(path: Path, *, limit: int = 50) -> list[dict[str, Any]]:
             value = orjson.loads(line)
         except orjson.JSONDecodeError:
             continue
-        if isinstance(value, dict) and "run_at" in value:
+        if isinstance(value, dict) and field in value:
             runs.append(value)
     return runs[-limit:]
