@@ -300,10 +300,15 @@ def _merge_scd1(
         streamed_exec=False,
         commit_properties=_commit(table, batch_id, keys=keys),
     )
-    newer = ">=" if actions.rewrites else ">"
+    newer = f"s.{seq} {'>=' if actions.rewrites else '>'} t.{seq}"
+    later = f"s.{seq} > t.{seq}"
+    if actions.sequence_by != SEQ and SEQ in rows.column_names:
+        # Ties on a custom sequence go to the later change in the source's order (scd1.source_order).
+        tie = f" OR (s.{seq} = t.{seq} AND s.{quote(SEQ)} > t.{quote(SEQ)})"
+        newer, later = f"({newer}{tie})", f"({later}{tie})"
     merge = (
-        merge.when_matched_update_all(predicate=f"s.{op} <> 'd' AND s.{seq} {newer} t.{seq}")
-        .when_matched_delete(predicate=f"s.{op} = 'd' AND s.{seq} > t.{seq}")
+        merge.when_matched_update_all(predicate=f"s.{op} <> 'd' AND {newer}")
+        .when_matched_delete(predicate=f"s.{op} = 'd' AND {later}")
         .when_not_matched_insert_all(predicate=f"s.{op} <> 'd'")
     )
     if actions.truncate_at is not None:

@@ -63,6 +63,17 @@ class Scd1Actions:
         return self.rows.filter(pc.equal(self.rows.column(OP), DELETE_OP))
 
 
+def source_order(changes: pa.Table, sequence_by: str) -> str:
+    """SQL ordering term that breaks ties on a custom ``sequence_by`` by the source's order (``__hw_seq``).
+
+    A delete's image carries the row's last ``sequence_by`` value (under ``REPLICA IDENTITY
+    FULL``), so it ties with the change before it; the source order says which came last.
+    """
+    if sequence_by == SEQ or SEQ not in changes.column_names:
+        return ""
+    return f"{quote(SEQ)} DESC NULLS LAST, "
+
+
 def empty_tombstones(changes: pa.Table, keys: Sequence[str], sequence_by: str = SEQ) -> pa.Table:
     """A tombstone table with no rows, typed like ``changes``' keys and sequence."""
     return changes.select([*keys, sequence_by]).slice(0, 0)
@@ -110,10 +121,11 @@ def plan_scd1(
     tomb = tombstones if tombstones is not None else empty_tombstones(changes, keys, sequence_by)
     seq = quote(sequence_by)
     key_list = column_list(keys)
+    tie = source_order(live, sequence_by)
     sql = f"""
         WITH latest AS (
             SELECT * FROM live
-            QUALIFY row_number() OVER (PARTITION BY {key_list} ORDER BY {seq} DESC, {quote(OP)} DESC) = 1
+            QUALIFY row_number() OVER (PARTITION BY {key_list} ORDER BY {seq} DESC, {tie}{quote(OP)} DESC) = 1
         )
         SELECT l.* FROM latest l
         WHERE NOT EXISTS (
@@ -154,6 +166,7 @@ def _plan_inheriting(
     remembered = INHERITED in stored.column_names
     stored = conform(stored, merged_schema(out_schema, stored.schema)).select(out_schema.names)
     seq, op, k = quote(sequence_by), quote(OP), column_list(keys)
+    tie = source_order(live, sequence_by)
     floor = ""
     if cutoff is not None:
         floor = f"WHERE {seq} >= (SELECT v FROM floor)"  # rows a truncate removes are no candidates
@@ -190,7 +203,7 @@ def _plan_inheriting(
         picked AS (SELECT {k}, {picks} FROM scored GROUP BY ALL),
         latest AS (
             SELECT * FROM scored
-            QUALIFY row_number() OVER (PARTITION BY {k} ORDER BY {seq} DESC, __stored, {op} DESC) = 1
+            QUALIFY row_number() OVER (PARTITION BY {k} ORDER BY {seq} DESC, {tie}__stored, {op} DESC) = 1
         )
         SELECT l.* REPLACE ({filled}, {inherited} AS {quote(INHERITED)})
         FROM latest l JOIN picked g ON {key_match(keys, "g", "l")}

@@ -253,6 +253,8 @@ def plan_scd2(
                 FROM dedup
             ) WINDOW seg AS (PARTITION BY {k}, __seg ORDER BY __seq ROWS UNBOUNDED PRECEDING)
         )"""
+    # Ties on a custom sequence: the later change in the source's order wins (scd1.source_order).
+    tie = f"{quote(SEQ)} DESC NULLS LAST, " if sequence_by != SEQ and SEQ in values else ""
     versions_sql = f"""
         WITH events AS (
             SELECT {column_list(keys, "c")}, {ch_vals}, c.{s} AS __seq, c.{op} AS __op, 0 AS __prio {a_live}
@@ -269,7 +271,7 @@ def plan_scd2(
         ),
         dedup AS (
             SELECT * FROM events
-            QUALIFY row_number() OVER (PARTITION BY {k}, __seq ORDER BY __prio, __op DESC) = 1
+            QUALIFY row_number() OVER (PARTITION BY {k}, __seq ORDER BY __prio, {tie}__op DESC) = 1
         ),
         ordered AS (
             SELECT *, lag(__op) OVER w AS __prev_op, lead(__seq) OVER w AS __next {lags}
