@@ -6,8 +6,8 @@ A column's warehouse form follows from its Postgres type and the source's type m
 (:func:`log.row_types.logical_type`) and shows in the Delta table's Arrow type; the
 canonical text is the one both engines can produce exactly:
 
-* integers, booleans (``true``/``false``), text-like types (through the type's output
-  function, so ``char(n)`` keeps its padding), uuid, json, enums: their text;
+* integers, booleans (``true``/``false``), text-like types (``char(n)`` padded as its
+  output is), uuid, json, enums: their text;
 * floating point: the shortest round-trip text (Postgres ``extra_float_digits=1``;
   DuckDB's, with ``1.0`` written ``1`` and ``NaN``/``Infinity`` spelled as Postgres does);
 * numerics stored as decimals: the text at the warehouse column's scale; stored as
@@ -61,7 +61,9 @@ def canonical(name: str, type_oid: int, typmod: int, modes: TypesConfig, stored:
     if kind in (LogicalKind.INT16, LogicalKind.INT32, LogicalKind.INT64) and pa.types.is_integer(stored):
         return Canonical(name, f"{pg}::text", f"CAST({duck} AS VARCHAR)")
     if kind in _TEXT_KINDS and _is_string(stored):
-        return Canonical(name, f"format('%s', {pg})", duck)
+        if type_oid == Oid.BPCHAR and typmod > 4:  # its text drops the padding its output keeps
+            return Canonical(name, f"rpad({pg}::text, {typmod - 4})", duck)
+        return Canonical(name, f"{pg}::text", duck)
     if kind in (LogicalKind.FLOAT, LogicalKind.DOUBLE) and pa.types.is_floating(stored):
         target = "float4" if kind is LogicalKind.FLOAT and type_oid == Oid.FLOAT4 else "float8"
         text = f"CAST({duck} AS VARCHAR)"

@@ -249,7 +249,7 @@ def verify_table(
         buckets=buckets,
         differing_buckets=differing,
         differences=[confirmed[k] for k in sorted(confirmed)],
-        unsettled=sorted(pending or ()),
+        unsettled=sorted(_shown(target, key) for key in pending or ()),
         not_compared=target.not_compared,
         rounds=done,
         seconds=time.monotonic() - started,
@@ -531,19 +531,25 @@ def _warehouse_rows(duck: duckdb.DuckDBPyConnection, target: _Target, where: str
     return rows
 
 
+def _shown(target: _Target, key: str) -> str:
+    """A key text as ``name=value, ...``."""
+    return ", ".join(f"{name}={value}" for name, value in zip(target.keys, key.split(chr(30)), strict=False))
+
+
 def _diff(target: _Target, src: _Rows, wh: _Rows, only: set[str] | None = None) -> dict[str, Difference]:
+    """Differences by key text; each names its key as ``name=value``."""
     found: dict[str, Difference] = {}
     names = [c.name for c in target.columns] or ["(none)"]
     for key in sorted(src.values.keys() | wh.values.keys()):
         if only is not None and key not in only:
             continue
         if key not in wh.values:
-            found[key] = Difference(key, "missing in the warehouse")
+            found[key] = Difference(_shown(target, key), "missing in the warehouse")
         elif key not in src.values:
-            found[key] = Difference(key, "only in the warehouse")
+            found[key] = Difference(_shown(target, key), "only in the warehouse")
         elif src.values[key] != wh.values[key]:
             columns = [(n, a, b) for n, a, b in zip(names, src.values[key], wh.values[key], strict=True) if a != b]
-            found[key] = Difference(key, "differs", columns)
+            found[key] = Difference(_shown(target, key), "differs", columns)
     return found
 
 
