@@ -1,4 +1,4 @@
-"""``headwater verify`` and the AUTO CDC options through the real pipeline: Postgres -> capture -> log -> Spark load -> Delta.
+"""``headwater verify`` and the AUTO CDC options through the real pipeline (Postgres, capture, log, Spark, Delta).
 
 Verify must find the key of a row changed behind Headwater's back (written straight into
 the Delta table) and of a row deleted in the source while its table was out of the
@@ -33,7 +33,9 @@ CREATE TABLE items (
 );
 """
 ACCOUNTS = """
-CREATE TABLE accounts (id int PRIMARY KEY, owner text, note text, is_deleted boolean NOT NULL DEFAULT false, version int);
+CREATE TABLE accounts (
+    id int PRIMARY KEY, owner text, note text, is_deleted boolean NOT NULL DEFAULT false, version int
+);
 ALTER TABLE accounts REPLICA IDENTITY FULL;
 """
 
