@@ -12,8 +12,9 @@ canonical text is the one both engines can produce exactly:
   DuckDB's, with ``1.0`` written ``1`` and ``NaN``/``Infinity`` spelled as Postgres does);
 * numerics stored as decimals: the text at the warehouse column's scale; stored as
   strings: the source's text;
-* dates ``YYYY-MM-DD``; timestamps (with or without time zone) ISO 8601 in UTC to the
-  microsecond; times stored as milliseconds or microseconds past midnight: that number;
+* dates ``YYYY-MM-DD``; timestamps (with or without time zone) as Postgres' ISO output
+  in UTC (``2026-01-01 00:00:01.5+00``), which DuckDB's cast writes alike; times stored
+  as milliseconds or microseconds past midnight: that number;
 * bytea stored as binary: lower-case hex.
 
 Other kinds (intervals, timetz, bits, points, arrays, ranges stored as structs) are not
@@ -31,11 +32,9 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 
 from core.config import TypesConfig
-from log.row_types import LogicalKind, Oid, logical_type
+from log.row_types import LogicalKind, Oid, logical_type, numeric_typmod
 from warehouse_loader.sql_text import quote
 
-_ISO_PG = "'YYYY-MM-DD\"T\"HH24:MI:SS.US'"
-_ISO_DUCK = "'%Y-%m-%dT%H:%M:%S.%f'"
 _TEXT_KINDS = (LogicalKind.STRING, LogicalKind.JSON, LogicalKind.UUID, LogicalKind.ENUM)
 
 
@@ -46,6 +45,8 @@ class Canonical:
     name: str
     pg: str
     duck: str
+    #: An integer column: its value itself can pick a bucket (cheaper than hashing its text).
+    integer: bool = False
 
 
 def _pg_ident(name: str) -> str:
@@ -59,28 +60,31 @@ def canonical(name: str, type_oid: int, typmod: int, modes: TypesConfig, stored:
     if kind is LogicalKind.BOOLEAN and type_oid == Oid.BOOL:
         return Canonical(name, f"{pg}::text", f"CAST({duck} AS VARCHAR)")
     if kind in (LogicalKind.INT16, LogicalKind.INT32, LogicalKind.INT64) and pa.types.is_integer(stored):
-        return Canonical(name, f"{pg}::text", f"CAST({duck} AS VARCHAR)")
+        return Canonical(name, f"{pg}::text", f"CAST({duck} AS VARCHAR)", integer=True)
     if kind in _TEXT_KINDS and _is_string(stored):
         if type_oid == Oid.BPCHAR and typmod > 4:  # its text drops the padding its output keeps
             return Canonical(name, f"rpad({pg}::text, {typmod - 4})", duck)
         return Canonical(name, f"{pg}::text", duck)
     if kind in (LogicalKind.FLOAT, LogicalKind.DOUBLE) and pa.types.is_floating(stored):
-        target = "float4" if kind is LogicalKind.FLOAT and type_oid == Oid.FLOAT4 else "float8"
-        text = f"CAST({duck} AS VARCHAR)"
+        source = f"{pg}::text" if type_oid in (Oid.FLOAT4, Oid.FLOAT8) else f"{pg}::float8::text"
+        # Postgres writes a whole float without ".0"; DuckDB keeps it (a cast, cheaper than a regexp).
         duck_text = (
             f"CASE WHEN isnan({duck}) THEN 'NaN' WHEN {duck} = 'inf' THEN 'Infinity' "
-            f"WHEN {duck} = '-inf' THEN '-Infinity' ELSE regexp_replace({text}, '\\.0$', '') END"
+            f"WHEN {duck} = '-inf' THEN '-Infinity' WHEN {duck} = trunc({duck}) AND abs({duck}) < 1e15 "
+            f"THEN CAST(CAST({duck} AS BIGINT) AS VARCHAR) ELSE CAST({duck} AS VARCHAR) END"
         )
-        return Canonical(name, f"{pg}::{target}::text", duck_text)
+        return Canonical(name, source, duck_text)
     if pa.types.is_decimal(stored):
-        return Canonical(name, f"{pg}::numeric({stored.precision},{stored.scale})::text", f"CAST({duck} AS VARCHAR)")
+        same = type_oid == Oid.NUMERIC and numeric_typmod(typmod) == (stored.precision, stored.scale)
+        source = f"{pg}::text" if same else f"{pg}::numeric({stored.precision},{stored.scale})::text"
+        return Canonical(name, source, f"CAST({duck} AS VARCHAR)")
     if kind is LogicalKind.DECIMAL and _is_string(stored):
         return Canonical(name, f"{pg}::text", duck)
     if kind is LogicalKind.DATE and pa.types.is_date(stored):
         return Canonical(name, f"{pg}::text", f"CAST({duck} AS VARCHAR)")
     if pa.types.is_timestamp(stored) and type_oid in (Oid.TIMESTAMP, Oid.TIMESTAMPTZ):
-        utc = f"{pg} AT TIME ZONE 'UTC'" if type_oid == Oid.TIMESTAMPTZ else pg
-        return Canonical(name, f"to_char({utc}, {_ISO_PG})", f"strftime({duck}, {_ISO_DUCK})")
+        # Postgres' ISO output in UTC (the connection's settings), which DuckDB's cast writes alike.
+        return Canonical(name, f"{pg}::text", f"CAST({duck} AS VARCHAR)")
     if kind in (LogicalKind.TIME_MS, LogicalKind.TIME_US) and pa.types.is_integer(stored):
         scale = 1000 if kind is LogicalKind.TIME_MS else 1000000
         return Canonical(name, f"(extract(epoch from {pg}) * {scale})::bigint::text", f"CAST({duck} AS VARCHAR)")
@@ -112,13 +116,29 @@ def canonical_columns(
 
 
 def _joined(parts: Sequence[str], chr30: str) -> str:
-    return f" || {chr30} || ".join(f"coalesce({part}, '\\N')" for part in parts) or "''"
+    # One concat_ws call (no intermediate strings); every part is non-null, so none is skipped.
+    if not parts:
+        return "''"
+    return f"concat_ws({chr30}, " + ", ".join(f"coalesce({part}, '\\N')" for part in parts) + ")"
 
 
 def text_sql(columns: Sequence[Canonical], dialect: str) -> str:
     """SQL: the canonical text of ``columns`` joined (dialect ``pg`` or ``duck``)."""
     parts = [c.pg if dialect == "pg" else c.duck for c in columns]
     return _joined(parts, "chr(30)")
+
+
+def bucket_sql(keys: Sequence[Canonical], dialect: str, buckets: int) -> str:
+    """SQL: a key's bucket in ``[0, buckets)``, alike in both dialects.
+
+    A single integer key is its own hash (its value modulo ``buckets``); any other key
+    hashes its canonical text.
+    """
+    if len(keys) == 1 and keys[0].integer:
+        column = _pg_ident(keys[0].name) if dialect == "pg" else quote(keys[0].name)
+        as_int = f"{column}::bigint" if dialect == "pg" else f"CAST({column} AS BIGINT)"
+        return f"((({as_int} % {buckets}) + {buckets}) % {buckets})"
+    return f"({hash60(text_sql(keys, dialect), dialect)} % {buckets})"
 
 
 def hash60(text_sql_expr: str, dialect: str) -> str:

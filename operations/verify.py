@@ -35,6 +35,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -55,7 +56,7 @@ from log.sequence import Lsn
 from log.sequence import Sequence as ChangeSequence
 from log.table_schemas import read_schema_records
 from log.topics import load_group
-from operations.row_hashes import Canonical, canonical_columns, hash60, text_sql
+from operations.row_hashes import Canonical, bucket_sql, canonical_columns, hash60, text_sql
 from spark_log.versions import resolve_topic
 from warehouse_loader.changes import DELETE_OP, OP, SEQ, TRUNCATE_OP
 from warehouse_loader.delta_scan import register_delta
@@ -119,6 +120,8 @@ class VerifyResult:
     not_compared: list[str]
     rounds: int
     seconds: float
+    #: Seconds of the first round's level-1 scans: ``source`` (Postgres) and ``warehouse`` (DuckDB).
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def equal(self) -> bool:
@@ -214,6 +217,7 @@ def verify_table(
     pending: set[str] | None = None  # None: the whole table
     confirmed: dict[str, Difference] = {}
     first: tuple[int, int, int, int] | None = None
+    timings: dict[str, float] = {}
     lsn = ""
     done = 0
     for attempt in range(1, rounds + 1):
@@ -225,7 +229,7 @@ def verify_table(
             _wait_loaded(config, target, snapshot.lsn, deadline, load=load, spark=spark)
             delta = DeltaTable(str(table_path(config, name)))
             if pending is None:
-                counts, found = _compare_all(snapshot.conn, delta, target)
+                counts, found = _compare_all(snapshot.conn, delta, target, timings)
                 first = counts
             else:
                 found = _compare_keys(snapshot.conn, delta, target, pending)
@@ -253,6 +257,7 @@ def verify_table(
         not_compared=target.not_compared,
         rounds=done,
         seconds=time.monotonic() - started,
+        timings=timings,
     )
     if record:
         path = verify_runs_path(config)
@@ -457,38 +462,43 @@ def _load(config: ProjectConfig, name: str, spark: SparkSession | None) -> None:
 
 def _bucket_sql(target: _Target, dialect: str, buckets: int) -> tuple[str, str]:
     """(bucket expression, row hash expression) in ``dialect``."""
-    key = text_sql(target.key_text, dialect)
     row = text_sql([*target.key_text, *target.columns], dialect)
-    return f"({hash60(key, dialect)} % {buckets})", hash60(row, dialect)
+    return bucket_sql(target.key_text, dialect, buckets), hash60(row, dialect)
 
 
 def _compare_all(
-    conn: psycopg.Connection[Any], delta: DeltaTable, target: _Target
+    conn: psycopg.Connection[Any], delta: DeltaTable, target: _Target, timings: dict[str, float]
 ) -> tuple[tuple[int, int, int, int], dict[str, Difference]]:
-    """Level 1 over every row, level 2 over the differing buckets; ``(counts, differences)``."""
+    """Level 1 over every row, level 2 over the differing buckets; ``(counts, differences)``.
+
+    ``timings`` gets the seconds of the level-1 scans.
+    """
     with _duck(delta) as duck:
         warehouse_rows = int(duck.sql("SELECT count(*) FROM target").fetchall()[0][0])
         buckets = max(1, min(1 << 20, warehouse_rows // ROWS_PER_BUCKET))
         bucket_pg, hash_pg = _bucket_sql(target, "pg", buckets)
         bucket_duck, hash_duck = _bucket_sql(target, "duck", buckets)
         level1 = "SELECT {b} AS b, count(*) AS n, sum({h}) AS s FROM {t} GROUP BY 1"
-        source = {
-            int(b): (int(n), int(s))
-            for b, n, s in conn.execute(
-                level1.format(b=bucket_pg, h=hash_pg, t=f"ONLY {target.relation}")  # type: ignore[arg-type]
-            ).fetchall()
-        }
-        warehouse = {
-            int(b): (int(n), int(s))
-            for b, n, s in duck.sql(level1.format(b=bucket_duck, h=hash_duck, t="target")).fetchall()
-        }
+        # Both sides at once: Postgres scans in its own process, DuckDB without the GIL.
+        with ThreadPoolExecutor(1) as pool:
+            query = level1.format(b=bucket_pg, h=hash_pg, t=f"ONLY {target.relation}")
+            source_rows_future = pool.submit(_fetch, conn, query, timings)
+            start = time.perf_counter()
+            warehouse = {
+                int(b): (int(n), int(s))
+                for b, n, s in duck.sql(level1.format(b=bucket_duck, h=hash_duck, t="target")).fetchall()
+            }
+            timings["warehouse"] = time.perf_counter() - start
+            source = {int(b): (int(n), int(s)) for b, n, s in source_rows_future.result()}
         differing = sorted(b for b in source.keys() | warehouse.keys() if source.get(b) != warehouse.get(b))
         source_rows = sum(n for n, _ in source.values())
         if not differing:
             return (source_rows, warehouse_rows, buckets, 0), {}
         in_list = ", ".join(map(str, differing))
-        src = _source_rows(conn, target, f"{bucket_pg} IN ({in_list})")
-        wh = _warehouse_rows(duck, target, f"{bucket_duck} IN ({in_list})")
+        with ThreadPoolExecutor(1) as pool:
+            src_future = pool.submit(_source_rows, conn, target, f"{bucket_pg} IN ({in_list})")
+            wh = _warehouse_rows(duck, target, f"{bucket_duck} IN ({in_list})")
+            src = src_future.result()
     return (source_rows, warehouse_rows, buckets, len(differing)), _diff(target, src, wh)
 
 
@@ -503,6 +513,14 @@ def _compare_keys(
         wh = _warehouse_rows(duck, target, f"{key_duck} IN (SELECT k FROM wanted)")
     src = _source_rows(conn, target, f"{text_sql(target.key_text, 'pg')} = ANY(%(keys)s)", {"keys": wanted})
     return _diff(target, src, wh, only=set(wanted))
+
+
+def _fetch(conn: psycopg.Connection[Any], query: str, timings: dict[str, float] | None = None) -> list[tuple[Any, ...]]:
+    start = time.perf_counter()
+    rows = conn.execute(query).fetchall()  # type: ignore[arg-type]  # built from quoted identifiers
+    if timings is not None:
+        timings["source"] = time.perf_counter() - start
+    return rows
 
 
 def _source_rows(
