@@ -34,14 +34,11 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import duckdb
 import orjson
 import psycopg
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
@@ -56,10 +53,10 @@ from log.sequence import Lsn
 from log.sequence import Sequence as ChangeSequence
 from log.table_schemas import read_schema_records
 from log.topics import load_group
-from operations.row_hashes import Canonical, bucket_sql, canonical_columns, hash60, text_sql
+from operations.row_hashes import canonical_columns
+from operations.table_diff import Difference, DiffTarget, changed_since, compare_all, compare_keys, quoted, shown_key
 from spark_log.versions import resolve_topic
-from warehouse_loader.changes import DELETE_OP, OP, SEQ, TRUNCATE_OP
-from warehouse_loader.delta_scan import register_delta
+from warehouse_loader.changes import SEQ
 from warehouse_loader.delta_writer import TOMBSTONES_DIR, open_table
 from warehouse_loader.errors import WarehouseError
 from warehouse_loader.load_job import UnknownWarehouseTableError, load_identity, table_keys, table_path
@@ -68,8 +65,6 @@ from warehouse_loader.quality import verify_runs_path
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-#: Rows per key-hash bucket the first level aims at.
-ROWS_PER_BUCKET = 64
 #: Differences listed in a result (all are counted).
 SHOWN = 50
 # Settings of the source connections: canonical texts depend on them (row_hashes).
@@ -86,22 +81,6 @@ class VerifyWaitError(WarehouseError, TransientError):
 
 class TableDiffersError(WarehouseError):
     """The table differs from its source (exit 1: the command worked, the data did not match)."""
-
-
-@dataclass(frozen=True)
-class Difference:
-    """One key whose row differs: ``kind`` is ``differs``, ``missing in the warehouse`` or ``only in the warehouse``."""
-
-    key: str
-    kind: str
-    columns: list[tuple[str, str | None, str | None]] = field(default_factory=list)
-
-    def describe(self) -> str:
-        """One line: the key, and what differs (column: source value vs warehouse value)."""
-        if self.kind != "differs":
-            return f"{self.key}: {self.kind}"
-        parts = [f"{name}: source {src!r}, warehouse {wh!r}" for name, src, wh in self.columns]
-        return f"{self.key}: " + "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -168,33 +147,6 @@ class VerifyResult:
         }
 
 
-@dataclass
-class _Target:
-    """The table, its source table and how to read both."""
-
-    name: str
-    build: str
-    topic: str
-    source: str
-    slot: str
-    dsn: str
-    relation: str  # quoted schema.table
-    keys: tuple[str, ...]
-    key_text: list[Canonical]
-    columns: list[Canonical]
-    not_compared: list[str]
-    sequence_by: str
-
-
-@dataclass
-class _Rows:
-    """Rows of one side by key text: canonical column texts, raw key values, warehouse sequence."""
-
-    values: dict[str, tuple[str | None, ...]] = field(default_factory=dict)
-    raw_keys: dict[str, tuple[Any, ...]] = field(default_factory=dict)
-    seqs: dict[str, Any] = field(default_factory=dict)
-
-
 def verify_table(
     config: ProjectConfig,
     name: str,
@@ -229,13 +181,13 @@ def verify_table(
             _wait_loaded(config, target, snapshot.lsn, deadline, load=load, spark=spark)
             delta = DeltaTable(str(table_path(config, name)))
             if pending is None:
-                counts, found = _compare_all(snapshot.conn, delta, target, timings)
+                counts, found = compare_all(snapshot.conn, delta, target, timings)
                 first = counts
             else:
-                found = _compare_keys(snapshot.conn, delta, target, pending)
+                found = compare_keys(snapshot.conn, delta, target, pending)
         threshold = ChangeSequence(snapshot.lsn.value, 0).sortable()
         side = open_table(table_path(config, name) / TOMBSTONES_DIR)
-        newer = _changed_since(delta, side, target, found, threshold)
+        newer = changed_since(delta, side, target, found, threshold)
         for key, difference in found.items():
             if key not in newer:
                 confirmed[key] = difference
@@ -253,7 +205,7 @@ def verify_table(
         buckets=buckets,
         differing_buckets=differing,
         differences=[confirmed[k] for k in sorted(confirmed)],
-        unsettled=sorted(_shown(target, key) for key in pending or ()),
+        unsettled=sorted(shown_key(target, key) for key in pending or ()),
         not_compared=target.not_compared,
         rounds=done,
         seconds=time.monotonic() - started,
@@ -270,7 +222,7 @@ def verify_table(
 # --------------------------------------------------------------------------- the target
 
 
-def _resolve(config: ProjectConfig, log: Log, name: str) -> _Target:
+def _resolve(config: ProjectConfig, log: Log, name: str) -> DiffTarget:
     settings = config.warehouse.tables.get(name)
     if settings is None:
         known = ", ".join(config.warehouse.tables) or "none"
@@ -304,8 +256,8 @@ def _resolve(config: ProjectConfig, log: Log, name: str) -> _Target:
         raise VerifyError(msg)
     columns, skipped = canonical_columns([c for c in latest["columns"] if c["name"] not in keys], stored, source.types)
     slot = source.slot or f"headwater_{source_name.lower()}"
-    relation = f"{_ident(latest['schema'])}.{_ident(latest['table'])}"
-    return _Target(
+    relation = f"{quoted(latest['schema'])}.{quoted(latest['table'])}"
+    return DiffTarget(
         name=name,
         build=load_identity(config, name)[0],
         topic=topic,
@@ -319,10 +271,6 @@ def _resolve(config: ProjectConfig, log: Log, name: str) -> _Target:
         not_compared=skipped,
         sequence_by=settings.sequence_by or SEQ,
     )
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 # --------------------------------------------------------------------------- the consistent point
@@ -369,7 +317,7 @@ class _Snapshot:
 
 
 def _wait_loaded(
-    config: ProjectConfig, target: _Target, lsn: Lsn, deadline: float, *, load: bool, spark: SparkSession | None
+    config: ProjectConfig, target: DiffTarget, lsn: Lsn, deadline: float, *, load: bool, spark: SparkSession | None
 ) -> None:
     """Return once the table holds every change before ``lsn`` (see module doc), else raise at ``deadline``."""
     ran_capture = False
@@ -455,161 +403,3 @@ def _load(config: ProjectConfig, name: str, spark: SparkSession | None) -> None:
 
     with spark_job(config, "headwater-verify") as (session, log):
         run_loads(session, config, log, [name], available_now=True)
-
-
-# --------------------------------------------------------------------------- the comparison
-
-
-def _bucket_sql(target: _Target, dialect: str, buckets: int) -> tuple[str, str]:
-    """(bucket expression, row hash expression) in ``dialect``."""
-    row = text_sql([*target.key_text, *target.columns], dialect)
-    return bucket_sql(target.key_text, dialect, buckets), hash60(row, dialect)
-
-
-def _compare_all(
-    conn: psycopg.Connection[Any], delta: DeltaTable, target: _Target, timings: dict[str, float]
-) -> tuple[tuple[int, int, int, int], dict[str, Difference]]:
-    """Level 1 over every row, level 2 over the differing buckets; ``(counts, differences)``.
-
-    ``timings`` gets the seconds of the level-1 scans.
-    """
-    with _duck(delta) as duck:
-        warehouse_rows = int(duck.sql("SELECT count(*) FROM target").fetchall()[0][0])
-        buckets = max(1, min(1 << 20, warehouse_rows // ROWS_PER_BUCKET))
-        bucket_pg, hash_pg = _bucket_sql(target, "pg", buckets)
-        bucket_duck, hash_duck = _bucket_sql(target, "duck", buckets)
-        level1 = "SELECT {b} AS b, count(*) AS n, sum({h}) AS s FROM {t} GROUP BY 1"
-        # Both sides at once: Postgres scans in its own process, DuckDB without the GIL.
-        with ThreadPoolExecutor(1) as pool:
-            query = level1.format(b=bucket_pg, h=hash_pg, t=f"ONLY {target.relation}")
-            source_rows_future = pool.submit(_fetch, conn, query, timings)
-            start = time.perf_counter()
-            warehouse = {
-                int(b): (int(n), int(s))
-                for b, n, s in duck.sql(level1.format(b=bucket_duck, h=hash_duck, t="target")).fetchall()
-            }
-            timings["warehouse"] = time.perf_counter() - start
-            source = {int(b): (int(n), int(s)) for b, n, s in source_rows_future.result()}
-        differing = sorted(b for b in source.keys() | warehouse.keys() if source.get(b) != warehouse.get(b))
-        source_rows = sum(n for n, _ in source.values())
-        if not differing:
-            return (source_rows, warehouse_rows, buckets, 0), {}
-        in_list = ", ".join(map(str, differing))
-        with ThreadPoolExecutor(1) as pool:
-            src_future = pool.submit(_source_rows, conn, target, f"{bucket_pg} IN ({in_list})")
-            wh = _warehouse_rows(duck, target, f"{bucket_duck} IN ({in_list})")
-            src = src_future.result()
-    return (source_rows, warehouse_rows, buckets, len(differing)), _diff(target, src, wh)
-
-
-def _compare_keys(
-    conn: psycopg.Connection[Any], delta: DeltaTable, target: _Target, keys: Iterable[str]
-) -> dict[str, Difference]:
-    """The given keys (key texts) compared again, by key on both sides."""
-    wanted = sorted(keys)
-    with _duck(delta) as duck:
-        duck.register("wanted", pa.table({"k": pa.array(wanted, pa.string())}))
-        key_duck = text_sql(target.key_text, "duck")
-        wh = _warehouse_rows(duck, target, f"{key_duck} IN (SELECT k FROM wanted)")
-    src = _source_rows(conn, target, f"{text_sql(target.key_text, 'pg')} = ANY(%(keys)s)", {"keys": wanted})
-    return _diff(target, src, wh, only=set(wanted))
-
-
-def _fetch(conn: psycopg.Connection[Any], query: str, timings: dict[str, float] | None = None) -> list[tuple[Any, ...]]:
-    start = time.perf_counter()
-    rows = conn.execute(query).fetchall()  # type: ignore[arg-type]  # built from quoted identifiers
-    if timings is not None:
-        timings["source"] = time.perf_counter() - start
-    return rows
-
-
-def _source_rows(
-    conn: psycopg.Connection[Any], target: _Target, where: str, params: Mapping[str, Any] | None = None
-) -> _Rows:
-    key = text_sql(target.key_text, "pg")
-    values = ", ".join(c.pg for c in target.columns) or "NULL"
-    raw = ", ".join(_ident(k) for k in target.keys)
-    query = f"SELECT {key}, {raw}, {values} FROM ONLY {target.relation} WHERE {where}"
-    rows = _Rows()
-    width = len(target.keys)
-    for record in conn.execute(query, params or None).fetchall():  # type: ignore[arg-type]
-        rows.values[record[0]] = tuple(record[1 + width :])
-        rows.raw_keys[record[0]] = tuple(record[1 : 1 + width])
-    return rows
-
-
-def _warehouse_rows(duck: duckdb.DuckDBPyConnection, target: _Target, where: str) -> _Rows:
-    key = text_sql(target.key_text, "duck")
-    values = ", ".join(c.duck for c in target.columns) or "NULL"
-    query = f'SELECT {key}, "{SEQ}", {values} FROM target WHERE {where}'
-    rows = _Rows()
-    for record in duck.sql(query).fetchall():
-        rows.values[record[0]] = tuple(record[2:])
-        rows.seqs[record[0]] = record[1]
-    return rows
-
-
-def _shown(target: _Target, key: str) -> str:
-    """A key text as ``name=value, ...``."""
-    return ", ".join(f"{name}={value}" for name, value in zip(target.keys, key.split(chr(30)), strict=False))
-
-
-def _diff(target: _Target, src: _Rows, wh: _Rows, only: set[str] | None = None) -> dict[str, Difference]:
-    """Differences by key text; each names its key as ``name=value``."""
-    found: dict[str, Difference] = {}
-    names = [c.name for c in target.columns] or ["(none)"]
-    for key in sorted(src.values.keys() | wh.values.keys()):
-        if only is not None and key not in only:
-            continue
-        if key not in wh.values:
-            found[key] = Difference(_shown(target, key), "missing in the warehouse")
-        elif key not in src.values:
-            found[key] = Difference(_shown(target, key), "only in the warehouse")
-        elif src.values[key] != wh.values[key]:
-            columns = [(n, a, b) for n, a, b in zip(names, src.values[key], wh.values[key], strict=True) if a != b]
-            found[key] = Difference(_shown(target, key), "differs", columns)
-    return found
-
-
-def _changed_since(
-    delta: DeltaTable, side: DeltaTable | None, target: _Target, found: Mapping[str, Difference], threshold: str
-) -> set[str]:
-    """Keys of ``found`` the warehouse changed at or after the snapshot (row or delete sequence >= ``threshold``)."""
-    if not found:
-        return set()
-    keys = pa.table({"k": pa.array(sorted(found), pa.string())})
-    key_duck = text_sql(target.key_text, "duck")
-    newer: set[str] = set()
-    with _duck(delta) as duck:
-        duck.register("wanted", keys)
-        for (key,) in duck.sql(
-            f"SELECT {key_duck} FROM target WHERE \"{SEQ}\" >= '{threshold}' AND {key_duck} IN (SELECT k FROM wanted)"
-        ).fetchall():
-            newer.add(key)
-    if side is None or target.sequence_by != SEQ:
-        return newer
-    with _duck(side) as duck:
-        duck.register("wanted", keys)
-        truncated = duck.sql(
-            f"SELECT count(*) FROM target WHERE \"{OP}\" = '{TRUNCATE_OP}' AND \"{SEQ}\" >= '{threshold}'"
-        ).fetchall()[0][0]
-        if truncated:
-            return set(found)
-        for (key,) in duck.sql(
-            f"SELECT {key_duck} FROM target WHERE \"{OP}\" = '{DELETE_OP}' AND \"{SEQ}\" >= '{threshold}' "
-            f"AND {key_duck} IN (SELECT k FROM wanted)"
-        ).fetchall():
-            newer.add(key)
-    return newer
-
-
-@contextmanager
-def _duck(delta: DeltaTable) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A DuckDB connection (UTC) with ``target`` bound to a Delta table's current version."""
-    con = duckdb.connect(":memory:")
-    try:
-        con.execute("SET TimeZone = 'UTC'")
-        register_delta(con, "target", delta)
-        yield con
-    finally:
-        con.close()

@@ -1,4 +1,6 @@
-"""Data quality: the ``quality:`` suites of ``headwater.yaml`` run with Great Expectations 1.x.
+"""Data quality: the ``quality:`` suites of ``headwater.yaml`` and the built-in checks, run with Great Expectations 1.x.
+
+(Over 500 lines by a few: suites, results and the run history it records belong together.)
 
 Each warehouse table named under ``quality:`` gets one GX ``ExpectationSuite`` built from
 its entries (``expect`` = a GX 1.x expectation name, the other keys its arguments) and is
@@ -34,7 +36,7 @@ from warehouse_loader.delta_scan import select_rows
 from warehouse_loader.delta_writer import recorded_key
 from warehouse_loader.errors import WarehouseError
 from warehouse_loader.load_job import table_path
-from warehouse_loader.scd2_invariants import INVARIANTS, invariant_rows
+from warehouse_loader.scd2_invariants import invariant_checks, invariant_rows
 
 if TYPE_CHECKING:
     import pandas as pd  # type: ignore[import-untyped]
@@ -44,7 +46,6 @@ SAMPLE_SIZE = 5
 #: Name of the pandas data source inside the ephemeral GX context.
 _DATASOURCE = "headwater_warehouse"
 _SAMPLE_TEXT_MAX = 200
-_NULL_CHECK = "expect_column_values_to_be_null"
 
 
 class QualityConfigError(ConfigError):
@@ -183,21 +184,16 @@ def _argument_errors(exc: Exception) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def builtin_checks(config: ProjectConfig, table: str) -> list[tuple[str, ExpectationConfig]]:
-    """The blocking checks every table of its kind gets: SCD2 invariants (:mod:`warehouse_loader.scd2_invariants`)."""
-    settings = config.warehouse.tables.get(table)
-    if settings is None or settings.mode != "scd2":
-        return []
-    return [
-        (name, ExpectationConfig.model_validate({"expect": _NULL_CHECK, "column": column, "blocking": True}))
-        for name, (column, _) in INVARIANTS.items()
-    ]
-
-
 def table_checks(config: ProjectConfig, table: str) -> list[tuple[str, ExpectationConfig]]:
     """Every check of ``table``, named: its ``quality:`` entries (:func:`check_names`), then the built-in ones."""
     entries = config.quality.get(table, ())
     return [*zip(check_names(entries), entries, strict=True), *builtin_checks(config, table)]
+
+
+def builtin_checks(config: ProjectConfig, table: str) -> list[tuple[str, ExpectationConfig]]:
+    """The blocking checks every table of its kind gets: the SCD2 invariants."""
+    settings = config.warehouse.tables.get(table)
+    return invariant_checks() if settings is not None and settings.mode == "scd2" else []
 
 
 def checked_tables(config: ProjectConfig) -> list[str]:

@@ -23,6 +23,7 @@ import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 from deltalake import DeltaTable
 
+from core.config import ExpectationConfig
 from warehouse_loader.changes import DELETE_OP, END_AT, OP, START_AT, TRUNCATE_OP
 from warehouse_loader.delta_scan import register_delta
 from warehouse_loader.delta_writer import TOMBSTONES_DIR, open_table
@@ -41,6 +42,19 @@ INVARIANTS = {
     ),
 }
 CHECK_COLUMNS = tuple(column for column, _ in INVARIANTS.values())
+
+
+def invariant_checks() -> list[tuple[str, ExpectationConfig]]:
+    """The built-in blocking expectations, named: each invariant's column must be all null."""
+    return [
+        (
+            name,
+            ExpectationConfig.model_validate(
+                {"expect": "expect_column_values_to_be_null", "column": column, "blocking": True}
+            ),
+        )
+        for name, (column, _) in INVARIANTS.items()
+    ]
 
 
 def invariant_rows(path: Path, keys: Sequence[str]) -> pa.Table:
