@@ -1,0 +1,183 @@
+"""The allow-list of the Debezium conformance suite: every way Headwater's events may differ from
+Debezium 3.6.3's, each with the reason. Anything else that differs fails the suite.
+
+:data:`DELIBERATE` are choices Headwater keeps (README, "Debezium compatibility", lists them for
+users). :data:`KNOWN_GAPS` are differences Headwater still has to close (issue 20); while one of
+them shows, the conformance tests are expected failures (xfail) instead of passes.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from harness.event_comparison import MISSING, Deliberate, Difference
+
+UNAVAILABLE = "__debezium_unavailable_value"
+#: What Headwater writes for date 'infinity' / '-infinity' (capture/typemap.py), and for 0001-01-01 BC.
+_DATE_SPECIALS = {2**31 - 1, -(2**31), -719528}
+
+
+def _snapshot(d: Difference) -> bool:
+    return d.op == "r"
+
+
+def _same_float32(d: Difference) -> bool:
+    numbers = (int, float)
+    if not (isinstance(d.debezium, numbers) and isinstance(d.headwater, numbers)):
+        return False
+    return struct.pack("<f", d.debezium) == struct.pack("<f", d.headwater)
+
+
+def _nested_array_flattened(d: Difference) -> bool:
+    theirs: Any = d.debezium
+    ours: Any = d.headwater
+    return (
+        isinstance(theirs, list)
+        and all(item is None for item in theirs)
+        and isinstance(ours, list)
+        and all(isinstance(item, list) for item in ours)
+    )
+
+
+DELIBERATE: tuple[Deliberate, ...] = (
+    Deliberate(
+        "source.version names Headwater",
+        "source.version says which program wrote the event ('headwater-0.1'), not a Debezium release",
+        ("value.source.version",),
+    ),
+    Deliberate(
+        "source.commit_lsn and source.txn_index",
+        "Headwater's extra source fields: the event's place in the source's total order (commit LSN, "
+        "position in the transaction), what every consumer of the log sequences by",
+        ("value.source.commit_lsn", "value.source.txn_index"),
+        lambda d: d.debezium is MISSING,
+    ),
+    Deliberate(
+        "streamed source.snapshot is 'false'",
+        "Debezium leaves source.snapshot unset on streamed events; its JSON converter prints the field's "
+        "default 'false' only with converter.replace.null.with.default=true (the suite runs it with false, "
+        "so NULL columns stay null). Headwater always writes 'false', what Debezium's default setup prints",
+        ("value.source.snapshot",),
+        lambda d: not _snapshot(d) and d.debezium is None and d.headwater == "false",
+    ),
+    Deliberate(
+        "snapshot rows carry each tool's own snapshot position",
+        "snapshot rows name the consistent point of the tool's own slot (source.lsn, sequence) and "
+        "Debezium's snapshot transaction id (it calls txid_current(), which assigns one; Headwater's "
+        "read-only snapshot has none: txId null)",
+        ("value.source.lsn", "value.source.sequence", "value.source.txId"),
+        _snapshot,
+    ),
+    Deliberate(
+        "transaction.id is xid:commit LSN",
+        "Debezium builds transaction.id from the xid and the LSN of each event, so one transaction's "
+        "events carry different ids; Headwater's is '<xid>:<commit LSN>' for every event of the transaction",
+        ("value.transaction.id",),
+        lambda d: (
+            isinstance(d.debezium, str)
+            and isinstance(d.headwater, str)
+            and d.debezium.split(":")[0] == d.headwater.split(":")[0]
+        ),
+    ),
+    Deliberate(
+        "no transaction metadata topic",
+        "Debezium's provide.transaction.metadata also writes BEGIN/END records to <prefix>.transaction; "
+        "Headwater's events carry the transaction block, and no extra topic is written",
+        ("event",),
+        lambda d: d.topic.endswith(".transaction") and d.headwater is MISSING,
+    ),
+    Deliberate(
+        "unchanged TOAST holds the real value",
+        "an unchanged TOASTed column is filled with its value (from the old row or the key's previous image), "
+        f"never Debezium's placeholder {UNAVAILABLE!r}",
+        ("value.after.*",),
+        lambda d: d.debezium == UNAVAILABLE and d.headwater not in (MISSING, None, UNAVAILABLE),
+    ),
+    Deliberate(
+        "date infinity and BC dates",
+        "date 'infinity'/'-infinity' are 2147483647/-2147483648 days (Debezium prints different garbage in "
+        "its snapshot and its stream); '0001-01-01 BC' is -719528 days, proleptic Gregorian like PostgreSQL "
+        "(Debezium drops the era: -719162, 0001-01-01 AD)",
+        ("value.after.c_date", "value.before.c_date"),
+        lambda d: d.headwater in _DATE_SPECIALS,
+    ),
+    Deliberate(
+        "multidimensional arrays kept",
+        "a 2-D array is a list of lists; Debezium's pgoutput decoder turns each inner array into null",
+        ("value.after.*", "value.before.*"),
+        _nested_array_flattened,
+    ),
+    Deliberate(
+        "float4 printed in shortest form",
+        "the same float32 value: Headwater prints PostgreSQL's shortest round-trip text (1e-45), "
+        "Java's Float.toString prints 1.4E-45",
+        ("value.after.*", "value.before.*"),
+        _same_float32,
+    ),
+)
+
+
+KNOWN_GAPS: tuple[Deliberate, ...] = (
+    Deliberate(
+        "GAP snapshot markers",
+        "source.snapshot of snapshot rows: Debezium marks first / first_in_data_collection / true / "
+        "last_in_data_collection / last, Headwater writes 'true' on every row",
+        ("value.source.snapshot",),
+        _snapshot,
+    ),
+    Deliberate(
+        "GAP delete before under REPLICA IDENTITY DEFAULT",
+        "Debezium lists every column in a delete's before image, Headwater only the key columns",
+        ("value.before.*",),
+        lambda d: d.op == "d" and d.headwater is MISSING,
+    ),
+    Deliberate(
+        "GAP ts_ns",
+        "Headwater writes no envelope or source ts_ns",
+        ("value.ts_ns", "value.source.ts_ns"),
+        lambda d: d.headwater is MISSING,
+    ),
+    Deliberate(
+        "GAP source.origin",
+        "Headwater writes no source.origin / origin_lsn",
+        ("value.source.origin", "value.source.origin_lsn"),
+        lambda d: d.headwater is MISSING,
+    ),
+    Deliberate(
+        "GAP timestamp infinity in milliseconds",
+        "timestamp +-infinity at millisecond precision: Debezium divides the infinity constant by 1000",
+        ("value.after.c_ts*", "value.before.c_ts*"),
+        lambda d: d.headwater in (9223372036825200000, -9223372036832400000),
+    ),
+    Deliberate(
+        "GAP message content encoding",
+        "logical message content is always hex in Headwater; Debezium follows binary.handling.mode",
+        ("value.message.content",),
+    ),
+    Deliberate(
+        "GAP message envelope",
+        "Headwater's message events carry before/after/ts_us; Debezium's have none of them",
+        ("value.before", "value.after", "value.ts_us"),
+        lambda d: d.op == "m" and d.debezium is MISSING,
+    ),
+    Deliberate(
+        "GAP transaction block of truncates and messages",
+        "truncates and transactional messages carry transaction: null in Headwater; a key change's create "
+        "has data_collection_order 1 instead of 2",
+        ("value.transaction", "value.transaction.*"),
+        lambda d: d.op in "tmc",
+    ),
+    Deliberate(
+        "GAP non-transactional messages",
+        "pg_logical_emit_message(false, ...) is dropped by Headwater",
+        ("event",),
+        lambda d: d.op == "m" and d.headwater is MISSING,
+    ),
+    Deliberate(
+        "GAP source.sequence's last commit LSN",
+        "source.sequence[0] is the previous commit's LSN in Headwater, its end LSN in Debezium",
+        ("value.source.sequence",),
+        lambda d: not _snapshot(d),
+    ),
+)
