@@ -12,8 +12,10 @@ stopped). So neither tool's events carry the other's traffic.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +31,7 @@ from core.config import load_config
 from harness import conformance_workload as workload
 from harness.debezium import DebeziumModes, DebeziumProcess, connector_properties
 from harness.event_comparison import Event, debezium_events, headwater_events
+from harness.processes import die_with_parent, stop_at_exit
 from log.factory import open_log
 from operations.embedded_postgres import EmbeddedPostgres
 
@@ -77,6 +80,21 @@ class HeadwaterProject:
             raise AssertionError(msg)
         return result
 
+    def follow(self, *names: str) -> FollowingCapture:
+        """Start ``headwater capture NAMES --follow`` in its own process group (killed at session end at the latest)."""
+        process = subprocess.Popen(
+            self.command("capture", *names, "--follow"),
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+        following = FollowingCapture(process)
+        stop_at_exit(following.kill)
+        return following
+
     def events(self, source: str) -> list[Event]:
         """Every record of ``source`` in its log, in the source's order."""
         log = open_log(load_config(self.config, strict_env=False))
@@ -84,6 +102,30 @@ class HeadwaterProject:
             return headwater_events(log, source)
         finally:
             log.close()
+
+
+@dataclass
+class FollowingCapture:
+    """A running ``headwater capture --follow``."""
+
+    process: subprocess.Popen[str]
+
+    def stop(self, timeout_s: float = 30) -> tuple[int, str, str]:
+        """SIGTERM (capture finishes the batch in hand and exits 0); returns (exit code, stdout, stderr)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            out, err = self.process.communicate(timeout=timeout_s)
+        finally:
+            self.kill()
+        return self.process.returncode, out, err
+
+    def kill(self) -> None:
+        """Kill the whole process group (a no-op once it has exited)."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
 
 
 def masked_dsn(server: EmbeddedPostgres, dbname: str) -> str:
