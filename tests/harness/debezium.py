@@ -128,6 +128,11 @@ class DebeziumEngine:
     out: Path
     error: str | None = None
     stopped: threading.Event = field(default_factory=threading.Event)
+    #: Records counted so far (``count_only`` engines), when the last and the first count arrived (monotonic).
+    counted: int = 0
+    counted_at: float = 0.0
+    first_counted_at: float = 0.0
+    progress: threading.Condition = field(default_factory=threading.Condition)
 
     def records(self) -> list[dict[str, Any]]:
         """Every record so far, in the order Debezium emitted them (``{"topic", "key", "value"}``)."""
@@ -150,6 +155,19 @@ class DebeziumEngine:
                 )
             time.sleep(0.1)
 
+    def wait_count(self, records: int, timeout_s: float) -> float:
+        """Wait until a ``count_only`` engine has handed over ``records`` records; returns when (monotonic)."""
+        deadline = time.monotonic() + timeout_s
+        with self.progress:
+            while self.counted < records:
+                if self.stopped.is_set():
+                    raise DebeziumError(f"engine {self.name} ended after {self.counted} records: {self.error}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DebeziumError(f"engine {self.name}: {self.counted} of {records} records after {timeout_s} s")
+                self.progress.wait(min(left, 1.0))
+            return self.counted_at
+
     def stop(self) -> None:
         """Close the engine (its offsets are flushed) and wait until it has ended."""
         if not self.stopped.is_set():
@@ -168,6 +186,7 @@ class DebeziumProcess:
         self._process: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._jvm = threading.Event()
 
     def start(self) -> DebeziumProcess:
         """Start the driver (the JVM starts with the first engine)."""
@@ -189,14 +208,21 @@ class DebeziumProcess:
         stop_at_exit(self.kill)
         return self
 
-    def engine(self, name: str, properties: Mapping[str, str]) -> DebeziumEngine:
-        """Start an engine; its records go to ``<work_dir>/<name>.jsonl``."""
+    def engine(self, name: str, properties: Mapping[str, str], *, count_only: bool = False) -> DebeziumEngine:
+        """Start an engine; its records go to ``<work_dir>/<name>.jsonl`` (``count_only``: are only counted)."""
         out = self.work_dir / f"{name}.jsonl"
         engine = DebeziumEngine(self, name, out)
         with self._lock:
             self._engines[name] = engine
-        self.send({"start": name, "properties": dict(properties), "out": str(out)})
+        self.send({"start": name, "properties": dict(properties), "out": str(out), "count_only": count_only})
         return engine
+
+    def start_jvm(self, timeout_s: float = 120) -> None:
+        """Start the JVM now (a benchmark then times engines, not the JVM's start)."""
+        self._jvm.clear()
+        self.send({"jvm": True})
+        if not self._jvm.wait(timeout_s):
+            raise DebeziumError(f"the JVM did not start within {timeout_s} s; stderr:\n{self.stderr_tail()}")
 
     def send(self, command: Mapping[str, Any]) -> None:
         """Send one command to the driver."""
@@ -234,12 +260,25 @@ class DebeziumProcess:
             if not line.startswith("@@"):
                 continue
             reply = json.loads(line[2:])
-            if "stopped" in reply:
+            arrived = time.monotonic()
+            if "progress" in reply:
+                with self._lock:
+                    engine = self._engines.get(reply["progress"])
+                if engine is not None:
+                    with engine.progress:
+                        engine.counted, engine.counted_at = reply["records"], arrived
+                        engine.first_counted_at = engine.first_counted_at or arrived
+                        engine.progress.notify_all()
+            elif "jvm" in reply:
+                self._jvm.set()
+            elif "stopped" in reply:
                 with self._lock:
                     engine = self._engines.get(reply["stopped"])
                 if engine is not None:
                     engine.error = reply.get("error")
                     engine.stopped.set()
+                    with engine.progress:
+                        engine.progress.notify_all()
             elif "error" in reply:
                 self._errors.append(reply["error"])
         with self._lock:

