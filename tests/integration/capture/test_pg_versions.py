@@ -15,33 +15,21 @@ the server version.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from harness import audit
 from harness.conformance import HeadwaterProject, masked_dsn, run_conformance
 from harness.debezium import DebeziumModes
 from harness.debezium_differences import DELIBERATE, KNOWN_GAPS
 from harness.event_comparison import compare, summary
 from harness.names import NameFactory
+from harness.standby import wait_until
 
 DEFAULT_MODES = {"string/adaptive/base64": DebeziumModes()}
-AUDIT = """
-CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, pad text);
-CREATE TABLE audit (seq bigserial PRIMARY KEY, op text NOT NULL, id int NOT NULL, v int);
-CREATE FUNCTION record_change() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'DELETE' THEN
-        INSERT INTO audit (op, id, v) VALUES ('d', OLD.id, NULL);
-    ELSE
-        INSERT INTO audit (op, id, v) VALUES (CASE TG_OP WHEN 'INSERT' THEN 'c' ELSE 'u' END, NEW.id, NEW.v);
-    END IF;
-    RETURN NULL;
-END $$;
-CREATE TRIGGER audited AFTER INSERT OR UPDATE OR DELETE ON t FOR EACH ROW EXECUTE FUNCTION record_change();
-"""
 BATCHES = 6
 ROWS_PER_BATCH = 1000
 
@@ -82,8 +70,9 @@ def test_walsender_killed_mid_stream_resumes_without_loss_or_duplicates(
     names = NameFactory(f"walsender_{major}")
     dbname = names("kill")
     server.create_database(dbname)
+    dsn = server.dsn(dbname)
     try:
-        server.execute(AUDIT, dbname=dbname)
+        server.execute(audit.SCHEMA, dbname=dbname)
         server.execute(f"ALTER DATABASE {dbname} SET logical_decoding_work_mem = '64kB'")
         project = HeadwaterProject(tmp_path / "project", server.password)
         project.write({})
@@ -93,62 +82,29 @@ def test_walsender_killed_mid_stream_resumes_without_loss_or_duplicates(
         capture = project.follow(source)
         try:
             wait_until(lambda: slot_active(server, dbname, slot), 60, "capture to start streaming")
-            for batch in range(BATCHES):
-                first = batch * ROWS_PER_BATCH + 1
-                last = first + ROWS_PER_BATCH - 1
-                statements = [
-                    f"INSERT INTO t SELECT g, g, repeat(md5(g::text), 4) FROM generate_series({first}, {last}) g",
-                    f"UPDATE t SET v = v + 1 WHERE id % 7 = {batch % 7} AND id < {first}",
-                    f"DELETE FROM t WHERE id % 97 = {batch} AND id < {first}",
-                ]
-                server.execute("BEGIN; " + "; ".join(statements) + "; COMMIT", dbname=dbname)
-                if batch % 3 == 1:
-                    # The walsender is busy decoding or streaming the transaction just committed.
-                    server.execute(
-                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                        f"WHERE slot_name = '{slot}' AND active_pid IS NOT NULL",
-                        dbname=dbname,
-                    )
-            expected = server.execute("SELECT op, id, v FROM audit ORDER BY seq", dbname=dbname)
-            wait_until(
-                lambda: len(changes(project, source)) >= len(expected), 120, f"{len(expected)} changes in the log"
-            )
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                for batch in range(BATCHES):
+                    audit.run_batch(conn, batch, ROWS_PER_BATCH)
+                    if batch % 3 == 1:
+                        # The walsender is busy decoding or streaming the transaction just committed.
+                        conn.execute(
+                            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                            "WHERE slot_name = %s AND active_pid IS NOT NULL",
+                            (slot,),
+                        )
+            total = len(audit.audited_changes(dsn))
+            wait_until(lambda: len(audit.logged_changes(project, source)) >= total, 120, f"{total} changes in the log")
         finally:
             code, _out, err = capture.stop()
         assert code == 0, err[-3000:]
         assert "retrying with backoff" in err, err[-3000:]  # it did lose the walsender, and came back
         streamed = f"SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = '{slot}'"
         wait_until(lambda: server.execute(streamed, dbname=dbname)[0][0] > 0, 10, "transactions streamed in pieces")
-        got = changes(project, source)
-        sequences = [sequence for sequence, _ in got]
-        assert len(sequences) == len(set(sequences)), "an event is in the log twice"
-        assert [change for _, change in got] == [tuple(row) for row in expected]
+        audit.assert_log_equals_audit(project, source, dsn)
     finally:
         server.drop_database(dbname)
-
-
-def changes(project: HeadwaterProject, source: str) -> list[tuple[tuple[int, int], tuple[str, int, int | None]]]:
-    """The log's events of t as ((commit_lsn, txn_index), (op, id, v)), in the source's order."""
-    out = []
-    for event in project.events(source):
-        value = event.value
-        if value is None or not event.topic.endswith(".t"):
-            continue
-        row = value["after"] or value["before"]
-        source = value["source"]
-        out.append(
-            ((source["commit_lsn"], source["txn_index"]), (value["op"], row["id"], (value["after"] or {}).get("v")))
-        )
-    return out
 
 
 def slot_active(server: Any, dbname: str, slot: str) -> bool:
     query = f"SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}' AND active_pid IS NOT NULL"
     return bool(server.execute(query, dbname=dbname)[0][0])
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
