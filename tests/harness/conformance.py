@@ -32,7 +32,9 @@ from harness import conformance_workload as workload
 from harness.debezium import DebeziumModes, DebeziumProcess, connector_properties
 from harness.event_comparison import Event, debezium_events, headwater_events
 from harness.processes import die_with_parent, stop_at_exit
+from harness.topics import read_topic
 from log.factory import open_log
+from log.topics import is_quarantine_topic
 from operations.embedded_postgres import EmbeddedPostgres
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,6 +105,18 @@ class HeadwaterProject:
         finally:
             log.close()
 
+    def quarantined(self, source: str) -> dict[str, int]:
+        """Records per quarantine topic of ``source`` (``<topic>.quarantine``)."""
+        log = open_log(load_config(self.config, strict_env=False))
+        try:
+            return {
+                topic: len(read_topic(log, topic))
+                for topic in log.list_topics()
+                if topic.startswith(f"{source}.") and is_quarantine_topic(topic)
+            }
+        finally:
+            log.close()
+
 
 @dataclass
 class FollowingCapture:
@@ -133,11 +147,6 @@ def masked_dsn(server: EmbeddedPostgres, dbname: str) -> str:
     return server.dsn(dbname).replace(server.password, "${" + PASSWORD_VAR + "}")
 
 
-def mode_tables(modes: DebeziumModes) -> tuple[str, ...]:
-    """The tables a mode captures: numeric NaN/Infinity only where the decimal mode can express them."""
-    return workload.TABLES + (() if modes.decimal == "precise" else (workload.SPECIAL_NUMERIC_TABLE,))
-
-
 @dataclass
 class CapturedPair:
     """What both tools captured in one mode."""
@@ -145,6 +154,8 @@ class CapturedPair:
     modes: DebeziumModes
     debezium: list[Event]
     headwater: list[Event]
+    #: Headwater's quarantined records per quarantine topic.
+    quarantined: dict[str, int]
 
 
 def run_conformance(
@@ -165,8 +176,8 @@ def run_conformance(
             workload.create_schema(conn)
             workload.insert_snapshot_rows(conn)
             names = {label: (unique(f"hw_{label}"), unique(f"dbz_{label}")) for label in modes}
-            for label, (hw_name, dbz_name) in names.items():
-                tables = ", ".join(mode_tables(modes[label]))
+            tables = ", ".join(workload.TABLES)
+            for hw_name, dbz_name in names.values():
                 for publication in (hw_name, dbz_name):
                     conn.execute(
                         f"CREATE PUBLICATION {publication} FOR TABLE {tables} WITH (publish_via_partition_root = true)"
@@ -177,7 +188,7 @@ def run_conformance(
             {
                 source: {
                     "dsn": masked_dsn(server, dbname),
-                    "tables": list(mode_tables(modes[label])),
+                    "tables": list(workload.TABLES),
                     "slot": names[label][0],
                     "publication": names[label][0],
                     "types": modes[label].headwater_types(),
@@ -200,7 +211,7 @@ def run_conformance(
                 topic_prefix=source,
                 slot=slot,
                 publication=slot,
-                tables=mode_tables(modes[label]),
+                tables=workload.TABLES,
                 modes=modes[label],
                 offsets=work_dir / f"{slot}.offsets",
             )
@@ -218,7 +229,12 @@ def run_conformance(
         project.cli("capture", "--until-caught-up", timeout_s=timeout_s)
         assert time.monotonic() - started < timeout_s
         return {
-            label: CapturedPair(modes[label], debezium_events(engines[label].records()), project.events(source))
+            label: CapturedPair(
+                modes[label],
+                debezium_events(engines[label].records()),
+                project.events(source),
+                project.quarantined(source),
+            )
             for source, label in sources.items()
         }
     finally:

@@ -95,6 +95,14 @@ DELIBERATE: tuple[Deliberate, ...] = (
         lambda d: d.debezium == UNAVAILABLE and d.headwater not in (MISSING, None, UNAVAILABLE),
     ),
     Deliberate(
+        "numeric NaN and Infinity in precise mode go to quarantine",
+        "decimal.handling.mode=precise cannot express NaN/+-Infinity: Debezium logs an error and writes "
+        "the column as null (the value is lost, the row looks real); Headwater sends the record to "
+        "<topic>.quarantine with the reason (the suite checks the quarantine holds exactly these)",
+        ("event",),
+        lambda d: d.mode.startswith("precise") and d.topic.endswith(".numeric_special") and d.headwater is MISSING,
+    ),
+    Deliberate(
         "date infinity and BC dates",
         "date 'infinity'/'-infinity' are 2147483647/-2147483648 days (Debezium prints different garbage in "
         "its snapshot and its stream); '0001-01-01 BC' is -719528 days, proleptic Gregorian like PostgreSQL "
