@@ -72,11 +72,15 @@ class HeadwaterProject:
         """``python -m headwater --config <file> ARGS``."""
         return [sys.executable, "-m", "headwater", "--config", str(self.config), *args]
 
-    def cli(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-        """Run one CLI command to its end; raise with its stderr when it fails."""
-        result = subprocess.run(
+    def run(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run one CLI command to its end, whatever its exit code."""
+        return subprocess.run(
             self.command(*args), env=self.env(), capture_output=True, text=True, timeout=timeout_s, check=False
         )
+
+    def cli(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run one CLI command to its end; raise with its stderr when it fails."""
+        result = self.run(*args, timeout_s=timeout_s)
         if result.returncode != 0:
             msg = f"headwater {' '.join(args)} exited {result.returncode}:\n{result.stderr[-4000:]}"
             raise AssertionError(msg)
