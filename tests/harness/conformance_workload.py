@@ -29,6 +29,8 @@ TABLES = (
     "public.composite",
     "public.numeric_special",
 )
+#: The tables under REPLICA IDENTITY FULL (a delete sends the whole old row); the others are DEFAULT.
+REPLICA_IDENTITY_FULL = ("public.full_pk", "public.nokey")
 #: Prefix of the logical message that ends the workload (both tools have captured it all then).
 END_PREFIX = "conformance.end"
 

@@ -1,9 +1,7 @@
 """The allow-list of the Debezium conformance suite: every way Headwater's events may differ from
 Debezium 3.6.3's, each with the reason. Anything else that differs fails the suite.
 
-:data:`DELIBERATE` are choices Headwater keeps (README, "Debezium compatibility", lists them for
-users). :data:`KNOWN_GAPS` are differences Headwater still has to close (issue 20); while one of
-them shows, the conformance tests are expected failures (xfail) instead of passes.
+These are choices Headwater keeps; README ("Debezium compatibility") lists them for users.
 """
 
 from __future__ import annotations
@@ -11,6 +9,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from harness.conformance_workload import REPLICA_IDENTITY_FULL
 from harness.event_comparison import MISSING, Deliberate, Difference
 
 UNAVAILABLE = "__debezium_unavailable_value"
@@ -88,6 +87,20 @@ DELIBERATE: tuple[Deliberate, ...] = (
         lambda d: d.topic.endswith(".transaction") and d.headwater is MISSING,
     ),
     Deliberate(
+        "a delete's before under REPLICA IDENTITY DEFAULT: columns not sent are null",
+        "pgoutput sends only the key of a deleted row (the other columns as NULL); both list every column, "
+        "but Debezium fills NOT NULL ones with the column default or a zero value ('', 0, false: Kafka "
+        "Connect's required fields cannot be null), Headwater writes null: the value is not known, and a "
+        "made-up one would read as data",
+        ("value.before.*",),
+        lambda d: (
+            d.op == "d"
+            and d.headwater is None
+            and d.debezium is not None
+            and not d.topic.endswith(tuple("." + t.split(".")[1] for t in REPLICA_IDENTITY_FULL))
+        ),
+    ),
+    Deliberate(
         "unchanged TOAST holds the real value",
         "an unchanged TOASTed column is filled with its value (from the old row or the key's previous image), "
         f"never Debezium's placeholder {UNAVAILABLE!r}",
@@ -122,70 +135,5 @@ DELIBERATE: tuple[Deliberate, ...] = (
         "Java's Float.toString prints 1.4E-45",
         ("value.after.*", "value.before.*"),
         _same_float32,
-    ),
-)
-
-
-KNOWN_GAPS: tuple[Deliberate, ...] = (
-    Deliberate(
-        "GAP snapshot markers",
-        "source.snapshot of snapshot rows: Debezium marks first / first_in_data_collection / true / "
-        "last_in_data_collection / last, Headwater writes 'true' on every row",
-        ("value.source.snapshot",),
-        _snapshot,
-    ),
-    Deliberate(
-        "GAP delete before under REPLICA IDENTITY DEFAULT",
-        "Debezium lists every column in a delete's before image, Headwater only the key columns",
-        ("value.before.*",),
-        lambda d: d.op == "d" and d.headwater is MISSING,
-    ),
-    Deliberate(
-        "GAP ts_ns",
-        "Headwater writes no envelope or source ts_ns",
-        ("value.ts_ns", "value.source.ts_ns"),
-        lambda d: d.headwater is MISSING,
-    ),
-    Deliberate(
-        "GAP source.origin",
-        "Headwater writes no source.origin / origin_lsn",
-        ("value.source.origin", "value.source.origin_lsn"),
-        lambda d: d.headwater is MISSING,
-    ),
-    Deliberate(
-        "GAP timestamp infinity in milliseconds",
-        "timestamp +-infinity at millisecond precision: Debezium divides the infinity constant by 1000",
-        ("value.after.c_ts*", "value.before.c_ts*"),
-        lambda d: d.headwater in (9223372036825200000, -9223372036832400000),
-    ),
-    Deliberate(
-        "GAP message content encoding",
-        "logical message content is always hex in Headwater; Debezium follows binary.handling.mode",
-        ("value.message.content",),
-    ),
-    Deliberate(
-        "GAP message envelope",
-        "Headwater's message events carry before/after/ts_us; Debezium's have none of them",
-        ("value.before", "value.after", "value.ts_us"),
-        lambda d: d.op == "m" and d.debezium is MISSING,
-    ),
-    Deliberate(
-        "GAP transaction block of truncates and messages",
-        "truncates and transactional messages carry transaction: null in Headwater; a key change's create "
-        "has data_collection_order 1 instead of 2",
-        ("value.transaction", "value.transaction.*"),
-        lambda d: d.op in "tmc",
-    ),
-    Deliberate(
-        "GAP non-transactional messages",
-        "pg_logical_emit_message(false, ...) is dropped by Headwater",
-        ("event",),
-        lambda d: d.op == "m" and d.headwater is MISSING,
-    ),
-    Deliberate(
-        "GAP source.sequence's last commit LSN",
-        "source.sequence[0] is the previous commit's LSN in Headwater, its end LSN in Debezium",
-        ("value.source.sequence",),
-        lambda d: not _snapshot(d),
     ),
 )

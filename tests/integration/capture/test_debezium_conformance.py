@@ -23,7 +23,7 @@ import pytest
 from harness.conformance import CapturedPair, run_conformance
 from harness.conformance_workload import TABLES
 from harness.debezium import DebeziumModes
-from harness.debezium_differences import DELIBERATE, KNOWN_GAPS
+from harness.debezium_differences import DELIBERATE
 from harness.event_comparison import Comparison, compare, summary
 from harness.names import NameFactory
 
@@ -43,14 +43,6 @@ EXPECTED_COVERAGE = {
     "numeric_special": {"r", "c", "u"},
     "message": {"m"},
 }
-
-
-def check(comparison: Comparison) -> None:
-    """Fail on any unexplained difference; a known gap makes the test an expected failure."""
-    assert not comparison.unexpected, summary([comparison])
-    gaps = sorted(name for name in comparison.rules_used() if name in {g.name for g in KNOWN_GAPS})
-    if gaps:
-        pytest.xfail(f"known gaps still open: {', '.join(gaps)}")
 
 
 def covered(comparison: Comparison, tables: tuple[str, ...]) -> dict[str, set[str]]:
@@ -76,8 +68,7 @@ def captured(pg_server: Any, debezium: Any, tmp_path_factory: pytest.TempPathFac
 
 @pytest.fixture(scope="module")
 def comparisons(captured: dict[str, CapturedPair]) -> dict[str, Comparison]:
-    rules = (*DELIBERATE, *KNOWN_GAPS)
-    return {label: compare(label, pair.debezium, pair.headwater, rules) for label, pair in captured.items()}
+    return {label: compare(label, pair.debezium, pair.headwater, DELIBERATE) for label, pair in captured.items()}
 
 
 def test_summary(comparisons: dict[str, Comparison], report: Callable[[str], None]) -> None:
@@ -94,7 +85,7 @@ def test_events_equal_debezium_but_for_the_allow_list(comparisons: dict[str, Com
         if EXPECTED_COVERAGE[table] - ops
     }
     assert not missing, f"nothing compared for {missing}"
-    check(comparison)
+    assert not comparison.unexpected, summary([comparison])
 
 
 @pytest.mark.parametrize("mode", list(MODES))
