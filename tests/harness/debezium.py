@@ -242,6 +242,12 @@ class DebeziumProcess:
         process.wait(30)
         self._process = None
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds the driver process (the JVM's threads included) has used so far (Linux ``/proc``)."""
+        assert self._process is not None
+        fields = Path(f"/proc/{self._process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of Debezium's own log."""
         log = self.work_dir / "debezium.log"
