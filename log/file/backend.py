@@ -39,10 +39,12 @@ from log.base import (
     TopicPartition,
     TopicSpec,
 )
+from log.consumer import GroupDescription, GroupMember, partition_progress
 from log.consumer_groups import ConsumerOffsets
-from log.errors import TopicExistsError, UnknownPartitionError, UnknownTopicError
+from log.errors import TopicExistsError, UnknownGroupError, UnknownPartitionError, UnknownTopicError
 from log.file.batch_codec import Compression
 from log.file.compaction import CleanerCheckpoint, clean_partition
+from log.file.group_coordinator import GroupCoordinator, list_group_names
 from log.file.partition import Partition
 from log.file.topic_store import (
     create_topic_directory,
@@ -256,6 +258,37 @@ class FileLog:
     def committed(self, group: str, topic: str) -> dict[int, int]:
         """The group's committed next offsets for the topic's partitions."""
         return self._offsets.committed(group, topic)
+
+    def list_groups(self) -> list[str]:
+        """Groups with members (a state file) or committed offsets, sorted."""
+        return sorted(set(list_group_names(self.root)) | set(self._offsets.groups()))
+
+    def describe_group(self, group: str) -> GroupDescription:
+        """Live members, their partitions, and every partition's committed offset and lag."""
+        state = GroupCoordinator(self.root, group, lambda _topic: None).state()
+        committed_topics = self._offsets.groups().get(group, set())
+        if state is None and not committed_topics:
+            raise UnknownGroupError(group)
+        now = _now_ms()
+        members: list[GroupMember] = []
+        owners: dict[TopicPartition, str] = {}
+        topics = set(committed_topics)
+        generation = None
+        moving = False
+        if state is not None:
+            generation = state.generation
+            live = {name: m for name, m in state.members.items() if m.deadline_ms >= now}
+            for tp, own in state.partitions.items():
+                if own.owner in live:
+                    owners[tp] = own.owner
+                    moving = moving or own.next is not None
+            for name, m in sorted(live.items()):
+                topics.update(m.topics)
+                assigned = tuple(sorted(tp for tp, owner in owners.items() if owner == name))
+                members.append(GroupMember(name, m.client, assigned, m.deadline_ms - now))
+        status = "empty" if not members else "rebalancing" if moving else "stable"
+        progress = partition_progress(self, group, topics, owners)
+        return GroupDescription(group, status, generation, tuple(members), tuple(progress))
 
     # -- cleaning ---------------------------------------------------------------------
 

@@ -119,6 +119,11 @@ class KafkaLog:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def client(self) -> KafkaClient[Any, Any, Any]:
+        """The client library behind this log (the group consumer uses the same library and error guard)."""
+        return self._client
+
     # -- broker kind -------------------------------------------------------------
 
     @property

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
@@ -33,6 +33,7 @@ from pydantic import SecretStr
 
 from core.config import KafkaConfig
 from log.base import Record, StoredRecord
+from log.consumer import ConsumerSettings
 from log.errors import LogAuthenticationError, LogError, LogUnavailableError, UnknownTopicError
 
 ClientName = Literal["kafka-python", "confluent-kafka"]
@@ -259,6 +260,14 @@ class KafkaClient(ABC, Generic[AdminT, ProducerT, ConsumerT]):
             self._close_consumer(consumer)
         if admin is not None:
             self._close_admin(admin)
+
+    def guard(self, action: str, topic: str | None = None) -> AbstractContextManager[None]:
+        """:meth:`_guard` for code beside the client that calls the same library (the group consumer)."""
+        return self._guard(action, topic)
+
+    @abstractmethod
+    def new_member(self, group: str | None, settings: ConsumerSettings) -> ConsumerT:
+        """A consumer that joins ``group`` when it subscribes (auto commit off), with the member ``settings``."""
 
     # -- shared machinery ------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from log.base import Record, StoredRecord
+from log.consumer import ConsumerSettings
 from log.errors import LogError, UnknownTopicError
 from log.kafka.clients import (
     APPEND_UNSURE,
@@ -62,6 +63,19 @@ def _reason(exc: BaseException) -> str:
 def _headers(raw: Any) -> tuple[tuple[str, bytes], ...]:
     items = raw.items() if isinstance(raw, dict) else (raw or ())
     return tuple((k, v.encode() if isinstance(v, str) else (v or b"")) for k, v in items)
+
+
+def stored_record(message: Message) -> StoredRecord:
+    """A fetched message (without an error) as a :class:`~log.base.StoredRecord`."""
+    return StoredRecord(
+        topic=str(message.topic()),
+        partition=int(message.partition() or 0),
+        offset=int(message.offset() or 0),
+        timestamp_ms=int(message.timestamp()[1]),
+        key=message.key(),
+        value=message.value(),
+        headers=_headers(message.headers()),
+    )
 
 
 class ConfluentClient(KafkaClient[AdminClient, Producer, Consumer]):
@@ -161,6 +175,30 @@ class ConfluentClient(KafkaClient[AdminClient, Producer, Consumer]):
                 "enable.auto.commit": False,
                 "session.timeout.ms": GROUP_SESSION_TIMEOUT_MS,
                 "heartbeat.interval.ms": GROUP_HEARTBEAT_INTERVAL_MS,
+                "allow.auto.create.topics": False,
+            }
+        )
+
+    def new_member(self, group: str | None, settings: ConsumerSettings) -> Consumer:
+        """A consumer that joins ``group`` when it subscribes; it never commits or stores offsets by itself."""
+        fetch_bytes = self.settings.fetch_max_bytes
+        return Consumer(
+            {
+                **self._common,
+                # librdkafka needs a group id even to only assign partitions.
+                "group.id": group or f"{self.settings.client_id}.reader",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                # Start positions are chosen and assigned by the group consumer; this only covers a gap.
+                "auto.offset.reset": settings.auto_offset_reset,
+                "session.timeout.ms": settings.session_timeout_ms,
+                "heartbeat.interval.ms": settings.heartbeat_interval_ms,
+                "max.poll.interval.ms": settings.max_poll_interval_ms,
+                "isolation.level": "read_uncommitted",
+                "fetch.wait.max.ms": FETCH_MAX_WAIT_MS,
+                "fetch.max.bytes": fetch_bytes,
+                "max.partition.fetch.bytes": self.settings.partition_fetch_max_bytes,
+                "receive.message.max.bytes": fetch_bytes + 1024 * 1024,
                 "allow.auto.create.topics": False,
             }
         )
@@ -295,18 +333,7 @@ class ConfluentClient(KafkaClient[AdminClient, Producer, Consumer]):
             at = int(m.offset() or 0)
             if at < offset or m.topic() != topic or m.partition() != partition:
                 continue
-            key, value = m.key(), m.value()
-            out.append(
-                StoredRecord(
-                    topic=topic,
-                    partition=partition,
-                    offset=at,
-                    timestamp_ms=int(m.timestamp()[1]),
-                    key=key,
-                    value=value,
-                    headers=_headers(m.headers()),
-                )
-            )
+            out.append(stored_record(m))
         return out
 
     def list_offset(self, topic: str, partition: int, spec: int) -> int | None:

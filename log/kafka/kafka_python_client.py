@@ -12,6 +12,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.structs import OffsetAndMetadata
 
 from log.base import Record, StoredRecord
+from log.consumer import ConsumerSettings
 from log.errors import LogError, UnknownTopicError
 from log.kafka.clients import (
     APPEND_UNSURE,
@@ -92,6 +93,24 @@ class KafkaPythonClient(KafkaClient[KafkaAdminClient, KafkaProducer, KafkaConsum
             enable_auto_commit=False,
             session_timeout_ms=GROUP_SESSION_TIMEOUT_MS,
             heartbeat_interval_ms=GROUP_HEARTBEAT_INTERVAL_MS,
+            allow_auto_create_topics=False,
+        )
+
+    def new_member(self, group: str | None, settings: ConsumerSettings) -> KafkaConsumer:
+        """A consumer that joins ``group`` when it subscribes; it never commits by itself."""
+        return KafkaConsumer(
+            **{**self._common, "request_timeout_ms": max(self.settings.timeout_ms, settings.session_timeout_ms + 5000)},
+            group_id=group,
+            enable_auto_commit=False,
+            # Start positions are chosen and sought by the group consumer; this only covers a gap.
+            auto_offset_reset=settings.auto_offset_reset,
+            session_timeout_ms=settings.session_timeout_ms,
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            max_poll_interval_ms=settings.max_poll_interval_ms,
+            max_poll_records=settings.max_poll_records,
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            max_partition_fetch_bytes=self.settings.partition_fetch_max_bytes,
+            fetch_max_bytes=self.settings.fetch_max_bytes,
             allow_auto_create_topics=False,
         )
 
