@@ -39,12 +39,14 @@ from log.base import (
     TopicPartition,
     TopicSpec,
 )
+from log.consumer import GroupDescription, GroupMember, partition_progress
 from log.errors import (
     BatchTooLargeError,
     InvalidTopicNameError,
     LogError,
     LogUnavailableError,
     TopicExistsError,
+    UnknownGroupError,
     UnknownPartitionError,
     UnknownTopicError,
 )
@@ -58,7 +60,7 @@ from log.kafka.clients import (
     estimated_batch_bytes,
     open_client,
 )
-from log.topics import validate_topic_name
+from log.topics import validate_group_name, validate_topic_name
 
 BrokerKind = Literal["auto", "kafka", "tansu"]
 
@@ -360,6 +362,26 @@ class KafkaLog:
     def committed(self, group: str, topic: str) -> dict[int, int]:
         """The group's committed next offsets for the topic's partitions (absent: never committed)."""
         return self._client.committed(group, topic, self._partition_count(topic, refresh=True))
+
+    def list_groups(self) -> list[str]:
+        """Groups the cluster lists (tansu 0.6 lists none: name the group to describe it)."""
+        return self._client.list_groups()
+
+    def describe_group(self, group: str) -> GroupDescription:
+        """Members and assignment as the broker reports them; committed offsets and lag per partition."""
+        validate_group_name(group)
+        info = self._client.describe_group(group)
+        offsets = self._client.group_offsets(group)
+        if not info.members and not offsets:
+            raise UnknownGroupError(group)
+        members = tuple(
+            GroupMember(m.member_id, m.client, tuple(TopicPartition(t, p) for t, p in m.assignment))
+            for m in info.members
+        )
+        owners = {tp: m.member_id for m in members for tp in m.assignment}
+        topics = {topic for topic, _ in offsets} | {tp.topic for tp in owners}
+        progress = partition_progress(self, group, topics, owners)
+        return GroupDescription(group, info.state.lower(), None, members, tuple(progress))
 
     # -- cleaning ------------------------------------------------------------------
 

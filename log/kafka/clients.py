@@ -128,6 +128,23 @@ class OffsetOutOfRange(Exception):
     """The reader's position lies outside the partition (retention removed it, or past the end)."""
 
 
+@dataclass(frozen=True, slots=True)
+class MemberInfo:
+    """A group member as DescribeGroups reports it (tansu 0.6 reports ids only, no assignment)."""
+
+    member_id: str
+    client: str
+    assignment: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A group's state (``Stable``, ``Empty``, ``Dead``, ...) and members, per DescribeGroups."""
+
+    state: str
+    members: tuple[MemberInfo, ...]
+
+
 class KafkaClient(ABC, Generic[AdminT, ProducerT, ConsumerT]):
     """The operations KafkaLog needs from a Kafka client library, and what both implementations share.
 
@@ -247,6 +264,18 @@ class KafkaClient(ABC, Generic[AdminT, ProducerT, ConsumerT]):
     @abstractmethod
     def committed(self, group: str, topic: str, partitions: int) -> dict[int, int]:
         """The group's committed next offsets for the topic's partitions that have one."""
+
+    @abstractmethod
+    def list_groups(self) -> list[str]:
+        """Consumer groups the cluster lists (ListGroups; tansu 0.6 lists none)."""
+
+    @abstractmethod
+    def describe_group(self, group: str) -> GroupInfo:
+        """The group's state and members as the broker reports them (DescribeGroups)."""
+
+    @abstractmethod
+    def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        """Every committed next offset of ``group`` (OffsetFetch for all its partitions)."""
 
     def close(self) -> None:
         """Close every client; idempotent."""

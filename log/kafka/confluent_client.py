@@ -8,7 +8,16 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from contextlib import suppress
 from typing import Any, ClassVar, TypeVar
 
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 # confluent_kafka.admin re-exports these without __all__, which mypy --strict flags.
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
@@ -33,7 +42,9 @@ from log.kafka.clients import (
     MAX_BATCH_RECORDS,
     ClientSettings,
     ConfigValue,
+    GroupInfo,
     KafkaClient,
+    MemberInfo,
     OffsetOutOfRange,
     authentication_failed,
     librdkafka_security,
@@ -368,6 +379,37 @@ class ConfluentClient(KafkaClient[AdminClient, Producer, Consumer]):
                 [TopicPartition(topic, p) for p in range(partitions)], timeout=self.settings.timeout_s
             )
         return {tp.partition: int(tp.offset) for tp in found if tp.offset >= 0 and tp.offset != OFFSET_INVALID}
+
+    def list_groups(self) -> list[str]:
+        """Consumer groups the cluster lists."""
+        with self._guard("list consumer groups"):
+            listed = self._result(self._admin_client().list_consumer_groups(request_timeout=self.settings.timeout_s))
+        return sorted(str(g.group_id) for g in listed.valid)
+
+    def describe_group(self, group: str) -> GroupInfo:
+        """The group's state and members (DescribeGroups)."""
+        with self._guard("describe consumer group"):
+            futures = self._admin_client().describe_consumer_groups([group], request_timeout=self.settings.timeout_s)
+            described = self._result(futures[group])
+        members = tuple(
+            MemberInfo(
+                str(m.member_id),
+                " ".join(x for x in (m.client_id, m.host) if x),
+                tuple((str(tp.topic), int(tp.partition)) for tp in (m.assignment.topic_partitions or ())),
+            )
+            for m in described.members or ()
+        )
+        state = str(getattr(described.state, "name", described.state) or "DEAD")
+        return GroupInfo(state.title(), members)
+
+    def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        """Every committed next offset of ``group``."""
+        with self._guard("fetch group offsets"):
+            futures = self._admin_client().list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group)], request_timeout=self.settings.timeout_s
+            )
+            found = self._result(futures[group])
+        return {(str(tp.topic), int(tp.partition)): int(tp.offset) for tp in found.topic_partitions if tp.offset >= 0}
 
     def _close_producer(self) -> None:
         if self._producer is not None:

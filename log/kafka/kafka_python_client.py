@@ -24,11 +24,25 @@ from log.kafka.clients import (
     LINGER_MS,
     ClientSettings,
     ConfigValue,
+    GroupInfo,
     KafkaClient,
+    MemberInfo,
     OffsetOutOfRange,
     kafka_python_security,
     unavailable,
 )
+
+
+class _Admin(KafkaAdminClient):  # type: ignore[misc]
+    """kafka-python's admin client, without decoding a described group's authorized operations.
+
+    tansu 0.6 answers DescribeGroups with operation bits kafka-python cannot map (``15 is
+    not a valid ACLOperation``), and nothing here needs the operations.
+    """
+
+    def _process_acl_operations(self, obj: dict[str, Any]) -> dict[str, Any]:
+        obj.pop("authorized_operations", None)
+        return obj
 
 
 class KafkaPythonClient(KafkaClient[KafkaAdminClient, KafkaProducer, KafkaConsumer]):
@@ -54,7 +68,7 @@ class KafkaPythonClient(KafkaClient[KafkaAdminClient, KafkaProducer, KafkaConsum
     # -- clients ----------------------------------------------------------------------
 
     def _new_admin(self) -> KafkaAdminClient:
-        return KafkaAdminClient(**self._common)
+        return _Admin(**self._common)
 
     def _new_producer(self) -> KafkaProducer:
         size = self.settings.max_batch_bytes
@@ -260,6 +274,35 @@ class KafkaPythonClient(KafkaClient[KafkaAdminClient, KafkaProducer, KafkaConsum
                 if offset is not None and offset >= 0:
                     result[p] = int(offset)
         return result
+
+    def list_groups(self) -> list[str]:
+        """Consumer groups the cluster lists."""
+        with self._guard("list consumer groups"):
+            listed = self._admin_client().list_groups()
+        return sorted(str(g["group_id"]) for g in listed)
+
+    def describe_group(self, group: str) -> GroupInfo:
+        """The group's state and members (DescribeGroups)."""
+        with self._guard("describe consumer group"):
+            described: dict[str, Any] = self._admin_client().describe_groups([group])[group]
+        members = []
+        for m in described.get("members", ()):
+            assignment = m.get("member_assignment")
+            partitions = getattr(assignment, "assignment", None) or ()
+            members.append(
+                MemberInfo(
+                    str(m["member_id"]),
+                    " ".join(x for x in (m.get("client_id"), m.get("client_host")) if x),
+                    tuple((str(topic), int(p)) for topic, numbers in partitions for p in numbers),
+                )
+            )
+        return GroupInfo(str(described.get("group_state") or "Dead"), tuple(members))
+
+    def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        """Every committed next offset of ``group``."""
+        with self._guard("fetch group offsets"):
+            found = self._admin_client().list_group_offsets({group: None}).get(group, {})
+        return {(tp.topic, tp.partition): int(o.offset) for tp, o in found.items() if o.offset >= 0}
 
     def _close_producer(self) -> None:
         self._discard_producer()
