@@ -312,16 +312,35 @@ class KafkaLog:
         self._check_partition(topic, partition)
         end = self._client.list_offset(topic, partition, LATEST) or 0
         if self.is_tansu:
-            # tansu 0.6 answers ListOffsets(latest) with the base offset of the
-            # partition's last record batch + 1, not the offset after its last
-            # record. Derive the end from the last readable record instead: the
-            # batch at end - 1 is the last one (or later ones arrived meanwhile).
-            # After a restart it may answer 0 for a partition that holds records.
-            position = max(end - 1, 0)
-            while records := self._client.fetch(topic, partition, position, _SCAN_CHUNK, self._read_wait_s):
-                position = records[-1].offset + 1
-            end = max(end, position)
+            end = self._readable_end(topic, partition, end)
         return end
+
+    def _readable_end(self, topic: str, partition: int, listed: int) -> int:
+        """The end of what tansu lets a reader fetch, read from the records at and after ``listed - 1``.
+
+        tansu 0.6 answers ListOffsets(latest) with the base offset of the partition's last
+        record batch + 1, not the offset after its last record; after a restart it answers
+        stale numbers (0, or the end of some earlier batch) and, for seconds, fetches below
+        the end with no records at all. So the end is where a fetch response's high
+        watermark confirms there is nothing more; a fetch that brings nothing and confirms
+        nothing is asked again (it is not the end: taking it for one made readers stop
+        short, ``read up to 436, end offset 417``) until ``timeout_s``, then the error is
+        transient.
+        """
+        position = max(listed - 1, 0)
+        deadline = time.monotonic() + self._settings.timeout_s
+        while True:
+            records = self._client.fetch(topic, partition, position, _SCAN_CHUNK, self._read_wait_s)
+            if records:
+                position = records[-1].offset + 1
+            elif records is not None:
+                return max(listed, position)
+            elif time.monotonic() >= deadline:
+                msg = (
+                    f"{topic}/{partition}: the broker confirmed no end offset at or after {position} "
+                    f"within {self._settings.timeout_s:g}s; it can be asked again"
+                )
+                raise LogUnavailableError(msg)
 
     def clean_offset(self, topic: str, partition: int) -> int:
         """The beginning offset: Kafka does not expose how far its cleaner has compacted.

@@ -280,6 +280,30 @@ def test_reads_see_appends_of_another_writer(client: str, log_kafka_bootstrap: s
         assert reader._client.list_offset(topic_name, 0, EARLIEST) == 0
 
 
+def test_a_fetch_that_brings_nothing_is_not_the_end(client: str, log_kafka_bootstrap: str, topic_name: str) -> None:
+    """Issue 18: an end offset must cover every readable record even when fetches come back empty.
+
+    tansu answers ListOffsets(latest) with the last batch's base + 1 (and, after a restart,
+    staler numbers), so KafkaLog reads on from there until a fetch response confirms the
+    end. With no wait for records (``read_wait_s=0``) every fetch may bring nothing and
+    confirm nothing, as tansu's fetches do for seconds after a restart (the cause of
+    ``partition 1: read up to 436, end offset 417`` in the broker-kill test): such a fetch
+    must be asked again, never taken for the end.
+    """
+    config = KafkaConfig(bootstrap_servers=log_kafka_bootstrap, client=client)  # type: ignore[arg-type]
+    with KafkaLog(config) as writer, KafkaLog(config, read_wait_s=0.0) as impatient:
+        writer.create_topic(TopicSpec(topic_name, partitions=1))
+        for n in range(1, 6):
+            writer.append(topic_name, 0, records(n * 7, prefix=b"%d-" % n, size=20))
+            expected = writer.end_offset(topic_name, 0)
+            assert expected == 7 * n * (n + 1) // 2
+            for _ in range(5):
+                assert impatient.end_offset(topic_name, 0) == expected
+                impatient.close()
+                impatient = KafkaLog(config, read_wait_s=0.0)  # no fetch response seen yet
+        impatient.close()
+
+
 @pytest.mark.skipif(persistent_broker_unavailable() is not None, reason=persistent_broker_unavailable() or "")
 def test_acknowledged_appends_survive_broker_sigkills(client: str) -> None:
     """Appends while tansu (on s3://) is SIGKILLed and restarted: every acknowledged record is read once.
