@@ -8,6 +8,7 @@ from log.base import Log
 from log.consumer import Consumer, ConsumerSettings
 from log.file.backend import FileLog
 from log.kafka.backend import KafkaLog
+from log.topic_policy import TopicPolicies
 
 if TYPE_CHECKING:
     from core.config import ProjectConfig
@@ -15,17 +16,19 @@ if TYPE_CHECKING:
 
 
 def open_log(config: ProjectConfig) -> Log:
-    """The log backend ``config.log.backend`` names: the embedded file log or Kafka.
+    """The log backend ``config.log.backend`` names: the embedded file log or Kafka, with ``log.topics`` applied.
 
     A Kafka client library is loaded only when a KafkaLog is built (:func:`log.kafka.clients.open_client`).
     """
+    policies = TopicPolicies(config.log.topics)
     if config.log.backend == "kafka":
-        return KafkaLog(config.log.kafka)
+        return KafkaLog(config.log.kafka, policies=policies)
     return FileLog(
         config.home_dir / "log",
         fsync=config.log.file.fsync,
         segment_bytes=config.log.file.segment_bytes,
         compression=config.log.file.compression,
+        policies=policies,
     )
 
 

@@ -60,6 +60,7 @@ from log.kafka.clients import (
     estimated_batch_bytes,
     open_client,
 )
+from log.topic_policy import TopicPolicies, cleanup_policy
 from log.topics import validate_group_name, validate_topic_name
 
 BrokerKind = Literal["auto", "kafka", "tansu"]
@@ -93,13 +94,17 @@ class KafkaLog:
         timeout_s: float = 30.0,
         read_wait_s: float = 2.0,
         max_batch_bytes: int = 16 * 1024 * 1024,
+        policies: TopicPolicies | None = None,
     ) -> None:
         """Connect lazily to ``config.bootstrap_servers`` with ``client`` (default: ``config.client``).
 
         ``broker="auto"`` probes whether the cluster is tansu on first need;
         ``timeout_s`` bounds every broker round trip and flush; ``read_wait_s`` bounds
-        how long a read waits for records it knows exist.
+        how long a read waits for records it knows exist; ``policies`` (``log.topics``)
+        replace parts of the specs of topics created here, and of existing topics' configs
+        when the cleaner aligns them (:meth:`align_topic_configs`).
         """
+        self._policies = policies or TopicPolicies()
         self.config = config
         self.client_name: ClientName = client or config.client
         self.max_batch_bytes = max_batch_bytes
@@ -149,6 +154,7 @@ class KafkaLog:
         user-facing layers reject them.
         """
         validate_topic_name(spec.name, internal=True)
+        spec = self._policies.apply(spec)
         if spec.partitions < 1:
             raise InvalidTopicNameError(spec.name, f"a topic needs at least one partition, not {spec.partitions}")
         created = self._client.create_topic(spec.name, spec.partitions, self._topic_configs(spec))
@@ -160,7 +166,7 @@ class KafkaLog:
         configs = {"max.message.bytes": str(self.max_batch_bytes), **spec.config}
         configs.update(
             {
-                "cleanup.policy": "compact" if spec.compacted else "delete",
+                "cleanup.policy": cleanup_policy(spec),
                 "retention.ms": str(-1 if spec.retention_ms is None else spec.retention_ms),
                 "retention.bytes": str(-1 if spec.retention_bytes is None else spec.retention_bytes),
                 "min.compaction.lag.ms": str(spec.min_compaction_lag_ms),
@@ -168,6 +174,22 @@ class KafkaLog:
             }
         )
         return configs
+
+    def align_topic_configs(self, topic: str) -> bool:
+        """Make the topic's cleaning configs those of its ``log.topics`` entry; whether any changed.
+
+        The broker then compacts and deletes by them (:class:`log.cleaner.AlignsTopicConfigs`).
+        """
+        current = self.describe_topic(topic)
+        wanted = self._policies.apply(current)
+        if wanted == current:
+            return False
+        desired = self._topic_configs(wanted)
+        reported = {key: c.value for key, c in self._client.topic_configs(topic).items()}
+        changed = {key: value for key, value in desired.items() if reported.get(key) != value}
+        if changed:
+            self._client.alter_topic_configs(topic, changed)
+        return bool(changed)
 
     def delete_topic(self, name: str) -> None:
         """Delete a topic and its records; :class:`UnknownTopicError` if there is none."""

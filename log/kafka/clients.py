@@ -197,6 +197,10 @@ class KafkaClient(ABC, Generic[AdminT, ProducerT, ConsumerT]):
     def topic_configs(self, name: str) -> dict[str, ConfigValue]:
         """Every config the broker reports for the topic."""
 
+    @abstractmethod
+    def alter_topic_configs(self, name: str, configs: Mapping[str, str]) -> None:
+        """Set these configs of the topic (others keep their values)."""
+
     def reports_broker_configs(self) -> bool:
         """Whether DescribeConfigs of a broker returns anything (Apache Kafka always does)."""
         admin = self._admin_client()

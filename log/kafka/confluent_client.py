@@ -22,6 +22,8 @@ from confluent_kafka import (
 # confluent_kafka.admin re-exports these without __all__, which mypy --strict flags.
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
     ConfigResource,
     ConfigSource,
     NewTopic,
@@ -249,6 +251,14 @@ class ConfluentClient(KafkaClient[AdminClient, Producer, Consumer]):
             for key, entry in entries.items()
             if entry.value is not None
         }
+
+    def alter_topic_configs(self, name: str, configs: Mapping[str, str]) -> None:
+        """Set these configs of the topic (IncrementalAlterConfigs: the others stay)."""
+        entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()]
+        resource = ConfigResource(ResourceType.TOPIC, name, incremental_configs=entries)
+        with self._guard("alter topic configs", name):
+            futures = self._admin_client().incremental_alter_configs([resource])
+            self._result(futures[resource])
 
     def _any_broker_id(self, admin: AdminClient) -> str:
         return str(next(iter(admin.list_topics(timeout=self.settings.timeout_s).brokers)))

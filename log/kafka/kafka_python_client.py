@@ -158,6 +158,13 @@ class KafkaPythonClient(KafkaClient[KafkaAdminClient, KafkaProducer, KafkaConsum
             if entry.get("value") is not None
         }
 
+    def alter_topic_configs(self, name: str, configs: Mapping[str, str]) -> None:
+        """Set these configs of the topic (AlterConfigs with the topic's other overrides kept)."""
+        current = {k: c.value for k, c in self.topic_configs(name).items() if c.override}
+        resource = ConfigResource(ConfigResourceType.TOPIC, name, configs={**current, **configs})
+        with self._guard("alter topic configs", name):
+            self._admin_client().alter_configs([resource])
+
     def _any_broker_id(self, admin: KafkaAdminClient) -> str:
         return str(admin.describe_cluster()["brokers"][0]["broker_id"])
 
