@@ -60,6 +60,8 @@ class KafkaGroupConsumer(ABC, Generic[LibraryConsumer]):
         self._positions: dict[TopicPartition, int] = {}
         self._tokens: dict[TopicPartition, str] = {}
         self._assignments = 0
+        #: The id the broker gave at the last assignment (the library forgets it when the member is fenced).
+        self._last_member_id = ""
         self._subscribed = False
         self._consumer: LibraryConsumer = self._new_consumer()
         self._closed = False
@@ -74,8 +76,8 @@ class KafkaGroupConsumer(ABC, Generic[LibraryConsumer]):
 
     @property
     def member_id(self) -> str:
-        """This member's id as the broker gave it ('' before the first join)."""
-        return self._member_id()
+        """This member's id as the broker gave it (the last one, after it lost its membership; '' before any)."""
+        return self._member_id() or self._last_member_id
 
     # -- membership ---------------------------------------------------------------------------
 
@@ -109,7 +111,7 @@ class KafkaGroupConsumer(ABC, Generic[LibraryConsumer]):
     def _assigned(self, partitions: frozenset[TopicPartition]) -> dict[TopicPartition, int]:
         """The library gained ``partitions``: claim them, choose their start positions (the library seeks there)."""
         self._assignments += 1
-        member = self._member_id()
+        member = self._last_member_id = self._member_id()
         tokens = {tp: f"{member}/{self._assignments}" for tp in partitions}
         claimed = self._store.claim(self.group or "", tokens) if self._store is not None else {}
         starts = self._start_positions(sorted(partitions), claimed)
