@@ -1,8 +1,8 @@
-"""Processes for the consumer-group tests and benchmark: a keyed writer and an exactly-once group member.
+"""Processes for the consumer-group and cleaner tests and the benchmark: writers and group members.
 
-Run as ``python group_processes.py writer|member '<log spec json>' ...`` with the repository
+Run as ``python group_processes.py writer|updates|member|paused-member '<log spec json>' ...`` with the repository
 on ``PYTHONPATH``. The log spec is ``{"backend": "file", "root": ...}`` or
-``{"backend": "kafka", "bootstrap": ..., "client": ...}``.
+``{"backend": "kafka", "bootstrap": ..., "client": ...}``, or ``{"config": <headwater.yaml>}``.
 
 The member processes each polled batch exactly once: it appends the batch's positions to
 its deliveries file (flushed: what it was handed), then inserts one row per record into
@@ -24,11 +24,11 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from core.config import KafkaConfig
+from core.config import KafkaConfig, load_config
 from log.base import Log, Record, append_keyed
 from log.consumer import ConsumerSettings
 from log.errors import FencedMemberError
-from log.factory import consumer_of
+from log.factory import consumer_of, open_log
 from log.file.backend import FileLog
 from log.kafka.backend import KafkaLog
 from log.offset_store import SqliteOffsetStore, commit_with_output
@@ -45,6 +45,8 @@ CREATE TABLE IF NOT EXISTS processed (
 
 
 def open_spec(spec: dict[str, Any]) -> Log:
+    if "config" in spec:  # the project's log, as capture opens it (log.topics applied)
+        return open_log(load_config(spec["config"]))
     if spec["backend"] == "file":
         return FileLog(Path(spec["root"]))
     return KafkaLog(KafkaConfig(bootstrap_servers=spec["bootstrap"], client=spec["client"]))
@@ -70,6 +72,25 @@ def writer(spec: dict[str, Any], topic: str, total: int, keys: int, seed: int, p
     while n < total:
         size = min(rng.randint(1, 20), total - n)
         append_keyed(log, topic, [Record(b"k%d" % ((n + i) % keys), b"%d" % (n + i)) for i in range(size)])
+        n += size
+        time.sleep(pause_s)
+    log.close()
+    emit({"event": "written", "records": n})
+
+
+def updates(spec: dict[str, Any], topic: str, total: int, keys: int, seed: int, pause_s: float) -> None:
+    """Append ``total`` changes of ``keys`` keys, one batch at a time; every 7th change of a key deletes it."""
+    rng = random.Random(seed)
+    log = open_spec(spec)
+    n = 0
+    while n < total:
+        size = min(rng.randint(1, 8), total - n)
+        batch = []
+        for i in range(size):
+            key = (n + i) % keys
+            change = (n + i) // keys
+            batch.append(Record(b"k%d" % key, None if change % 7 == 6 else b"%d" % (n + i)))
+        append_keyed(log, topic, batch)
         n += size
         time.sleep(pause_s)
     log.close()
@@ -152,6 +173,8 @@ if __name__ == "__main__":
     log_spec = json.loads(raw_spec)
     if role == "writer":
         writer(log_spec, rest[0], int(rest[1]), int(rest[2]), int(rest[3]), float(rest[4]))
+    elif role == "updates":
+        updates(log_spec, rest[0], int(rest[1]), int(rest[2]), int(rest[3]), float(rest[4]))
     elif role == "member":
         member(log_spec, rest[0], rest[1], rest[2], rest[3], rest[4])
     elif role == "paused-member":
