@@ -3,8 +3,9 @@
 Throughput: ``--records`` keyed records (300 bytes of key + value) in a 4-partition topic,
 read by one member of a group through :mod:`log.consumer` (``poll`` of up to 10,000
 records, a commit after every poll), on the file backend and on Kafka (tansu, memory
-storage), and by a bare ``confluent_kafka.Consumer`` (subscribe, ``consume(10000)``) as the reference, once without commits and once committing synchronously
-after every ``consume`` as the API's loop does. The clock runs from the first record to
+storage), and by a bare ``confluent_kafka.Consumer`` (subscribe, ``consume(10000)``) as the
+reference, once without commits and once committing synchronously after every ``consume``
+as the API's loop does. The clock runs from the first record to
 the last, so the group join is reported apart.
 
 Rebalance: three member processes (``tests/integration/log/group_processes.py member``, the
