@@ -22,6 +22,7 @@ from log.cleaner import Cleaner
 from log.consumer import Consumer, ConsumerSettings, DescribesGroups, GroupDescription
 from log.errors import FencedMemberError
 from log.factory import consumer_of, open_log
+from log.topic_policy import cleanup_policy
 from operations.pipeline import history_holds
 
 
@@ -94,7 +95,7 @@ def topics_command(context: Context, as_json: bool) -> None:
                 {
                     "topic": name,
                     "partitions": spec.partitions,
-                    "cleanup_policy": "compact" if spec.compacted else "delete",
+                    "cleanup_policy": cleanup_policy(spec),
                     "end_offsets": {str(p): o for p, o in ends.items()},
                     "records": sum(ends.values()),
                 }
