@@ -42,7 +42,9 @@ _IDLE_SLEEP_S = (0.005, 0.01, 0.02, 0.05)
 
 
 def _client() -> str:
-    return f"pid {os.getpid()} on {socket.gethostname()} ({' '.join(sys.argv) or sys.executable})"
+    """Who the member is, for ``headwater log groups``: process, host and (shortened) command line."""
+    command = " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]) if sys.argv else sys.executable
+    return f"pid {os.getpid()} on {socket.gethostname()} ({command[:80]})"
 
 
 class FileConsumer:

@@ -304,6 +304,32 @@ def test_a_fetch_that_brings_nothing_is_not_the_end(client: str, log_kafka_boots
         impatient.close()
 
 
+def read_back_after_restart(config: KafkaConfig, patience_s: float = 180.0) -> dict[int, list[tuple[int, int]]]:
+    """Every record of "kills" by value -> [(partition, offset)], each partition read to its end offset.
+
+    Right after a restart tansu may serve no records below the end for a long while (over
+    30 s at load 12, measured); KafkaLog then says the end or the read is unavailable for
+    now (a transient error), never a wrong end. Such an answer is asked again, as any
+    reader retries a transient error; a wrong end fails the test at once.
+    """
+    deadline = time.monotonic() + patience_s
+    while True:
+        seen: dict[int, list[tuple[int, int]]] = {}
+        try:
+            with KafkaLog(config, timeout_s=30) as log:
+                for partition in range(3):
+                    end = log.end_offset("kills", partition)
+                    records = partition_records(log, "kills", partition, offset=0)
+                    for r in records:
+                        seen.setdefault(int(r.value or b"-1"), []).append((partition, r.offset))
+                    offset = records[-1].offset + 1 if records else 0
+                    assert offset == end, f"partition {partition}: read up to {offset}, end offset {end}"
+            return seen
+        except LogUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+
+
 @pytest.mark.skipif(persistent_broker_unavailable() is not None, reason=persistent_broker_unavailable() or "")
 def test_acknowledged_appends_survive_broker_sigkills(client: str) -> None:
     """Appends while tansu (on s3://) is SIGKILLed and restarted: every acknowledged record is read once.
@@ -362,15 +388,7 @@ def test_acknowledged_appends_survive_broker_sigkills(client: str) -> None:
             writer.join(60)
         broker.kill()
         broker.start()
-        seen: dict[int, list[tuple[int, int]]] = {}
-        with KafkaLog(config, timeout_s=30) as log:
-            for partition in range(3):
-                end = log.end_offset("kills", partition)
-                records = partition_records(log, "kills", partition, offset=0)
-                for r in records:
-                    seen.setdefault(int(r.value or b"-1"), []).append((partition, r.offset))
-                offset = records[-1].offset + 1 if records else 0
-                assert offset == end, f"partition {partition}: read up to {offset}, end offset {end}"
+        seen = read_back_after_restart(config)
     finally:
         broker.stop()
         s3.stop()
