@@ -257,6 +257,10 @@ class KafkaClient(ABC, Generic[AdminT, ProducerT, ConsumerT]):
                     if left <= 0:
                         return None
 
+    def fetched_end(self, topic: str, partition: int) -> int | None:
+        """The partition's high watermark by the reader's latest fetch response (``None``: none said)."""
+        return self._fetched_end(self._reader_client(), topic, partition)
+
     @abstractmethod
     def list_offset(self, topic: str, partition: int, spec: int) -> int | None:
         """ListOffsets for EARLIEST, LATEST or a timestamp (ms); ``None`` if no record qualifies."""

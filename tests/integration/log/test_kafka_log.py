@@ -307,10 +307,12 @@ def test_a_fetch_that_brings_nothing_is_not_the_end(client: str, log_kafka_boots
 def read_back_after_restart(config: KafkaConfig, patience_s: float = 180.0) -> dict[int, list[tuple[int, int]]]:
     """Every record of "kills" by value -> [(partition, offset)], each partition read to its end offset.
 
-    Right after a restart tansu may serve no records below the end for a long while (over
-    30 s at load 12, measured); KafkaLog then says the end or the read is unavailable for
-    now (a transient error), never a wrong end. Such an answer is asked again, as any
-    reader retries a transient error; a wrong end fails the test at once.
+    Right after a restart tansu may serve no records below the end for a long while (~30 s
+    at load 12, measured); KafkaLog waits for them, or says the end or the read is
+    unavailable for now (a transient error), never a wrong end. Such an answer is asked
+    again, as any reader retries a transient error; a wrong end fails the test at once.
+    Offsets tansu allocated to a batch it does not hold (a gap below the high watermark
+    that stays unreadable) end the partition (``KafkaLog.gap_wait_s``).
     """
     deadline = time.monotonic() + patience_s
     while True:
