@@ -29,8 +29,6 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import SecretStr
-
 from core.config import KafkaConfig
 from log.base import Record, StoredRecord
 from log.consumer import ConsumerSettings
@@ -460,53 +458,6 @@ def authentication_failed(settings: ClientSettings, action: str, reason: str) ->
         f"Kafka at {settings.bootstrap_servers} refused {who} ({action}: {reason}); check security_protocol, "
         "sasl_mechanism, sasl_username, sasl_password and the ssl_* files under log.kafka in headwater.yaml"
     )
-
-
-#: Each library's name of every KafkaConfig security setting.
-_KAFKA_PYTHON_NAMES = {
-    "security_protocol": "security_protocol",
-    "sasl_mechanism": "sasl_mechanism",
-    # kafka-python takes SCRAM credentials under its sasl_plain_* names too.
-    "sasl_username": "sasl_plain_username",
-    "sasl_password": "sasl_plain_password",
-    "ssl_cafile": "ssl_cafile",
-    "ssl_certfile": "ssl_certfile",
-    "ssl_keyfile": "ssl_keyfile",
-}
-_LIBRDKAFKA_NAMES = {
-    "security_protocol": "security.protocol",
-    "sasl_mechanism": "sasl.mechanism",
-    "sasl_username": "sasl.username",
-    "sasl_password": "sasl.password",
-    "ssl_cafile": "ssl.ca.location",
-    "ssl_certfile": "ssl.certificate.location",
-    "ssl_keyfile": "ssl.key.location",
-}
-
-
-def _security_options(config: KafkaConfig, names: Mapping[str, str]) -> dict[str, Any]:
-    """The security settings that are set, under the library's ``names``."""
-    options: dict[str, Any] = {}
-    for field, name in names.items():
-        value = getattr(config, field)
-        if isinstance(value, SecretStr):
-            # Unwrapped only here, at the client boundary; never logged or put in messages.
-            value = value.get_secret_value()
-        if value is not None:
-            options[name] = value
-    return options
-
-
-def kafka_python_security(config: KafkaConfig) -> dict[str, Any]:
-    """KafkaConfig's security settings as kafka-python keyword arguments."""
-    return _security_options(config, _KAFKA_PYTHON_NAMES)
-
-
-def librdkafka_security(config: KafkaConfig) -> dict[str, Any]:
-    """KafkaConfig's security settings as librdkafka (confluent-kafka) properties."""
-    options = _security_options(config, _LIBRDKAFKA_NAMES)
-    options["security.protocol"] = config.security_protocol.lower()  # librdkafka's spelling
-    return options
 
 
 def open_client(settings: ClientSettings, name: ClientName) -> KafkaClient[Any, Any, Any]:

@@ -49,9 +49,9 @@ from log.kafka.clients import (
     MemberInfo,
     OffsetOutOfRange,
     authentication_failed,
-    librdkafka_security,
     unavailable,
 )
+from log.kafka.security import librdkafka_security
 
 _LOCAL_UNKNOWN = {KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 #: librdkafka reports a refused login or TLS handshake only through ``error_cb``.

@@ -28,9 +28,9 @@ from log.kafka.clients import (
     KafkaClient,
     MemberInfo,
     OffsetOutOfRange,
-    kafka_python_security,
     unavailable,
 )
+from log.kafka.security import kafka_python_security
 
 
 class _Admin(KafkaAdminClient):  # type: ignore[misc]

@@ -21,7 +21,8 @@ from core.config import KafkaConfig
 from log.base import Record, TopicPartition, TopicSpec
 from log.errors import LogUnavailableError, TopicExistsError, UnknownPartitionError, UnknownTopicError
 from log.kafka.backend import BatchTooLargeError, KafkaLog
-from log.kafka.clients import EARLIEST, LATEST, kafka_python_security, librdkafka_security
+from log.kafka.clients import EARLIEST, LATEST
+from log.kafka.security import kafka_python_security, librdkafka_security
 
 CLIENTS = ["kafka-python", "confluent-kafka"]
 
