@@ -9,8 +9,12 @@ instead of reporting it, exit 1 from the command line, and show in the quality r
 from __future__ import annotations
 
 import os
+import random
+import signal
 import subprocess
 import sys
+import threading
+import time
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -196,3 +200,54 @@ def test_auto_cdc_options_through_the_real_loader(tmp_path, pg_database, unique_
         (3, "cy", None, 1, 2),  # no apply_as_deletes here: is_deleted is a tracked column
         (3, "cy", None, 2, None),
     ]
+
+
+def test_verify_while_the_pipeline_runs_and_the_source_keeps_changing(tmp_path, pg_database, unique_name):
+    """``headwater run --follow`` streams while a writer keeps updating: verify waits for the running
+    loader (it loads nothing itself), compares at its snapshot and finds the table equal."""
+    config, _ = project(tmp_path, pg_database, unique_name, {"cur": {"from": "public.items"}}, ITEMS, ["public.items"])
+    fill_items(pg_database, 2000)
+    base = [sys.executable, "-m", "headwater.cli", "--config", str(config.config_path)]
+    env = os.environ | {"CI": "1", "PYTHONUNBUFFERED": "1"}
+    out = (tmp_path / "run.log").open("w")
+    pipeline = subprocess.Popen([*base, "run", "--follow"], stdout=out, stderr=subprocess.STDOUT, env=env)
+    stop = threading.Event()
+    written: list[int] = []
+
+    def write() -> None:  # ~10 single-row updates a second, a seeded key each
+        chooser = random.Random(23)
+        with pg_database.connect() as conn:
+            conn.autocommit = True
+            while not stop.is_set():
+                key = chooser.randrange(1, 2001)
+                conn.execute("UPDATE items SET balance = balance + 1, email = %s WHERE id = %s", (f"w{key}@x", key))
+                written.append(key)
+                stop.wait(0.1)
+
+    writer = threading.Thread(target=write)
+    try:
+        deadline = time.monotonic() + 300
+        path = table_path(config, "cur")
+        while not ((path / "_delta_log").is_dir() and DeltaTable(str(path)).to_pyarrow_table().num_rows == 2000):
+            assert pipeline.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "run --follow did not load the snapshot in 300 s"
+            time.sleep(1)
+        writer.start()
+        time.sleep(3)  # changes in flight: captured, not all loaded yet
+        done = subprocess.run([*base, "verify", "cur", "--timeout", "180"], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.splitlines()[-1] == "equal", done.stdout
+        assert "rows: source 2,000, warehouse 2,000" in done.stdout
+        assert "waiting for the table to be loaded past it" in done.stderr
+        assert pipeline.poll() is None and len(written) > 20  # it ran against a live pipeline under writes
+    finally:
+        stop.set()
+        if writer.is_alive():
+            writer.join()
+        pipeline.send_signal(signal.SIGTERM)
+        try:
+            pipeline.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pipeline.kill()
+            raise
+        out.close()
