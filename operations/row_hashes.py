@@ -141,6 +141,18 @@ def bucket_sql(keys: Sequence[Canonical], dialect: str, buckets: int) -> str:
     return f"({hash60(text_sql(keys, dialect), dialect)} % {buckets})"
 
 
+def range_bucket_sql(key: Canonical, dialect: str, low: int, width: int) -> str:
+    """SQL: a single integer key's range bucket ``(key - low) // width``, alike in both dialects.
+
+    The caller makes ``low`` the smallest key of both sides, so both operands are
+    non-negative and Postgres' truncating ``/`` is DuckDB's ``//``; neighbouring keys share a
+    bucket, so the rows of a bucket are one index range of the source.
+    """
+    if dialect == "pg":
+        return f"(({_pg_ident(key.name)}::bigint - ({low})::bigint) / {width})"
+    return f"((CAST({quote(key.name)} AS BIGINT) - ({low})::BIGINT) // {width})"
+
+
 def hash60(text_sql_expr: str, dialect: str) -> str:
     """SQL: the first 60 bits of the MD5 of a text, as a non-negative bigint."""
     digest = f"substr(md5({text_sql_expr}), 1, 15)"

@@ -21,9 +21,10 @@ import psycopg
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 from deltalake import DeltaTable
 
-from operations.row_hashes import Canonical, bucket_sql, hash60, text_sql
+from operations.row_hashes import Canonical, bucket_sql, hash60, range_bucket_sql, text_sql
 from warehouse_loader.changes import DELETE_OP, OP, SEQ, TRUNCATE_OP
 from warehouse_loader.delta_scan import register_delta
+from warehouse_loader.sql_text import quote
 
 #: Rows per key-hash bucket the first level aims at.
 ROWS_PER_BUCKET = 64
@@ -77,10 +78,58 @@ def quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _bucket_sql(target: DiffTarget, dialect: str, buckets: int) -> tuple[str, str]:
-    """(bucket expression, row hash expression) in ``dialect``."""
-    row = text_sql([*target.key_text, *target.columns], dialect)
-    return bucket_sql(target.key_text, dialect, buckets), hash60(row, dialect)
+#: Above this many differing range buckets, level 2 scans the source once instead of one index range each.
+MAX_RANGES = 512
+
+
+@dataclass(frozen=True)
+class _Buckets:
+    """How level 1 groups keys: SQL per dialect, and for range buckets the source's range of each."""
+
+    pg: str
+    duck: str
+    low: int | None = None
+    width: int = 1
+
+    def where(self, target: DiffTarget, differing: list[int], dialect: str) -> str:
+        """The rows of ``differing``: key ranges of a single integer key, else the bucket expression.
+
+        Key ranges let the source read index ranges and DuckDB prune by the files' statistics.
+        """
+        if self.low is None or len(differing) > MAX_RANGES:
+            expression = self.pg if dialect == "pg" else self.duck
+            return f"{expression} IN ({', '.join(map(str, differing))})"
+        column = quoted(target.keys[0])
+        ranges = [(self.low + b * self.width, self.low + (b + 1) * self.width) for b in differing]
+        return " OR ".join(f"({column} >= {lo} AND {column} < {hi})" for lo, hi in ranges)
+
+
+def _buckets(conn: psycopg.Connection[Any], target: DiffTarget, duck_range: tuple[Any, Any], count: int) -> _Buckets:
+    """Range buckets for a single integer key the source indexes (level 2 then reads index ranges), else hashes."""
+    key = target.key_text
+    if len(key) == 1 and key[0].integer and _indexed(conn, target):
+        column = quoted(target.keys[0])
+        src = conn.execute(f"SELECT min({column}), max({column}) FROM ONLY {target.relation}").fetchone()  # type: ignore[arg-type]
+        ends = [v for v in (*duck_range, *(src or ())) if v is not None]
+        if ends:
+            low, high = int(min(ends)), int(max(ends))
+            if high - low < 1 << 62:  # (key - low) stays a bigint
+                width = max(1, -(-(high - low + 1) // count))
+                return _Buckets(
+                    range_bucket_sql(key[0], "pg", low, width), range_bucket_sql(key[0], "duck", low, width), low, width
+                )
+    return _Buckets(bucket_sql(key, "pg", count), bucket_sql(key, "duck", count))
+
+
+def _indexed(conn: psycopg.Connection[Any], target: DiffTarget) -> bool:
+    """Whether a btree index of the source table leads with the (single) key column."""
+    found = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+        "AND a.attnum = i.indkey[0] JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am m ON m.oid = c.relam "
+        "WHERE i.indrelid = %s::regclass AND a.attname = %s AND m.amname = 'btree' AND i.indpred IS NULL)",
+        (target.relation, target.keys[0]),
+    ).fetchone()
+    return bool(found and found[0])
 
 
 def compare_all(
@@ -91,32 +140,36 @@ def compare_all(
     ``timings`` gets the seconds of the level-1 scans.
     """
     with _duck(delta) as duck:
-        warehouse_rows = int(duck.sql("SELECT count(*) FROM target").fetchall()[0][0])
-        buckets = max(1, min(1 << 20, warehouse_rows // ROWS_PER_BUCKET))
-        bucket_pg, hash_pg = _bucket_sql(target, "pg", buckets)
-        bucket_duck, hash_duck = _bucket_sql(target, "duck", buckets)
+        single = len(target.keys) == 1 and target.key_text[0].integer
+        column = quote(target.keys[0])
+        stats = f"count(*), min({column}), max({column})" if single else "count(*), NULL, NULL"
+        counted, low, high = duck.sql(f"SELECT {stats} FROM target").fetchall()[0]
+        warehouse_rows = int(counted)
+        count = max(1, min(1 << 20, warehouse_rows // ROWS_PER_BUCKET))
+        buckets = _buckets(conn, target, (low, high), count)
+        hash_pg = hash60(text_sql([*target.key_text, *target.columns], "pg"), "pg")
+        hash_duck = hash60(text_sql([*target.key_text, *target.columns], "duck"), "duck")
         level1 = "SELECT {b} AS b, count(*) AS n, sum({h}) AS s FROM {t} GROUP BY 1"
         # Both sides at once: Postgres scans in its own process, DuckDB without the GIL.
         with ThreadPoolExecutor(1) as pool:
-            query = level1.format(b=bucket_pg, h=hash_pg, t=f"ONLY {target.relation}")
+            query = level1.format(b=buckets.pg, h=hash_pg, t=f"ONLY {target.relation}")
             source_rows_future = pool.submit(_fetch, conn, query, timings)
             start = time.perf_counter()
             warehouse = {
                 int(b): (int(n), int(s))
-                for b, n, s in duck.sql(level1.format(b=bucket_duck, h=hash_duck, t="target")).fetchall()
+                for b, n, s in duck.sql(level1.format(b=buckets.duck, h=hash_duck, t="target")).fetchall()
             }
             timings["warehouse"] = time.perf_counter() - start
             source = {int(b): (int(n), int(s)) for b, n, s in source_rows_future.result()}
         differing = sorted(b for b in source.keys() | warehouse.keys() if source.get(b) != warehouse.get(b))
         source_rows = sum(n for n, _ in source.values())
         if not differing:
-            return (source_rows, warehouse_rows, buckets, 0), {}
-        in_list = ", ".join(map(str, differing))
+            return (source_rows, warehouse_rows, count, 0), {}
         with ThreadPoolExecutor(1) as pool:
-            src_future = pool.submit(_source_rows, conn, target, f"{bucket_pg} IN ({in_list})")
-            wh = _warehouse_rows(duck, target, f"{bucket_duck} IN ({in_list})")
+            src_future = pool.submit(_source_rows, conn, target, buckets.where(target, differing, "pg"))
+            wh = _warehouse_rows(duck, target, buckets.where(target, differing, "duck"))
             src = src_future.result()
-    return (source_rows, warehouse_rows, buckets, len(differing)), _diff(target, src, wh)
+    return (source_rows, warehouse_rows, count, len(differing)), _diff(target, src, wh)
 
 
 def compare_keys(
