@@ -19,8 +19,10 @@ the loader lags, it waits for a running loader or, with ``load=True``, runs one
 key and canonical values (:mod:`operations.row_hashes`) are hashed on both sides, in
 Postgres and in DuckDB over the Delta files, and summed per key-hash bucket with a row
 count (about 64 rows per bucket). Only the buckets whose count or sum differ are read
-again, row by row, and compared per key and column. So the source is scanned about twice
-and only the differing buckets travel.
+again, row by row, and compared per key and column. A single integer key the source
+indexes is bucketed by key range, so that second read is a few index ranges; any other
+key is bucketed by hash and the second read scans the source again. Only the differing
+buckets travel.
 
 **Rows newer than the snapshot.** A differing key whose warehouse row (``__hw_seq``) or
 delete (its tombstone) is at or past ``C`` changed after the snapshot: it is compared
