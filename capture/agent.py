@@ -225,7 +225,7 @@ class CaptureAgent:
                 self.name,
                 str(sql_conn.info.dbname),
                 self._make_decoder_factory(sql_conn),
-                excluded_columns=self.source.columns.exclude,
+                columns=self.source.columns,
                 primary_key=primary_key_lookup(sql_conn),
                 configured_keys=self.source.keys,
                 previous_image=LogImages(self.log, self._topics.partitions),

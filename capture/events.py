@@ -46,6 +46,7 @@ from capture.records import OutRecord, SchemaRecord, dumps_kept
 from capture.relations import PrimaryKeyLookup, Relations, RowDecoderFactory, TableShape
 from capture.snapshot_records import SnapshotBlock, python_snapshot_rows, snapshot_block, snapshot_records
 from capture.transactions import Transaction
+from core.config import ColumnsConfig
 from log.envelope import (
     CONNECTOR,
     EVENT_VERSION,
@@ -137,6 +138,7 @@ class EventBuilder:
         decoder_for: RowDecoderFactory,
         *,
         excluded_columns: Sequence[str] = (),
+        columns: ColumnsConfig | None = None,
         previous_image: PreviousImage | None = None,
         primary_key: PrimaryKeyLookup | None = None,
         configured_keys: Mapping[str, Sequence[str]] | None = None,
@@ -154,6 +156,7 @@ class EventBuilder:
             source,
             decoder_for,
             excluded_columns=excluded_columns,
+            columns=columns,
             primary_key=primary_key,
             configured_keys=configured_keys,
             schema_versions=schema_versions,
