@@ -24,12 +24,14 @@ replacement itself, byte for byte as this module does; other hash algorithms run
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
+from capture.errors import BadRecordError
 from capture.pgoutput_messages import NonUtf8Text, Relation, TupleValue
 from core.config import ColumnsConfig, MaskConfig
 
@@ -72,6 +74,25 @@ class ColumnMask:
     native_kind: int
     native_param: int
     native_blob: bytes | None
+    #: What this hash mask's output looks like (lowercase hex of its length).
+    digest_form: re.Pattern[str] = re.compile("")
+
+    def conform(self, value: Any) -> Any:
+        """A filled-in value (an unchanged TOAST value taken from an earlier image) in this mask's form.
+
+        An image written before the mask was configured holds the raw value: a string not in the
+        mask's form is masked now (exact for text columns, whose JSON value is their text); a
+        value of another JSON type cannot be, and raises :class:`UnresolvedToastError`'s parent,
+        so the change goes to quarantine (without that value) instead of into the log.
+        """
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            msg = f"an earlier image holds an unmasked {type(value).__name__} for a masked column"
+            raise BadRecordError(msg)
+        if self.kind == "hash":
+            return value if self.digest_form.fullmatch(value) else self.mask(value)
+        return self.mask(value)  # truncate and replace give their own output back unchanged
 
     def raw(self, value: TupleValue) -> TupleValue:
         """The masked text of a tuple value as received (NULL and unchanged TOAST stay as they are)."""
@@ -99,9 +120,11 @@ def column_mask(config: MaskConfig, type_oid: int, typmod: int) -> ColumnMask:
         digest = hashlib.new(algorithm, salt + to_bytes(text)).hexdigest()
         return digest[:length] if length > 0 else digest
 
+    size = hashlib.new(algorithm).digest_size * 2
+    form = re.compile(f"[0-9a-f]{{{min(length, size) if length > 0 else size}}}")
     if algorithm == "sha256":
-        return ColumnMask("hash", hashed, _K_SHA256, version | min(length, 64) << 2, salt)
-    return ColumnMask("hash", hashed, _K_PYTHON, 0, None)
+        return ColumnMask("hash", hashed, _K_SHA256, version | min(length, 64) << 2, salt, form)
+    return ColumnMask("hash", hashed, _K_PYTHON, 0, None, form)
 
 
 @dataclass(frozen=True)
@@ -110,6 +133,13 @@ class ColumnRules:
 
     keep: list[int]
     masks: Mapping[int, ColumnMask]
+
+    def conform_filled(self, names: Sequence[str], image: dict[str, Any], filled: Sequence[str]) -> dict[str, Any]:
+        """``image`` with its masked columns among ``filled`` (unchanged TOAST values filled in) in mask form."""
+        for i, mask in self.masks.items():
+            if names[i] in filled:
+                image[names[i]] = mask.conform(image[names[i]])
+        return image
 
     def raw_image(self, names: Sequence[str], row: Sequence[TupleValue]) -> list[tuple[str, TupleValue]]:
         """(name, value) of the kept columns of a tuple as received, masked ones masked."""

@@ -394,7 +394,10 @@ class EventBuilder:
                 old_key = table.key(before) if before is not None else None
             new_key = table.key(after)
             if UNCHANGED_TOAST in after.values():
+                unchanged = [name for name, value in after.items() if value is UNCHANGED_TOAST]
                 after = self._images.fill(topic, after, before, old_key or new_key, (commit, index))
+                if table.rules.masks:  # an image from before a mask was configured holds raw values
+                    after = table.rules.conform_filled(table.names, after, unchanged)
             if old_key is not None and old_key != new_key:
                 self._images.remember(topic, old_key, None)
             before_json = _NULL if before is None else orjson.dumps(before)

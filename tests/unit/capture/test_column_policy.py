@@ -177,3 +177,37 @@ def test_named_columns_per_table() -> None:
         ColumnsConfig(include=("a.t.x",), mask={"a.t.x": MaskConfig(replace="*"), "b.u.y.z": MaskConfig(truncate=1)})
     )
     assert policy.named_columns() == {"a.t": [("include", "x"), ("mask", "x")], "b.u": [("mask", "y.z")]}
+
+
+def test_a_toast_value_filled_from_an_image_written_before_the_mask_is_masked() -> None:
+    """Masking configured on a table the log already holds: an unchanged TOAST value taken from an
+    image written before is masked now (a string), or the change is quarantined (another type)."""
+    raw_image = {"id": 1, "ssn": SECRET_SSN, "email": SECRET_EMAIL, "balance": "1.5"}
+    columns = ColumnsConfig(
+        mask={
+            "public.people.email": MaskConfig(hash="sha256", salt=SALT),
+            "public.people.ssn": MaskConfig(replace="***"),
+            "public.people.balance": MaskConfig(truncate=1),
+        }
+    )
+    builder = EventBuilder(
+        "src",
+        "db",
+        typemap_decoders(TypesConfig()),
+        columns=columns,
+        previous_image=lambda _topic, _key, _before: raw_image,
+    )
+    records, schemas = builder.build(
+        txn([relation(), Update(7, None, ("1", UNCHANGED_TOAST, UNCHANGED_TOAST, UNCHANGED_TOAST))])
+    )
+    hashed = hashlib.sha256((SALT + SECRET_EMAIL).encode()).hexdigest()[:20]
+    assert orjson.loads(records[0].value)["after"] == {"id": 1, "ssn": "***", "email": hashed, "balance": "1"}
+    assert SECRET_EMAIL.encode() not in everything(records, schemas)
+    # Filled again from the (now masked) image: unchanged.
+    raw_image.update(orjson.loads(records[0].value)["after"])
+    again, _ = builder.build(txn([Update(7, None, ("1", UNCHANGED_TOAST, UNCHANGED_TOAST, "2"))], xid=43))
+    assert orjson.loads(again[0].value)["after"] == {"id": 1, "ssn": "***", "email": hashed, "balance": "2"}
+    raw_image["email"] = 987654321  # not a string: cannot be masked as its text was
+    builder._images.images.clear()
+    quarantined, _ = builder.build(txn([Update(7, None, ("1", "x", UNCHANGED_TOAST, "3"))], xid=44))
+    assert quarantined[0].topic.endswith(".quarantine") and b"987654321" not in quarantined[0].value
