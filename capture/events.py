@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from capture.errors import QUARANTINED_ERRORS
+from capture.markers import is_marker
 from capture.pgoutput_messages import (
     UNCHANGED_TOAST,
     Delete,
@@ -62,9 +63,6 @@ from log.topics import message_topic
 
 if TYPE_CHECKING:
     from native._speedups import RowEncoder
-
-#: Prefix of logical messages Headwater writes itself (heartbeats, snapshot watermarks).
-INTERNAL_MESSAGE_PREFIX = "headwater."
 
 _CHANGE_VALUE = b'{"before":%b,"after":%b%b%d%b%d%b%d%b%d,"data_collection_order":%d}}'
 _NULL = b"null"
@@ -242,7 +240,7 @@ class EventBuilder:
                     schemas.append(schema)
                 pieces.pop(change.oid, None)
                 continue
-            if isinstance(change, LogicalMessage) and change.prefix.startswith(INTERNAL_MESSAGE_PREFIX):
+            if isinstance(change, LogicalMessage) and is_marker(change.prefix):
                 continue
             try:
                 records = self._events(change, txn, index, lsn, per_table=per_table, pieces_by_table=pieces)
