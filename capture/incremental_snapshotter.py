@@ -138,18 +138,18 @@ class IncrementalState:
 
     def save(self) -> None:
         """Write atomically."""
-        last = self.last_signal
-        replace_json(
-            self.path,
-            {
-                "tables": [
-                    {"table": t.table, "request": t.request, "last_key": t.last_key, "condition": t.condition}
-                    for t in self.tables
-                ],
-                "paused": self.paused,
-                "last_signal": None if last is None else [last.commit_lsn, last.txn_index],
-            },
-        )
+        tables = []
+        for t in self.tables:
+            table: dict[str, Any] = {"table": t.table, "request": t.request, "last_key": t.last_key}
+            if t.condition is not None:
+                table["condition"] = t.condition
+            tables.append(table)
+        body: dict[str, Any] = {"tables": tables}  # what is not set stays out (the file of earlier versions)
+        if self.paused:
+            body["paused"] = True
+        if self.last_signal is not None:
+            body["last_signal"] = [self.last_signal.commit_lsn, self.last_signal.txn_index]
+        replace_json(self.path, body)
 
 
 @dataclass
