@@ -1,4 +1,4 @@
-"""Capture controls without services: their config keys, row filter conditions, transaction records, markers, signals."""
+"""Capture controls without services: config keys, row filter conditions, transaction records, markers, signals."""
 
 from __future__ import annotations
 
