@@ -8,6 +8,7 @@ checked in subprocesses.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 import subprocess
@@ -20,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import native
-from capture.column_policy import ColumnPolicy, ColumnRules
+from capture.column_policy import ColumnPolicy, ColumnRules, column_mask
 from capture.copy_text import CopyRows, copy_pieces, encodable, parse_copy_text
 from capture.errors import TypeMappingError
 from capture.events import EventBuilder, OutRecord
@@ -230,6 +231,23 @@ def test_masked_row_images_and_keys_are_byte_identical(case, mode, data) -> None
     assert encoder is not None
     for row in rows:
         assert encoder.encode(row) == python_encode(converter, row, keep, keys)
+
+
+@FAST
+@given(salt=st.binary(max_size=130), value=odd_text, version=st.sampled_from([1, 2]))
+def test_the_native_sha256_mask_equals_hashlib_with_and_without_the_cpus_sha_extensions(salt, value, version) -> None:
+    assert native.speedups is not None
+    wanted = column_mask(
+        MaskConfig(hash="sha256", salt=salt.decode("latin-1"), version=version), Oid.TEXT, -1
+    ).mask  # the salt's UTF-8 bytes: latin-1 text round-trips any byte string only through this decode
+    expected = hashlib.sha256(salt.decode("latin-1").encode() + (value.encode() if version == 2 else b"")).hexdigest()
+    if version == 2:
+        assert wanted(value) == expected
+    salt_bytes = salt.decode("latin-1").encode()
+    for portable in (False, True):
+        assert native.speedups.mask_sha256(salt_bytes, value, version, portable) == wanted(value)
+    long_value = value * 50  # several blocks, and a length past 55 bytes in the last one
+    assert native.speedups.mask_sha256(salt_bytes, long_value, version) == wanted(long_value)
 
 
 def test_masks_are_computed_natively_and_match_debezium() -> None:
