@@ -4,6 +4,8 @@ transaction boundaries, skipped operations, row filters, column settings checked
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -15,6 +17,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
+import yaml
 from harness.topics import read_topic, topic_values
 
 from capture.agent import CaptureAgent
@@ -354,3 +357,39 @@ def test_signals_while_capture_streams(pg_server, unique_name, tmp_path, caplog)
 def _refusals(dsn: str) -> list[str]:
     rows = _rows(dsn, "SELECT data FROM signals WHERE type = 'log' AND id LIKE 'headwater-%'")
     return [orjson.loads(data)["message"] for (data,) in rows]
+
+
+def test_the_cli_refuses_bad_settings_in_one_line_and_loses_nothing(pg_server, unique_name, tmp_path):
+    """Through the real CLI: each refusal is one ``error:`` line, exit 3, and the changes made meanwhile
+    are all captured once the setting is fixed (the slot kept them)."""
+    name = unique_name("cli")
+    dsn = make_source(pg_server, name)
+    good = {"dsn": dsn, "tables": ["public.items", "public.notes"], "heartbeat_interval_s": 1}
+
+    def capture(**settings: Any) -> subprocess.CompletedProcess[str]:
+        config = tmp_path / "headwater.yaml"
+        config.write_text(yaml.safe_dump({"project": "cli", "sources": {name: {**good, **settings}}}))
+        return subprocess.run(
+            [sys.executable, "-m", "headwater", "--config", str(config), "capture", "--until-caught-up"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
+
+    assert capture().returncode == 0
+    sql(dsn, "INSERT INTO items VALUES (300, 'meanwhile', 1)", "UPDATE items SET label = 'meanwhile' WHERE id = 1")
+    refusals = {
+        "columns.mask": capture(columns={"mask": {"public.items.nope": {"replace": "*"}}}),
+        "keys.public.items": capture(keys={"public.items": ["nope"]}),
+        "filters.public.items": capture(filters={"public.items": "id >"}),
+    }
+    for field, result in refusals.items():
+        assert result.returncode == 3, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: sources.{name}.{field}: "), result.stderr
+    assert capture().returncode == 0
+    log = FileLog(tmp_path / ".headwater" / "log")
+    streamed = [e for e in topic_values(log, f"{name}.public.items") if e["op"] != "r"]
+    assert sorted((e["op"], e["after"]["id"]) for e in streamed) == [("c", 300), ("u", 1)]
+    log.close()
