@@ -195,7 +195,7 @@ class CaptureAgent:
         # append; collecting the young generation less often takes ~25% off the CPU per change.
         gc.set_threshold(max(collector[0], 10_000), *collector[1:])
         try:
-            check_source_settings(sql_conn, self.name, self.source, self.publication)
+            check_source_settings(sql_conn, self.name, self.source, self.publication, state_dir=self.state_dir)
             builder = self._new_builder(sql_conn)
             resume = ResumePoint.load(self.log, self._topics.of_source())
             if not self._slot_policy.prepare(sql_conn, builder, resume):

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg import sql
 
 from capture.errors import ColumnSettingError, PublicationError
 from capture.publication import as_text
+from core.durable_files import replace_json
 from core.errors import one_line
 
 _DOLLAR_TAG = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)?\$")
@@ -79,14 +83,22 @@ def split_table(name: str) -> tuple[str, str]:
 
 
 def sync_publication_filters(
-    conn: psycopg.Connection[Any], source: str, publication: str, filters: Mapping[str, str]
+    conn: psycopg.Connection[Any],
+    source: str,
+    publication: str,
+    filters: Mapping[str, str],
+    *,
+    record: Path | None = None,
 ) -> None:
     """Make the publication's row filters the configured ones; refuse in one line what cannot be.
 
     Tables of the publication without a configured filter lose a row filter they have (the
     snapshots would not apply it). A role that may not alter the publication gets the statement
-    its owner can run, unless the filter is there already (it cannot be compared then: a warning
-    says so once).
+    its owner can run. Such a role cannot compare a filter the publication has with the
+    configured one (only altering deparses it), so ``record`` (a JSON file) keeps the configured
+    condition and the publication's filter last seen together: a filter found after the owner ran
+    the statement is taken, but a configured condition changed since, or a publication filter
+    changed since, is refused again.
     """
     for table, condition in filters.items():
         problem = condition_problem(condition)
@@ -111,11 +123,22 @@ def sync_publication_filters(
                 "'schemas' cannot have a row filter: list the table in 'tables')",
                 table=table,
             )
-    for table, rowfilter in current.items():
+    seen: dict[str, dict[str, str | None]] = orjson.loads(record.read_bytes()) if record and record.exists() else {}
+    for table, before in current.items():
         wanted = filters.get(table)
-        if wanted is None and rowfilter is None:
-            continue
-        _set_filter(conn, source=source, publication=publication, table=table, condition=wanted, before=rowfilter)
+        after = before
+        if wanted is not None or before is not None:
+            known = seen.get(table)
+            trusted = known is None or known == {"condition": wanted, "rowfilter": before}
+            after = _set_filter(
+                conn, _Target(source, publication, table), condition=wanted, before=before, trusted=trusted
+            )
+        if wanted is None:
+            seen.pop(table, None)
+        else:
+            seen[table] = {"condition": wanted, "rowfilter": after}
+    if record is not None and (seen or record.exists()):
+        replace_json(record, seen)
 
 
 def _current_filters(conn: psycopg.Connection[Any], publication: str) -> dict[str, str | None]:
@@ -134,15 +157,20 @@ class _Unchanged(Exception):
     """Rolls back an ALTER that left the row filter as it was."""
 
 
+@dataclass(frozen=True)
+class _Target:
+    """The table of a publication whose row filter is set."""
+
+    source: str
+    publication: str
+    table: str
+
+
 def _set_filter(
-    conn: psycopg.Connection[Any],
-    *,
-    source: str,
-    publication: str,
-    table: str,
-    condition: str | None,
-    before: str | None,
-) -> None:
+    conn: psycopg.Connection[Any], target: _Target, *, condition: str | None, before: str | None, trusted: bool
+) -> str | None:
+    """Set one table's row filter (``before``: the publication's now); the publication's filter after."""
+    source, publication, table = target.source, target.publication, target.table
     identifier = sql.Identifier(*split_table(table))
     pub = sql.Identifier(publication)
     add = sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(pub, identifier)
@@ -163,12 +191,12 @@ def _set_filter(
             if row[0] == before:
                 raise _Unchanged
             if condition is not None:
-                _check_identity(conn, source=source, field=field, table=table, node=row[1], identity=row[2], oid=row[3])
+                _check_identity(conn, target, field=field, node=row[1], identity=row[2], oid=row[3])
     except _Unchanged:
-        return
+        return before
     except psycopg.errors.InsufficientPrivilege as exc:
-        if before is not None and condition is not None:
-            return  # set by the owner; it cannot be compared without altering the publication
+        if before is not None and condition is not None and trusted:
+            return before  # set by the owner, as the statement below said (see sync_publication_filters)
         statement = (
             as_text(sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(pub, identifier)) + "; " + add.as_string(conn)
         )
@@ -185,12 +213,14 @@ def _set_filter(
         raise ColumnSettingError(
             source, field, f"{condition!r} is not a row filter: {one_line(exc)}", table=table
         ) from None
+    return str(row[0]) if row[0] is not None else None
 
 
 def _check_identity(
-    conn: psycopg.Connection[Any], *, source: str, field: str, table: str, node: str, identity: str, oid: int
+    conn: psycopg.Connection[Any], target: _Target, *, field: str, node: str, identity: str, oid: int
 ) -> None:
     """Refuse a filter on columns outside the replica identity (PostgreSQL would refuse the table's updates)."""
+    source, table = target.source, target.table
     if identity == "f":
         return
     used = {int(n) for n in _VAR_ATTNO.findall(node)}

@@ -9,6 +9,7 @@ read from the slot, so nothing captured is lost: the slot keeps every change unt
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,8 +22,13 @@ from capture.row_filters import split_table, sync_publication_filters
 from capture.signals import SIGNAL_COLUMNS
 from core.config import SourceConfig
 
+#: The row filters last seen in the publication with their configured conditions (capture state directory).
+ROW_FILTERS_FILE = "row_filters.json"
 
-def check_source_settings(conn: psycopg.Connection[Any], name: str, source: SourceConfig, publication: str) -> None:
+
+def check_source_settings(
+    conn: psycopg.Connection[Any], name: str, source: SourceConfig, publication: str, *, state_dir: Path
+) -> None:
     """Refuse (:class:`ColumnSettingError`) what cannot be captured as configured; set the row filters."""
     named = ColumnPolicy(source.columns).named_columns()
     for table, columns in source.keys.items():
@@ -38,7 +44,7 @@ def check_source_settings(conn: psycopg.Connection[Any], name: str, source: Sour
                 raise ColumnSettingError(name, field, f"{table} has no column {column!r}", table=table)
     if source.signal_table is not None:
         _check_signal_table(conn, name, source.signal_table, publication)
-    sync_publication_filters(conn, name, publication, source.filters)
+    sync_publication_filters(conn, name, publication, source.filters, record=state_dir / ROW_FILTERS_FILE)
 
 
 def _columns(conn: psycopg.Connection[Any], table: str) -> set[str] | None:

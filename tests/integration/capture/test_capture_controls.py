@@ -22,7 +22,7 @@ from harness.topics import read_topic, topic_values
 
 from capture.agent import CaptureAgent
 from capture.catalog import typemap_decoders
-from capture.errors import ColumnSettingError, ConfiguredKeyError
+from capture.errors import ColumnSettingError, ConfiguredKeyError, PublicationError
 from capture.markers import MARKER_PREFIX
 from capture.resync import ResyncRequest
 from core.config import ColumnsConfig, LogConfig, MaskConfig, SourceConfig
@@ -393,3 +393,34 @@ def test_the_cli_refuses_bad_settings_in_one_line_and_loses_nothing(pg_server, u
     streamed = [e for e in topic_values(log, f"{name}.public.items") if e["op"] != "r"]
     assert sorted((e["op"], e["after"]["id"]) for e in streamed) == [("c", 300), ("u", 1)]
     log.close()
+
+
+def test_a_role_that_cannot_alter_the_publication_gets_the_statement_for_its_owner(pg_server, unique_name, tmp_path):
+    name, role = unique_name("own"), unique_name("capture")
+    dsn = make_source(pg_server, name)
+    sql(
+        dsn,
+        f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD 'pw'",
+        f"GRANT SELECT ON items, notes, signals TO {role}",
+    )
+    role_dsn = psycopg.conninfo.make_conninfo(dsn, user=role, password="pw")
+    log = FileLog(tmp_path / "log")
+    filters = {"public.items": "id <= 5"}
+    try:
+        with pytest.raises(PublicationError) as refused:
+            agent(role_dsn, name, log, tmp_path, filters=filters).run(until_caught_up=True)
+        message = str(refused.value)
+        assert "\n" not in message and "its owner can run: " in message, message
+        statement = message.split("its owner can run: ", 1)[1]
+        assert statement.endswith("WHERE (id <= 5)")
+        sql(dsn, *statement.split("; "), transaction=True)  # the owner runs it
+        agent(role_dsn, name, log, tmp_path, filters=filters).run(until_caught_up=True)
+        assert sorted(e["after"]["id"] for e in topic_values(log, f"{name}.public.items")) == [1, 2, 3, 4, 5]
+        # The configured condition changed since: the publication's filter is not the configured one any more.
+        with pytest.raises(PublicationError, match=r"its owner can run: .*WHERE \(id <= 3\)$"):
+            agent(role_dsn, name, log, tmp_path, filters={"public.items": "id <= 3"}).run(until_caught_up=True)
+    finally:
+        log.close()
+        sql(dsn, f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'")
+        sql(dsn, f"DROP OWNED BY {role}")
+        pg_server.execute(f"DROP ROLE IF EXISTS {role}")
