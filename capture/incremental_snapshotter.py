@@ -209,9 +209,15 @@ class IncrementalSnapshotter:
         """The position of the last signal carried out (None: none yet)."""
         return self._state.last_signal
 
-    def signal_done(self, sequence: Seq) -> None:
-        """Remember that the signal at ``sequence`` was carried out (saved before anything else happens)."""
+    def carrying_out(self, sequence: Seq | None) -> None:
+        """The signal at ``sequence`` is being carried out: saved with the state it changes or by :meth:`signal_done`.
+
+        None (or the position before) when carrying it out failed: it is carried out when sent again.
+        """
         self._state.last_signal = sequence
+
+    def signal_done(self) -> None:
+        """Save that the signal being carried out was (a crash before leaves it to be carried out again)."""
         self._state.save()
 
     def request(self, tables: Sequence[SnapshotTable], request: str) -> None:

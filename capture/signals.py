@@ -18,8 +18,9 @@ once its transaction is in the log. Types (``data`` as Debezium's):
 A signal that cannot be carried out (unknown type, malformed ``data``, a table that cannot be
 snapshotted, a condition that does not parse) is refused in one line in the agent's log and the
 same line is written back to the signal table as a ``log`` signal; capture goes on. A signal is
-carried out once: the position of the last one is saved with the incremental snapshots' state,
-so a transaction the slot re-sends after a crash does not repeat it.
+carried out once its transaction is in the log, before that transaction is acknowledged, and
+its position is saved with the state it changes, so a transaction the slot re-sends after a
+crash or a lost connection neither repeats nor loses it.
 """
 
 from __future__ import annotations
@@ -117,11 +118,18 @@ class SignalTable:
         for signal in signals:
             if incremental.last_signal is not None and signal.sequence <= incremental.last_signal:
                 continue  # carried out before a crash: the slot re-sent its transaction
+            # Saved together with what the signal changes (a queued snapshot, a pause), so a crash
+            # never carries out such a signal twice; a log line may be written twice.
+            before = incremental.last_signal
+            incremental.carrying_out(signal.sequence)
             try:
                 self._carry_out(conn, signal, incremental)
             except SignalError as exc:
                 self._refuse(conn, signal, str(exc))
-            incremental.signal_done(signal.sequence)
+            except BaseException:
+                incremental.carrying_out(before)  # the connection was lost: carried out when sent again
+                raise
+            incremental.signal_done()
 
     def _carry_out(self, conn: psycopg.Connection[Any], signal: Signal, incremental: IncrementalSnapshotter) -> None:
         kind = signal.type

@@ -139,7 +139,7 @@ class Streaming:
                             if isinstance(done, Transaction):
                                 signals = self._add_transaction(builder, done)
                                 if signals:
-                                    self._act_on(sql_conn, signals, resume, stream)
+                                    self._act_on(sql_conn, signals, resume)
                                 if len(pending) >= max_batch:
                                     appender.flush(resume, stream)
                                 if self._stop.is_set():
@@ -196,12 +196,14 @@ class Streaming:
         stats.events += events
         return signals
 
-    def _act_on(
-        self, sql_conn: psycopg.Connection[Any], signals: list[Signal], resume: ResumePoint, stream: ReplicationStream
-    ) -> None:
-        """Carry out signals, once the transaction that wrote them is durable (a crash re-sends, never loses, one)."""
+    def _act_on(self, sql_conn: psycopg.Connection[Any], signals: list[Signal], resume: ResumePoint) -> None:
+        """Carry out signals once the transaction that wrote them is in the log, before it is acknowledged.
+
+        Acknowledged at the next flush: a connection lost meanwhile makes the slot send the
+        transaction again, and the signal is carried out then (``capture.signals`` skips it if it was).
+        """
         assert self._signals is not None
-        self._appender.flush(resume, stream)
+        self._appender.flush(resume, None)
         try:
             self._signals.act(sql_conn, signals, self.incremental)
         except psycopg.OperationalError as exc:
