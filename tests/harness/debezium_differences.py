@@ -123,15 +123,19 @@ DELIBERATE: tuple[Deliberate, ...] = (
         "logical messages are one data collection, 'message'",
         "in an END record's data_collections Debezium names each transactional logical message by a Java "
         f"object's identity ('{_MESSAGE_ID}@440448a0', a new one per message, so each message is its own "
-        "entry) and lists the entries in hash-map order; Headwater counts the transaction's messages under "
-        "'message' (the data_collection of <source>.message, so a second message's data_collection_order "
-        "is 2) and lists entries in the order they first occur. The same tables with the same counts",
-        ("value.data_collections",),
+        "entry, and every message's data_collection_order is 1) and lists the entries in hash-map order; "
+        "Headwater counts the transaction's messages under 'message' (the data_collection of "
+        "<source>.message: a second message's data_collection_order is 2) and lists entries in the order "
+        "they first occur. The same tables with the same counts",
+        ("value.data_collections", "value.transaction.data_collection_order"),
         lambda d: (
-            d.op == "END"
-            and isinstance(d.debezium, list)
-            and isinstance(d.headwater, list)
-            and _collection_counts(d.debezium) == _collection_counts(d.headwater)
+            (
+                d.op == "END"
+                and isinstance(d.debezium, list)
+                and isinstance(d.headwater, list)
+                and _collection_counts(d.debezium) == _collection_counts(d.headwater)
+            )
+            or (d.op == "m" and d.debezium == 1 and isinstance(d.headwater, int) and d.headwater > 1)
         ),
     ),
     Deliberate(
