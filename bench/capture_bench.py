@@ -23,7 +23,10 @@ Starts its own PostgreSQL (embedded, ``wal_level=logical``) and measures, in one
 The last line printed is ``capture streaming: <changes/s> (pg_recvlogical: <changes/s>, ratio <r>)``.
 
     .venv/bin/python bench/capture_bench.py [--changes N] [--latency-seconds S] [--profile FILE]
-        [--compression none|zstd] [--skip snapshot,latency,streaming,debezium]
+        [--compression none|zstd] [--skip snapshot,latency,streaming,debezium] [--mask sha256|md5|truncate|replace]
+
+``--mask`` masks the ``label`` column of every part (``sources.<name>.columns.mask``): ``sha256``,
+``truncate`` and ``replace`` run in the native encoder, ``md5`` calls Python per value.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ import psycopg
 
 from capture.agent import CaptureAgent
 from capture.catalog import typemap_decoders
-from core.config import LogConfig, SourceConfig
+from core.config import ColumnsConfig, LogConfig, MaskConfig, SourceConfig
 from log.base import end_offsets
 from log.file.backend import FileLog
 from log.file.batch_codec import Compression
@@ -62,6 +65,14 @@ _INSERT_RANGE = "INSERT INTO t SELECT g, g %% 1000, 'label ' || g, now() FROM ge
 PUBLICATION = "headwater_bench"
 #: The file log's batch compression in every part (``--compression``).
 COMPRESSION: Compression = "zstd"
+#: The mask of column ``label`` in every part (``--mask``; empty: none).
+MASKS: dict[str, MaskConfig] = {}
+_MASKS = {
+    "sha256": MaskConfig(hash="sha256", salt="bench-salt"),
+    "md5": MaskConfig(hash="md5", salt="bench-salt"),
+    "truncate": MaskConfig(truncate=4),
+    "replace": MaskConfig(replace="***"),
+}
 
 
 def client_bin_dir() -> Path:
@@ -89,6 +100,7 @@ def agent(dsn: str, home: Path, log: FileLog, *, slot: str, snapshot: str, heart
         slot=slot,
         publication=PUBLICATION,
         heartbeat_interval_s=heartbeat_s,
+        columns=ColumnsConfig(mask=MASKS),
     )
     return CaptureAgent(
         SOURCE, source, log, LogConfig(partitions=3), typemap_decoders(source.types), state_dir=home / "state"
@@ -418,7 +430,7 @@ import sys
 from pathlib import Path
 from capture.agent import AgentSettings, CaptureAgent
 from capture.catalog import typemap_decoders
-from core.config import LogConfig, SourceConfig
+from core.config import ColumnsConfig, LogConfig, MaskConfig, SourceConfig
 from log.file.backend import FileLog
 dsn, home, compression = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 source = SourceConfig(dsn=dsn, tables=("public.lat",), snapshot="never", slot="lat_slot",
@@ -443,10 +455,13 @@ def main() -> None:
     parser.add_argument("--profile", help="write a cProfile of the agent's streaming run here")
     parser.add_argument("--skip", default="", help="comma list of parts to skip: snapshot,latency,streaming,debezium")
     parser.add_argument("--compression", choices=["none", "zstd"], default="zstd", help="the file log's batches")
+    parser.add_argument("--mask", choices=sorted(_MASKS), help="mask column label (columns.mask) in every part")
     args = parser.parse_args()
     global COMPRESSION  # noqa: PLW0603
     COMPRESSION = args.compression
-    print(f"file log compression: {COMPRESSION}", file=sys.stderr)
+    if args.mask:
+        MASKS["public.t.label"] = _MASKS[args.mask]
+    print(f"file log compression: {COMPRESSION}; mask of t.label: {args.mask or 'none'}", file=sys.stderr)
     skip = set(filter(None, args.skip.split(",")))
     bin_dir = client_bin_dir()
     server, stop_server = start_server()

@@ -15,9 +15,13 @@ Resume points and invariants:
   events were all appended (fsynced), so a restart resumes at or before it.
 * On restart, :class:`capture.position.ResumePoint` skips events the log already
   holds, so a transaction re-sent after a crash between two appends is written once.
-* ``--until-caught-up`` emits a non-transactional marker message at start; receiving
-  it means every transaction committed before start has been received (and the run
-  goes on until the incremental snapshots queued by then are done).
+* ``--until-caught-up`` emits a non-transactional marker message at start
+  (:mod:`capture.markers`: prefix ``headwater``, which other consumers of the database can
+  filter); receiving it means every transaction committed before start has been received
+  (and the run goes on until the incremental snapshots queued by then are done, unless
+  they are paused).
+* The source's settings are checked against the database before the slot is read
+  (:mod:`capture.source_settings`), so a setting refused loses nothing.
 * Incremental snapshots (:mod:`capture.incremental_snapshotter`) read chunks between
   watermark messages; their rows join the pending records at the HIGH watermark's
   transaction, and their progress is saved only after an append.
@@ -43,20 +47,23 @@ from capture.errors import PrerequisiteError
 from capture.events import EventBuilder
 from capture.identifiers import parse_tables
 from capture.incremental_snapshotter import IncrementalSnapshotter
+from capture.markers import CAUGHT_UP
 from capture.position import ResumePoint
 from capture.prerequisites import standby_refusal
 from capture.previous_images import LogImages
 from capture.registration import connect
 from capture.relations import RowDecoderFactory
 from capture.retry_report import RetryReport
+from capture.signals import SignalTable
 from capture.slot import in_recovery
 from capture.slot_policy import SlotPolicy
 from capture.snapshot_plan import SnapshotProgress
 from capture.snapshot_reader import SnapshotReader
+from capture.source_settings import check_source_settings
 from capture.source_topics import SourceTopics
 from capture.stats import CaptureStats
 from capture.stream import ReplicationLostError, StreamOptions, pinned_options
-from capture.streaming import CAUGHT_UP_PREFIX, Streaming, emit_marker
+from capture.streaming import StreamedSettings, Streaming, write_marker
 from core.config import LogConfig, SourceConfig
 from log.base import Log
 from log.table_schemas import latest_schemas, schema_key
@@ -99,7 +106,7 @@ class CaptureAgent:
         self._dsn = source.dsn.get_secret_value()
         self.slot = source.slot or f"headwater_{name}"
         self.publication = source.publication or f"headwater_{name}"
-        incremental = IncrementalSnapshotter(state_dir, self.publication)
+        incremental = IncrementalSnapshotter(state_dir, self.publication, filters=source.filters)
         self._retry = RetryReport(name)
         self._topics = SourceTopics(log, log_config, name)
         self._appender = Appender(
@@ -120,6 +127,7 @@ class CaptureAgent:
             max_batch_records=settings.max_batch_records,
             progress=progress,
             table_order=parse_tables(source.tables or ()),
+            filters=source.filters,
         )
         self._slot_policy = SlotPolicy(
             name, source, self.slot, self._dsn, state_dir, snapshot=snapshot, stats=self.stats
@@ -134,6 +142,13 @@ class CaptureAgent:
             max_batch_records=settings.max_batch_records,
             poll_timeout_s=settings.poll_timeout_s,
             heartbeat_interval_s=source.heartbeat_interval_s,
+            settings=StreamedSettings(
+                skipped_operations=source.skipped_operations,
+                transactions=source.transactions,
+                signals=None
+                if source.signal_table is None
+                else SignalTable(name, source.signal_table, self.publication, source.filters),
+            ),
         )
 
     @property
@@ -180,11 +195,14 @@ class CaptureAgent:
         # append; collecting the young generation less often takes ~25% off the CPU per change.
         gc.set_threshold(max(collector[0], 10_000), *collector[1:])
         try:
+            check_source_settings(sql_conn, self.name, self.source, self.publication, state_dir=self.state_dir)
             builder = self._new_builder(sql_conn)
             resume = ResumePoint.load(self.log, self._topics.of_source())
             if not self._slot_policy.prepare(sql_conn, builder, resume):
                 return self.stats
-            marker = emit_marker(sql_conn, CAUGHT_UP_PREFIX, slot=self.slot, dsn=self._dsn) if until_caught_up else None
+            marker = (
+                write_marker(sql_conn, CAUGHT_UP, slot=self.slot, dsn=self._dsn, token="") if until_caught_up else None
+            )
             failures = 0
             reconnect = False
             while not self._stop.is_set():
@@ -225,7 +243,7 @@ class CaptureAgent:
                 self.name,
                 str(sql_conn.info.dbname),
                 self._make_decoder_factory(sql_conn),
-                excluded_columns=self.source.columns.exclude,
+                columns=self.source.columns,
                 primary_key=primary_key_lookup(sql_conn),
                 configured_keys=self.source.keys,
                 previous_image=LogImages(self.log, self._topics.partitions),

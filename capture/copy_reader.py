@@ -19,6 +19,7 @@ from psycopg import pq, sql
 from capture import copy_text
 from capture.copy_text import CopyRows
 from capture.read_ahead import ReadAhead
+from capture.row_filters import condition_sql
 from capture.snapshot_plan import Chunk
 from capture.stream import libpq_speedups, pgconn_pointer
 
@@ -46,6 +47,9 @@ def _read_chunk(conn: psycopg.Connection[Any], chunk: Chunk, columns: Sequence[s
     where = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.first_page},0)"))
     if chunk.last_page is not None:
         where = sql.SQL("{} AND ctid < {}::tid").format(where, sql.Literal(f"({chunk.last_page},0)"))
+    condition = condition_sql(chunk.condition)
+    if condition is not None:
+        where = sql.SQL("{} AND {}").format(where, condition)
     query = sql.SQL("COPY (SELECT {} FROM {}.{} WHERE {}) TO STDOUT").format(
         sql.SQL(", ").join(sql.Identifier(c) for c in columns),
         sql.Identifier(chunk.schema),

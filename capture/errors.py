@@ -147,13 +147,22 @@ class ConfiguredKeyError(CaptureError, PermanentError):
 
 
 class KeyColumnExcludedError(CaptureError, PermanentError):
-    """A key column listed in ``columns.exclude``: the records would lose their key."""
+    """A key column left out by ``columns.exclude``/``include``: the records would lose their key."""
 
-    def __init__(self, source: str, table: str, columns: Sequence[str]) -> None:
+    def __init__(self, source: str, table: str, columns: Sequence[str], *, setting: str = "exclude") -> None:
         super().__init__(
-            f"sources.{source}.columns.exclude: {', '.join(f'{table}.{c}' for c in columns)} is part of the key "
-            f"of {table}; remove it from columns.exclude or give the table another key in sources.{source}.keys"
+            f"sources.{source}.columns.{setting}: {', '.join(f'{table}.{c}' for c in columns)} is part of the key "
+            f"of {table} but not captured; capture it or give the table another key in sources.{source}.keys"
         )
+        self.source = source
+        self.table = table
+
+
+class ColumnSettingError(CaptureError, PermanentError):
+    """A ``sources.<name>`` setting that names a column or table capture cannot use as written."""
+
+    def __init__(self, source: str, field: str, problem: str, *, table: str | None = None) -> None:
+        super().__init__(f"sources.{source}.{field}: {problem}")
         self.source = source
         self.table = table
 

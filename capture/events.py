@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from capture.errors import QUARANTINED_ERRORS
+from capture.markers import is_marker
 from capture.pgoutput_messages import (
     UNCHANGED_TOAST,
     Delete,
@@ -46,6 +47,7 @@ from capture.records import OutRecord, SchemaRecord, dumps_kept
 from capture.relations import PrimaryKeyLookup, Relations, RowDecoderFactory, TableShape
 from capture.snapshot_records import SnapshotBlock, python_snapshot_rows, snapshot_block, snapshot_records
 from capture.transactions import Transaction
+from core.config import ColumnsConfig
 from log.envelope import (
     CONNECTOR,
     EVENT_VERSION,
@@ -61,9 +63,6 @@ from log.topics import message_topic
 
 if TYPE_CHECKING:
     from native._speedups import RowEncoder
-
-#: Prefix of logical messages Headwater writes itself (heartbeats, snapshot watermarks).
-INTERNAL_MESSAGE_PREFIX = "headwater."
 
 _CHANGE_VALUE = b'{"before":%b,"after":%b%b%d%b%d%b%d%b%d,"data_collection_order":%d}}'
 _NULL = b"null"
@@ -137,6 +136,7 @@ class EventBuilder:
         decoder_for: RowDecoderFactory,
         *,
         excluded_columns: Sequence[str] = (),
+        columns: ColumnsConfig | None = None,
         previous_image: PreviousImage | None = None,
         primary_key: PrimaryKeyLookup | None = None,
         configured_keys: Mapping[str, Sequence[str]] | None = None,
@@ -154,6 +154,7 @@ class EventBuilder:
             source,
             decoder_for,
             excluded_columns=excluded_columns,
+            columns=columns,
             primary_key=primary_key,
             configured_keys=configured_keys,
             schema_versions=schema_versions,
@@ -239,7 +240,7 @@ class EventBuilder:
                     schemas.append(schema)
                 pieces.pop(change.oid, None)
                 continue
-            if isinstance(change, LogicalMessage) and change.prefix.startswith(INTERNAL_MESSAGE_PREFIX):
+            if isinstance(change, LogicalMessage) and is_marker(change.prefix):
                 continue
             try:
                 records = self._events(change, txn, index, lsn, per_table=per_table, pieces_by_table=pieces)
@@ -391,7 +392,10 @@ class EventBuilder:
                 old_key = table.key(before) if before is not None else None
             new_key = table.key(after)
             if UNCHANGED_TOAST in after.values():
+                unchanged = [name for name, value in after.items() if value is UNCHANGED_TOAST]
                 after = self._images.fill(topic, after, before, old_key or new_key, (commit, index))
+                if table.rules.masks:  # an image from before a mask was configured holds raw values
+                    after = table.rules.conform_filled(table.names, after, unchanged)
             if old_key is not None and old_key != new_key:
                 self._images.remember(topic, old_key, None)
             before_json = _NULL if before is None else orjson.dumps(before)

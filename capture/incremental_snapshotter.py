@@ -6,9 +6,9 @@ source's capture agent (running now, or the next one started) moves it into
 ``incremental.json`` and reads each table in primary-key order, one chunk of
 :data:`CHUNK_ROWS` rows at a time:
 
-1. write a LOW watermark (``pg_logical_emit_message(true, 'headwater.snapshot-window-open', id)``),
+1. write a LOW watermark (a :mod:`capture.markers` message ``snapshot-window-open <id>``),
 2. ``SELECT`` the next chunk (``WHERE key > last key ORDER BY key LIMIT n``) into memory,
-3. write a HIGH watermark (``headwater.snapshot-window-close``, same id).
+3. write a HIGH watermark (``snapshot-window-close <id>``, same id).
 
 Invariants:
 
@@ -54,7 +54,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,10 +66,12 @@ from psycopg import sql
 from capture.catalog import primary_key_lookup, relation_from_catalog
 from capture.copy_text import parse_copy_text
 from capture.errors import CaptureError
-from capture.events import INTERNAL_MESSAGE_PREFIX, EventBuilder
+from capture.events import EventBuilder
 from capture.identifiers import TableName
+from capture.markers import WINDOW_CLOSE, WINDOW_OPEN, emit_marker, marker_of
 from capture.pgoutput_messages import LogicalMessage, TupleData
 from capture.records import OutRecord, SchemaRecord
+from capture.row_filters import condition_sql
 from capture.transactions import Transaction
 from core.durable_files import replace_json
 from core.errors import PermanentError
@@ -79,8 +81,6 @@ from log.topics import quarantine_topic
 
 logger = logging.getLogger(__name__)
 
-WINDOW_OPEN_PREFIX = f"{INTERNAL_MESSAGE_PREFIX}snapshot-window-open"
-WINDOW_CLOSE_PREFIX = f"{INTERNAL_MESSAGE_PREFIX}snapshot-window-close"
 #: Rows per chunk: small enough that reading one barely delays the stream.
 CHUNK_ROWS = 1024
 REQUESTS_DIR = "incremental-requests"
@@ -93,6 +93,14 @@ class IncrementalSnapshotError(CaptureError, PermanentError):
     """An incremental snapshot cannot be requested or run for a table."""
 
 
+@dataclass(frozen=True)
+class SnapshotTable:
+    """A table to snapshot, and the condition its rows must meet besides the source's filter (None: none)."""
+
+    table: str
+    condition: str | None = None
+
+
 @dataclass
 class TableProgress:
     """One table of a request; ``last_key`` is the text of the last key emitted (None: none yet)."""
@@ -100,14 +108,21 @@ class TableProgress:
     table: str
     request: str
     last_key: list[str] | None = None
+    condition: str | None = None
 
 
 @dataclass
 class IncrementalState:
-    """Queued tables of incremental snapshots, the first one in progress; stored as JSON."""
+    """Queued tables of incremental snapshots, the first one in progress; stored as JSON.
+
+    ``paused`` (a ``pause-snapshot`` signal) keeps chunks from being read; ``last_signal`` is
+    the position of the last signal carried out (:mod:`capture.signals`).
+    """
 
     path: Path
     tables: list[TableProgress] = field(default_factory=list)
+    paused: bool = False
+    last_signal: Seq | None = None
 
     @classmethod
     def load(cls, path: Path) -> IncrementalState:
@@ -115,14 +130,26 @@ class IncrementalState:
         if not path.exists():
             return cls(path)
         data = orjson.loads(path.read_bytes())
-        return cls(path, [TableProgress(t["table"], t["request"], t.get("last_key")) for t in data["tables"]])
+        tables = [
+            TableProgress(t["table"], t["request"], t.get("last_key"), t.get("condition")) for t in data["tables"]
+        ]
+        last = data.get("last_signal")
+        return cls(path, tables, bool(data.get("paused")), None if last is None else Seq(int(last[0]), int(last[1])))
 
     def save(self) -> None:
         """Write atomically."""
-        replace_json(
-            self.path,
-            {"tables": [{"table": t.table, "request": t.request, "last_key": t.last_key} for t in self.tables]},
-        )
+        tables = []
+        for t in self.tables:
+            table: dict[str, Any] = {"table": t.table, "request": t.request, "last_key": t.last_key}
+            if t.condition is not None:
+                table["condition"] = t.condition
+            tables.append(table)
+        body: dict[str, Any] = {"tables": tables}  # what is not set stays out (the file of earlier versions)
+        if self.paused:
+            body["paused"] = True
+        if self.last_signal is not None:
+            body["last_signal"] = [self.last_signal.commit_lsn, self.last_signal.txn_index]
+        replace_json(self.path, body)
 
 
 @dataclass
@@ -152,10 +179,12 @@ class IncrementalSnapshotter:
         publication: str,
         *,
         chunk_rows: int = CHUNK_ROWS,
+        filters: Mapping[str, str] | None = None,
     ) -> None:
         self._requests = state_dir / REQUESTS_DIR
         self._state = IncrementalState.load(state_dir / STATE_FILE)
         self._publication = publication
+        self._filters = dict(filters or {})  # the source's row filters, by schema.table
         self._chunk_rows = chunk_rows
         self._chunk: _Chunk | None = None
         self._staged: tuple[TableProgress, list[str] | None, bool] | None = None
@@ -166,13 +195,52 @@ class IncrementalSnapshotter:
 
     @property
     def pending(self) -> bool:
-        """True while any table is queued, a chunk is in flight, or a request file waits."""
-        return bool(
-            self._state.tables
-            or self._chunk
-            or self._staged
-            or (self._requests.is_dir() and any(self._requests.glob("*.json")))
-        )
+        """True while a chunk is in flight, or (unless paused) a table is queued or a request file waits."""
+        if self._chunk or self._staged:
+            return True
+        if self._state.paused:
+            return False
+        return bool(self._state.tables or (self._requests.is_dir() and any(self._requests.glob("*.json"))))
+
+    # -- signals (capture.signals) -------------------------------------------------------
+
+    @property
+    def last_signal(self) -> Seq | None:
+        """The position of the last signal carried out (None: none yet)."""
+        return self._state.last_signal
+
+    def carrying_out(self, sequence: Seq | None) -> None:
+        """The signal at ``sequence`` is being carried out: saved with the state it changes or by :meth:`signal_done`.
+
+        None (or the position before) when carrying it out failed: it is carried out when sent again.
+        """
+        self._state.last_signal = sequence
+
+    def signal_done(self) -> None:
+        """Save that the signal being carried out was (a crash before leaves it to be carried out again)."""
+        self._state.save()
+
+    def request(self, tables: Sequence[SnapshotTable], request: str) -> None:
+        """Queue incremental snapshots of ``tables`` (``execute-snapshot``)."""
+        self._state.tables.extend(TableProgress(t.table, request, condition=t.condition) for t in tables)
+        self._state.save()
+
+    def stop(self, tables: Sequence[str] | None) -> str:
+        """Drop ``tables`` (None: all) from the queue, the chunk in flight with them; what was dropped."""
+        queued = self._state.tables
+        dropped = [t for t in queued if tables is None or t.table in tables]
+        if not dropped:
+            return "nothing queued"
+        if queued and queued[0] in dropped:
+            self.reset()  # the chunk in flight belongs to the first table
+        self._state.tables = [t for t in queued if t not in dropped]
+        self._state.save()
+        return ", ".join(t.table for t in dropped)
+
+    def pause(self, paused: bool) -> None:
+        """Stop reading chunks (the one in flight still completes), or go on."""
+        self._state.paused = paused
+        self._state.save()
 
     def reset(self) -> None:
         """Forget the chunk in flight and unsaved progress (the chunk is read again later)."""
@@ -191,7 +259,7 @@ class IncrementalSnapshotter:
             self._next_request_check = now + REQUEST_POLL_S
             self._take_requests()
         schemas: list[SchemaRecord] = []
-        while self._chunk is None and self._staged is None and self._state.tables:
+        while self._chunk is None and self._staged is None and self._state.tables and not self._state.paused:
             progress = self._state.tables[0]
             try:
                 self._chunk = self._read_chunk(conn, builder, progress, schemas)
@@ -248,6 +316,10 @@ class IncrementalSnapshotter:
             where = sql.SQL("({}) > ({})").format(
                 key_sql, sql.SQL(", ").join(sql.Literal(v) for v in progress.last_key)
             )
+        # The source's row filter and the request's condition (checked by capture.row_filters).
+        condition = condition_sql(self._filters.get(f"{table.schema}.{table.name}"), progress.condition)
+        if condition is not None:
+            where = sql.SQL("{} AND {}").format(where, condition)
         query = sql.SQL("COPY (SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT {}) TO STDOUT").format(
             sql.SQL(", ").join(sql.Identifier(c) for c in columns),
             table.identifier,
@@ -256,11 +328,10 @@ class IncrementalSnapshotter:
             sql.Literal(self._chunk_rows),
         )
         chunk_id = secrets.token_hex(8)
-        emit = "SELECT pg_logical_emit_message(true, %s, %s)"
-        conn.execute(emit, (WINDOW_OPEN_PREFIX, chunk_id))
+        emit_marker(conn, WINDOW_OPEN, token=chunk_id, transactional=True)
         with conn.cursor().copy(query) as copy:
             data = b"".join(bytes(block) for block in copy)
-        conn.execute(emit, (WINDOW_CLOSE_PREFIX, chunk_id))
+        emit_marker(conn, WINDOW_CLOSE, token=chunk_id, transactional=True)
         rows = parse_copy_text(data)
         # Sequence 0: only the keys are used now; the rows are encoded again at HIGH.
         records = builder.snapshot_records(relation.oid, rows, Seq(0, 0), marker=SnapshotMarker.INCREMENTAL)
@@ -292,11 +363,12 @@ class IncrementalSnapshotter:
                 elif rows.pop(record.key, None) is not None:
                     self.keys_dropped += 1
         for change in txn.changes:
-            if not isinstance(change, LogicalMessage) or change.content.decode(errors="replace") != chunk.id:
+            marker = marker_of(change) if isinstance(change, LogicalMessage) else None
+            if marker is None or marker[1] != chunk.id:
                 continue
-            if change.prefix == WINDOW_OPEN_PREFIX:
+            if marker[0] == WINDOW_OPEN:
                 chunk.opened = True
-            elif change.prefix == WINDOW_CLOSE_PREFIX:
+            elif marker[0] == WINDOW_CLOSE:
                 return self._close(chunk, txn, builder)
         return []
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from capture.column_policy import ColumnRules
 from capture.pgoutput_messages import UNCHANGED_TOAST, TupleData
 from log.base import Log
 from log.errors import BatchTooLargeError
@@ -23,12 +24,16 @@ from log.partitioner import partition_for
 from log.topics import ERROR_HEADER, quarantine_topic
 
 
-def raw_values(names: Sequence[str], row: TupleData | None) -> dict[str, str | None] | None:
-    """Column name -> text value as received; unchanged TOAST columns are left out (never sent)."""
+def raw_values(rules: ColumnRules, names: Sequence[str], row: TupleData | None) -> dict[str, str | None] | None:
+    """Captured column name -> text value as received, masked columns masked.
+
+    Columns left out (``columns.exclude``/``include``) are not there, nor are unchanged TOAST
+    columns (never sent).
+    """
     if row is None:
         return None
     out: dict[str, str | None] = {}
-    for name, value in zip(names, row, strict=False):
+    for name, value in rules.raw_image(names, row):
         if value is UNCHANGED_TOAST:
             continue
         out[name] = value.hex() if isinstance(value, bytes) else value  # type: ignore[assignment]

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import orjson
 
-from capture.errors import ConfiguredKeyError, KeyColumnExcludedError
-from capture.pgoutput_messages import Relation, ReplicaIdentity, TupleData
+from capture.column_policy import MASKED_TYPE_OID, ColumnPolicy, ColumnRules
+from capture.errors import ColumnSettingError, ConfiguredKeyError, KeyColumnExcludedError
+from capture.pgoutput_messages import UNCHANGED_TOAST, Relation, ReplicaIdentity, TupleData
 from capture.quarantine import error_headers, quarantine_value, raw_values
 from capture.records import OutRecord, SchemaRecord, dumps_kept
 from capture.rows import TextRowDecoder
+from core.config import ColumnsConfig, column_table
 from log.envelope import Op
 from log.topics import quarantine_topic, table_topic
 
@@ -48,6 +50,7 @@ class TableShape:
     # The extension's encoder of the same conversion (None: Python only). It answers rows
     # without unchanged TOAST that convert cleanly; every other row takes the Python path.
     encoder: RowEncoder | None
+    rules: ColumnRules  # the columns kept and masked (never a left-out value anywhere)
     version: int
     name_json: bytes  # JSON pieces of the source block that never change for the table
     schema_json: bytes
@@ -77,10 +80,14 @@ class TableShape:
         after: TupleData | None,
         exc: Exception,
     ) -> OutRecord:
-        """The ``<topic>.quarantine`` record of a change that could not become an event (raw values kept)."""
+        """The ``<topic>.quarantine`` record of a change that could not become an event.
+
+        It keeps the raw values of the captured columns (masked ones masked): a column left
+        out is not in it, so a quarantined row leaks nothing the events would not show.
+        """
         error = f"{self.topic}: {exc}"
-        raw_after = raw_values(self.names, after)
-        raw_before = raw_values(self.names, before)
+        raw_after = raw_values(self.rules, self.names, after)
+        raw_before = raw_values(self.rules, self.names, before)
         image = raw_after if raw_after is not None else raw_before
         key = None
         if image is not None and self.key_names and all(name in image for name in self.key_names):
@@ -99,6 +106,7 @@ class Relations:
         decoder_for: RowDecoderFactory,
         *,
         excluded_columns: Sequence[str] = (),
+        columns: ColumnsConfig | None = None,
         primary_key: PrimaryKeyLookup | None = None,
         configured_keys: Mapping[str, Sequence[str]] | None = None,
         schema_versions: Mapping[str, int] | None = None,
@@ -106,7 +114,8 @@ class Relations:
     ) -> None:
         self._source = source
         self._decoder_for = decoder_for
-        self._excluded = set(excluded_columns)
+        self._policy = ColumnPolicy(columns, excluded=excluded_columns)
+        self._columns = columns or ColumnsConfig()
         self._primary_key = primary_key
         self._configured_keys = dict(configured_keys or {})
         self._use_native = use_native
@@ -125,19 +134,12 @@ class Relations:
         topic = table_topic(self._source, relation.namespace, relation.name)
         qualified = f"{relation.namespace}.{relation.name}"
         names = [column.name for column in relation.columns]
-        keep = [i for i, name in enumerate(names) if f"{qualified}.{name}" not in self._excluded]
+        rules = self._policy.rules(relation)
+        keep = rules.keep
         key_positions, key_source = self.key_positions(relation, keep)
+        self._check_masked_key(qualified, names, key_positions, rules)
         version = self._schema_versions.get(topic, 0)
-        columns = [
-            {
-                "name": relation.columns[i].name,
-                "type_oid": relation.columns[i].type_oid,
-                "typmod": relation.columns[i].atttypmod,
-                # The record key, not pgoutput's replica-identity flag (every column under FULL).
-                "key": i in key_positions,
-            }
-            for i in keep
-        ]
+        columns = [_schema_column(relation, i, i in key_positions, rules) for i in keep]
         body = {
             "topic": topic,
             "schema": relation.namespace,
@@ -155,6 +157,10 @@ class Relations:
             self._schemas_seen[topic] = fingerprint
         key_names = [names[i] for i in key_positions]
         decode = self._decoder_for(relation)
+        if isinstance(decode, TextRowDecoder):
+            decode = TextRowDecoder(decode.converter.restricted(rules))
+        elif len(keep) != len(names) or rules.masks:
+            decode = _RestrictedDecoder(decode, names, rules)
         encoder = None
         if self._use_native and isinstance(decode, TextRowDecoder):
             encoder = decode.converter.native_encoder(keep, key_positions)
@@ -167,6 +173,7 @@ class Relations:
             single_key_prefix=b"{%b:" % orjson.dumps(key_names[0]) if len(key_names) == 1 else None,
             decode=decode,
             encoder=encoder,
+            rules=rules,
             version=version,
             name_json=orjson.dumps(self._source),
             schema_json=orjson.dumps(relation.namespace),
@@ -207,12 +214,67 @@ class Relations:
             positions, source = [], "none"
         dropped = [names[i] for i in positions if i not in keep]
         if dropped:
-            raise KeyColumnExcludedError(self._source, qualified, dropped)
+            listed = any(column_table(name) == qualified for name in self._columns.include)
+            raise KeyColumnExcludedError(self._source, qualified, dropped, setting="include" if listed else "exclude")
         return positions, source
+
+    def _check_masked_key(self, qualified: str, names: list[str], key: list[int], rules: ColumnRules) -> None:
+        # A hash keeps distinct keys distinct; a truncated or replaced key would merge rows.
+        merged = [names[i] for i in key if i in rules.masks and rules.masks[i].kind != "hash"]
+        if merged:
+            mask = rules.masks[names.index(merged[0])].kind
+            raise ColumnSettingError(
+                self._source,
+                "columns.mask",
+                f"{qualified}.{merged[0]} is part of the key of {qualified} and a {mask} mask would merge "
+                f"distinct keys; mask it with a hash, or give the table another key in sources.{self._source}.keys",
+                table=qualified,
+            )
 
     def topic_of(self, relation_oid: int) -> str:
         """The topic of a cached relation."""
         return self.tables[relation_oid].topic
+
+
+def _schema_column(relation: Relation, position: int, key: bool, rules: ColumnRules) -> dict[str, Any]:
+    """A column of a schema record: a masked one is text (its values are masked strings)."""
+    column = relation.columns[position]
+    mask = rules.masks.get(position)
+    out: dict[str, Any] = {
+        "name": column.name,
+        "type_oid": column.type_oid if mask is None else MASKED_TYPE_OID,
+        "typmod": column.atttypmod if mask is None else -1,
+        # The record key, not pgoutput's replica-identity flag (every column under FULL).
+        "key": key,
+    }
+    if mask is not None:
+        out["masked"] = mask.kind
+    return out
+
+
+class _RestrictedDecoder:
+    """A decoder that is not a :class:`TextRowDecoder`, kept from left-out and masked values.
+
+    The inner decoder gets NULL in their place (so it never converts, or quotes, them), and a
+    masked column's value is its masked text.
+    """
+
+    __slots__ = ("_decode", "_masks", "_names", "_skip")
+
+    def __init__(self, decode: RowDecoder, names: list[str], rules: ColumnRules) -> None:
+        self._decode = decode
+        self._names = names
+        self._masks = rules.masks
+        kept = set(rules.keep)
+        self._skip = frozenset(i for i in range(len(names)) if i not in kept or i in rules.masks)
+
+    def __call__(self, row: TupleData) -> dict[str, Any]:
+        skip = self._skip
+        image = self._decode(tuple(None if i in skip else value for i, value in enumerate(row)))
+        for i, mask in self._masks.items():
+            if i < len(row):
+                image[self._names[i]] = row[i] if row[i] is UNCHANGED_TOAST else mask.raw(row[i])
+        return image
 
 
 def _schema_fingerprint(value: Mapping[str, Any]) -> bytes:

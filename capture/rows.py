@@ -7,12 +7,14 @@ event builder's :data:`capture.relations.RowDecoder` over it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 import native
+from capture.column_policy import ColumnMask, ColumnRules
+from capture.converters import Converter
 from capture.errors import TypeMappingError
 from capture.pgoutput_messages import UNCHANGED_TOAST, NonUtf8Text, TupleValue
 from capture.typemap import column_converter, native_kind
@@ -51,16 +53,46 @@ class RowConverter:
 
     Invariant: ``convert`` never returns :data:`UNCHANGED_TOAST`; such columns are left out
     of the result (and listed by :meth:`unchanged`) so a placeholder can never reach the log.
+    A converter restricted by column rules (:meth:`restricted`) never converts a column left
+    out, and masks a masked column's text instead of converting it.
     """
 
-    __slots__ = ("_plan", "logical_types", "names")
+    __slots__ = ("_masks", "_plan", "_positions", "kept_names", "logical_types", "names")
 
     def __init__(self, columns: Sequence[ColumnLike], modes: TypesConfig, registry: TypeRegistry | None = None) -> None:
         registry = registry if registry is not None else TypeRegistry()
         built = [column_converter(column.type_oid, column.atttypmod, modes, registry) for column in columns]
         self.names: tuple[str, ...] = tuple(column.name for column in columns)
+        #: The names of the columns a row image holds (all of them unless restricted).
+        self.kept_names: tuple[str, ...] = self.names
         self.logical_types: tuple[LogicalType, ...] = tuple(logical for _, logical in built)
-        self._plan = tuple(zip(self.names, (converter for converter, _ in built), strict=True))
+        self._plan: tuple[tuple[str, Converter], ...] = tuple(
+            zip(self.names, (converter for converter, _ in built), strict=True)
+        )
+        # Restricted: the positions converted (None: every column) and the masks by position.
+        self._positions: tuple[int, ...] | None = None
+        self._masks: Mapping[int, ColumnMask] = {}
+
+    def restricted(self, rules: ColumnRules) -> RowConverter:
+        """This converter for the columns ``rules`` keep, masked ones masked (:mod:`capture.column_policy`)."""
+        if len(rules.keep) == len(self.names) and not rules.masks:
+            return self
+        other = object.__new__(RowConverter)
+        other.names, other.logical_types = self.names, self.logical_types
+        other.kept_names = tuple(self.names[i] for i in rules.keep)
+        other._plan = tuple(
+            (name, rules.masks[i].mask if i in rules.masks else converter)
+            for i, (name, converter) in enumerate(self._plan)
+        )
+        other._positions = None if len(rules.keep) == len(self.names) else tuple(rules.keep)
+        other._masks = rules.masks
+        return other
+
+    def _columns(self, values: Sequence[TupleValue]) -> Iterator[tuple[str, Converter, TupleValue]]:
+        plan = self._plan
+        if self._positions is None:
+            return ((name, converter, value) for (name, converter), value in zip(plan, values, strict=True))
+        return ((plan[i][0], plan[i][1], values[i]) for i in self._positions)
 
     def convert(self, values: Sequence[TupleValue]) -> dict[str, Any]:
         """Column name -> JSON value, in column order; unchanged-TOAST columns omitted."""
@@ -68,7 +100,8 @@ class RowConverter:
             msg = f"tuple has {len(values)} columns but the relation has {len(self._plan)}"
             raise TypeMappingError(msg)
         row: dict[str, Any] = {}
-        for (name, converter), value in zip(self._plan, values, strict=True):
+        masked = {self._plan[i][0] for i in self._masks}
+        for name, converter, value in self._columns(values):
             if value is None:
                 row[name] = None
             elif value.__class__ is str:
@@ -82,6 +115,9 @@ class RowConverter:
             elif value is UNCHANGED_TOAST:
                 continue
             elif isinstance(value, NonUtf8Text):
+                if name in masked:  # masked, never quoted: its bytes are masked as text
+                    row[name] = converter(bytes(value).decode("utf-8", "replace"))
+                    continue
                 msg = f"{bytes(value)[:32]!r} is not UTF-8 text (SQL_ASCII database?); the raw bytes are kept here"
                 raise TypeMappingError(msg, column=name)
             else:
@@ -97,9 +133,14 @@ class RowConverter:
         """
         if len(values) == len(self._plan):
             try:
+                if self._positions is None:
+                    return {
+                        name: converter(value) if value.__class__ is str else _null_or_not_text(value)  # type: ignore[arg-type]
+                        for (name, converter), value in zip(self._plan, values, strict=True)
+                    }
                 return {
                     name: converter(value) if value.__class__ is str else _null_or_not_text(value)  # type: ignore[arg-type]
-                    for (name, converter), value in zip(self._plan, values, strict=True)
+                    for name, converter, value in self._columns(values)
                 }
             except (TypeMappingError, ValueError, TypeError, IndexError, ArithmeticError):
                 pass  # convert() gives the result without unchanged TOAST, or the error naming the column
@@ -107,19 +148,24 @@ class RowConverter:
 
     def unchanged(self, values: Sequence[TupleValue]) -> tuple[str, ...]:
         """Names of the columns whose TOASTed value was not sent (unchanged)."""
-        return tuple(name for (name, _), value in zip(self._plan, values, strict=True) if value is UNCHANGED_TOAST)
+        return tuple(name for name, _, value in self._columns(values) if value is UNCHANGED_TOAST)
 
     def native_encoder(self, keep: Sequence[int], key_columns: Sequence[int]) -> RowEncoder | None:
         """The extension's encoder of this relation's text tuples, or None without the extension.
 
         ``encode(values)`` gives ``orjson.dumps`` of the image restricted to the ``keep`` columns
         (:meth:`convert_text`, then the keep filter) and the key object of ``key_columns``, byte
-        for byte, or None where this Python path must decide (unchanged TOAST, errors).
+        for byte, or None where this Python path must decide (unchanged TOAST, errors). Columns
+        not kept are never converted; masked ones are masked (natively where the mask is).
         """
         if native.speedups is None:
             return None
         kept = set(keep)
-        plan = [native_kind(converter) for _, converter in self._plan]
+        masks = self._masks
+        plan = [
+            (masks[i].native_kind, masks[i].native_param) if i in masks else native_kind(converter)
+            for i, (_, converter) in enumerate(self._plan)
+        ]
         return native.speedups.RowEncoder(  # type: ignore[no-any-return]
             tuple(kind for kind, _ in plan),
             tuple(param for _, param in plan),
@@ -129,13 +175,14 @@ class RowConverter:
             tuple(key_columns),
             orjson.dumps,
             UNCHANGED_TOAST,
+            tuple(masks[i].native_blob if i in masks else None for i in range(len(self._plan))),
         )
 
 
 class TextRowDecoder:
     """A :data:`capture.relations.RowDecoder` over a :class:`RowConverter` for text-mode tuples.
 
-    Every column in column order; columns whose TOASTed value was not sent hold
+    Every column kept, in column order; columns whose TOASTed value was not sent hold
     :data:`UNCHANGED_TOAST` (the event builder fills them). ``converter`` lets the event
     builder use the native encoder of the same conversion.
     """
@@ -144,7 +191,7 @@ class TextRowDecoder:
 
     def __init__(self, converter: RowConverter) -> None:
         self.converter = converter
-        self._names = converter.names
+        self._names = converter.kept_names
         self._convert = converter.convert_text  # the stream and COPY send text, never binary
 
     def __call__(self, row: Sequence[TupleValue]) -> dict[str, Any]:

@@ -36,13 +36,17 @@ CHUNK_PAGES = 1024
 
 @dataclass(frozen=True)
 class Chunk:
-    """Pages ``[first_page, last_page)`` of one table; ``last_page=None`` means to the end."""
+    """Pages ``[first_page, last_page)`` of one table; ``last_page=None`` means to the end.
+
+    ``condition`` is the table's row filter (:mod:`capture.row_filters`): only rows meeting it are read.
+    """
 
     schema: str
     name: str
     number: int
     first_page: int
     last_page: int | None
+    condition: str | None = None
 
     @property
     def id(self) -> str:
@@ -77,7 +81,9 @@ class SnapshotState:
         replace_json(self.path, body)
 
 
-def plan_chunks(conn: psycopg.Connection[Any], schema: str, name: str, oid: int) -> list[Chunk]:
+def plan_chunks(
+    conn: psycopg.Connection[Any], schema: str, name: str, oid: int, condition: str | None = None
+) -> list[Chunk]:
     """Split a table into page-range chunks (``relpages`` is an estimate: the last chunk is open-ended)."""
     row = conn.execute("SELECT relpages FROM pg_class WHERE oid = %s", (oid,)).fetchone()
     pages = max(int(row[0]) if row else 0, 0)
@@ -85,8 +91,8 @@ def plan_chunks(conn: psycopg.Connection[Any], schema: str, name: str, oid: int)
     first = 0
     number = 0
     while first + CHUNK_PAGES < pages:
-        chunks.append(Chunk(schema, name, number, first, first + CHUNK_PAGES))
+        chunks.append(Chunk(schema, name, number, first, first + CHUNK_PAGES, condition))
         first += CHUNK_PAGES
         number += 1
-    chunks.append(Chunk(schema, name, number, first, None))
+    chunks.append(Chunk(schema, name, number, first, None, condition))
     return chunks

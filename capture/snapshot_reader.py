@@ -35,7 +35,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +82,11 @@ class SnapshotReader:
         max_batch_records: int,
         progress: SnapshotProgress | None,
         table_order: tuple[TableName, ...] = (),
+        filters: Mapping[str, str] | None = None,
     ) -> None:
         self._source = source
         self._table_order = {table: position for position, table in enumerate(table_order)}
+        self._filters = dict(filters or {})  # row filters by schema.table (capture.row_filters)
         self._dsn = dsn
         self._publication = publication
         self._state_dir = state_dir
@@ -158,7 +160,7 @@ class SnapshotReader:
             schema_record = builder.relation(relation)
             if schema_record is not None:
                 self._appender.schemas.append(schema_record)
-            chunks = plan_chunks(reader, schema, table, relation.oid)
+            chunks = plan_chunks(reader, schema, table, relation.oid, self._filters.get(f"{schema}.{table}"))
             plan.append((relation.oid, relation, chunks))
             estimate = reader.execute("SELECT reltuples FROM pg_class WHERE oid = %s", (relation.oid,)).fetchone()
             total_rows += max(int(estimate[0]) if estimate else 0, 0)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from capture.transaction_records import transaction_topic
 from core.config import LogConfig
 from log.base import Log, TopicSpec, end_offsets
 from log.errors import UnknownTopicError
-from log.topics import SCHEMAS_TOPIC, is_quarantine_topic
+from log.topics import SCHEMAS_TOPIC, is_quarantine_topic, message_topic
 
 
 class SourceTopics:
@@ -21,6 +22,7 @@ class SourceTopics:
         self.source = source
         #: Partition counts of the topics seen so far, by topic.
         self.counts: dict[str, int] = {}
+        self._event_streams = {message_topic(source), transaction_topic(source)}
 
     def partitions(self, topic: str) -> int:
         """The partition count of an existing ``topic``."""
@@ -51,8 +53,10 @@ class SourceTopics:
         spec = TopicSpec(
             name=topic,
             partitions=self._new_topic_partitions(topic),
-            # Quarantine keeps every bad record; table topics keep the latest image per key.
-            compacted=not is_quarantine_topic(topic),
+            # Quarantine keeps every bad record, the message and transaction topics every record
+            # (their keys, a prefix or a transaction id, are not rows); table topics keep the latest
+            # image per key.
+            compacted=not is_quarantine_topic(topic) and topic not in self._event_streams,
             min_compaction_lag_ms=cfg.min_compaction_lag_s * 1000,
             delete_retention_ms=cfg.delete_retention_s * 1000,
         )

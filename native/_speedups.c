@@ -902,6 +902,10 @@ enum {
     K_DATE = 8,
     K_BYTEA_BASE64 = 9,
     K_BYTEA_HEX = 10,
+    /* Masks (capture/column_masks.py): the value's text is masked, never converted. */
+    K_MASK_REPLACE = 11, /* blob: the replacement as JSON */
+    K_MASK_TRUNCATE = 12,/* param: characters kept */
+    K_MASK_SHA256 = 13,  /* param: hash version | length << 2 (0: the whole digest); blob: the salt */
 };
 
 typedef struct {
@@ -912,6 +916,7 @@ typedef struct {
     char *emit;               /* 0: excluded column (converted, then dropped) */
     PyObject **names_json;    /* bytes b'"name":' */
     PyObject **converters;    /* Python converters, one per column */
+    PyObject **blobs;         /* per column: bytes a mask kind needs (salt, replacement JSON), else NULL */
     Py_ssize_t nkeys;
     Py_ssize_t *key_cols;
     PyObject *dumps;          /* orjson.dumps */
@@ -963,7 +968,9 @@ static void RowEncoder_dealloc(RowEncoder *self) {
     for (Py_ssize_t i = 0; i < self->ncols; i++) {
         if (self->names_json) Py_XDECREF(self->names_json[i]);
         if (self->converters) Py_XDECREF(self->converters[i]);
+        if (self->blobs) Py_XDECREF(self->blobs[i]);
     }
+    PyMem_Free(self->blobs);
     PyMem_Free(self->kinds);
     PyMem_Free(self->params);
     PyMem_Free(self->emit);
@@ -985,13 +992,17 @@ static void RowEncoder_dealloc(RowEncoder *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* RowEncoder(kinds, params, emit, names_json, converters, key_columns, dumps, unchanged) */
+/* RowEncoder(kinds, params, emit, names_json, converters, key_columns, dumps, unchanged, blobs=None) */
 static int RowEncoder_init(RowEncoder *self, PyObject *args, PyObject *kwds) {
-    PyObject *kinds, *params, *emit, *names, *convs, *keys, *dumps, *unchanged;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!OO", &PyTuple_Type, &kinds, &PyTuple_Type, &params, &PyTuple_Type,
+    PyObject *kinds, *params, *emit, *names, *convs, *keys, *dumps, *unchanged, *blobs = Py_None;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!OO|O", &PyTuple_Type, &kinds, &PyTuple_Type, &params, &PyTuple_Type,
                           &emit, &PyTuple_Type, &names, &PyTuple_Type, &convs, &PyTuple_Type, &keys, &dumps,
-                          &unchanged))
+                          &unchanged, &blobs))
         return -1;
+    if (blobs != Py_None && (!PyTuple_Check(blobs) || PyTuple_GET_SIZE(blobs) != PyTuple_GET_SIZE(kinds))) {
+        PyErr_SetString(PyExc_ValueError, "blobs must be None or a tuple as long as kinds");
+        return -1;
+    }
     if (self->kinds != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "RowEncoder is already initialised");
         return -1;
@@ -1008,6 +1019,7 @@ static int RowEncoder_init(RowEncoder *self, PyObject *args, PyObject *kwds) {
     self->emit = PyMem_Calloc((size_t)n + 1, 1);
     self->names_json = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
     self->converters = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+    self->blobs = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
     self->key_cols = PyMem_Calloc((size_t)nk + 1, sizeof(Py_ssize_t));
     self->starts = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
     self->ends = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
@@ -1015,7 +1027,8 @@ static int RowEncoder_init(RowEncoder *self, PyObject *args, PyObject *kwds) {
     self->lens = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
     self->objs = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
     self->offs = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
-    if (!self->kinds || !self->params || !self->emit || !self->names_json || !self->converters || !self->key_cols ||
+    if (!self->kinds || !self->params || !self->emit || !self->names_json || !self->converters || !self->blobs ||
+        !self->key_cols ||
         !self->starts || !self->ends || !self->vals || !self->lens || !self->objs || !self->offs) {
         PyErr_NoMemory();
         return -1;
@@ -1034,6 +1047,13 @@ static int RowEncoder_init(RowEncoder *self, PyObject *args, PyObject *kwds) {
         }
         self->names_json[i] = Py_NewRef(name);
         self->converters[i] = Py_NewRef(PyTuple_GET_ITEM(convs, i));
+        PyObject *blob = blobs == Py_None ? Py_None : PyTuple_GET_ITEM(blobs, i);
+        int kind = self->kinds[i];
+        if ((kind == K_MASK_REPLACE || kind == K_MASK_SHA256) && !PyBytes_Check(blob)) {
+            PyErr_SetString(PyExc_TypeError, "a replace or hash mask needs its bytes in blobs");
+            return -1;
+        }
+        self->blobs[i] = blob == Py_None ? NULL : Py_NewRef(blob);
     }
     for (Py_ssize_t k = 0; k < nk; k++) {
         Py_ssize_t c = PyLong_AsSsize_t(PyTuple_GET_ITEM(keys, k));
@@ -1109,8 +1129,11 @@ static inline int hexval(char c) {
 }
 
 /* The native conversion of one text value; 1: written, 0: not this form (use the Python converter). */
-static int convert_native(RowEncoder *self, int kind, int param, const char *s, Py_ssize_t n) {
+static inline int put_bytes_obj(Buf *b, PyObject *o) { return buf_put(b, PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o)); }
+
+static int convert_native(RowEncoder *self, Py_ssize_t col, const char *s, Py_ssize_t n) {
     Buf *b = &self->buf;
+    int kind = self->kinds[col], param = self->params[col];
     switch (kind) {
         case K_STRING:
             return buf_json_string(b, s, n) < 0 ? -1 : 1;
@@ -1207,6 +1230,23 @@ static int convert_native(RowEncoder *self, int kind, int param, const char *s, 
             b->len = o - b->data;
             return 1;
         }
+        case K_MASK_REPLACE:
+            return put_bytes_obj(b, self->blobs[col]) < 0 ? -1 : 1;
+        case K_MASK_TRUNCATE:
+            return buf_json_string(b, s, hw_utf8_prefix(s, n, param)) < 0 ? -1 : 1;
+        case K_MASK_SHA256: {
+            char hex[64];
+            PyObject *salt = self->blobs[col];
+            if (!hw_mask_sha256_hex(hex, PyBytes_AS_STRING(salt), PyBytes_GET_SIZE(salt), s, n, param & 3)) return 0;
+            Py_ssize_t length = param >> 2;
+            if (length <= 0 || length > 64) length = 64;
+            if (buf_reserve(b, length + 2) < 0) return -1;
+            b->data[b->len++] = '"';
+            memcpy(b->data + b->len, hex, (size_t)length);
+            b->len += length;
+            b->data[b->len++] = '"';
+            return 1;
+        }
         default:
             return 0;
     }
@@ -1286,29 +1326,24 @@ static int encode_row(RowEncoder *self) {
     for (Py_ssize_t i = 0; i < self->ncols; i++) {
         const char *s = self->vals[i];
         Py_ssize_t n = self->lens[i];
-        Py_ssize_t mark = b->len;
-        if (self->emit[i]) {
-            if (!first && buf_byte(b, ',') < 0) return -1;
-            PyObject *name = self->names_json[i];
-            if (buf_put(b, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) < 0) return -1;
-        }
+        if (!self->emit[i]) continue; /* excluded: never converted, so no error can quote its value */
+        if (!first && buf_byte(b, ',') < 0) return -1;
+        PyObject *name = self->names_json[i];
+        if (buf_put(b, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) < 0) return -1;
         Py_ssize_t start = b->len;
         if (s == NULL) {
             if (buf_put(b, "null", 4) < 0) return -1;
         } else {
             int rc = 0;
             int kind = self->kinds[i];
-            if (kind != K_PYTHON && (n > 0 || kind == K_STRING)) rc = convert_native(self, kind, self->params[i], s, n);
+            if (kind != K_PYTHON && (n > 0 || kind == K_STRING || kind >= K_MASK_REPLACE))
+                rc = convert_native(self, i, s, n);
             if (rc == 0) rc = convert_python_gil(self, i, self->objs[i]);
             if (rc <= 0) return rc;
         }
-        if (self->emit[i]) {
-            self->starts[i] = start;
-            self->ends[i] = b->len;
-            first = 0;
-        } else {
-            b->len = mark; /* excluded: converted (it may fail, as in the Python path), then dropped */
-        }
+        self->starts[i] = start;
+        self->ends[i] = b->len;
+        first = 0;
     }
     if (buf_byte(b, '}') < 0) return -1;
     if (self->nkeys == 0) return 1;
@@ -1341,7 +1376,6 @@ static PyObject *RowEncoder_encode(RowEncoder *self, PyObject *values) {
     return Py_BuildValue("(NN)", after, key);
 }
 
-static inline int put_bytes_obj(Buf *b, PyObject *o) { return buf_put(b, PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o)); }
 
 /* The event value of the image in self->buf (key in self->key) into self->value: capture.events._CHANGE_VALUE
  * filled as capture.events._value fills it. op: 0 create, 1 update without old image, 2 delete (before = the
@@ -1888,8 +1922,9 @@ done:
 static PyObject *RowEncoder_copy(RowEncoder *self, PyObject *unused) {
     Py_ssize_t n = self->ncols;
     PyObject *kinds = PyTuple_New(n), *params = PyTuple_New(n), *emit = PyTuple_New(n), *names = PyTuple_New(n);
-    PyObject *convs = PyTuple_New(n), *keys = PyTuple_New(self->nkeys), *args = NULL, *copy = NULL;
-    if (!kinds || !params || !emit || !names || !convs || !keys) goto done;
+    PyObject *convs = PyTuple_New(n), *keys = PyTuple_New(self->nkeys), *blobs = PyTuple_New(n), *args = NULL;
+    PyObject *copy = NULL;
+    if (!kinds || !params || !emit || !names || !convs || !keys || !blobs) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *k = PyLong_FromLong(self->kinds[i]), *p = PyLong_FromLong(self->params[i]);
         if (!k || !p) {
@@ -1902,13 +1937,14 @@ static PyObject *RowEncoder_copy(RowEncoder *self, PyObject *unused) {
         PyTuple_SET_ITEM(emit, i, PyBool_FromLong(self->emit[i]));
         PyTuple_SET_ITEM(names, i, Py_NewRef(self->names_json[i]));
         PyTuple_SET_ITEM(convs, i, Py_NewRef(self->converters[i]));
+        PyTuple_SET_ITEM(blobs, i, Py_NewRef(self->blobs[i] ? self->blobs[i] : Py_None));
     }
     for (Py_ssize_t j = 0; j < self->nkeys; j++) {
         PyObject *c = PyLong_FromSsize_t(self->key_cols[j]);
         if (c == NULL) goto done;
         PyTuple_SET_ITEM(keys, j, c);
     }
-    args = PyTuple_Pack(8, kinds, params, emit, names, convs, keys, self->dumps, self->unchanged);
+    args = PyTuple_Pack(9, kinds, params, emit, names, convs, keys, self->dumps, self->unchanged, blobs);
     if (args != NULL) copy = PyObject_Call((PyObject *)Py_TYPE(self), args, NULL);
 done:
     Py_XDECREF(kinds);
@@ -1917,6 +1953,7 @@ done:
     Py_XDECREF(names);
     Py_XDECREF(convs);
     Py_XDECREF(keys);
+    Py_XDECREF(blobs);
     Py_XDECREF(args);
     return copy;
 }
@@ -2227,7 +2264,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "RowEncoder", (PyObject *)&RowEncoderType) < 0 ||
-        PyModule_AddFunctions(m, hw_log_columns_methods) < 0 || PyModule_AddFunctions(m, hw_batch_columns_methods) < 0) {
+        PyModule_AddFunctions(m, hw_log_columns_methods) < 0 || PyModule_AddFunctions(m, hw_batch_columns_methods) < 0 ||
+        PyModule_AddFunctions(m, hw_column_masks_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }

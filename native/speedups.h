@@ -16,8 +16,16 @@ uint32_t hw_crc32c(uint32_t crc, const void *data, size_t n);
 /* Kafka's Utils.murmur2 (log/partitioner.py), as the record path routes keys. */
 int32_t hw_murmur2(const unsigned char *data, Py_ssize_t length);
 
+/* The hash mask (column_masks.c): 64 lowercase hex digits of SHA-256(salt + the value's bytes),
+ * version 2: its UTF-8; version 1: Java's serialization of the String. 0: s is not UTF-8. */
+int hw_mask_sha256_hex(char hex[64], const char *salt, Py_ssize_t salt_len, const char *s, Py_ssize_t n, int version);
+
+/* Bytes of the first `chars` characters of the UTF-8 text s[0:n] (all of it when shorter). */
+Py_ssize_t hw_utf8_prefix(const char *s, Py_ssize_t n, Py_ssize_t chars);
+
 /* Functions each file adds to the module (a {NULL} terminated table). */
 extern PyMethodDef hw_log_columns_methods[];   /* log_columns.c: file-log batches -> Arrow columns */
 extern PyMethodDef hw_batch_columns_methods[]; /* batch_columns.c: Arrow columns -> file-log batches */
+extern PyMethodDef hw_column_masks_methods[];  /* column_masks.c: the hash mask, for its twin's tests */
 
 #endif

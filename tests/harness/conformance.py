@@ -196,6 +196,7 @@ def run_conformance(
                     "slot": names[label][0],
                     "publication": names[label][0],
                     "types": modes[label].headwater_types(),
+                    "transactions": True,  # BEGIN/END in <source>.transaction, compared with Debezium's
                 }
                 for source, label in sources.items()
             }

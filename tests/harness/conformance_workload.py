@@ -173,12 +173,13 @@ STREAM_CHANGES: tuple[str | tuple[str, ...], ...] = (
     "UPDATE composite SET v = 10 WHERE a = 1 AND b = 'a'",
     "UPDATE composite SET a = 3 WHERE a = 1 AND b = 'b'",
     "DELETE FROM composite WHERE a = 2",
-    # one transaction over three tables, with a transactional message in it
+    # one transaction over three tables, with two transactional messages in it
     (
         "INSERT INTO composite VALUES (9, 'z', 9)",
         "INSERT INTO nokey VALUES (9, 'z')",
         "SELECT pg_logical_emit_message(true, 'conformance', 'in a transaction')",
         "UPDATE toasty SET maybe = NULL WHERE id = 1",
+        "SELECT pg_logical_emit_message(true, 'conformance', 'second in the transaction')",
     ),
     "SELECT pg_logical_emit_message(false, 'conformance.now', '\\x00ff'::bytea)",
     # a transaction replayed from another server (a replication origin, as logical replication sets it)

@@ -17,6 +17,43 @@ UNAVAILABLE = "__debezium_unavailable_value"
 _DATE_SPECIALS = {2**31 - 1, -(2**31), -719528}
 
 
+#: The class Debezium 3.6.3 names a logical message's data collection by (``<class>@<identity hash>``).
+_MESSAGE_ID = "io.debezium.connector.postgresql.LogicalDecodingMessageMonitor$LogicalDecodingMessageId"
+
+
+def _collection_counts(entries: list[Any]) -> dict[str, int]:
+    """An END record's ``data_collections`` as name -> events, Debezium's message entries summed as 'message'."""
+    counts: dict[str, int] = {}
+    for entry in entries:
+        name = entry["data_collection"]
+        name = "message" if name.startswith(_MESSAGE_ID + "@") else name
+        counts[name] = counts.get(name, 0) + entry["event_count"]
+    return counts
+
+
+#: The workload's table whose precise-mode rows Headwater quarantines.
+_QUARANTINED = "public.numeric_special"
+
+
+def _no_event_written(d: Difference) -> bool:
+    """Debezium's BEGIN, or its END of a transaction with no events or only quarantined ones."""
+    value = d.debezium["value"]
+    if value["status"] == "BEGIN":
+        return True  # its END (checked here too) says why
+    collections = {c["data_collection"] for c in value["data_collections"]}
+    return value["event_count"] == 0 or (d.mode.startswith("precise") and collections == {_QUARANTINED})
+
+
+def _fewer_for_quarantine(d: Difference) -> bool:
+    """An END's counts lower on Headwater's side only by quarantined rows."""
+    if d.path == "value.event_count":
+        return isinstance(d.debezium, int) and isinstance(d.headwater, int) and d.debezium > d.headwater
+    theirs, ours = _collection_counts(d.debezium), _collection_counts(d.headwater)
+    return theirs.keys() == ours.keys() and all(
+        theirs[name] == ours[name] or (name == _QUARANTINED and theirs[name] > ours[name]) for name in theirs
+    )
+
+
 def _snapshot(d: Difference) -> bool:
     return d.op == "r"
 
@@ -71,20 +108,35 @@ DELIBERATE: tuple[Deliberate, ...] = (
     Deliberate(
         "transaction.id is xid:commit LSN",
         "Debezium builds transaction.id from the xid and the LSN of each event, so one transaction's "
-        "events carry different ids; Headwater's is '<xid>:<commit LSN>' for every event of the transaction",
-        ("value.transaction.id",),
+        "events carry different ids, and its BEGIN and END records too (BEGIN: the first event's LSN, END: "
+        "the LSN after the commit); Headwater's is '<xid>:<commit LSN>' for every event of the transaction "
+        "and for its BEGIN and END (key and value), so events join their boundaries by id",
+        ("value.transaction.id", "key.id", "value.id"),
         lambda d: (
-            isinstance(d.debezium, str)
+            (d.path == "value.transaction.id" or d.topic.endswith(".transaction"))
+            and isinstance(d.debezium, str)
             and isinstance(d.headwater, str)
             and d.debezium.split(":")[0] == d.headwater.split(":")[0]
         ),
     ),
     Deliberate(
-        "no transaction metadata topic",
-        "Debezium's provide.transaction.metadata also writes BEGIN/END records to <prefix>.transaction; "
-        "Headwater's events carry the transaction block, and no extra topic is written",
-        ("event",),
-        lambda d: d.topic.endswith(".transaction") and d.headwater is MISSING,
+        "logical messages are one data collection, 'message'",
+        "in an END record's data_collections Debezium names each transactional logical message by a Java "
+        f"object's identity ('{_MESSAGE_ID}@440448a0', a new one per message, so each message is its own "
+        "entry, and every message's data_collection_order is 1) and lists the entries in hash-map order; "
+        "Headwater counts the transaction's messages under 'message' (the data_collection of "
+        "<source>.message: a second message's data_collection_order is 2) and lists entries in the order "
+        "they first occur. The same tables with the same counts",
+        ("value.data_collections", "value.transaction.data_collection_order"),
+        lambda d: (
+            (
+                d.op == "END"
+                and isinstance(d.debezium, list)
+                and isinstance(d.headwater, list)
+                and _collection_counts(d.debezium) == _collection_counts(d.headwater)
+            )
+            or (d.op == "m" and d.debezium == 1 and isinstance(d.headwater, int) and d.headwater > 1)
+        ),
     ),
     Deliberate(
         "a delete's before under REPLICA IDENTITY DEFAULT: columns not sent are null",
@@ -114,6 +166,22 @@ DELIBERATE: tuple[Deliberate, ...] = (
         "<topic>.quarantine with the reason (the suite checks the quarantine holds exactly these)",
         ("event",),
         lambda d: d.mode.startswith("precise") and d.topic.endswith(".numeric_special") and d.headwater is MISSING,
+    ),
+    Deliberate(
+        "no BEGIN/END for a transaction that wrote no event",
+        "Headwater writes BEGIN/END only for a transaction with events in the log; Debezium also writes "
+        "them for an empty transaction (PostgreSQL 14's pgoutput sends those; 15+ skips them) and for one "
+        "whose every change Headwater quarantined (precise-mode NaN/Infinity, see above)",
+        ("event",),
+        lambda d: d.topic.endswith(".transaction") and d.headwater is MISSING and _no_event_written(d),
+    ),
+    Deliberate(
+        "END counts the events written, not those quarantined",
+        "the precise-mode NaN/Infinity rows Debezium writes with a null column are quarantined by Headwater "
+        "(see above), so its END records count only the events written to table topics: a consumer "
+        "waiting for event_count events finds them all",
+        ("value.event_count", "value.data_collections"),
+        lambda d: d.mode.startswith("precise") and d.topic.endswith(".transaction") and _fewer_for_quarantine(d),
     ),
     Deliberate(
         "date infinity and BC dates",

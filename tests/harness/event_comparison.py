@@ -3,7 +3,7 @@
 Events are compared per topic. Snapshot rows (``op: r``) are paired by their key (a keyless
 table: by the row), so the order rows were read in does not matter, but their
 ``source.snapshot`` markers are compared like every other field. Every other record
-(changes, tombstones, truncates, messages) is paired in order: each tool's records of a
+(changes, tombstones, truncates, messages, BEGIN/END transaction metadata) is paired in order: each tool's records of a
 topic, in the order it emitted them (Headwater: ``(commit_lsn, txn_index)``, a tombstone right
 after its delete), aligned on ``(op, key)``; what cannot be aligned is an event only one tool
 has.
@@ -11,7 +11,8 @@ has.
 A pair is compared on every field path of its key and value (``value.after.c_num``,
 ``value.source.snapshot``, ...), with these masks and no others:
 
-* envelope ``ts_ms``/``ts_us``/``ts_ns`` are processing times: compared by presence;
+* envelope ``ts_ms``/``ts_us``/``ts_ns`` are processing times: compared by presence (but a
+  transaction-metadata record's ``ts_ms``, the commit time, is compared exactly);
 * ``source.ts_*`` of snapshot rows are each tool's own snapshot time: compared by presence;
   ``source.ts_*`` of streamed events are the commit time and compared exactly.
 
@@ -45,6 +46,7 @@ class _Missing:
 MISSING: Any = _Missing()
 _PROCESSING_TIME = ("value.ts_ms", "value.ts_us", "value.ts_ns")
 _SOURCE_TIME = ("value.source.ts_ms", "value.source.ts_us", "value.source.ts_ns")
+_TRANSACTION_STATUS = ("BEGIN", "END")
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,13 @@ class Event:
         return _canonical((self.value or {}).get("after"))
 
     def signature(self) -> tuple[str, str]:
-        """What aligns streamed records: op and key (a keyless table's row for its changes)."""
+        """What aligns streamed records: op and key (a keyless table's row for its changes).
+
+        A transaction-metadata record: its status and the xid of its ``id`` (``<xid>:<lsn>``: the
+        tools put different LSNs after the colon, see ``harness.debezium_differences``).
+        """
+        if self.value is not None and "status" in self.value:
+            return self.op, str(self.value.get("id")).split(":")[0]
         if self.key is None and self.value is not None and self.op in "cud":
             return self.op, _canonical(self.value.get("after") or self.value.get("before"))
         return self.op, _canonical(self.key)
@@ -156,10 +164,19 @@ def headwater_events(log: Log, source: str) -> list[Event]:
                     positioned.append((position, Event(topic, key, None)))
                     continue
                 value = orjson.loads(record.value)
-                position = (value["source"]["commit_lsn"], value["source"]["txn_index"], 0)
+                position = _position(value)
                 positioned.append((position, Event(topic, key, value)))
     positioned.sort(key=lambda item: item[0])
     return [event for _, event in positioned]
+
+
+def _position(value: Mapping[str, Any]) -> tuple[int, int, int]:
+    """A record's place in the source's order; a BEGIN/END record (no ``source``) at its transaction's ends."""
+    source = value.get("source")
+    if source is not None:
+        return source["commit_lsn"], source["txn_index"], 0
+    commit = int(str(value["id"]).split(":")[1])
+    return commit, -1 if value["status"] == "BEGIN" else 2**62, 0
 
 
 def compare(
@@ -231,7 +248,9 @@ def _field_differences(mode: str, debezium: Event, headwater: Event) -> list[Dif
     out = []
     for path in sorted(ours.keys() | theirs.keys()):
         dbz, hw = theirs.get(path, MISSING), ours.get(path, MISSING)
-        if path in _PROCESSING_TIME or (path in _SOURCE_TIME and debezium.snapshot):
+        # A BEGIN/END record's ts_ms is the commit time (both tools): compared exactly.
+        processing = path in _PROCESSING_TIME and debezium.op not in _TRANSACTION_STATUS
+        if processing or (path in _SOURCE_TIME and debezium.snapshot):
             same = (dbz is MISSING) == (hw is MISSING)
         else:
             same = type(dbz) is type(hw) and dbz == hw

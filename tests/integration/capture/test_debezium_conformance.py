@@ -42,6 +42,7 @@ EXPECTED_COVERAGE = {
     "composite": {"r", "c", "u", "d", "tombstone", "t"},
     "numeric_special": {"r", "c", "u"},
     "message": {"m"},
+    "transaction": {"BEGIN", "END"},
 }
 
 
@@ -51,7 +52,7 @@ def covered(comparison: Comparison, tables: tuple[str, ...]) -> dict[str, set[st
     for (topic, op), count in comparison.compared.items():
         if count:
             seen.setdefault(topic.split(".")[-1], set()).add(op)
-    names = {t.split(".")[-1] for t in tables} | {"message"}
+    names = {t.split(".")[-1] for t in tables} | {"message", "transaction"}
     return {table: seen.get(table, set()) for table in names}
 
 

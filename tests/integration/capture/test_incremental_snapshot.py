@@ -16,7 +16,8 @@ from harness.topics import read_topic
 from capture.agent import CaptureAgent
 from capture.catalog import typemap_decoders
 from capture.incremental_snapshot import request_incremental_snapshot
-from capture.incremental_snapshotter import WINDOW_CLOSE_PREFIX, IncrementalSnapshotter
+from capture.incremental_snapshotter import IncrementalSnapshotter
+from capture.markers import WINDOW_CLOSE
 from core.config import LogConfig, SourceConfig
 from headwater.cli import main
 from log.file.backend import FileLog
@@ -52,7 +53,7 @@ class WindowWriter(IncrementalSnapshotter):
         execute = conn.execute
 
         def before_close(query: Any, params: Any = None, **kwargs: Any) -> Any:
-            if params and params[0] == WINDOW_CLOSE_PREFIX:
+            if params and str(params[-1]).startswith(WINDOW_CLOSE):
                 after = int(progress.last_key[0]) if progress.last_key else 0
                 with psycopg.connect(self.dsn, autocommit=True) as side:
                     side.execute(

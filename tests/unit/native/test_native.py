@@ -8,6 +8,7 @@ checked in subprocesses.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 import subprocess
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import native
+from capture.column_policy import ColumnPolicy, ColumnRules, column_mask
 from capture.copy_text import CopyRows, copy_pieces, encodable, parse_copy_text
 from capture.errors import TypeMappingError
 from capture.events import EventBuilder, OutRecord
@@ -39,7 +41,7 @@ from capture.snapshot import PartitionBatch, encode_piece
 from capture.stream import WalMessage
 from capture.transactions import Transaction, TransactionAssembler
 from capture.typemap import native_kind as _native_kind
-from core.config import TypesConfig
+from core.config import ColumnsConfig, MaskConfig, TypesConfig
 from log import partitioner
 from log.base import Record
 from log.file import batch_codec
@@ -179,17 +181,123 @@ def relation_and_rows(draw: st.DrawFn) -> tuple[list[RelationColumn], list[tuple
 def python_encode(
     converter: RowConverter, row: tuple[object, ...], keep: list[int], keys: list[int]
 ) -> tuple[bytes, bytes | None] | None:
-    """What the Python path makes of the row, or None where it does not produce an image here."""
+    """What the Python path makes of the row, or None where it does not produce an image here.
+
+    Columns not kept are never converted (so a value they could not convert is no error).
+    """
     if any(value is UNCHANGED_TOAST or isinstance(value, bytes) for value in row):
         return None
     try:
-        image = converter.convert_text(row)  # type: ignore[arg-type]
+        image = converter.restricted(ColumnRules(keep, {})).convert_text(row)  # type: ignore[arg-type]
     except TypeMappingError:
         return None
     names = converter.names
     after = {names[i]: image[names[i]] for i in keep}
     key = orjson.dumps({names[i]: image[names[i]] for i in keys}) if keys else None
     return orjson.dumps(after), key
+
+
+#: Masks of every kind: native SHA-256 (both hash versions), a Python-only algorithm, truncation, replacement.
+MASKS = [
+    MaskConfig(hash="sha256", salt="salt", version=1),
+    MaskConfig(hash="sha256", salt='é"\\x', version=2),
+    MaskConfig(hash="md5", salt="s"),
+    MaskConfig(truncate=2),
+    MaskConfig(truncate=0),
+    MaskConfig(replace='*"é\\'),
+]
+HASHES = [m for m in MASKS if m.hash is not None]
+
+
+def draw_columns(data: st.DataObject, table: str, columns, keep: list[int], keys: list[int]) -> ColumnsConfig:
+    """The columns not in ``keep`` excluded, and some kept ones masked (key columns only by a hash)."""
+    masks = {}
+    for i in keep:
+        mask = data.draw(st.sampled_from([None, None, *(HASHES if i in keys else MASKS)]))
+        if mask is not None:
+            masks[f"{table}.{columns[i].name}"] = mask
+    excluded = tuple(f"{table}.{c.name}" for i, c in enumerate(columns) if i not in keep)
+    return ColumnsConfig(exclude=excluded, mask=masks)
+
+
+@FAST
+@given(case=relation_and_rows(), mode=st.sampled_from(MODES), data=st.data())
+def test_masked_row_images_and_keys_are_byte_identical(case, mode, data) -> None:
+    columns, rows, keep, keys = case
+    relation = Relation(9, "public", "t", ReplicaIdentity.DEFAULT, tuple(columns))
+    rules = ColumnPolicy(draw_columns(data, "public.t", columns, keep, keys)).rules(relation)
+    converter = RowConverter(columns, mode).restricted(rules)
+    encoder = converter.native_encoder(keep, keys)
+    assert encoder is not None
+    for row in rows:
+        assert encoder.encode(row) == python_encode(converter, row, keep, keys)
+
+
+@FAST
+@given(salt=st.binary(max_size=130), value=odd_text, version=st.sampled_from([1, 2]))
+def test_the_native_sha256_mask_equals_hashlib_with_and_without_the_cpus_sha_extensions(salt, value, version) -> None:
+    assert native.speedups is not None
+    wanted = column_mask(
+        MaskConfig(hash="sha256", salt=salt.decode("latin-1"), version=version), Oid.TEXT, -1
+    ).mask  # the salt's UTF-8 bytes: latin-1 text round-trips any byte string only through this decode
+    expected = hashlib.sha256(salt.decode("latin-1").encode() + (value.encode() if version == 2 else b"")).hexdigest()
+    if version == 2:
+        assert wanted(value) == expected
+    salt_bytes = salt.decode("latin-1").encode()
+    for portable in (False, True):
+        assert native.speedups.mask_sha256(salt_bytes, value, version, portable) == wanted(value)
+    long_value = value * 50  # several blocks, and a length past 55 bytes in the last one
+    assert native.speedups.mask_sha256(salt_bytes, long_value, version) == wanted(long_value)
+
+
+def test_masks_are_computed_natively_and_match_debezium() -> None:
+    """Debezium 3.6.3's own output for salt 'salt' (column.mask.hash.SHA-256.with.salt.salt on varchar(10)
+    and char(5), column.mask.hash.v2 on text), and every native mask without a Python call."""
+    columns = [
+        RelationColumn(True, "id", Oid.INT4, -1),
+        RelationColumn(False, "v", Oid.VARCHAR, 14),
+        RelationColumn(False, "c", Oid.BPCHAR, 9),
+        RelationColumn(False, "t", Oid.TEXT, -1),
+        RelationColumn(False, "cut", Oid.TEXT, -1),
+        RelationColumn(False, "n", Oid.INT4, -1),
+    ]
+    relation = Relation(9, "public", "a", ReplicaIdentity.DEFAULT, tuple(columns))
+    config = ColumnsConfig(
+        mask={
+            "public.a.v": MaskConfig(hash="sha256", salt="salt", version=1),
+            "public.a.c": MaskConfig(hash="sha256", salt="salt", version=1),
+            "public.a.t": MaskConfig(hash="sha256", salt="salt", version=2),
+            "public.a.cut": MaskConfig(truncate=3),
+            "public.a.n": MaskConfig(replace="****"),
+        }
+    )
+    rules = ColumnPolicy(config).rules(relation)
+    converter = RowConverter(columns, TypesConfig()).restricted(rules)
+    keep = list(range(len(columns)))
+    expected = {
+        "id": 2,
+        "v": "4588e1f2dc",
+        "c": "ec423",
+        "t": "e84ac3142870113ddc6710c06f76421befc8e8ca6de64e98d2993ed8d41f4085",
+        "cut": "😀é😀",
+        "n": "****",
+    }
+    row = ("2", "world", "xyz  ", "world", "😀é😀😀", "7")
+    assert converter.convert_text(row) == expected
+    assert native.speedups is not None
+    plan = [(m.native_kind, m.native_param) if (m := rules.masks.get(i)) else (1, 0) for i in keep]
+    encoder = native.speedups.RowEncoder(
+        tuple(kind for kind, _ in plan),
+        tuple(param for _, param in plan),
+        (True,) * len(row),
+        tuple(orjson.dumps(c.name) + b":" for c in columns),
+        (_explode,) * len(row),
+        (0,),
+        orjson.dumps,
+        UNCHANGED_TOAST,
+        tuple(m.native_blob if (m := rules.masks.get(i)) else None for i in keep),
+    )
+    assert encoder.encode(row) == (orjson.dumps(expected), b'{"id":2}')
 
 
 @FAST
@@ -250,7 +358,7 @@ def test_events_are_byte_identical(case, mode, data) -> None:
     keyed = [RelationColumn(i in keys, c.name, c.type_oid, c.atttypmod) for i, c in enumerate(columns)]
     identity = data.draw(st.sampled_from([ReplicaIdentity.DEFAULT, ReplicaIdentity.FULL]))
     relation = Relation(9, "public", 'tåble"', identity, tuple(keyed))
-    excluded = [f'public.tåble".{c.name}' for i, c in enumerate(columns) if i not in keep]
+    config = draw_columns(data, 'public.tåble"', columns, keep, keys)
     changes: list[object] = [relation]
     for row in rows:
         kind = data.draw(st.sampled_from(["insert", "update", "update_old", "delete_key", "delete_full"]))
@@ -274,7 +382,7 @@ def test_events_are_byte_identical(case, mode, data) -> None:
             "src",
             "db",
             _decoders(columns, mode),
-            excluded_columns=excluded,
+            columns=config,
             primary_key=lambda _rel: tuple(columns[i].name for i in keys) or None,
             image_cache_size=cache_size,  # small sizes rotate the TOAST image cache mid-transaction
             use_native=use_native,
@@ -531,7 +639,7 @@ def test_snapshot_rows_from_copy_text_are_byte_identical(case, mode, data) -> No
     columns, rows, keep, keys = case
     keyed = [RelationColumn(i in keys, c.name, c.type_oid, c.atttypmod) for i, c in enumerate(columns)]
     relation = Relation(9, "public", "t", ReplicaIdentity.DEFAULT, tuple(keyed))
-    excluded = [f"public.t.{c.name}" for i, c in enumerate(columns) if i not in keep]
+    config = draw_columns(data, "public.t", columns, keep, keys)
     lines = ["\t".join(_copy_field(None if v is UNCHANGED_TOAST else v) for v in row) for row in rows]
     # Damage: a row with a field too many or too few, an empty line, odd escapes, no final newline.
     extra = data.draw(
@@ -541,7 +649,7 @@ def test_snapshot_rows_from_copy_text_are_byte_identical(case, mode, data) -> No
     text = "\n".join(lines) + data.draw(st.sampled_from(["\n", ""]))
 
     def snapshot(use_native: bool):
-        builder = EventBuilder("src", "db", _decoders(columns, mode), excluded_columns=excluded, use_native=use_native)
+        builder = EventBuilder("src", "db", _decoders(columns, mode), columns=config, use_native=use_native)
         builder.relation(relation)
         rows = CopyRows(text.encode())
         return len(rows), builder.snapshot_records(9, rows, Seq(5, 7), ts_us=1_700_000_000_000_001)
@@ -583,7 +691,7 @@ def test_snapshot_batches_from_copy_text_are_byte_identical(case, mode, data) ->
     columns, rows, keep, keys = case
     keyed = [RelationColumn(i in keys, c.name, c.type_oid, c.atttypmod) for i, c in enumerate(columns)]
     relation = Relation(9, "public", "t", ReplicaIdentity.DEFAULT, tuple(keyed))
-    excluded = [f"public.t.{c.name}" for i, c in enumerate(columns) if i not in keep]
+    config = draw_columns(data, "public.t", columns, keep, keys)
     lines = ["\t".join(_copy_field(None if v is UNCHANGED_TOAST else v) for v in row) for row in rows]
     # Damage the native pass hands back: a field too many or too few, odd escapes; no final newline.
     extra = data.draw(st.lists(st.sampled_from(["1", "1\t2\t3\t4\t5\t6\t7\t8", "\\x41\\q\\", "é\t\\N"]), max_size=2))
@@ -595,10 +703,10 @@ def test_snapshot_batches_from_copy_text_are_byte_identical(case, mode, data) ->
     partitions = data.draw(st.integers(1, 4))
     compression = data.draw(st.sampled_from(["none", "zstd"]))
     ts_us = 1_700_000_000_000_001
-    slow = EventBuilder("src", "db", _decoders(columns, mode), excluded_columns=excluded, use_native=False)
+    slow = EventBuilder("src", "db", _decoders(columns, mode), columns=config, use_native=False)
     slow.relation(relation)
     expected_records = slow.snapshot_records(9, CopyRows(raw), Seq(5, 7), ts_us=ts_us)
-    fast = EventBuilder("src", "db", _decoders(columns, mode), excluded_columns=excluded)
+    fast = EventBuilder("src", "db", _decoders(columns, mode), columns=config)
     fast.relation(relation)
     got: dict[tuple[str, int], list[tuple[bytes | None, bytes | None, int]]] = {}
     index = 7
