@@ -1,0 +1,336 @@
+"""Maintained views: after every micro-batch a feed's topic equals its SQL over the current rows, by diffs.
+
+For every feed whose SQL is not the one-pass projection (:mod:`derived_feeds.plan_class`):
+its ``from`` topic and lookup topics are read together, and the latest change per
+``(topic, key)`` is kept in Spark's RocksDB state store (:mod:`derived_feeds.enrichment_state`,
+changelog checkpointing). The process also keeps the current rows of every topic as a
+checkpointed DataFrame (``rows``, rebuilt from the state store after a restart or a
+replay), and, when the plan does not make the feed key unique, the index of the feed's
+current keys.
+
+Per micro-batch ``b`` (``prev``: the rows after ``b - 1``; ``next``: after ``b``):
+
+1. **Region.** Which output rows can differ. Every view carries its record key as a hidden
+   column (``__hw_key_<view>``), and :meth:`~derived_feeds.catalyst.Catalyst.with_hidden`
+   passes them up through projections, so each row of a row-shaped SQL (projection, join)
+   knows the rows it came from. Row shapes: the region is the output rows whose source key
+   changed (the SQL over ``source`` cut to those keys) or whose lookup key changed (the SQL
+   filtered on the hidden column). Grouped shapes (GROUP BY, DISTINCT): the groups of the
+   rows below the aggregate that came from a changed row, before (over ``prev``) and after
+   (over ``next``); the region is those groups, recomputed from all their rows (so min, max
+   and count(DISTINCT) are exact). A truncate makes the region everything.
+2. **Diff.** The region's rows over ``prev`` (what the feed holds, by induction) and over
+   ``next``, matched by the feed key: a key only in ``next`` is a create, a key in both whose
+   row differs an update, a key only in ``prev`` a delete (and its tombstone). Nothing else
+   is written: an unchanged row or a key that never had a row makes no record.
+3. **Key check.** Two rows of ``next``'s region with one key, or a new key that a row
+   outside the region already has (the key index), stop the feed with
+   :class:`~derived_feeds.errors.FeedKeyError` before anything is written: keeping one of the
+   rows would make the feed differ from its SQL, and the cure is a better key in the config.
+
+Every record of ``b`` carries the newest position of all changes read so far (``__hw_seq``
+and the rest of the source block of the change that has it): a derived row comes from many
+changes, and sinks that apply only newer sequences must take each batch's records. A
+replayed batch recomputes the same records from the state of ``b - 1``; the append is
+idempotent anyway (``feed_writer``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from derived_feeds.catalyst import HIDDEN_PREFIX, Catalyst, analyzed, hidden_view
+from derived_feeds.enrichment_state import TRUNCATE_KEY, not_truncated, state_tables
+from derived_feeds.errors import FeedKeyError
+from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, META
+from derived_feeds.feed_schema import JSON_OPTIONS, wire_column, wire_struct
+from derived_feeds.feed_writer import BatchMarker
+from derived_feeds.plan_class import grouping_expressions, top_chain
+from derived_feeds.transform import AFTER, IMAGE, SOURCE_VIEW, SRC_KEY, apply_sql
+from log.base import Log
+from log.envelope import Op
+from spark_log import source_schema as cols
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from derived_feeds.feed_job import FeedPlan
+
+#: The columns of the kept rows: each topic's current row images by key (and their sequence, for truncates).
+ROW_COLUMNS = (cols.TOPIC, SRC_KEY, IMAGE, cols.SEQ)
+_OLD_JSON = "__hw_old_json"
+_POSITION = "__hw_position"
+
+
+@dataclass
+class KeptRows:
+    """What a feed query keeps between micro-batches (valid for the batch after ``batch_id`` only)."""
+
+    batch_id: int
+    session: str
+    rows: DataFrame
+    #: The feed's current keys (``__hw_key``), when the plan does not make them unique.
+    keys: DataFrame | None
+    #: The newest META of every change read so far (a Row), None before the first.
+    position: Any
+
+
+def views(
+    plan: FeedPlan, rows: DataFrame, source_keys: DataFrame | None = None
+) -> tuple[DataFrame, dict[str, DataFrame]]:
+    """The SQL's views over ``rows``: ``source`` (cut to ``source_keys`` when given) and each lookup.
+
+    Each view has its topic's own columns and its record key as the hidden column ``__hw_key_<view>``.
+    """
+    spec = plan.spec
+
+    def view(name: str, topic: str, struct: StructType) -> DataFrame:
+        frame = rows.where(F.col(cols.TOPIC) == topic)
+        if name == SOURCE_VIEW and source_keys is not None:
+            frame = frame.join(source_keys, on=SRC_KEY, how="left_semi")
+        images = [F.col(IMAGE)[column].alias(column) for column in struct.fieldNames()]
+        return frame.select(*images, F.col(SRC_KEY).alias(HIDDEN_PREFIX + name))
+
+    source = view(SOURCE_VIEW, spec.source_topic, plan.source_struct)
+    lookups = {name: view(name, topic, plan.lookup_structs[name]) for name, topic in spec.lookup_topics.items()}
+    return source, lookups
+
+
+def sql_over(plan: FeedPlan, rows: DataFrame, source_keys: DataFrame | None = None) -> DataFrame:
+    """The feed's SQL over ``rows`` (analyzed, not run)."""
+    source, lookups = views(plan, rows, source_keys)
+    return apply_sql(rows.sparkSession, source, plan.spec.config.sql, lookups)
+
+
+class Region:
+    """The part of the output a micro-batch can change (module docstring, step 1), over one state of the rows."""
+
+    def __init__(self, plan: FeedPlan, catalyst: Catalyst, changed: Mapping[str, DataFrame], everything: bool) -> None:
+        """``changed``: per view the record keys (``__hw_src_key``) of its rows this batch changed."""
+        self.plan, self.catalyst, self.changed, self.everything = plan, catalyst, changed, everything
+
+    def _touched(self, frame: DataFrame, with_hidden: Callable[[DataFrame], DataFrame]) -> list[DataFrame]:
+        """Rows of ``frame``'s plan (over the state, hidden columns passed up) whose lookup keys changed."""
+        lookups = [view for view in self.changed if view != SOURCE_VIEW]
+        if not lookups:
+            return []
+        lineage = with_hidden(frame)
+        parts = []
+        for name in lineage.columns:
+            view = _hidden_of(name)
+            if view in lookups:
+                keys = self.changed[view].withColumnRenamed(SRC_KEY, "__hw_touched")
+                parts.append(lineage.join(keys, lineage[name] == keys["__hw_touched"], "left_semi"))
+        return parts
+
+    def _hidden(self, frame: DataFrame) -> DataFrame:
+        plan = self.catalyst.with_hidden(analyzed(frame))
+        lineage = self.catalyst.frame(plan)
+        return lineage.toDF(*[f"{n}#{i}" if hidden_view(n) else n for i, n in enumerate(lineage.columns)])
+
+    def rows(self, state: DataFrame) -> DataFrame:
+        """Row shapes: the SQL's rows over ``state`` that came from a changed row (all of them after a truncate)."""
+        plan = self.plan
+        if self.everything:
+            return sql_over(plan, state)
+        parts = []
+        if SOURCE_VIEW in self.changed:
+            parts.append(self._hidden(sql_over(plan, state, self.changed[SOURCE_VIEW])))
+        parts += self._touched(sql_over(plan, state), self._hidden)
+        if not parts:
+            return sql_over(plan, state).limit(0)
+        hidden = [name for name in parts[0].columns if _hidden_of(name)]
+        union = functools.reduce(lambda a, b: a.unionByName(b), parts)
+        return union.dropDuplicates(hidden) if len(parts) > 1 else union
+
+    def groups(self, state: DataFrame) -> DataFrame | None:
+        """Grouped shapes: the group values (``__hw_g<i>``) of rows below the aggregate that came from a changed row.
+
+        None when the aggregate has no GROUP BY (its one row is recomputed whenever anything changed).
+        """
+        catalyst, plan = self.catalyst, self.plan
+        _, grouping = top_chain(analyzed(sql_over(plan, state)))
+        if not grouping_expressions(grouping):
+            return None
+
+        def values(frame: DataFrame) -> DataFrame:
+            _, node = top_chain(analyzed(frame))
+            columns = [catalyst.column(e).alias(f"__hw_g{i}") for i, e in enumerate(grouping_expressions(node))]
+            return catalyst.frame(node.child()).select(*columns)
+
+        def child_hidden(frame: DataFrame) -> DataFrame:
+            _, node = top_chain(analyzed(frame))
+            columns = [catalyst.column(e).alias(f"__hw_g{i}") for i, e in enumerate(grouping_expressions(node))]
+            lineage = catalyst.frame(catalyst.with_hidden(node.child()))
+            hidden = [F.col(f"`{n}`").alias(f"{n}#{i}") for i, n in enumerate(lineage.columns) if hidden_view(n)]
+            return lineage.select(*hidden, *columns)
+
+        parts = []
+        if SOURCE_VIEW in self.changed:
+            parts.append(values(sql_over(plan, state, self.changed[SOURCE_VIEW])))
+        g_columns = [f"__hw_g{i}" for i in range(len(grouping_expressions(grouping)))]
+        parts += [part.select(*g_columns) for part in self._touched(sql_over(plan, state), child_hidden)]
+        if not parts:
+            return values(sql_over(plan, state)).limit(0)
+        return functools.reduce(lambda a, b: a.unionByName(b), parts)
+
+    def grouped_rows(self, state: DataFrame, groups: DataFrame | None) -> DataFrame:
+        """Grouped shapes: the SQL's rows over ``state`` of ``groups`` only (each group from all of its rows)."""
+        frame = sql_over(self.plan, state)
+        if self.everything or groups is None:
+            return frame
+        catalyst = self.catalyst
+        chain, node = top_chain(analyzed(frame))
+        child = catalyst.frame(node.child())
+        values = [catalyst.column(e) for e in grouping_expressions(node)]
+        condition = functools.reduce(
+            lambda a, b: a & b, [value.eqNullSafe(groups[f"__hw_g{i}"]) for i, value in enumerate(values)]
+        )
+        region = analyzed(child.join(groups, condition, "left_semi"))
+        return catalyst.frame(catalyst.rebuilt(chain, node.withNewChildren(catalyst.to_seq([region]))))
+
+
+def _hidden_of(column: str) -> str:
+    """The view of a hidden column renamed ``__hw_key_<view>#<position>`` (several may share a name)."""
+    return hidden_view(column.split("#", maxsplit=1)[0])
+
+
+def _output(plan: FeedPlan, frame: DataFrame) -> DataFrame:
+    """SQL rows as the feed key (JSON), the row (STRUCT) and the row as JSON."""
+    output = plan.output
+    row = F.struct(*[F.col(f"`{name}`") for name in output.fieldNames()])
+    key = F.struct(*[wire_column(F.col(f"`{k}`"), output[k].dataType).alias(k) for k in plan.spec.key])
+    return frame.select(
+        F.to_json(key, JSON_OPTIONS).alias(KEY_JSON),
+        row.alias(AFTER),
+        F.to_json(wire_struct(row, output), JSON_OPTIONS).alias(AFTER_JSON),
+    )
+
+
+def _kept_rows(spark: SparkSession, plan: FeedPlan, batch_id: int, image_type: Any) -> KeptRows:
+    """The rows after batch ``batch_id - 1``: this process's, else read back from the state store."""
+    session = str(spark._jsparkSession.sessionUUID())
+    kept: KeptRows | None = plan.kept
+    if kept is not None and kept.batch_id == batch_id - 1 and kept.session == session:
+        return kept
+    schema = StructType(
+        [
+            StructField(cols.TOPIC, StringType()),
+            StructField(SRC_KEY, StringType()),
+            StructField(IMAGE, image_type),
+            StructField(cols.SEQ, StringType()),
+        ]
+    )
+    position = None
+    if batch_id == 0:
+        rows = spark.createDataFrame([], schema)
+    else:
+        state = state_tables(spark, plan.spec.checkpoint / "spark", batch_id - 1, image_type)
+        position = state.agg(F.max(F.struct(*META)).alias(_POSITION)).collect()[0][_POSITION]
+        rows = state.where(F.col(cols.OP) != Op.DELETE.value).select(*ROW_COLUMNS).localCheckpoint()
+    keys = None
+    if not plan.view_shape.unique_by_plan:
+        keys = _output(plan, sql_over(plan, rows)).select(KEY_JSON).localCheckpoint()
+    return KeptRows(batch_id - 1, session, rows, keys, position)
+
+
+def process_maintained_batch(
+    plan: FeedPlan,
+    log: Log,
+    batch: DataFrame,
+    marker: BatchMarker,
+    write: Callable[[FeedPlan, Log, DataFrame, BatchMarker], None],
+) -> None:
+    """One micro-batch of a maintained view (module docstring); ``write`` appends the records.
+
+    ``batch``: the keys this micro-batch changed (:func:`derived_feeds.enrichment_state.latest_per_key`).
+    """
+    spark = batch.sparkSession
+    spec, shape = plan.spec, plan.view_shape
+    batch_rows = batch.localCheckpoint()  # eager: the state store aggregation runs once per batch
+    image_type = batch_rows.schema[IMAGE].dataType
+    kept = _kept_rows(spark, plan, marker.batch_id, image_type)
+    is_truncate = F.col(SRC_KEY) == TRUNCATE_KEY
+    summary = (
+        batch_rows.groupBy(cols.TOPIC)
+        .agg(
+            F.max(F.struct(*META)).alias(_POSITION),
+            F.max(F.when(is_truncate, F.struct(cols.SEQ))).alias("truncate"),
+        )
+        .collect()
+    )
+    truncated_at = {row[cols.TOPIC]: row["truncate"][cols.SEQ] for row in summary if row["truncate"] is not None}
+    positions = [row[_POSITION] for row in summary] + ([kept.position] if kept.position is not None else [])
+    position = max(positions, key=_order)
+    survives = not_truncated(truncated_at)
+    changes = batch_rows.where(~is_truncate & survives)
+    prev = kept.rows
+    before = prev.where(survives) if truncated_at else prev
+    live = changes.where(F.col(cols.OP) != Op.DELETE.value).select(*ROW_COLUMNS)
+    after = before.join(changes.select(cols.TOPIC, SRC_KEY), on=[cols.TOPIC, SRC_KEY], how="left_anti")
+    rows_after = after.unionByName(live).localCheckpoint()
+
+    topics = {SOURCE_VIEW: spec.source_topic, **spec.lookup_topics}
+    changed_topics = {row[cols.TOPIC] for row in summary}
+    changed = {
+        view: changes.where(F.col(cols.TOPIC) == topic).select(SRC_KEY)
+        for view, topic in topics.items()
+        if topic in changed_topics
+    }
+    region = Region(plan, Catalyst(spark), changed, everything=bool(truncated_at))
+    if shape.grouped:
+        groups = None
+        if not region.everything:
+            old_groups, new_groups = region.groups(prev), region.groups(rows_after)
+            if old_groups is not None and new_groups is not None:
+                groups = old_groups.unionByName(new_groups).distinct().localCheckpoint()
+        old, new = region.grouped_rows(prev, groups), region.grouped_rows(rows_after, groups)
+    else:
+        old, new = region.rows(prev), region.rows(rows_after)
+    old_rows = _output(plan, old).select(KEY_JSON, F.col(AFTER_JSON).alias(_OLD_JSON)).localCheckpoint()
+    new_rows = _output(plan, new).localCheckpoint()
+    _check_keys(plan, new_rows, old_rows, kept.keys)
+
+    diff = new_rows.join(old_rows, on=KEY_JSON, how="full_outer")
+    op = (
+        F.when(F.col(AFTER_JSON).isNull(), F.lit(Op.DELETE.value))
+        .when(F.col(_OLD_JSON).isNull(), F.lit(Op.CREATE.value))
+        .when(F.col(_OLD_JSON) != F.col(AFTER_JSON), F.lit(Op.UPDATE.value))
+    )
+    meta = [F.lit(position[name]).cast(batch_rows.schema[name].dataType).alias(name) for name in META]
+    records = diff.select(KEY_JSON, op.alias(cols.OP), AFTER, *meta).where(F.col(cols.OP).isNotNull())
+    write(plan, log, records, marker)
+
+    keys = None
+    if kept.keys is not None:
+        keys = (
+            kept.keys.join(old_rows.select(KEY_JSON), on=KEY_JSON, how="left_anti")
+            .unionByName(new_rows.select(KEY_JSON))
+            .localCheckpoint()
+        )
+    plan.kept = KeptRows(marker.batch_id, kept.session, rows_after, keys, position)
+
+
+def _order(position: Any) -> tuple[str, int, int]:
+    """A META row's place in the source order (``__hw_seq``, then LSN and index; nulls first)."""
+    return (position[cols.SEQ] or "", position[cols.COMMIT_LSN] or -1, position[cols.TXN_INDEX] or -1)
+
+
+def _check_keys(plan: FeedPlan, new_rows: DataFrame, old_rows: DataFrame, index: DataFrame | None) -> None:
+    """Stop the feed when two rows of the SQL would have one key (module docstring, step 3)."""
+    counts = new_rows.groupBy(KEY_JSON).count()
+    duplicate = counts.where(F.col("count") > 1).limit(1).collect()
+    if duplicate:
+        raise FeedKeyError(plan.spec.name, duplicate[0][KEY_JSON], int(duplicate[0]["count"]))
+    if index is None:
+        return
+    new_keys = new_rows.select(KEY_JSON).join(old_rows.select(KEY_JSON), on=KEY_JSON, how="left_anti")
+    taken = new_keys.join(index, on=KEY_JSON, how="left_semi").limit(1).collect()
+    if taken:
+        raise FeedKeyError(plan.spec.name, taken[0][KEY_JSON], 2)
