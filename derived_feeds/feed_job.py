@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
-from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from core.config import ProjectConfig
@@ -34,16 +33,15 @@ from core.errors import HeadwaterError
 from derived_feeds.catalyst import HIDDEN_PREFIX, Catalyst, analyzed
 from derived_feeds.enrichment_state import check_checkpoint, latest_per_key, start_stateful
 from derived_feeds.errors import FeedConfigError
-from derived_feeds.expectations import Check, compile_checks, with_checks
+from derived_feeds.expectations import Check, compile_checks
 from derived_feeds.feed_graph import run_order
-from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, META, encode_output, pair_changes, paired_output
-from derived_feeds.feed_schema import JSON_OPTIONS, schema_columns, schema_record, wire_struct
+from derived_feeds.feed_output import encode_output, pair_changes, paired_output
+from derived_feeds.feed_schema import schema_columns, schema_record
 from derived_feeds.feed_spec import FeedSpec, feed_spec
 from derived_feeds.feed_writer import AppendMemo, BatchMarker, append_once, checkpoint_run, plan_batch, record_quality
 from derived_feeds.maintained_view import KeptRows, process_maintained_batch
 from derived_feeds.plan_class import PlanClass, ViewShape, classify
 from derived_feeds.transform import (
-    AFTER,
     SOURCE_VIEW,
     SRC_KEY,
     OnePass,
@@ -142,6 +140,7 @@ def plan_feed(spark: SparkSession, config: ProjectConfig, log: Log, spec: FeedSp
         one_pass, shape = OnePass(spec.config.sql, spec.key, output, checks, latest_of=_latest), None
     _create_topics(config, log, spec)
     _write_schema(log, spec, output)
+    spec.record_plan_class(PlanClass.PROJECTION if shape is None else shape.plan_class)
     return FeedPlan(spec, source, lookups, output, checks, log, one_pass=one_pass, shape=shape)
 
 
@@ -242,21 +241,6 @@ def _latest(batch: DataFrame) -> DataFrame:
     return (reduced_changes(batch) if reduced else latest_changes(batch)).drop(cols.TOPIC, SRC_KEY)
 
 
-def _write(plan: FeedPlan, log: Log, changes: DataFrame, marker: BatchMarker) -> None:
-    """Check, encode and append feed output records given as a DataFrame (``__hw_key``, ``op``, ``after``, META)."""
-    checked = with_checks(changes, plan.checks)
-    after_type = changes.schema[AFTER].dataType
-    assert isinstance(after_type, StructType)
-    frame = checked.select(
-        KEY_JSON,
-        cols.OP,
-        F.to_json(wire_struct(F.col(AFTER), after_type), JSON_OPTIONS).alias(AFTER_JSON),
-        *META,
-        *[check.flag for check in plan.checks],
-    )
-    _append(plan, log, encode_output(frame.toArrow(), plan.spec.name, plan.checks), marker)
-
-
 def _append(plan: FeedPlan, log: Log, encoded: pa.Table, marker: BatchMarker) -> None:
     spec, checks = plan.spec, plan.checks
     planned = plan_batch(spec.name, encoded, checks, marker)
@@ -290,13 +274,20 @@ def start_feed(
     for name, value in (options or {}).items():
         reader = reader.option(name, value)
     run = checkpoint_run(spec.checkpoint)
+    feed, checks = spec.name, plan.checks
 
     def apply(batch: DataFrame, batch_id: int) -> None:
+        marker = BatchMarker(run, batch_id)
         try:
             if maintained:
-                process_maintained_batch(plan, log, batch, BatchMarker(run, batch_id), _write)
+                process_maintained_batch(
+                    plan,
+                    batch,
+                    marker,
+                    lambda records: _append(plan, log, encode_output(records, feed, checks), marker),
+                )
             else:
-                process_batch(plan, log, batch, BatchMarker(run, batch_id))
+                process_batch(plan, log, batch, marker)
         except HeadwaterError as exc:
             plan.error = exc
             raise

@@ -42,18 +42,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from derived_feeds.catalyst import HIDDEN_PREFIX, Catalyst, analyzed, hidden_view
 from derived_feeds.enrichment_state import TRUNCATE_KEY, not_truncated, state_tables
 from derived_feeds.errors import FeedKeyError
-from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, META
+from derived_feeds.expectations import with_checks
+from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, META, diff_rows
 from derived_feeds.feed_schema import JSON_OPTIONS, wire_column, wire_struct
 from derived_feeds.feed_writer import BatchMarker
 from derived_feeds.plan_class import grouping_expressions, top_chain
 from derived_feeds.transform import AFTER, IMAGE, SOURCE_VIEW, SRC_KEY, apply_sql
-from log.base import Log
 from log.envelope import Op
 from spark_log import source_schema as cols
 
@@ -64,8 +66,14 @@ if TYPE_CHECKING:
 
 #: The columns of the kept rows: each topic's current row images by key (and their sequence, for truncates).
 ROW_COLUMNS = (cols.TOPIC, SRC_KEY, IMAGE, cols.SEQ)
-_OLD_JSON = "__hw_old_json"
 _POSITION = "__hw_position"
+_SIDE = "__hw_side"
+_META_TYPES = {
+    **dict.fromkeys(META, pa.string()),
+    cols.COMMIT_LSN: pa.int64(),
+    cols.TXN_INDEX: pa.int64(),
+    cols.COMMIT_TS: pa.timestamp("us", tz="UTC"),
+}
 
 
 @dataclass
@@ -76,7 +84,7 @@ class KeptRows:
     session: str
     rows: DataFrame
     #: The feed's current keys (``__hw_key``), when the plan does not make them unique.
-    keys: DataFrame | None
+    keys: pa.Array | None
     #: The newest META of every change read so far (a Row), None before the first.
     position: Any
 
@@ -201,16 +209,19 @@ def _hidden_of(column: str) -> str:
     return hidden_view(column.split("#", maxsplit=1)[0])
 
 
-def _output(plan: FeedPlan, frame: DataFrame) -> DataFrame:
-    """SQL rows as the feed key (JSON), the row (STRUCT) and the row as JSON."""
+def _output(plan: FeedPlan, frame: DataFrame, *, checked: bool = False) -> DataFrame:
+    """SQL rows as the feed key (JSON) and the row as JSON; with ``checked``, the expectations' flags too."""
     output = plan.output
     row = F.struct(*[F.col(f"`{name}`") for name in output.fieldNames()])
     key = F.struct(*[wire_column(F.col(f"`{k}`"), output[k].dataType).alias(k) for k in plan.spec.key])
-    return frame.select(
+    rows = frame.select(
         F.to_json(key, JSON_OPTIONS).alias(KEY_JSON),
         row.alias(AFTER),
         F.to_json(wire_struct(row, output), JSON_OPTIONS).alias(AFTER_JSON),
     )
+    flags = [check.flag for check in plan.checks] if checked else []
+    checked_rows: DataFrame = with_checks(rows, plan.checks if checked else [])
+    return checked_rows.select(KEY_JSON, AFTER_JSON, *flags)
 
 
 def _kept_rows(spark: SparkSession, plan: FeedPlan, batch_id: int, image_type: Any) -> KeptRows:
@@ -236,20 +247,17 @@ def _kept_rows(spark: SparkSession, plan: FeedPlan, batch_id: int, image_type: A
         rows = state.where(F.col(cols.OP) != Op.DELETE.value).select(*ROW_COLUMNS).localCheckpoint()
     keys = None
     if not plan.view_shape.unique_by_plan:
-        keys = _output(plan, sql_over(plan, rows)).select(KEY_JSON).localCheckpoint()
+        keys = _output(plan, sql_over(plan, rows)).select(KEY_JSON).toArrow().column(KEY_JSON).combine_chunks()
     return KeptRows(batch_id - 1, session, rows, keys, position)
 
 
 def process_maintained_batch(
-    plan: FeedPlan,
-    log: Log,
-    batch: DataFrame,
-    marker: BatchMarker,
-    write: Callable[[FeedPlan, Log, DataFrame, BatchMarker], None],
+    plan: FeedPlan, batch: DataFrame, marker: BatchMarker, append: Callable[[pa.Table], None]
 ) -> None:
-    """One micro-batch of a maintained view (module docstring); ``write`` appends the records.
+    """One micro-batch of a maintained view (module docstring); ``append`` writes its records.
 
     ``batch``: the keys this micro-batch changed (:func:`derived_feeds.enrichment_state.latest_per_key`).
+    ``append`` gets :func:`derived_feeds.feed_output.diff_rows`' records with this batch's position.
     """
     spark = batch.sparkSession
     spec, shape = plan.spec, plan.view_shape
@@ -293,27 +301,26 @@ def process_maintained_batch(
         old, new = region.grouped_rows(prev, groups), region.grouped_rows(rows_after, groups)
     else:
         old, new = region.rows(prev), region.rows(rows_after)
-    old_rows = _output(plan, old).select(KEY_JSON, F.col(AFTER_JSON).alias(_OLD_JSON)).localCheckpoint()
-    new_rows = _output(plan, new).localCheckpoint()
-    _check_keys(plan, new_rows, old_rows, kept.keys)
-
-    diff = new_rows.join(old_rows, on=KEY_JSON, how="full_outer")
-    op = (
-        F.when(F.col(AFTER_JSON).isNull(), F.lit(Op.DELETE.value))
-        .when(F.col(_OLD_JSON).isNull(), F.lit(Op.CREATE.value))
-        .when(F.col(_OLD_JSON) != F.col(AFTER_JSON), F.lit(Op.UPDATE.value))
+    # One action for both sides: the region before and after, tagged.
+    sides = (
+        _output(plan, old, checked=True)
+        .withColumn(_SIDE, F.lit(0))
+        .unionByName(_output(plan, new, checked=True).withColumn(_SIDE, F.lit(1)))
+        .toArrow()
     )
-    meta = [F.lit(position[name]).cast(batch_rows.schema[name].dataType).alias(name) for name in META]
-    records = diff.select(KEY_JSON, op.alias(cols.OP), AFTER, *meta).where(F.col(cols.OP).isNotNull())
-    write(plan, log, records, marker)
+    is_new = pc.equal(sides.column(_SIDE), 1)
+    old_rows, new_rows = sides.filter(pc.invert(is_new)), sides.filter(is_new)
+    records = diff_rows(old_rows, new_rows, plan.checks)
+    _check_keys(plan, old_rows, new_rows, kept.keys)
+    for name in META:  # every record of the batch at the newest position read so far
+        records = records.append_column(name, pa.array([position[name]] * records.num_rows, _META_TYPES[name]))
+    append(records)
 
     keys = None
     if kept.keys is not None:
-        keys = (
-            kept.keys.join(old_rows.select(KEY_JSON), on=KEY_JSON, how="left_anti")
-            .unionByName(new_rows.select(KEY_JSON))
-            .localCheckpoint()
-        )
+        old_keys = old_rows.column(KEY_JSON)
+        kept_keys = kept.keys.filter(pc.invert(pc.is_in(kept.keys, value_set=old_keys.combine_chunks())))
+        keys = pa.concat_arrays([kept_keys, new_rows.column(KEY_JSON).combine_chunks()])
     plan.kept = KeptRows(marker.batch_id, kept.session, rows_after, keys, position)
 
 
@@ -322,15 +329,16 @@ def _order(position: Any) -> tuple[str, int, int]:
     return (position[cols.SEQ] or "", position[cols.COMMIT_LSN] or -1, position[cols.TXN_INDEX] or -1)
 
 
-def _check_keys(plan: FeedPlan, new_rows: DataFrame, old_rows: DataFrame, index: DataFrame | None) -> None:
+def _check_keys(plan: FeedPlan, old_rows: pa.Table, new_rows: pa.Table, index: pa.Array | None) -> None:
     """Stop the feed when two rows of the SQL would have one key (module docstring, step 3)."""
-    counts = new_rows.groupBy(KEY_JSON).count()
-    duplicate = counts.where(F.col("count") > 1).limit(1).collect()
-    if duplicate:
-        raise FeedKeyError(plan.spec.name, duplicate[0][KEY_JSON], int(duplicate[0]["count"]))
+    keys = new_rows.column(KEY_JSON).combine_chunks()
+    counts = pc.value_counts(keys)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    if len(repeated):
+        raise FeedKeyError(plan.spec.name, repeated[0]["values"].as_py(), repeated[0]["counts"].as_py())
     if index is None:
         return
-    new_keys = new_rows.select(KEY_JSON).join(old_rows.select(KEY_JSON), on=KEY_JSON, how="left_anti")
-    taken = new_keys.join(index, on=KEY_JSON, how="left_semi").limit(1).collect()
-    if taken:
-        raise FeedKeyError(plan.spec.name, taken[0][KEY_JSON], 2)
+    fresh = keys.filter(pc.invert(pc.is_in(keys, value_set=old_rows.column(KEY_JSON).combine_chunks())))
+    taken = fresh.filter(pc.is_in(fresh, value_set=index))
+    if len(taken):
+        raise FeedKeyError(plan.spec.name, taken[0].as_py(), 2)
