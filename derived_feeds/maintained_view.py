@@ -12,13 +12,14 @@ Per micro-batch ``b`` (``prev``: the rows after ``b - 1``; ``next``: after ``b``
 
 1. **Region.** Which output rows can differ. Every view carries its record key as a hidden
    column (``__hw_key_<view>``), and :meth:`~derived_feeds.catalyst.Catalyst.with_hidden`
-   passes them up through projections, so each row of a row-shaped SQL (projection, join)
-   knows the rows it came from. Row shapes: the region is the output rows whose source key
-   changed (the SQL over ``source`` cut to those keys) or whose lookup key changed (the SQL
-   filtered on the hidden column). Grouped shapes (GROUP BY, DISTINCT): the groups of the
-   rows below the aggregate that came from a changed row, before (over ``prev``) and after
-   (over ``next``); the region is those groups, recomputed from all their rows (so min, max
-   and count(DISTINCT) are exact). A truncate makes the region everything.
+   passes them up through projections, so each row of the SQL (or below its aggregate)
+   knows the source row and lookup rows it came from. Each comes from one source row, so
+   the region is a set of source keys: those the batch changed, and those whose rows reached
+   a changed lookup row over ``prev`` or over ``next``. Row shapes (projection, join)
+   recompute the SQL over those source rows; grouped shapes (GROUP BY, DISTINCT) the groups
+   their rows are in before or after (the group keys of the old and new images), each from
+   all of its rows (so min, max and count(DISTINCT) are exact). A truncate makes the region
+   everything.
 2. **Diff.** The region's rows over ``prev`` (what the feed holds, by induction) and over
    ``next``, matched by the feed key: a key only in ``next`` is a create, a key in both whose
    row differs an update, a key only in ``prev`` a delete (and its tombstone). Nothing else
@@ -117,81 +118,69 @@ def sql_over(plan: FeedPlan, rows: DataFrame, source_keys: DataFrame | None = No
 
 
 class Region:
-    """The part of the output a micro-batch can change (module docstring, step 1), over one state of the rows."""
+    """The part of the output a micro-batch can change (module docstring, step 1).
+
+    Every output row (row shapes) or row below the aggregate (grouped shapes) comes from one
+    source row, so the region is a set of source keys: those the batch changed, and those
+    whose rows reached a changed lookup row before or after the batch (found by the hidden
+    key columns). Row shapes recompute the SQL over those source rows on both sides; grouped
+    shapes recompute the groups those source rows are in, before or after.
+    """
 
     def __init__(self, plan: FeedPlan, catalyst: Catalyst, changed: Mapping[str, DataFrame], everything: bool) -> None:
         """``changed``: per view the record keys (``__hw_src_key``) of its rows this batch changed."""
         self.plan, self.catalyst, self.changed, self.everything = plan, catalyst, changed, everything
 
-    def _touched(self, frame: DataFrame, with_hidden: Callable[[DataFrame], DataFrame]) -> list[DataFrame]:
-        """Rows of ``frame``'s plan (over the state, hidden columns passed up) whose lookup keys changed."""
+    def _lineage(self, state: DataFrame) -> DataFrame:
+        """The SQL's rows (row shapes) or the rows below its aggregate over ``state``, with the hidden key columns.
+
+        Hidden columns are renamed ``__hw_key_<view>#<position>`` (a lookup joined twice has two).
+        """
+        plan = analyzed(sql_over(self.plan, state))
+        if self.plan.view_shape.grouped:
+            plan = top_chain(plan)[1].child()
+        lineage = self.catalyst.frame(self.catalyst.with_hidden(plan))
+        named = [F.col(f"`{n}`").alias(f"{n}#{i}") for i, n in enumerate(lineage.columns) if hidden_view(n)]
+        return lineage.select(*named)
+
+    def source_keys(self, before: DataFrame, after: DataFrame) -> DataFrame:
+        """The region's source keys (``__hw_src_key``): changed, or reaching a changed lookup row in either state."""
+        parts = [self.changed[SOURCE_VIEW]] if SOURCE_VIEW in self.changed else []
         lookups = [view for view in self.changed if view != SOURCE_VIEW]
-        if not lookups:
-            return []
-        lineage = with_hidden(frame)
-        parts = []
-        for name in lineage.columns:
-            view = _hidden_of(name)
-            if view in lookups:
-                keys = self.changed[view].withColumnRenamed(SRC_KEY, "__hw_touched")
-                parts.append(lineage.join(keys, lineage[name] == keys["__hw_touched"], "left_semi"))
-        return parts
-
-    def _hidden(self, frame: DataFrame) -> DataFrame:
-        plan = self.catalyst.with_hidden(analyzed(frame))
-        lineage = self.catalyst.frame(plan)
-        return lineage.toDF(*[f"{n}#{i}" if hidden_view(n) else n for i, n in enumerate(lineage.columns)])
-
-    def rows(self, state: DataFrame) -> DataFrame:
-        """Row shapes: the SQL's rows over ``state`` that came from a changed row (all of them after a truncate)."""
-        plan = self.plan
-        if self.everything:
-            return sql_over(plan, state)
-        parts = []
-        if SOURCE_VIEW in self.changed:
-            parts.append(self._hidden(sql_over(plan, state, self.changed[SOURCE_VIEW])))
-        parts += self._touched(sql_over(plan, state), self._hidden)
+        for state in (before, after) if lookups else ():
+            lineage = self._lineage(state)
+            source = next(name for name in lineage.columns if _hidden_of(name) == SOURCE_VIEW)
+            for name in lineage.columns:
+                if _hidden_of(name) in lookups:
+                    keys = self.changed[_hidden_of(name)].withColumnRenamed(SRC_KEY, "__hw_touched")
+                    touched = lineage.join(keys, lineage[name] == keys["__hw_touched"], "left_semi")
+                    parts.append(touched.select(F.col(f"`{source}`").alias(SRC_KEY)))
         if not parts:
-            return sql_over(plan, state).limit(0)
-        hidden = [name for name in parts[0].columns if _hidden_of(name)]
-        union = functools.reduce(lambda a, b: a.unionByName(b), parts)
-        return union.dropDuplicates(hidden) if len(parts) > 1 else union
+            return before.select(SRC_KEY).limit(0)
+        keys = functools.reduce(lambda a, b: a.unionByName(b), parts)
+        return (keys.distinct() if len(parts) > 1 else keys).localCheckpoint()
 
-    def groups(self, state: DataFrame) -> DataFrame | None:
-        """Grouped shapes: the group values (``__hw_g<i>``) of rows below the aggregate that came from a changed row.
+    def rows(self, state: DataFrame, keys: DataFrame | None) -> DataFrame:
+        """Row shapes: the SQL's rows over ``state`` from the source rows ``keys`` (all when None)."""
+        return sql_over(self.plan, state, keys)
+
+    def groups(self, state: DataFrame, keys: DataFrame) -> DataFrame | None:
+        """Grouped shapes: the groups (``__hw_g<i>``) of the rows below the aggregate from the source rows ``keys``.
 
         None when the aggregate has no GROUP BY (its one row is recomputed whenever anything changed).
         """
-        catalyst, plan = self.catalyst, self.plan
-        _, grouping = top_chain(analyzed(sql_over(plan, state)))
-        if not grouping_expressions(grouping):
+        catalyst = self.catalyst
+        _, node = top_chain(analyzed(sql_over(self.plan, state, keys)))
+        grouping = grouping_expressions(node)
+        if not grouping:
             return None
-
-        def values(frame: DataFrame) -> DataFrame:
-            _, node = top_chain(analyzed(frame))
-            columns = [catalyst.column(e).alias(f"__hw_g{i}") for i, e in enumerate(grouping_expressions(node))]
-            return catalyst.frame(node.child()).select(*columns)
-
-        def child_hidden(frame: DataFrame) -> DataFrame:
-            _, node = top_chain(analyzed(frame))
-            columns = [catalyst.column(e).alias(f"__hw_g{i}") for i, e in enumerate(grouping_expressions(node))]
-            lineage = catalyst.frame(catalyst.with_hidden(node.child()))
-            hidden = [F.col(f"`{n}`").alias(f"{n}#{i}") for i, n in enumerate(lineage.columns) if hidden_view(n)]
-            return lineage.select(*hidden, *columns)
-
-        parts = []
-        if SOURCE_VIEW in self.changed:
-            parts.append(values(sql_over(plan, state, self.changed[SOURCE_VIEW])))
-        g_columns = [f"__hw_g{i}" for i in range(len(grouping_expressions(grouping)))]
-        parts += [part.select(*g_columns) for part in self._touched(sql_over(plan, state), child_hidden)]
-        if not parts:
-            return values(sql_over(plan, state)).limit(0)
-        return functools.reduce(lambda a, b: a.unionByName(b), parts)
+        columns = [catalyst.column(e).alias(f"__hw_g{i}") for i, e in enumerate(grouping)]
+        return catalyst.frame(node.child()).select(*columns)
 
     def grouped_rows(self, state: DataFrame, groups: DataFrame | None) -> DataFrame:
         """Grouped shapes: the SQL's rows over ``state`` of ``groups`` only (each group from all of its rows)."""
         frame = sql_over(self.plan, state)
-        if self.everything or groups is None:
+        if groups is None:
             return frame
         catalyst = self.catalyst
         chain, node = top_chain(analyzed(frame))
@@ -292,15 +281,16 @@ def process_maintained_batch(
         if topic in changed_topics
     }
     region = Region(plan, Catalyst(spark), changed, everything=bool(truncated_at))
+    keys = None if region.everything else region.source_keys(prev, rows_after)  # a truncate: everything
     if shape.grouped:
         groups = None
-        if not region.everything:
-            old_groups, new_groups = region.groups(prev), region.groups(rows_after)
+        if keys is not None:
+            old_groups, new_groups = region.groups(prev, keys), region.groups(rows_after, keys)
             if old_groups is not None and new_groups is not None:
                 groups = old_groups.unionByName(new_groups).distinct().localCheckpoint()
         old, new = region.grouped_rows(prev, groups), region.grouped_rows(rows_after, groups)
     else:
-        old, new = region.rows(prev), region.rows(rows_after)
+        old, new = region.rows(prev, keys), region.rows(rows_after, keys)
     # One action for both sides: the region before and after, tagged.
     sides = (
         _output(plan, old, checked=True)
@@ -316,12 +306,12 @@ def process_maintained_batch(
         records = records.append_column(name, pa.array([position[name]] * records.num_rows, _META_TYPES[name]))
     append(records)
 
-    keys = None
+    index = None
     if kept.keys is not None:
         old_keys = old_rows.column(KEY_JSON)
         kept_keys = kept.keys.filter(pc.invert(pc.is_in(kept.keys, value_set=old_keys.combine_chunks())))
-        keys = pa.concat_arrays([kept_keys, new_rows.column(KEY_JSON).combine_chunks()])
-    plan.kept = KeptRows(marker.batch_id, kept.session, rows_after, keys, position)
+        index = pa.concat_arrays([kept_keys, new_rows.column(KEY_JSON).combine_chunks()])
+    plan.kept = KeptRows(marker.batch_id, kept.session, rows_after, index, position)
 
 
 def _order(position: Any) -> tuple[str, int, int]:
