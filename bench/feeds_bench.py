@@ -30,7 +30,7 @@ printed with it.
                                           [--general]
 
 ``--batch`` defaults to the feed job's own micro-batch size (``feed_job.DEFAULT_MAX_RECORDS``).
-``--general`` runs the projection feed as a maintained view (plan class ``projection (re-keyed)``);
+``--general`` runs the projection feed as a maintained view (plan class ``projection (maintained)``);
 ``--feeds`` picks which of the three run (default all).
 """
 

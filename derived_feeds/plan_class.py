@@ -7,7 +7,7 @@ class, shown by ``headwater feeds run``):
 * ``projection``: projections and filters over ``source`` whose key holds the source's key
   passed through; one Spark pass per micro-batch, each change with its own row
   (:class:`derived_feeds.transform.OnePass`). Decided by the feed job, which tries that pass.
-* ``projection (re-keyed)``: the same SQL keyed by other output columns.
+* ``projection (maintained)``: the same SQL keyed by other output columns (or with ORDER BY).
 * ``join``: ``source`` joined with lookups (INNER, CROSS, LEFT with ``source`` on the left,
   RIGHT with it on the right, LEFT SEMI), projections and filters over it.
 * ``aggregate`` / ``aggregate over join``: one GROUP BY (or none: one row) over either of
@@ -45,7 +45,7 @@ class PlanClass(StrEnum):
     """The shape of a feed's SQL, as maintained (module docstring)."""
 
     PROJECTION = "projection"
-    REKEYED = "projection (re-keyed)"
+    REKEYED = "projection (maintained)"
     JOIN = "join"
     AGGREGATE = "aggregate"
     AGGREGATE_JOIN = "aggregate over join"

@@ -74,7 +74,7 @@ FEEDS: dict[str, tuple[str, list[str], str, bool]] = {
     "doubled": (
         "SELECT id * 2 AS twice, status FROM source WHERE amount <> 4",
         ["twice"],
-        "projection (re-keyed)",
+        "projection (maintained)",
         True,
     ),
     "plain": ("SELECT id, amount FROM source WHERE amount > 2", ["id"], "projection", False),
