@@ -157,8 +157,9 @@ class Region:
                     parts.append(touched.select(F.col(f"`{source}`").alias(SRC_KEY)))
         if not parts:
             return before.select(SRC_KEY).limit(0)
-        keys = functools.reduce(lambda a, b: a.unionByName(b), parts)
-        return (keys.distinct() if len(parts) > 1 else keys).localCheckpoint()
+        if len(parts) == 1:  # the changed source keys: a filter of the checkpointed batch
+            return parts[0]
+        return functools.reduce(lambda a, b: a.unionByName(b), parts).distinct().localCheckpoint()
 
     def rows(self, state: DataFrame, keys: DataFrame | None) -> DataFrame:
         """Row shapes: the SQL's rows over ``state`` from the source rows ``keys`` (all when None)."""
