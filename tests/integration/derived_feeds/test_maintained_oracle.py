@@ -30,8 +30,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from core.config import load_config
-from derived_feeds.feed_job import await_query, start_feed
-from derived_feeds.feed_spec import feed_spec
+from derived_feeds.feed_job import run_feeds
 from log.base import Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
@@ -77,7 +76,6 @@ FEEDS: dict[str, tuple[str, list[str], str, bool]] = {
         "projection (maintained)",
         True,
     ),
-    "plain": ("SELECT id, amount FROM source WHERE amount > 2", ["id"], "projection", False),
 }
 STATUSES = ["new", "paid", "sent"]
 
@@ -139,16 +137,9 @@ class Shop:
         return encode_value(ChangeEvent(op, self._source(table), before, after, 0))
 
     def run(self, spark: Any, batch: int) -> dict[str, str]:
-        """One ``--available-now`` run of every feed, side by side (they read only the two tables)."""
+        """One ``feeds run --available-now`` of every feed, ``batch`` records per micro-batch at most."""
         config = load_config(self.config_path)
-        started = [
-            start_feed(
-                spark, config, self.log, feed_spec(config, name), available_now=True, max_records_per_batch=batch
-            )
-            for name in FEEDS
-        ]
-        for query, plan in started:
-            await_query(query, plan)
+        started = run_feeds(spark, config, self.log, available_now=True, max_records_per_batch=batch)
         return {plan.spec.name: str(plan.plan_class) for _, plan in started}
 
     def forget_last_commit(self) -> None:
@@ -236,8 +227,11 @@ step = st.tuples(st.lists(change, min_size=1, max_size=10), st.sampled_from([2, 
 _FIXED = [
     (
         [("upsert", "customers", {"id": 1, "country": "PT"}), ("upsert", "customers", {"id": 2, "country": "DE"})]
+        + [("upsert", "orders", {"id": i, "status": STATUSES[i % 3], "amount": i, "cid": i % 3}) for i in range(8)]
+        + [("truncate", "customers"), ("upsert", "customers", {"id": 1, "country": "ES"})]
+        + [("upsert", "customers", {"id": 2, "country": "DE"}), ("truncate", "orders")]
         + [("upsert", "orders", {"id": i, "status": STATUSES[i % 3], "amount": i, "cid": i % 3}) for i in range(8)],
-        1000,
+        5,
         False,
     ),
     (
@@ -245,17 +239,16 @@ _FIXED = [
             ("upsert", "orders", {"id": 1, "status": "paid", "amount": 9, "cid": 2}),  # moves group and country
             ("rekey", "orders", 2, 12),
             ("delete", "orders", 3),
-            ("upsert", "customers", {"id": 2, "country": "PT"}),  # both countries merge
+            ("upsert", "customers", {"id": 2, "country": "ES"}),  # both countries merge
+            ("delete", "customers", 1),  # its orders leave the inner join, keep a null country in the left one
         ],
         3,
         True,
     ),
-    ([("truncate", "customers"), ("upsert", "customers", {"id": 1, "country": "ES"})], 2, True),
-    ([("truncate", "orders"), ("upsert", "orders", {"id": 5, "status": "new", "amount": 5, "cid": 1})], 1000, False),
 ]
 
 
-_EXAMPLES = int(os.environ.get("HEADWATER_ORACLE_EXAMPLES", "4"))
+_EXAMPLES = int(os.environ.get("HEADWATER_ORACLE_EXAMPLES", "2"))
 
 
 @settings(
