@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from core.errors import ConfigError
 
@@ -53,8 +62,42 @@ class FileLogConfig(_Model):
     compression: Literal["none", "zstd"] = "zstd"
 
 
+#: A ``log.topics`` key: a topic name, or a glob of one (``*``, ``?``, ``[...]``).
+_TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._\-*?\[\]!]{1,249}$")
+
+
+class TopicCleaningConfig(_Model):
+    """How the cleaner treats the topics one ``log.topics`` key matches; an unset key keeps the topic's own.
+
+    Kafka's topic configs under their names: ``cleanup`` is ``cleanup.policy``;
+    ``retention_ms`` / ``retention_bytes`` of -1 keep records forever.
+    """
+
+    cleanup: Literal["compact", "delete", "compact,delete"] | None = None
+    retention_ms: int | None = Field(default=None, ge=-1)
+    retention_bytes: int | None = Field(default=None, ge=-1)
+    min_compaction_lag_ms: int | None = Field(default=None, ge=0)
+    delete_retention_ms: int | None = Field(default=None, ge=0)
+    segment_bytes: int | None = Field(default=None, ge=1024)
+
+    @field_validator("cleanup", mode="before")
+    @classmethod
+    def _either_order(cls, value: Any) -> Any:
+        if isinstance(value, str) and set(value.replace(" ", "").split(",")) == {"compact", "delete"}:
+            return "compact,delete"
+        return value
+
+    @model_validator(mode="after")
+    def _retention_needs_delete(self) -> TopicCleaningConfig:
+        limited = {self.retention_ms, self.retention_bytes} - {None, -1}
+        if self.cleanup == "compact" and limited:
+            msg = "retention_ms and retention_bytes apply only with cleanup 'delete' or 'compact,delete'"
+            raise ValueError(msg)
+        return self
+
+
 class LogConfig(_Model):
-    """Which log backend stores topics, and its defaults for new topics."""
+    """Which log backend stores topics, its defaults for new topics, and how topics are cleaned."""
 
     backend: Literal["file", "kafka"] = "file"
     partitions: int = Field(default=3, ge=1, le=1024)
@@ -62,6 +105,19 @@ class LogConfig(_Model):
     delete_retention_s: int = Field(default=24 * 3600, ge=0)
     kafka: KafkaConfig = KafkaConfig()
     file: FileLogConfig = FileLogConfig()
+    #: Per topic name or glob: cleaning that replaces the topic's own (the exact name wins, else the first glob).
+    topics: dict[str, TopicCleaningConfig] = {}
+    #: How often the background cleaner (``capture --follow``, ``run --follow``, ``log clean --follow``) looks.
+    cleaner_interval_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("topics")
+    @classmethod
+    def _topic_patterns(cls, value: dict[str, TopicCleaningConfig]) -> dict[str, TopicCleaningConfig]:
+        for pattern in value:
+            if not _TOPIC_PATTERN.match(pattern):
+                msg = f"{pattern!r} is not a topic name or glob (A-Z a-z 0-9 . _ - and * ? [ ])"
+                raise ValueError(msg)
+        return value
 
 
 class TypesConfig(_Model):
@@ -169,13 +225,93 @@ class FeedConfig(_Model):
     lookups: dict[str, str] = {}
 
 
+def _exclusive(value: Any, info: ValidationInfo, *others: str) -> None:
+    """Raise when ``info.field_name`` is given together with an earlier field among ``others``."""
+    given = [name for name in others if info.data.get(name) not in (None, False)]
+    if value not in (None, False) and given:
+        msg = f"cannot be given with {given[0]}; keep one"
+        raise ValueError(msg)
+
+
+def _names(value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    if value is not None and (not value or len(set(value)) != len(value)):
+        msg = "give one or more distinct column names"
+        raise ValueError(msg)
+    return value
+
+
 class TableConfig(_Model):
-    """A warehouse table materialised from a topic or feed."""
+    """A warehouse table materialised from a topic or feed, with Databricks AUTO CDC's options.
+
+    ``track_history_columns`` is AUTO CDC's ``track_history_column_list``. Options that
+    exclude each other, and SCD2-only options on an SCD1 table, are refused here; column
+    names are checked against the change batch when the table is loaded
+    (:mod:`warehouse_loader.cdc_options`, which also states each option's semantics).
+    """
 
     from_: str = Field(alias="from")
     mode: Literal["scd1", "scd2"] = "scd1"
     sequence_by: str | None = None
+    column_list: tuple[str, ...] | None = None
+    except_column_list: tuple[str, ...] | None = None
+    ignore_null_updates: bool = False
+    ignore_null_updates_column_list: tuple[str, ...] | None = None
+    ignore_null_updates_except_column_list: tuple[str, ...] | None = None
+    #: A SQL boolean expression over the row image: rows where it holds are deletes (soft deletes).
+    apply_as_deletes: str | None = None
+    apply_as_truncates: bool = Field(default=True, validate_default=True)
     track_history_columns: tuple[str, ...] | None = None
+    track_history_except_column_list: tuple[str, ...] | None = None
+
+    @field_validator(
+        "column_list",
+        "except_column_list",
+        "ignore_null_updates_column_list",
+        "ignore_null_updates_except_column_list",
+        "track_history_columns",
+        "track_history_except_column_list",
+    )
+    @classmethod
+    def _column_names(cls, value: tuple[str, ...] | None, info: ValidationInfo) -> tuple[str, ...] | None:
+        value = _names(value)
+        earlier = {
+            "except_column_list": ("column_list",),
+            "ignore_null_updates_column_list": ("ignore_null_updates",),
+            "ignore_null_updates_except_column_list": ("ignore_null_updates", "ignore_null_updates_column_list"),
+            "track_history_except_column_list": ("track_history_columns",),
+        }
+        _exclusive(value, info, *earlier.get(info.field_name or "", ()))
+        history = info.field_name in ("track_history_columns", "track_history_except_column_list")
+        if value is not None and history and info.data.get("mode") != "scd2":
+            msg = "tracks history, so it needs mode: scd2; remove it or set mode: scd2"
+            raise ValueError(msg)
+        excluded = set(info.data.get("except_column_list") or ())
+        kept = info.data.get("column_list")
+        dropped = [c for c in value or () if c in excluded or (kept is not None and c not in kept)]
+        if dropped and info.field_name not in ("column_list", "except_column_list"):
+            msg = f"names {', '.join(dropped)}, left out of the table by column_list/except_column_list"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("apply_as_deletes")
+    @classmethod
+    def _delete_condition(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            msg = 'give a SQL boolean expression over the row\'s columns, e.g. "is_deleted"'
+            raise ValueError(msg)
+        return value
+
+    @field_validator("apply_as_truncates")
+    @classmethod
+    def _truncate_needs_sequence(cls, value: bool, info: ValidationInfo) -> bool:
+        column = info.data.get("sequence_by")
+        if value and column:
+            msg = (
+                f"a truncate carries no row, so it has no value of sequence_by column {column!r}; "
+                "set apply_as_truncates: false (truncates are then ignored) or remove sequence_by"
+            )
+            raise ValueError(msg)
+        return value
 
 
 class WarehouseConfig(_Model):

@@ -1,11 +1,16 @@
-"""Asset checks from the ``quality:`` suites: one check per expectation, one GX run per table.
+"""Asset checks from the ``quality:`` suites and the built-in checks: one check per expectation, one GX run per table.
 
-Each suite becomes a ``multi_asset_check`` on its warehouse table with one
-``AssetCheckSpec`` per entry (named by :func:`warehouse_loader.quality.check_names`), so
+Each checked table (a ``quality:`` suite, or an SCD2 table with its built-in invariant
+checks) becomes a ``multi_asset_check`` on its warehouse table with one
+``AssetCheckSpec`` per entry (named by :func:`warehouse_loader.quality.table_checks`), so
 the UI shows every expectation and ``blocking`` is set per entry: a failed blocking
 expectation is reported with ERROR severity, which fails the run and stops downstream
 assets; a failed non-blocking one is a WARN. Each result carries the unexpected count
 and sample unexpected values.
+
+Every SCD1 table loaded straight from a source table also gets ``matches_source``, a
+non-blocking check running :func:`operations.verify.verify_table` (the keys that differ
+in its metadata).
 """
 
 from collections.abc import Iterator
@@ -18,13 +23,15 @@ from dagster import (
     AssetCheckSeverity,
     AssetCheckSpec,
     MetadataValue,
+    asset_check,
     multi_asset_check,
 )
 
 from core.config import ProjectConfig
+from core.errors import HeadwaterError
 from dagster_project.lineage import warehouse_key
 from dagster_project.resources import HeadwaterProject
-from warehouse_loader.quality import ExpectationOutcome, check_names, run_quality, validate_suites
+from warehouse_loader.quality import ExpectationOutcome, checked_tables, run_quality, table_checks, validate_suites
 
 
 def _result(key_name: str, outcome: ExpectationOutcome, rows: int | None) -> AssetCheckResult:
@@ -54,8 +61,7 @@ def _result(key_name: str, outcome: ExpectationOutcome, rows: int | None) -> Ass
 
 
 def quality_check(config: ProjectConfig, table: str) -> AssetChecksDefinition:
-    """The checks of ``quality.<table>``: one GX validation of the table yields a result per expectation."""
-    entries = config.quality[table]
+    """The checks of ``table``: one GX validation of the table yields a result per expectation."""
     specs = [
         AssetCheckSpec(
             name,
@@ -64,7 +70,7 @@ def quality_check(config: ProjectConfig, table: str) -> AssetChecksDefinition:
             description=f"{entry.expect}({', '.join(f'{k}={v!r}' for k, v in entry.kwargs.items())})"
             + (" [blocking]" if entry.blocking else ""),
         )
-        for name, entry in zip(check_names(entries), entries, strict=True)
+        for name, entry in table_checks(config, table)
     ]
 
     @multi_asset_check(name=f"quality_{table}", specs=specs, compute_kind="great_expectations")
@@ -77,7 +83,54 @@ def quality_check(config: ProjectConfig, table: str) -> AssetChecksDefinition:
     return run_suite
 
 
+#: How long the ``matches_source`` check waits for capture and the load to pass its snapshot.
+VERIFY_TIMEOUT_S = 120.0
+
+
+def verify_check(table: str) -> AssetChecksDefinition:
+    """``matches_source``: the table equals its source table at a consistent point (``headwater verify``)."""
+
+    @asset_check(
+        asset=warehouse_key(table),
+        name="matches_source",
+        blocking=False,
+        description="equals its source table at an exported snapshot (headwater verify)",
+    )
+    def matches_source(context: AssetCheckExecutionContext, project: HeadwaterProject) -> AssetCheckResult:
+        from operations.verify import verify_table  # psycopg and the source: only when the check runs
+
+        try:
+            result = verify_table(project.load(), table, timeout_s=VERIFY_TIMEOUT_S)
+        except HeadwaterError as exc:  # no snapshot, or the pipeline did not pass it in time: not a verdict
+            return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN, description=str(exc))
+        return AssetCheckResult(
+            passed=result.equal,
+            severity=AssetCheckSeverity.ERROR,
+            description=result.lines()[-1],
+            metadata={
+                "lsn": result.lsn,
+                "source_rows": result.source_rows,
+                "warehouse_rows": result.warehouse_rows,
+                "differing_keys": MetadataValue.json([d.describe() for d in result.differences[:20]]),
+                "unsettled_keys": MetadataValue.json(result.unsettled[:20]),
+                "not_compared": MetadataValue.json(result.not_compared),
+            },
+        )
+
+    return matches_source
+
+
+def verified_tables(config: ProjectConfig) -> list[str]:
+    """SCD1 tables loaded straight from a source table (the ones ``headwater verify`` compares)."""
+    return [
+        name
+        for name, table in config.warehouse.tables.items()
+        if table.mode == "scd1" and table.from_ not in config.feeds and table.from_.split(".", 1)[0] in config.sources
+    ]
+
+
 def build_checks(config: ProjectConfig) -> list[AssetChecksDefinition]:
-    """The checks of every suite; a bad entry fails loading with a one-line config error."""
+    """The checks of every suite, the built-in ones and ``matches_source``; a bad entry fails in one line."""
     validate_suites(config)
-    return [quality_check(config, table) for table in config.quality]
+    checks = [quality_check(config, table) for table in checked_tables(config)]
+    return checks + [verify_check(table) for table in verified_tables(config)]

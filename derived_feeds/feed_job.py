@@ -58,6 +58,7 @@ from log.table_schemas import read_schema_records, schema_key
 from log.topics import SCHEMAS_TOPIC
 from spark_log import source_schema as cols
 from spark_log.data_source import log_reader
+from spark_log.job import wait_for_sources
 from spark_log.progress import commit_progress, track_progress
 
 if TYPE_CHECKING:
@@ -329,6 +330,8 @@ def run_feeds(
         started.append((query, plan))
         if available_now:
             await_query(query, plan)
+        else:
+            wait_for_sources(query)  # one source start-up at a time (see wait_for_sources)
     return started
 
 

@@ -42,6 +42,7 @@ _COMMAND_MODULES = {
     "demo": "demo",
     "feeds": "feeds",
     "reprocess": "feeds",
+    "verify": "verify",
 }
 
 

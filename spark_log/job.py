@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,3 +96,22 @@ def follow(spark: SparkSession, queries: Sequence[StreamingQuery]) -> None:
     except KeyboardInterrupt:
         for query in queries:
             query.stop()
+
+
+#: What a streaming query reports until its sources exist (Spark's StreamExecution).
+_INITIALIZING = "Initializing sources"
+
+
+def wait_for_sources(query: StreamingQuery, timeout_s: float = 300.0, poll_s: float = 0.1) -> None:
+    """Return once ``query`` has created its sources (or ended, or ``timeout_s`` passed).
+
+    A query over the ``headwater_log`` source starts a Python process that must connect back
+    to the JVM within 10 s, a limit Spark hard-codes. Started together on two cores, a dozen
+    such processes miss it ("Python worker failed to connect back"); starting each query
+    only after the one before has its source keeps one start-up at a time.
+    """
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and time.monotonic() < deadline:
+        if query.status.get("message") != _INITIALIZING or query.lastProgress is not None:
+            return
+        time.sleep(poll_s)

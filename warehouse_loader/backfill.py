@@ -54,14 +54,16 @@ from core.config import ProjectConfig
 from core.errors import PermanentError
 from log.base import Log
 from log.envelope import ChangeEvent, decode_value
+from log.history import require_full_history
 from log.reading import read_range
+from warehouse_loader.cdc_options import PlanOptions, prepare_changes
 from warehouse_loader.changes import (
     COMMIT_TS,
     COMMIT_TS_TYPE,
     DELETE_OP,
     END_AT,
+    INHERITED,
     OP,
-    SEQ,
     START_AT,
     changes_from_events,
 )
@@ -128,14 +130,14 @@ def offset_ranges(log: Log, topic: str, days: Sequence[dt.date]) -> dict[int, tu
             continue
         end = log.offset_for_time(topic, partition, _ms(high) + LOG_TIME_SLACK_MS)
         end = end_of_log if end is None else end
-        clean = log.clean_offset(topic, partition)
-        if start < clean:
-            msg = (
-                f"partition {partition} of {topic!r} holds every version only from offset {clean} on, "
-                f"after the start of {min(days)} (offset {start}); backfill later days, or reprocess the table"
-            )
-            raise BackfillError(msg)
         ranges[partition] = (start, max(start, end))
+    require_full_history(
+        log,
+        topic,
+        {partition: start for partition, (start, _) in ranges.items()},
+        what=f"a backfill from {min(days)}",
+        remedy="backfill later days, or rebuild the table with 'headwater reprocess' (--accept-incomplete-history)",
+    )
     return ranges
 
 
@@ -207,8 +209,7 @@ def _plan_rebuild(
     keys: Sequence[str],
     changes: pa.Table,
     *,
-    track_history_columns: Sequence[str] | None,
-    sequence_by: str,
+    options: PlanOptions,
 ) -> _Rebuild:
     """Plan the whole rebuild of ``days`` in memory, as the final versions of every key it touches.
 
@@ -216,6 +217,7 @@ def _plan_rebuild(
     (``changes`` placed at their sequence positions) are applied to the affected keys'
     versions here, so the table sees one commit: readers never see the days cleared.
     """
+    sequence_by = options.sequence_by
     k = column_list(keys, "t")
     sa, ea, seq = quote(START_AT), quote(END_AT), quote(sequence_by)
     on = partial(key_match, keys)
@@ -255,9 +257,7 @@ def _plan_rebuild(
     if deletes.num_rows:
         changes = pa.concat_tables([changes, deletes])
         window = scd2_window(changes, keys, sequence_by, spanning)
-    actions = plan_with_remembered(
-        path, changes, keys, cleared, window, track_history_columns=track_history_columns, sequence_by=sequence_by
-    )
+    actions = plan_with_remembered(path, changes, keys, cleared, window, options=options)
     # Only the versions are wanted here: the tombstones and truncates go to the commit as planned.
     final = apply_scd2(Scd2State(cleared, actions.tombstones.schema.empty_table()), actions, keys).rows
     with duckdb.connect(":memory:") as con:
@@ -303,7 +303,6 @@ def rebuild_days(
         raise BackfillError(msg)
     if not chosen:
         return BackfillResult(table, chosen, 0, 0, None)
-    sequence_by = settings.sequence_by or SEQ
     keys = table_keys(config, log, table)
     build, topic = load_identity(config, table)
     path = table_path(config, table)
@@ -321,21 +320,14 @@ def rebuild_days(
             return BackfillResult(table, chosen, 0, 0, None)
         # No change on these days: clearing them still needs the change batch's columns.
         stored = table_schema(target)
-        changes = pa.schema([f for f in stored if f.name not in (START_AT, END_AT)]).empty_table()
+        changes = pa.schema([f for f in stored if f.name not in (START_AT, END_AT, INHERITED)]).empty_table()
     read = changes.num_rows
+    changes, options = prepare_changes(changes, keys, settings)
     metadata = {"headwater.backfill": ",".join(map(str, chosen))}
     # Its own app id, so the streaming load's batch ids are untouched; the table version only grows.
     app_id = f"{build}.backfill"
     if target is None:
-        write = write_scd2(
-            path,
-            changes,
-            table=app_id,
-            batch_id=0,
-            keys=keys,
-            track_history_columns=settings.track_history_columns,
-            sequence_by=sequence_by,
-        )
+        write = write_scd2(path, changes, table=app_id, batch_id=0, keys=keys, options=options)
         return BackfillResult(table, chosen, read, 0, write)
     rebuild = _plan_rebuild(
         path,
@@ -343,8 +335,7 @@ def rebuild_days(
         chosen,
         keys,
         changes,
-        track_history_columns=settings.track_history_columns,
-        sequence_by=sequence_by,
+        options=options,
     )
     write = commit_scd2(
         path, target, rebuild.actions, keys=keys, table=app_id, batch_id=target.version() + 1, metadata=metadata

@@ -32,6 +32,9 @@ START_AT = "__START_AT"
 END_AT = "__END_AT"
 #: Columns Headwater adds to every warehouse row.
 METADATA_COLUMNS = (SEQ, OP, COMMIT_TS)
+#: Tables with ``ignore_null_updates``: a JSON object naming each column whose value the row
+#: inherited from an earlier change, with that change's sequence (null when none).
+INHERITED = "__hw_inherited"
 COMMIT_TS_TYPE = pa.timestamp("us", tz="UTC")
 
 #: Ops whose row image becomes (a version of) the row.

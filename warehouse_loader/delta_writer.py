@@ -43,6 +43,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from core.config import TableConfig
+from warehouse_loader.cdc_options import PlanOptions, prepare_changes
 from warehouse_loader.changes import DELETE_OP, END_AT, OP, SEQ, START_AT, TRUNCATE_OP
 from warehouse_loader.delta_scan import select_rows
 from warehouse_loader.errors import WarehouseWriteError
@@ -75,20 +76,21 @@ def write_batch(
     """Apply one micro-batch of changes to the warehouse table ``table`` stored at ``path``.
 
     ``changes`` follows :mod:`warehouse_loader.changes`; ``keys`` are the table's key
-    columns (the feed's ``key`` or the source's replica identity).
+    columns (the feed's ``key`` or the source's replica identity); the table's AUTO CDC
+    options apply first (:mod:`warehouse_loader.cdc_options`).
     """
-    sequence_by = config.sequence_by or SEQ
+    changes, options = prepare_changes(changes, keys, config)
     if config.mode == "scd2":
-        return write_scd2(
-            path,
-            changes,
-            table=table,
-            batch_id=batch_id,
-            keys=keys,
-            track_history_columns=config.track_history_columns,
-            sequence_by=sequence_by,
-        )
-    return write_scd1(path, changes, table=table, batch_id=batch_id, keys=keys, sequence_by=sequence_by)
+        return write_scd2(path, changes, table=table, batch_id=batch_id, keys=keys, options=options)
+    return write_scd1(
+        path,
+        changes,
+        table=table,
+        batch_id=batch_id,
+        keys=keys,
+        sequence_by=options.sequence_by,
+        ignore_null_columns=options.ignore_null_columns,
+    )
 
 
 def committed_batch(path: Path, table: str) -> int | None:
@@ -120,6 +122,18 @@ def loaded_key(path: Path) -> tuple[str, ...] | None:
     history = target.history(1) if target is not None else []
     recorded = history[0].get(KEY_METADATA) if history else None
     return None if recorded is None else tuple(orjson.loads(recorded))
+
+
+def recorded_key(path: Path, *, commits: int = 100) -> tuple[str, ...] | None:
+    """The key recorded by the latest of the last ``commits`` commits that names one, or None.
+
+    A commit made outside Headwater names none, so :func:`loaded_key` alone would miss it.
+    """
+    target = open_table(path)
+    for commit in target.history(commits) if target is not None else []:
+        if commit.get(KEY_METADATA) is not None:
+            return tuple(orjson.loads(commit[KEY_METADATA]))
+    return None
 
 
 def _commit(
@@ -166,16 +180,41 @@ def _metrics(
 
 
 def write_scd1(
-    path: Path, changes: pa.Table, *, table: str, batch_id: int, keys: Sequence[str], sequence_by: str = SEQ
+    path: Path,
+    changes: pa.Table,
+    *,
+    table: str,
+    batch_id: int,
+    keys: Sequence[str],
+    sequence_by: str = SEQ,
+    ignore_null_columns: Sequence[str] = (),
 ) -> WriteResult:
-    """Apply one micro-batch to an SCD1 table: tombstones first, then one MERGE (see module doc)."""
+    """Apply one micro-batch to an SCD1 table: tombstones first, then one MERGE (see module doc).
+
+    With ``ignore_null_columns`` the stored rows of the batch's keys are read to plan whole rows.
+    """
     target = open_table(path)
     if _already(target, table, batch_id):
         return WriteResult(table=table, batch_id=batch_id, skipped=True, version=target.version() if target else None)
     side_path = path / TOMBSTONES_DIR
     side = open_table(side_path)
     tombstones, watermark = _read_tombstones(side, changes, keys, sequence_by)
-    actions = plan_scd1(changes, keys, tombstones=tombstones, truncated_through=watermark, sequence_by=sequence_by)
+    existing = None
+    if ignore_null_columns and target is not None:
+        existing = select_rows(
+            target,
+            f"SELECT t.* FROM target t SEMI JOIN batch b ON {key_match(keys, 't', 'b')}",
+            batch=changes.select(list(keys)),
+        )
+    actions = plan_scd1(
+        changes,
+        keys,
+        tombstones=tombstones,
+        truncated_through=watermark,
+        sequence_by=sequence_by,
+        ignore_null_columns=ignore_null_columns,
+        existing=existing,
+    )
     rows, adds = reconcile(table, None if target is None else table_schema(target), actions.rows)
     needs_side = actions.deletes.num_rows > 0 or actions.truncate_at is not None
     if tombstones is not None and tombstones.num_rows and actions.upserts.num_rows:
@@ -261,9 +300,15 @@ def _merge_scd1(
         streamed_exec=False,
         commit_properties=_commit(table, batch_id, keys=keys),
     )
+    newer = f"s.{seq} {'>=' if actions.rewrites else '>'} t.{seq}"
+    later = f"s.{seq} > t.{seq}"
+    if actions.sequence_by != SEQ and SEQ in rows.column_names:
+        # Ties on a custom sequence go to the later change in the source's order (scd1.source_order).
+        tie = f" OR (s.{seq} = t.{seq} AND s.{quote(SEQ)} > t.{quote(SEQ)})"
+        newer, later = f"({newer}{tie})", f"({later}{tie})"
     merge = (
-        merge.when_matched_update_all(predicate=f"s.{op} <> 'd' AND s.{seq} > t.{seq}")
-        .when_matched_delete(predicate=f"s.{op} = 'd' AND s.{seq} > t.{seq}")
+        merge.when_matched_update_all(predicate=f"s.{op} <> 'd' AND {newer}")
+        .when_matched_delete(predicate=f"s.{op} = 'd' AND {later}")
         .when_not_matched_insert_all(predicate=f"s.{op} <> 'd'")
     )
     if actions.truncate_at is not None:
@@ -283,10 +328,11 @@ def write_scd2(
     table: str,
     batch_id: int,
     keys: Sequence[str],
-    track_history_columns: Sequence[str] | None = None,
-    sequence_by: str = SEQ,
+    options: PlanOptions | None = None,
 ) -> WriteResult:
     """Apply one micro-batch to an SCD2 table: new tombstones first, then one MERGE on ``(keys, __START_AT)``."""
+    options = options or PlanOptions()
+    sequence_by = options.sequence_by
     target = open_table(path)
     if _already(target, table, batch_id):
         return WriteResult(table=table, batch_id=batch_id, skipped=True, version=target.version() if target else None)
@@ -304,9 +350,7 @@ def write_scd2(
             f"WHERE t.{quote(END_AT)} IS NULL OR t.{quote(END_AT)} >= w.__min_seq",
             win=window,
         )
-    actions = plan_with_remembered(
-        path, changes, keys, existing, window, track_history_columns=track_history_columns, sequence_by=sequence_by
-    )
+    actions = plan_with_remembered(path, changes, keys, existing, window, options=options)
     return commit_scd2(path, target, actions, keys=keys, table=table, batch_id=batch_id)
 
 
@@ -333,23 +377,24 @@ def plan_with_remembered(
     existing: pa.Table | None,
     window: pa.Table,
     *,
-    track_history_columns: Sequence[str] | None,
-    sequence_by: str,
+    options: PlanOptions,
 ) -> Scd2Actions:
     """:func:`~warehouse_loader.scd2.plan_scd2` with the deletes and truncates the table at ``path`` remembers.
 
     ``window`` as :func:`~warehouse_loader.scd2.scd2_window` returns it: the remembered deletes
     of its keys from their ``__min_seq`` on are read, and every remembered truncate.
     """
-    tombstones, remembered = _read_scd2_tombstones(path, window, keys, sequence_by)
+    tombstones, remembered = _read_scd2_tombstones(path, window, keys, options.sequence_by)
     return plan_scd2(
         changes,
         keys,
         existing,
         tombstones=tombstones,
         truncates=remembered,
-        track_history_columns=track_history_columns,
-        sequence_by=sequence_by,
+        track_history_columns=options.track_history_columns,
+        sequence_by=options.sequence_by,
+        track_history_except_columns=options.track_history_except_columns,
+        ignore_null_columns=options.ignore_null_columns,
     )
 
 

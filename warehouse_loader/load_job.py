@@ -176,8 +176,13 @@ def run_loads(
     spark: SparkSession, config: ProjectConfig, log: Log, names: Sequence[str], *, available_now: bool
 ) -> list[StreamingQuery]:
     """Start the loads of ``names`` (all tables when empty); with ``available_now`` wait for them."""
+    from spark_log.job import wait_for_sources  # pyspark, as in start_load
+
     selected = list(names) or list(config.warehouse.tables)
-    queries = [start_load(spark, config, log, name, available_now=available_now) for name in selected]
+    queries = []
+    for name in selected:
+        queries.append(start_load(spark, config, log, name, available_now=available_now))
+        wait_for_sources(queries[-1])  # one source start-up at a time (see wait_for_sources)
     if available_now:
         from spark_log.progress import commit_progress  # pyspark, as in start_load
 

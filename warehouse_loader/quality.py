@@ -1,4 +1,6 @@
-"""Data quality: the ``quality:`` suites of ``headwater.yaml`` run with Great Expectations 1.x.
+"""Data quality: the ``quality:`` suites of ``headwater.yaml`` and the built-in checks, run with Great Expectations 1.x.
+
+(Over 500 lines by a few: suites, results and the run history it records belong together.)
 
 Each warehouse table named under ``quality:`` gets one GX ``ExpectationSuite`` built from
 its entries (``expect`` = a GX 1.x expectation name, the other keys its arguments) and is
@@ -31,8 +33,10 @@ from deltalake import DeltaTable
 from core.config import ExpectationConfig, ProjectConfig
 from core.errors import ConfigError
 from warehouse_loader.delta_scan import select_rows
+from warehouse_loader.delta_writer import recorded_key
 from warehouse_loader.errors import WarehouseError
 from warehouse_loader.load_job import table_path
+from warehouse_loader.scd2_invariants import invariant_checks, invariant_rows
 
 if TYPE_CHECKING:
     import pandas as pd  # type: ignore[import-untyped]
@@ -92,6 +96,19 @@ def quality_dir(config: ProjectConfig) -> Path:
 def runs_path(config: ProjectConfig) -> Path:
     """The run history, one JSON object per line (:meth:`QualityRun.as_json`)."""
     return quality_dir(config) / "runs.jsonl"
+
+
+def verify_runs_path(config: ProjectConfig) -> Path:
+    """The ``headwater verify`` history, one JSON object per line (``operations.verify.VerifyResult.as_json``)."""
+    return quality_dir(config) / "verify.jsonl"
+
+
+def latest_verifications(config: ProjectConfig) -> dict[str, dict[str, Any]]:
+    """The last recorded ``headwater verify`` result of each table (torn or foreign lines skipped)."""
+    latest: dict[str, dict[str, Any]] = {}
+    for run in load_runs(verify_runs_path(config), limit=10_000, field="table"):
+        latest[str(run["table"])] = run
+    return latest
 
 
 def data_docs_path(config: ProjectConfig) -> Path:
@@ -167,20 +184,41 @@ def _argument_errors(exc: Exception) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+def table_checks(config: ProjectConfig, table: str) -> list[tuple[str, ExpectationConfig]]:
+    """Every check of ``table``, named: its ``quality:`` entries (:func:`check_names`), then the built-in ones."""
+    entries = config.quality.get(table, ())
+    return [*zip(check_names(entries), entries, strict=True), *builtin_checks(config, table)]
+
+
+def builtin_checks(config: ProjectConfig, table: str) -> list[tuple[str, ExpectationConfig]]:
+    """The blocking checks every table of its kind gets: the SCD2 invariants."""
+    settings = config.warehouse.tables.get(table)
+    return invariant_checks() if settings is not None and settings.mode == "scd2" else []
+
+
+def checked_tables(config: ProjectConfig) -> list[str]:
+    """Tables with a ``quality:`` suite or built-in checks, suites first."""
+    builtin = [name for name in config.warehouse.tables if builtin_checks(config, name) and name not in config.quality]
+    return [*config.quality, *builtin]
+
+
 def validate_suites(config: ProjectConfig, tables: Iterable[str] | None = None) -> dict[str, list[Any]]:
-    """Build every selected suite's expectations (config errors surface here, before any data is read)."""
+    """Build every selected table's expectations (config errors surface here, before any data is read)."""
     selected = select_tables(config, tables)
     source = _config_source(config)
-    return {name: build_expectations(name, config.quality[name], source=source) for name in selected}
+    return {
+        name: build_expectations(name, [entry for _, entry in table_checks(config, name)], source=source)
+        for name in selected
+    }
 
 
 def select_tables(config: ProjectConfig, tables: Iterable[str] | None = None) -> list[str]:
-    """The tables to check: ``tables`` (all suites when empty); each must have a suite and be a warehouse table."""
-    wanted = list(tables or ()) or list(config.quality)
+    """The tables to check: ``tables`` (all checked ones when empty); each must have checks and be a warehouse table."""
+    wanted = list(tables or ()) or checked_tables(config)
     source = _config_source(config)
     for name in wanted:
-        if name not in config.quality:
-            known = ", ".join(config.quality) or "none"
+        if name not in config.quality and not builtin_checks(config, name):
+            known = ", ".join(checked_tables(config)) or "none"
             msg = f"{source}: no quality suite for table {name!r}; suites: {known} (see quality: in headwater.yaml)"
             raise QualityConfigError(msg, path=source, field=f"quality.{name}")
         if name not in config.warehouse.tables:
@@ -330,8 +368,15 @@ def outcome_from_result(entry: ExpectationConfig, name: str, result: Mapping[str
     )
 
 
-def read_table(path: Path) -> pd.DataFrame:
-    """The current version of the Delta table at ``path`` as pandas (its ``_delta_log`` must exist)."""
+def read_table(path: Path, *, invariants: bool = False) -> pd.DataFrame:
+    """The current version of the Delta table at ``path`` as pandas (its ``_delta_log`` must exist).
+
+    ``invariants``: an SCD2 table, with the invariant columns its built-in checks read
+    (keyed on the key its last commit records).
+    """
+    keys = recorded_key(path) if invariants else None
+    if keys:
+        return invariant_rows(path, keys).to_pandas()
     # Read through DuckDB: DeltaTable.to_pandas() scans a pyarrow dataset whose threads can
     # outlive the call and abort the process at exit (arrow#34314).
     frame: pd.DataFrame = select_rows(DeltaTable(str(path)), "SELECT * FROM target").to_pandas()
@@ -418,8 +463,7 @@ def run_quality(
     validator = _Validator(data_docs_path(config) if data_docs else None)
     outcomes: list[TableOutcome] = []
     for table, expectations in suites.items():
-        entries = config.quality[table]
-        names = check_names(entries)
+        names, entries = (list(column) for column in zip(*table_checks(config, table), strict=True))
         path = table_path(config, table)
         if not (path / "_delta_log").is_dir():
             reason = f"table {table!r} is not loaded yet; run 'headwater load {table} --available-now'"
@@ -431,7 +475,7 @@ def run_quality(
             ]
             outcomes.append(TableOutcome(table=table, rows=None, expectations=failed, error=reason))
             continue
-        frame = read_table(path)
+        frame = read_table(path, invariants=bool(builtin_checks(config, table)))
         results = validator.validate(table, expectations, frame)
         outcomes.append(
             TableOutcome(
@@ -455,8 +499,8 @@ def append_run(path: Path, run: QualityRun) -> None:
         handle.write(line)
 
 
-def load_runs(path: Path, *, limit: int = 50) -> list[dict[str, Any]]:
-    """The last ``limit`` recorded runs, oldest first; unreadable lines (a torn last write) are skipped."""
+def load_runs(path: Path, *, limit: int = 50, field: str = "run_at") -> list[dict[str, Any]]:
+    """The last ``limit`` recorded runs (objects with ``field``), oldest first; unreadable lines are skipped."""
     if not path.is_file():
         return []
     runs: list[dict[str, Any]] = []
@@ -465,6 +509,6 @@ def load_runs(path: Path, *, limit: int = 50) -> list[dict[str, Any]]:
             value = orjson.loads(line)
         except orjson.JSONDecodeError:
             continue
-        if isinstance(value, dict) and "run_at" in value:
+        if isinstance(value, dict) and field in value:
             runs.append(value)
     return runs[-limit:]

@@ -22,7 +22,15 @@ from core.config import ProjectConfig
 from core.durable_files import replace_file
 from log.base import Log
 from log.topics import is_quarantine_topic, quarantine_topic
-from warehouse_loader.quality import QualityRun, data_docs_path, load_runs, quality_dir, run_quality, runs_path
+from warehouse_loader.quality import (
+    QualityRun,
+    data_docs_path,
+    latest_verifications,
+    load_runs,
+    quality_dir,
+    run_quality,
+    runs_path,
+)
 
 _PALETTE = ("#1f6feb", "#d4731a", "#2da44e", "#8250df", "#cf222e", "#0f8f8f", "#9a6700", "#6e7781")
 _WIDTH, _HEIGHT = 720, 240
@@ -186,6 +194,7 @@ def render_report(
     quarantine: Mapping[str, int],
     *,
     data_docs: Path | None = None,
+    verifications: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
     """The whole report: summary, pass-rate chart over ``history``, per-table results, quarantine counts.
 
@@ -227,6 +236,8 @@ def render_report(
         )
     body.append("</table>")
     body.extend(_table_section(table, result) for table, result in tables.items())
+    if verifications:
+        body.append(_verify_section(verifications))
     body.append("<h2>Quarantine</h2>")
     if quarantine:
         body.append("<table><tr><th>topic</th><th>records</th></tr>")
@@ -252,6 +263,33 @@ def render_report(
     )
 
 
+def _verify_section(verifications: Mapping[str, Mapping[str, Any]]) -> str:
+    """The last ``headwater verify`` of each table: when, at which LSN, equal or which keys differ."""
+    lines = [
+        "<h2>Verified against the source</h2>",
+        "<table><tr><th>table</th><th>verified at</th><th>snapshot LSN</th><th>rows (source / warehouse)</th>"
+        "<th>result</th><th>keys</th></tr>",
+    ]
+    for table, run in sorted(verifications.items()):
+        count = int(run.get("differences") or 0)
+        unsettled = run.get("unsettled") or []
+        if run.get("equal"):
+            verdict = '<span class="pass">equal</span>'
+        else:
+            verdict = f'<span class="fail">{count} key{"s" if count != 1 else ""} differ</span>'
+            if unsettled:
+                verdict += f' <span class="warn">{len(unsettled)} unsettled</span>'
+        keys = ", ".join(escape(str(item.get("key"))) for item in (run.get("keys") or [])[:10])
+        lines.append(
+            f"<tr><td>{escape(table)}</td><td>{escape(_short_time(run.get('run_at')))}</td>"
+            f"<td><code>{escape(str(run.get('lsn', '')))}</code></td>"
+            f"<td>{run.get('source_rows', '-')} / {run.get('warehouse_rows', '-')}</td>"
+            f"<td>{verdict}</td><td><code>{keys}</code></td></tr>"
+        )
+    lines.append("</table>")
+    return "".join(lines)
+
+
 def write_report(path: Path, html: str) -> Path:
     """Write the report atomically (a reader never sees half a file); return its path."""
     replace_file(path, html.encode(), mode=0o644, durable=False)
@@ -273,5 +311,6 @@ def run_and_report(
         load_runs(runs_path(config), limit=HISTORY_RUNS),
         quarantine_counts(config, log),
         data_docs=data_docs_path(config),
+        verifications=latest_verifications(config),
     )
     return run, write_report(report_path or quality_dir(config) / "report.html", html)

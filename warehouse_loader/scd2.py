@@ -17,6 +17,7 @@ from warehouse_loader.changes import (
     COMMIT_TS,
     DELETE_OP,
     END_AT,
+    INHERITED,
     METADATA_COLUMNS,
     OP,
     SEQ,
@@ -25,6 +26,7 @@ from warehouse_loader.changes import (
     check_changes,
 )
 from warehouse_loader.errors import ChangeBatchError
+from warehouse_loader.inheritance import authored, inherited_json
 from warehouse_loader.scd import conform, duckdb_tables, merged_schema
 from warehouse_loader.sql_text import column_list, key_match, quote, sql_literal
 
@@ -128,6 +130,8 @@ def plan_scd2(
     truncates: Sequence[Any] = (),
     track_history_columns: Sequence[str] | None = None,
     sequence_by: str = SEQ,
+    track_history_except_columns: Sequence[str] | None = None,
+    ignore_null_columns: Sequence[str] = (),
 ) -> Scd2Actions:
     """Recompute the versions of the affected keys from their existing versions, tombstones and the batch.
 
@@ -144,6 +148,10 @@ def plan_scd2(
     older than a truncate opens a version closed at it. Rebuilding a version that
     absorbed untracked-only changes keeps only its latest values, so a late *tracked*
     change inside such a version splits it with those values.
+
+    ``track_history_except_columns``: every value column but these is tracked.
+    ``ignore_null_columns``: nulls in these columns inherit the key's earlier value
+    (:mod:`warehouse_loader.inheritance`); each version records what it inherited.
     """
     check_changes(changes, keys, sequence_by)
     live = changes.filter(pc.not_equal(changes.column(OP), TRUNCATE_OP))
@@ -151,7 +159,7 @@ def plan_scd2(
     remembered = set(truncates)
     all_truncates = tuple(sorted(remembered.union(batch_truncates)))
     seq_type = changes.schema.field(sequence_by).type
-    fixed = {*keys, sequence_by, OP, START_AT, END_AT}
+    fixed = {*keys, sequence_by, OP, START_AT, END_AT, INHERITED}
     change_values = [f for f in live.schema if f.name not in fixed]
     if existing is None:
         existing_schema = pa.schema(
@@ -171,14 +179,19 @@ def plan_scd2(
         pa.schema([f for f in existing.schema if f.name not in fixed]), pa.schema(change_values)
     )
     values = value_schema.names
-    if track_history_columns is None:
-        tracked = [v for v in values if v not in METADATA_COLUMNS]
-    else:
+    listed, option = track_history_columns, "track_history_columns"
+    if track_history_except_columns is not None:
+        listed, option = track_history_except_columns, "track_history_except_column_list"
+    unknown = [c for c in listed or () if c not in values]
+    if unknown:
+        msg = f"{option} names {', '.join(unknown)}, not columns of the table or batch"
+        raise ChangeBatchError(msg)
+    if track_history_columns is not None:
         tracked = list(track_history_columns)
-        unknown = [c for c in tracked if c not in values]
-        if unknown:
-            msg = f"track_history_columns names {', '.join(unknown)}, not columns of the table or batch"
-            raise ChangeBatchError(msg)
+    else:
+        tracked = [v for v in values if v not in METADATA_COLUMNS and v not in (track_history_except_columns or ())]
+    ignored = list(ignore_null_columns)
+    inherits = bool(ignored) or INHERITED in existing.column_names
     out_schema = pa.schema(
         [
             *[changes.schema.field(k) for k in keys],
@@ -186,6 +199,7 @@ def plan_scd2(
             pa.field(sequence_by, seq_type),
             pa.field(OP, pa.string()),
             *([value_schema.field(COMMIT_TS)] if COMMIT_TS in values else []),
+            *([pa.field(INHERITED, pa.string())] if inherits else []),
             pa.field(START_AT, seq_type),
             pa.field(END_AT, seq_type),
         ]
@@ -202,34 +216,66 @@ def plan_scd2(
     # Tracking every column: each change opens a version, even one that repeats the values,
     # so no change is folded away and a late change can always be placed exactly.
     differs = "true"
-    if track_history_columns is not None:
+    if track_history_columns is not None or track_history_except_columns is not None:
         differs = " OR ".join(f"{quote(t)} IS DISTINCT FROM __p{i}" for i, t in enumerate(tracked)) or "false"
     out_names = out_schema.names
     compare = [n for n in out_names if n not in (*keys, START_AT) and n in existing.column_names]
     changed = " OR ".join(f"v.{quote(n)} IS DISTINCT FROM o.{quote(n)}" for n in compare) or "false"
     renamed = {START_AT: f"__start AS {sa}", END_AT: f"__next AS {ea}", sequence_by: f"__seq AS {s}"}
     renamed[OP] = f"__op AS {op}"
+    renamed[INHERITED] = (
+        f"{inherited_json(ignored, [f'__m{i}' for i in range(len(ignored))], '__seq')} AS {quote(INHERITED)}"
+    )
     select_version = ", ".join(renamed.get(n, quote(n)) for n in out_names)
+    has_inherited = INHERITED in existing.column_names
+    a_live = "".join(
+        f", {authored(c, 'c', f'c.{s}', seq_type, remembered=False)} AS __a{i}" for i, c in enumerate(ignored)
+    )
+    a_start = "".join(f", {authored(c, 'o', f'o.{sa}', seq_type, remembered=has_inherited)}" for c in ignored)
+    a_last = "".join(f", {authored(c, 'o', f'o.{s}', seq_type, remembered=has_inherited)}" for c in ignored)
+    a_none = ", NULL" * len(ignored)
+    # Ignored-null columns take the value authored latest since the key's last delete.
+    filled = "dedup"
+    if ignored:
+        # A stored version's inherited value keeps the sequence it was authored at: a delete
+        # that arrived later between the two ends its inheritance.
+        candidate = "FILTER (WHERE __a{i} IS NOT NULL AND (__since IS NULL OR __a{i} > __since)) OVER seg"
+        fills = ", ".join(
+            f"arg_max({quote(c)}, __a{i}) {candidate.format(i=i)} AS {quote(c)}" for i, c in enumerate(ignored)
+        )
+        marks = "".join(f", max(__a{i}) {candidate.format(i=i)} AS __m{i}" for i in range(len(ignored)))
+        filled = f"""(
+            SELECT * REPLACE ({fills}) {marks} FROM (
+                SELECT *, sum(CASE WHEN __op = '{DELETE_OP}' THEN 1 ELSE 0 END)
+                    OVER (PARTITION BY {k} ORDER BY __seq ROWS UNBOUNDED PRECEDING) AS __seg,
+                    max(CASE WHEN __op = '{DELETE_OP}' THEN __seq END)
+                    OVER (PARTITION BY {k} ORDER BY __seq ROWS UNBOUNDED PRECEDING) AS __since
+                FROM dedup
+            ) WINDOW seg AS (PARTITION BY {k}, __seg ORDER BY __seq ROWS UNBOUNDED PRECEDING)
+        )"""
+    # Ties on a custom sequence: the later change in the source's order wins (scd1.source_order).
+    tie = f"{quote(SEQ)} DESC NULLS LAST, " if sequence_by != SEQ and SEQ in values else ""
     versions_sql = f"""
         WITH events AS (
-            SELECT {column_list(keys, "c")}, {ch_vals}, c.{s} AS __seq, c.{op} AS __op, 0 AS __prio FROM live c
+            SELECT {column_list(keys, "c")}, {ch_vals}, c.{s} AS __seq, c.{op} AS __op, 0 AS __prio {a_live}
+            FROM live c
             UNION ALL
-            SELECT {column_list(keys, "o")}, {ex_vals}, o.{sa}, o.{op}, 1 FROM old o
+            SELECT {column_list(keys, "o")}, {ex_vals}, o.{sa}, o.{op}, 1 {a_start} FROM old o
             UNION ALL
-            SELECT {column_list(keys, "o")}, {ex_vals}, o.{s}, o.{op}, 1 FROM old o WHERE o.{s} <> o.{sa}
+            SELECT {column_list(keys, "o")}, {ex_vals}, o.{s}, o.{op}, 1 {a_last} FROM old o WHERE o.{s} <> o.{sa}
             UNION ALL
-            SELECT {column_list(keys, "d")}, {null_vals}, d.{s}, '{DELETE_OP}', 1 FROM stored_deletes d
+            SELECT {column_list(keys, "d")}, {null_vals}, d.{s}, '{DELETE_OP}', 1 {a_none} FROM stored_deletes d
             UNION ALL
-            SELECT {column_list(keys, "w")}, {null_vals}, t.{s}, '{DELETE_OP}', 2 FROM win w
+            SELECT {column_list(keys, "w")}, {null_vals}, t.{s}, '{DELETE_OP}', 2 {a_none} FROM win w
             JOIN truncs t ON t.{s} >= w.__min_seq
         ),
         dedup AS (
             SELECT * FROM events
-            QUALIFY row_number() OVER (PARTITION BY {k}, __seq ORDER BY __prio, __op DESC) = 1
+            QUALIFY row_number() OVER (PARTITION BY {k}, __seq ORDER BY __prio, {tie}__op DESC) = 1
         ),
         ordered AS (
             SELECT *, lag(__op) OVER w AS __prev_op, lead(__seq) OVER w AS __next {lags}
-            FROM dedup WINDOW w AS (PARTITION BY {k} ORDER BY __seq)
+            FROM {filled} WINDOW w AS (PARTITION BY {k} ORDER BY __seq)
         ),
         flagged AS (
             SELECT *, sum(CASE WHEN __op = '{DELETE_OP}' THEN 0

@@ -71,14 +71,20 @@ def test_definitions_list_assets_checks_and_automation(tmp_path):
     assert {p.to_user_string() for p in keys["warehouse/customers_from_feed"].parent_keys} == {"feeds/customers_clean"}
     assert {p.to_user_string() for p in keys["warehouse/customers_hist"].parent_keys} == {"shop/public/customers"}
     table = AssetKey(["warehouse", "customers"])
+    history = AssetKey(["warehouse", "customers_hist"])
+    invariants = ["scd2_no_overlapping_versions", "scd2_one_open_version_per_key", "scd2_no_open_version_after_delete"]
     assert graph.asset_check_keys == {
         AssetCheckKey(table, "expect_column_values_to_not_be_null__email"),
         AssetCheckKey(table, "expect_column_values_to_be_between__balance"),
+        AssetCheckKey(table, "matches_source"),  # headwater verify: SCD1 tables loaded from a source table
+        *(AssetCheckKey(history, name) for name in invariants),  # built into every SCD2 table
     }
     blocking = {spec.name: spec.blocking for checks in defs.asset_checks for spec in checks.check_specs}
     assert blocking == {
         "expect_column_values_to_not_be_null__email": True,
         "expect_column_values_to_be_between__balance": False,
+        "matches_source": False,
+        **dict.fromkeys(invariants, True),
     }
     assert {s.name for s in defs.sensors} == {"pipeline_on_new_data"}
     assert {s.name for s in defs.schedules} == {"quality_checks_hourly"}
