@@ -102,7 +102,7 @@ def views(
     def view(name: str, topic: str, struct: StructType) -> DataFrame:
         frame = rows.where(F.col(cols.TOPIC) == topic)
         if name == SOURCE_VIEW and source_keys is not None:
-            frame = frame.join(source_keys, on=SRC_KEY, how="left_semi")
+            frame = frame.join(F.broadcast(source_keys), on=SRC_KEY, how="left_semi")
         images = [F.col(IMAGE)[column].alias(column) for column in struct.fieldNames()]
         return frame.select(*images, F.col(SRC_KEY).alias(HIDDEN_PREFIX + name))
 
@@ -153,7 +153,7 @@ class Region:
             for name in lineage.columns:
                 if _hidden_of(name) in lookups:
                     keys = self.changed[_hidden_of(name)].withColumnRenamed(SRC_KEY, "__hw_touched")
-                    touched = lineage.join(keys, lineage[name] == keys["__hw_touched"], "left_semi")
+                    touched = lineage.join(F.broadcast(keys), lineage[name] == keys["__hw_touched"], "left_semi")
                     parts.append(touched.select(F.col(f"`{source}`").alias(SRC_KEY)))
         if not parts:
             return before.select(SRC_KEY).limit(0)
@@ -165,9 +165,10 @@ class Region:
         """Row shapes: the SQL's rows over ``state`` from the source rows ``keys`` (all when None)."""
         return sql_over(self.plan, state, keys)
 
-    def groups(self, state: DataFrame, keys: DataFrame) -> DataFrame | None:
+    def groups(self, state: DataFrame, keys: DataFrame | None) -> DataFrame | None:
         """Grouped shapes: the groups (``__hw_g<i>``) of the rows below the aggregate from the source rows ``keys``.
 
+        ``keys`` None: from every source row of ``state``.
         None when the aggregate has no GROUP BY (its one row is recomputed whenever anything changed).
         """
         catalyst = self.catalyst
@@ -190,7 +191,7 @@ class Region:
         condition = functools.reduce(
             lambda a, b: a & b, [value.eqNullSafe(groups[f"__hw_g{i}"]) for i, value in enumerate(values)]
         )
-        region = analyzed(child.join(groups, condition, "left_semi"))
+        region = analyzed(child.join(F.broadcast(groups), condition, "left_semi"))
         return catalyst.frame(catalyst.rebuilt(chain, node.withNewChildren(catalyst.to_seq([region]))))
 
 
@@ -271,7 +272,8 @@ def process_maintained_batch(
     prev = kept.rows
     before = prev.where(survives) if truncated_at else prev
     live = changes.where(F.col(cols.OP) != Op.DELETE.value).select(*ROW_COLUMNS)
-    after = before.join(changes.select(cols.TOPIC, SRC_KEY), on=[cols.TOPIC, SRC_KEY], how="left_anti")
+    changed_keys = F.broadcast(changes.select(cols.TOPIC, SRC_KEY))
+    after = before.join(changed_keys, on=[cols.TOPIC, SRC_KEY], how="left_anti")
     rows_after = after.unionByName(live).localCheckpoint()
 
     topics = {SOURCE_VIEW: spec.source_topic, **spec.lookup_topics}
@@ -286,7 +288,10 @@ def process_maintained_batch(
     if shape.grouped:
         groups = None
         if keys is not None:
-            old_groups, new_groups = region.groups(prev, keys), region.groups(rows_after, keys)
+            # No lookups: the source rows after the batch of the changed keys are the batch's own (no join).
+            only_source = not spec.lookup_topics and list(changed) == [SOURCE_VIEW]
+            new_groups = region.groups(live, None) if only_source else region.groups(rows_after, keys)
+            old_groups = region.groups(prev, keys)
             if old_groups is not None and new_groups is not None:
                 groups = old_groups.unionByName(new_groups).distinct().localCheckpoint()
         old, new = region.grouped_rows(prev, groups), region.grouped_rows(rows_after, groups)
