@@ -1,14 +1,19 @@
-"""Feeds bench: log -> 3-column SQL feed -> log, against a bare read of the same records.
+"""Feeds bench: log -> SQL feed -> log for the three kinds of feed, against a bare read of the same records.
 
 A raw table topic of N change events (4 columns, keyed by id, 2 partitions) is written to
 a fresh file log; then, in one Spark session:
 
 * reference: a plain batch read of the topic through the ``headwater_log`` source into
   Spark's ``noop`` sink (every record decoded, nothing written);
-* feed: ``headwater feeds run --available-now`` of ``SELECT id, lower(name) AS name, country
-  FROM source WHERE balance >= 0`` (latest per key in the source reader, SQL in Spark,
-  pairing and JSON encoding on the driver in Arrow, batch-marked append to the feed topic),
-  micro-batches of ``--batch`` records.
+* feed ``clean`` (plan class ``projection``): ``headwater feeds run --available-now`` of
+  ``SELECT id, lower(name) AS name, country FROM source WHERE balance >= 0`` (latest per key
+  in the source reader, SQL in Spark, pairing and JSON encoding on the driver in Arrow,
+  batch-marked append to the feed topic), micro-batches of ``--batch`` records;
+* feed ``by_country`` (``aggregate``): ``SELECT country, count(*), sum(balance), max(balance)
+  FROM source GROUP BY country`` over the same topic (a maintained view: the state store,
+  the groups each batch touches recomputed, differences written);
+* feed ``with_region`` (``join``): each customer with its country's region from a 5-row
+  lookup topic, keyed by id.
 
 "Steady" means a warm process, as a feed that keeps running: before the measured run the
 same feed SQL runs over a warm-up topic (``--warmup`` events, default three micro-batches:
@@ -25,8 +30,8 @@ printed with it.
                                           [--general]
 
 ``--batch`` defaults to the feed job's own micro-batch size (``feed_job.DEFAULT_MAX_RECORDS``).
-``--general`` runs the feed on the general path (the SQL's rows and the changes read
-separately and paired on the driver), as SQL that is not projections and filters would.
+``--general`` runs the projection feed as a maintained view (plan class ``projection (maintained)``);
+``--feeds`` picks which of the three run (default all).
 """
 
 from __future__ import annotations
@@ -55,7 +60,22 @@ from spark_log.session import spark_session, stop_spark
 
 TOPIC = "shop.public.customers"
 WARMUP_TOPIC = "shop.public.customers_warmup"
+REGIONS_TOPIC = "shop.public.countries"
 SQL = "SELECT id, lower(name) AS name, country FROM source WHERE balance >= 0"
+FEEDS = {
+    "clean": {"from": TOPIC, "sql": SQL, "key": ["id"]},
+    "by_country": {
+        "from": TOPIC,
+        "sql": "SELECT country, count(*) AS n, sum(balance) AS total, max(balance) AS top FROM source GROUP BY country",
+        "key": ["country"],
+    },
+    "with_region": {
+        "from": TOPIC,
+        "lookups": {"countries": REGIONS_TOPIC},
+        "sql": "SELECT c.id, c.name, r.region FROM source c LEFT JOIN countries r ON c.country = r.code",
+        "key": ["id"],
+    },
+}
 ROLES = ("driver", "jvm", "python")
 COLUMNS = [("id", 20, -1, True), ("name", 25, -1, False), ("country", 25, -1, False), ("balance", 1700, 655366, False)]
 
@@ -158,10 +178,67 @@ def write_source(config_path: Path, events: int, keys: int, topic: str = TOPIC) 
         log.close()
 
 
+def write_regions(config_path: Path) -> None:
+    """The join feed's lookup: country code -> region, 5 rows."""
+    log = open_log(load_config(config_path))
+    try:
+        log.create_topic(TopicSpec(REGIONS_TOPIC, partitions=2))
+        columns = [{"name": "code", "type_oid": 25, "typmod": -1, "key": True}]
+        columns.append({"name": "region", "type_oid": 25, "typmod": -1, "key": False})
+        schema = {"topic": REGIONS_TOPIC, "schema": "public", "table": "countries", "columns": columns, "version": 1}
+        log.append(SCHEMAS_TOPIC, 0, [Record(REGIONS_TOPIC.encode(), orjson.dumps(schema))])
+        regions = {"PT": "EU", "DE": "EU", "MX": "AM", "US": "AM", "JP": "AS"}
+        records = []
+        for i, (code, region) in enumerate(regions.items()):
+            source = SourceInfo("shop", "shop", "public", "countries", i, i, 1_000 + i, 0, 1_600_000_000_000_000)
+            event = ChangeEvent(Op.READ, source, None, {"code": code, "region": region}, 0)
+            records.append(Record(encode_key({"code": code}), encode_value(event)))
+        append_keyed(log, REGIONS_TOPIC, records)
+    finally:
+        log.close()
+
+
 def per_100k(cpu: dict[str, float], rows: int) -> str:
     """``total (driver d, jvm j, python p)`` CPU seconds per 100k events."""
     per = {role: cpu[role] / rows * 100_000 for role in ROLES}
     return f"{sum(per.values()):.2f} (" + ", ".join(f"{role} {per[role]:.2f}" for role in ROLES) + ")"
+
+
+def measure(spark: Any, config: Any, log: Any, name: str, args: argparse.Namespace, bare: float) -> None:
+    """Run feed ``name`` over the whole topic and print its batches, steady rate and CPU per 100k events."""
+    listener = CpuAtProgress()
+    spark.streams.addListener(listener)
+    cpu, start = tree_cpu_by_role(), time.perf_counter()
+    listener.cpu[-1] = cpu  # batch 0's line: from the query's start
+    [(query, plan)] = run_feeds(spark, config, log, [name], available_now=True, max_records_per_batch=args.batch)
+    overall = args.events / (time.perf_counter() - start)
+    end_cpu = tree_cpu_by_role()
+    time.sleep(2)  # the listener hears the last progress asynchronously
+    spark.streams.removeListener(listener)
+    batches = [p for p in query.recentProgress if p["numInputRows"]]
+    steady = batches[1:] or batches
+    print(f"{name} ({plan.plan_class}), load {load_average()}:")
+    for p in batches:
+        rows, ms, batch_id = p["numInputRows"], p["durationMs"]["triggerExecution"], p["batchId"]
+        line = f"  batch {batch_id}: {rows:,} events in {ms / 1000:.2f} s ({rows / ms * 1000:,.0f} events/s)"
+        if batch_id in listener.cpu and batch_id - 1 in listener.cpu:
+            spent = {role: listener.cpu[batch_id][role] - listener.cpu[batch_id - 1][role] for role in ROLES}
+            line += f", CPU s per 100k {per_100k(spent, rows)}"
+        print(line)
+    rate = sum(p["numInputRows"] for p in steady) / sum(p["durationMs"]["triggerExecution"] for p in steady) * 1000
+    written = sum(log.end_offset(name, p) for p in range(2))
+    print(f"  overall (incl. planning, query start): {overall:,.0f} events/s; {written:,} records written")
+    ids = [p["batchId"] for p in steady if p["batchId"] in listener.cpu and p["batchId"] - 1 in listener.cpu]
+    spent = {role: sum(listener.cpu[i][role] - listener.cpu[i - 1][role] for i in ids) for role in ROLES}
+    steady_rows = sum(p["numInputRows"] for p in steady if p["batchId"] in ids)
+    steady_text = per_100k(spent, steady_rows) if steady_rows else "n/a"
+    whole = per_100k({role: end_cpu[role] - cpu[role] for role in ROLES}, args.events)
+    print(f"  CPU s per 100k events: steady {steady_text}, incl. batch 0 and start {whole}")
+    plans = plan.one_pass.plans if plan.one_pass is not None else 0
+    print(f"  {plan.stats}, one-pass plans: {plans}, load average now: {load_average()}")
+    print(
+        f"feed {name}: {rate:,.0f} events/s (bare log read: {bare:,.0f} events/s, ratio {rate / bare:.2f})", flush=True
+    )
 
 
 def main() -> None:
@@ -170,19 +247,22 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=400_000)
     parser.add_argument("--batch", type=int, default=DEFAULT_MAX_RECORDS)
     parser.add_argument("--warmup", type=int, default=3 * DEFAULT_MAX_RECORDS, help="warm-up events (0: none)")
-    parser.add_argument("--general", action="store_true", help="the general path instead of the one pass")
+    parser.add_argument("--general", action="store_true", help="the projection as a maintained view")
+    parser.add_argument("--feeds", default=",".join(FEEDS), help="which feeds to run (comma-separated)")
     args = parser.parse_args()
     if args.general:  # the one pass is tried only where the feed key holds the source key
         feed_job._unique_key = lambda log, spec: False  # type: ignore[assignment]
     root = Path(tempfile.mkdtemp(prefix="hw-feeds-bench-"))
     config_path = root / "headwater.yaml"
-    feeds = {"clean": {"from": TOPIC, "sql": SQL, "key": ["id"]}}
+    names = [name.strip() for name in args.feeds.split(",") if name.strip()]
+    feeds = {name: FEEDS[name] for name in names}
     if args.warmup:
         feeds["warmup"] = {"from": WARMUP_TOPIC, "sql": SQL, "key": ["id"]}
     body = {"project": "bench", "home": str(root / "home"), "log": {"partitions": 2}, "feeds": feeds}
     config_path.write_text(yaml.safe_dump(body))
     start = time.perf_counter()
     write_source(config_path, args.events, args.keys)
+    write_regions(config_path)
     if args.warmup:
         write_source(config_path, args.warmup, args.warmup // 2, WARMUP_TOPIC)
     print(
@@ -196,49 +276,19 @@ def main() -> None:
         register_log_source(spark)
         reader = spark.read.format("headwater_log").option("config", str(config_path)).option("topic", TOPIC)
         reader.load().write.format("noop").mode("overwrite").save()  # warm-up: workers, classes
-        before, start = tree_cpu_by_role(), time.perf_counter()
-        reader.load().write.format("noop").mode("overwrite").save()
-        bare = args.events / (time.perf_counter() - start)
-        after = tree_cpu_by_role()
-        bare_cpu = {role: after[role] - before[role] for role in ROLES}
-        bare_text = per_100k(bare_cpu, args.events)
-        print(f"bare log read: {bare:,.0f} events/s, {bare_text} CPU s per 100k (load {load_average()})")
 
         if args.warmup:
             start = time.perf_counter()
             run_feeds(spark, config, log, ["warmup"], available_now=True, max_records_per_batch=args.batch)
             print(f"warm-up feed: {args.warmup:,} events in {time.perf_counter() - start:.1f} s (not measured)")
-        listener = CpuAtProgress()
-        spark.streams.addListener(listener)
-        cpu, start = tree_cpu_by_role(), time.perf_counter()
-        listener.cpu[-1] = cpu  # batch 0's line: from the query's start
-        [(query, plan)] = run_feeds(spark, config, log, ["clean"], available_now=True, max_records_per_batch=args.batch)
-        overall = args.events / (time.perf_counter() - start)
-        end_cpu = tree_cpu_by_role()
-        time.sleep(2)  # the listener hears the last progress asynchronously
-        batches = [p for p in query.recentProgress if p["numInputRows"]]
-        steady = batches[1:] or batches
-        for p in batches:
-            rows, ms, batch_id = p["numInputRows"], p["durationMs"]["triggerExecution"], p["batchId"]
-            line = f"  batch {batch_id}: {rows:,} events in {ms / 1000:.2f} s ({rows / ms * 1000:,.0f} events/s)"
-            if batch_id in listener.cpu and batch_id - 1 in listener.cpu:
-                spent = {role: listener.cpu[batch_id][role] - listener.cpu[batch_id - 1][role] for role in ROLES}
-                line += f", CPU s per 100k {per_100k(spent, rows)}"
-            print(line)
-        rate = sum(p["numInputRows"] for p in steady) / sum(p["durationMs"]["triggerExecution"] for p in steady) * 1000
-        written = sum(log.end_offset("clean", p) for p in range(2))
-        print(f"feed overall (incl. planning, query start): {overall:,.0f} events/s; {written:,} records written")
-        ids = [p["batchId"] for p in steady if p["batchId"] in listener.cpu and p["batchId"] - 1 in listener.cpu]
-        spent = {role: sum(listener.cpu[i][role] - listener.cpu[i - 1][role] for i in ids) for role in ROLES}
-        steady_rows = sum(p["numInputRows"] for p in steady if p["batchId"] in ids)
-        steady_text = per_100k(spent, steady_rows) if steady_rows else "n/a"
-        whole = per_100k({role: end_cpu[role] - cpu[role] for role in ROLES}, args.events)
-        print(f"  CPU s per 100k events: feed steady {steady_text}, feed incl. batch 0 and start {whole}, ", end="")
-        print(f"bare read {sum(bare_cpu.values()) / args.events * 100_000:.2f}")
-        print(f"  load average now: {load_average()}")
-        plans = plan.one_pass.plans if plan.one_pass is not None else 0
-        print(f"  {plan.stats}, one-pass plans: {plans}")
-        print(f"feed: {rate:,.0f} events/s (bare log read: {bare:,.0f} events/s, ratio {rate / bare:.2f})")
+        for name in names:  # each against a bare read right before it (the load moves)
+            before, start = tree_cpu_by_role(), time.perf_counter()
+            reader.load().write.format("noop").mode("overwrite").save()
+            bare = args.events / (time.perf_counter() - start)
+            after = tree_cpu_by_role()
+            bare_text = per_100k({role: after[role] - before[role] for role in ROLES}, args.events)
+            print(f"bare log read: {bare:,.0f} events/s, {bare_text} CPU s per 100k (load {load_average()})")
+            measure(spark, config, log, name, args, bare)
     finally:
         log.close()
         stop_spark(spark)

@@ -36,3 +36,15 @@ class FeedExpectationError(DerivedFeedsError, PermanentError):
 
 class FeedVersionError(DerivedFeedsError, PermanentError):
     """A version pointer or reprocess request that cannot be honoured."""
+
+
+class FeedKeyError(DerivedFeedsError, PermanentError):
+    """Two rows of a feed's SQL have the same key: the feed stops before writing the micro-batch."""
+
+    def __init__(self, feed: str, key: str, rows: int) -> None:
+        super().__init__(
+            f"feed {feed}: {rows} rows of its SQL have the key {key}; nothing of this micro-batch was written: "
+            f"make feeds.{feed}.key columns that identify one row (e.g. add the lookup's key), or aggregate"
+        )
+        self.feed = feed
+        self.key = key

@@ -26,22 +26,23 @@ from typing import TYPE_CHECKING
 
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
-from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
 from core.config import ProjectConfig
 from core.errors import HeadwaterError
-from derived_feeds.enrichment import process_enriched_batch
+from derived_feeds.catalyst import HIDDEN_PREFIX, Catalyst, analyzed
 from derived_feeds.enrichment_state import check_checkpoint, latest_per_key, start_stateful
 from derived_feeds.errors import FeedConfigError
-from derived_feeds.expectations import Check, compile_checks, with_checks
+from derived_feeds.expectations import Check, compile_checks
 from derived_feeds.feed_graph import run_order
-from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, META, encode_output, pair_changes, paired_output
-from derived_feeds.feed_schema import JSON_OPTIONS, schema_columns, schema_record, wire_struct
+from derived_feeds.feed_output import encode_output, pair_changes, paired_output
+from derived_feeds.feed_schema import schema_columns, schema_record
 from derived_feeds.feed_spec import FeedSpec, feed_spec
 from derived_feeds.feed_writer import AppendMemo, BatchMarker, append_once, checkpoint_run, plan_batch, record_quality
+from derived_feeds.maintained_view import KeptRows, process_maintained_batch
+from derived_feeds.plan_class import PlanClass, ViewShape, classify
 from derived_feeds.transform import (
-    AFTER,
+    SOURCE_VIEW,
     SRC_KEY,
     OnePass,
     apply_sql,
@@ -49,6 +50,7 @@ from derived_feeds.transform import (
     current_images,
     latest_changes,
     output_rows,
+    paired_rows,
     reduced_changes,
 )
 from log.base import Log, Record, TopicSpec, append_keyed
@@ -86,6 +88,20 @@ class FeedPlan:
     #: The one-pass batch (``transform.paired_rows``, planned once per input), when the feed key holds
     #: every version's key of the source topic (one change per feed key in a batch).
     one_pass: OnePass | None = None
+    #: How the SQL is maintained when it is not the one pass (``plan_class``), and what it keeps between batches.
+    shape: ViewShape | None = None
+    kept: KeptRows | None = None
+
+    @property
+    def plan_class(self) -> PlanClass:
+        """The SQL's plan class (``derived_feeds.plan_class``)."""
+        return PlanClass.PROJECTION if self.shape is None else self.shape.plan_class
+
+    @property
+    def view_shape(self) -> ViewShape:
+        """The shape of a maintained view (not the one pass)."""
+        assert self.shape is not None, "a one-pass feed is not a maintained view"
+        return self.shape
 
 
 def _image_struct(spark: SparkSession, config: ProjectConfig, feed: str, field_name: str, topic: str) -> StructType:
@@ -117,14 +133,43 @@ def plan_feed(spark: SparkSession, config: ProjectConfig, log: Log, spec: FeedSp
     for name in spec.key:
         if name not in output.fieldNames():
             raise FeedConfigError(spec.name, "key", f"{name!r} is not an output column of the SQL")
-        if name not in source.fieldNames():
-            msg = f"{name!r} must be a column of {spec.source_topic!r} passed through the SQL unchanged"
-            raise FeedConfigError(spec.name, "key", msg)
+    shape: ViewShape | None = _shape(spark, log, spec, source, lookups)
     checks = compile_checks(spec.name, spec.config.expectations, output)
+    one_pass = None
+    rows = shape is not None and shape.plan_class is PlanClass.REKEYED
+    if rows and _unique_key(log, spec) and _one_pass_fits(spark, config, spec, output):
+        one_pass, shape = OnePass(spec.config.sql, spec.key, output, checks, latest_of=_latest), None
     _create_topics(config, log, spec)
     _write_schema(log, spec, output)
-    one_pass = OnePass(spec.config.sql, spec.key, output, checks, latest_of=_latest) if _unique_key(log, spec) else None
-    return FeedPlan(spec, source, lookups, output, checks, log, one_pass=one_pass)
+    spec.record_plan_class(PlanClass.PROJECTION if shape is None else shape.plan_class)
+    return FeedPlan(spec, source, lookups, output, checks, log, one_pass=one_pass, shape=shape)
+
+
+def _shape(
+    spark: SparkSession, log: Log, spec: FeedSpec, source: StructType, lookups: Mapping[str, StructType]
+) -> ViewShape:
+    """The SQL's shape, analyzed over empty views carrying the hidden key columns, or a one-line refusal."""
+
+    def empty(view: str, struct: StructType) -> DataFrame:
+        return spark.createDataFrame([], StructType([*struct.fields, StructField(HIDDEN_PREFIX + view, StringType())]))
+
+    views = {view: empty(view, struct) for view, struct in lookups.items()}
+    frame = apply_sql(spark, empty(SOURCE_VIEW, source), spec.config.sql, views)
+    return classify(Catalyst(spark), spec.name, analyzed(frame), spec.key, _source_key(log, spec))
+
+
+def _one_pass_fits(spark: SparkSession, config: ProjectConfig, spec: FeedSpec, output: StructType) -> bool:
+    """Whether the one pass takes the SQL (``transform.paired_rows`` over an empty batch of the feed's input)."""
+    schema = log_reader(spark, config, spec.source_topic).option("latestPerKey", "true").load().schema
+    latest = _latest(spark.createDataFrame([], schema))
+    return paired_rows(spark, latest, spec.config.sql, spec.key, output, checks=[]) is not None
+
+
+def _source_key(log: Log, spec: FeedSpec) -> tuple[str, ...] | None:
+    """The source topic's key columns, when every schema version has the same non-empty key."""
+    versions = read_schema_records(log, [spec.source_topic]).get(spec.source_topic, [])
+    keys = {tuple(schema_key(record) or ()) for record in versions}
+    return keys.pop() if len(keys) == 1 and () not in keys else None
 
 
 def _unique_key(log: Log, spec: FeedSpec) -> bool:
@@ -197,21 +242,6 @@ def _latest(batch: DataFrame) -> DataFrame:
     return (reduced_changes(batch) if reduced else latest_changes(batch)).drop(cols.TOPIC, SRC_KEY)
 
 
-def _write(plan: FeedPlan, log: Log, changes: DataFrame, marker: BatchMarker) -> None:
-    """Check, encode and append feed output records given as a DataFrame (``__hw_key``, ``op``, ``after``, META)."""
-    checked = with_checks(changes, plan.checks)
-    after_type = changes.schema[AFTER].dataType
-    assert isinstance(after_type, StructType)
-    frame = checked.select(
-        KEY_JSON,
-        cols.OP,
-        F.to_json(wire_struct(F.col(AFTER), after_type), JSON_OPTIONS).alias(AFTER_JSON),
-        *META,
-        *[check.flag for check in plan.checks],
-    )
-    _append(plan, log, encode_output(frame.toArrow(), plan.spec.name, plan.checks), marker)
-
-
 def _append(plan: FeedPlan, log: Log, encoded: pa.Table, marker: BatchMarker) -> None:
     spec, checks = plan.spec, plan.checks
     planned = plan_batch(spec.name, encoded, checks, marker)
@@ -239,18 +269,26 @@ def start_feed(
     plan = plan_feed(spark, config, log, spec)
     reader = log_reader(spark, config, ",".join(spec.input_topics), streaming=True)
     reader = reader.option("maxRecordsPerBatch", str(max_records_per_batch))
-    if not spec.lookup_topics:  # enrichment keeps every change of its topics (state per key)
+    maintained = plan.shape is not None
+    if not maintained:  # a maintained view keeps every change of its topics (state per key)
         reader = reader.option("latestPerKey", "true")
     for name, value in (options or {}).items():
         reader = reader.option(name, value)
     run = checkpoint_run(spec.checkpoint)
+    feed, checks = spec.name, plan.checks
 
     def apply(batch: DataFrame, batch_id: int) -> None:
+        marker = BatchMarker(run, batch_id)
         try:
-            if spec.lookup_topics:
-                process_enriched_batch(plan, log, batch, BatchMarker(run, batch_id), _write)
+            if maintained:
+                process_maintained_batch(
+                    plan,
+                    batch,
+                    marker,
+                    lambda records: _append(plan, log, encode_output(records, feed, checks), marker),
+                )
             else:
-                process_batch(plan, log, batch, BatchMarker(run, batch_id))
+                process_batch(plan, log, batch, marker)
         except HeadwaterError as exc:
             plan.error = exc
             raise
@@ -259,13 +297,13 @@ def start_feed(
     if not available_now:
         track_progress(spark, log, query_name, spec.group)
     stream = reader.load()
-    if spec.lookup_topics:  # enrichment: the latest change per (topic, key) in Spark's state store
+    if maintained:  # the latest change per (topic, key) in Spark's state store
         check_checkpoint(spec)
         stream = latest_per_key(stream)
     writer = stream.writeStream.queryName(query_name).foreachBatch(apply)
     writer = writer.option("checkpointLocation", str(spec.checkpoint / "spark"))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_interval)
-    return (start_stateful(spark, writer) if spec.lookup_topics else writer.start()), plan
+    return (start_stateful(spark, writer) if maintained else writer.start()), plan
 
 
 def run_feeds(

@@ -30,6 +30,7 @@ from spark_log import source_schema as cols
 KEY_JSON: Final = "__hw_key"
 AFTER_JSON: Final = "__hw_after_json"
 _NULL: Final = "null"
+_OLD_JSON: Final = "__hw_old_json"
 #: The source position and provenance every feed output record keeps.
 META: Final = (
     cols.SEQ,
@@ -194,3 +195,34 @@ def _string_text(values: pa.Array) -> pa.Array:
     encoded = values.dictionary_encode()
     texts = pa.array([orjson.dumps(v).decode() for v in encoded.dictionary.to_pylist()], pa.string())
     return pc.fill_null(texts.take(encoded.indices), _NULL)
+
+
+def diff_rows(old: pa.Table, new: pa.Table, checks: Sequence[Check] = ()) -> pa.Table:
+    """Feed records from a region of the output before (``old``) and after (``new``) a micro-batch.
+
+    Both have ``__hw_key`` and ``__hw_after_json`` (``new`` also the check flags), one row
+    per key. A key only in ``new`` is a create, in both with another row an update, only in
+    ``old`` a delete; an unchanged row makes no record. Columns: ``__hw_key``, ``op``,
+    ``__hw_after_json`` (null for deletes) and the check flags (null for deletes).
+    """
+    before = old.select([KEY_JSON, AFTER_JSON]).rename_columns([KEY_JSON, _OLD_JSON])
+    joined = new.select([KEY_JSON, AFTER_JSON, *[c.flag for c in checks]]).join(
+        before, keys=KEY_JSON, join_type="full outer", use_threads=False
+    )
+    after, previous = _array(joined, AFTER_JSON), _array(joined, _OLD_JSON)
+    op = pc.if_else(
+        after.is_null(),
+        pa.scalar(Op.DELETE.value),
+        pc.if_else(
+            previous.is_null(),
+            pa.scalar(Op.CREATE.value),
+            pc.if_else(pc.equal(previous, after), pa.scalar(None, pa.string()), pa.scalar(Op.UPDATE.value)),
+        ),
+    )
+    columns = {
+        KEY_JSON: _array(joined, KEY_JSON),
+        cols.OP: op,
+        AFTER_JSON: after,
+        **{check.flag: _array(joined, check.flag) for check in checks},
+    }
+    return pa.table(columns).filter(op.is_valid())

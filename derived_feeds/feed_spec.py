@@ -11,7 +11,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 from core.config import FeedConfig, ProjectConfig
+from core.durable_files import replace_file
 from derived_feeds.errors import FeedConfigError
 from derived_feeds.feed_graph import run_order
 from log.errors import InvalidTopicNameError
@@ -50,6 +53,23 @@ class FeedSpec:
     def state_dir(self) -> Path:
         """The enrichment state (latest values of both sides), versioned by micro-batch."""
         return self.checkpoint / "lookup_state"
+
+    @property
+    def plan_class_file(self) -> Path:
+        """Where the feed job records the plan class of this version's SQL (for ``headwater status``)."""
+        return self.checkpoint / "plan_class.json"
+
+    def recorded_plan_class(self) -> str | None:
+        """The plan class the feed job decided when it last planned this version (None before its first run)."""
+        try:
+            return str(orjson.loads(self.plan_class_file.read_bytes())["plan_class"])
+        except (FileNotFoundError, KeyError, ValueError):
+            return None
+
+    def record_plan_class(self, plan_class: str) -> None:
+        """Remember the plan class (replaced whole: a crash leaves the old or the new)."""
+        self.checkpoint.mkdir(parents=True, exist_ok=True)
+        replace_file(self.plan_class_file, orjson.dumps({"plan_class": plan_class, "sql": self.config.sql}))
 
     @property
     def group(self) -> str:

@@ -112,6 +112,7 @@ def feed_status(config: ProjectConfig, log: Log) -> list[dict[str, Any]]:
     for name in config.feeds:
         spec = feed_spec(config, name)
         row: dict[str, Any] = {"feed": name, "topic": spec.topic, "version": spec.version}
+        row["plan_class"] = spec.recorded_plan_class()  # decided by the feed job when it plans the SQL
         inputs = [t for t in spec.input_topics if t in topics]
         row["lag"] = sum(sum(lag(log, spec.group, topic).values()) for topic in inputs) if inputs else None
         if spec.quarantine_topic in topics:

@@ -33,7 +33,8 @@ def run_command(context: Context, feeds: tuple[str, ...], follow: bool) -> None:
     with spark_job(config, "headwater-feeds") as (spark, log):
         started = run_feeds(spark, config, log, feeds, available_now=not follow)
         if follow:
-            click.echo(f"running {', '.join(plan.spec.name for _, plan in started)}; Ctrl-C to stop")
+            running = ", ".join(f"{plan.spec.name} ({plan.plan_class})" for _, plan in started)
+            click.echo(f"running {running}; Ctrl-C to stop")
             follow_queries(spark, [query for query, _ in started])
             for _, plan in started:
                 if plan.error is not None:
@@ -41,7 +42,8 @@ def run_command(context: Context, feeds: tuple[str, ...], follow: bool) -> None:
         for _, plan in started:
             stats = plan.stats
             click.echo(
-                f"{plan.spec.name} -> {plan.spec.topic}: {stats['batches']} batch(es), {stats['upserts']} upserts, "
+                f"{plan.spec.name} -> {plan.spec.topic} ({plan.plan_class}): {stats['batches']} batch(es), "
+                f"{stats['upserts']} upserts, "
                 f"{stats['deletes']} deletes, {stats['dropped']} quarantined"
             )
 

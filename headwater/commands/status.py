@@ -46,10 +46,15 @@ def status_command(context: Context, as_json: bool) -> None:
         ends = " ".join(f"{p}:{o}" for p, o in row["end_offsets"].items())
         topics.add_row(row["topic"], f"{row['records']:,}", ends, size, dirty)
     console.print(topics)
-    feeds = Table("feed", "topic", "version", "lag", "quarantined", title="feeds")
+    feeds = Table("feed", "topic", "version", "plan class", "lag", "quarantined", title="feeds")
     for row in status["feeds"]:
         feeds.add_row(
-            row["feed"], row["topic"], str(row["version"]), str(row.get("lag", "-")), str(row.get("quarantined", 0))
+            row["feed"],
+            row["topic"],
+            str(row["version"]),
+            row.get("plan_class") or "-",
+            str(row.get("lag", "-")),
+            str(row.get("quarantined", 0)),
         )
     if status["feeds"]:
         console.print(feeds)

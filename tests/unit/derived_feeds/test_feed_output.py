@@ -8,7 +8,7 @@ import orjson
 import pyarrow as pa
 
 from derived_feeds.expectations import Check
-from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, encode_output, pair_changes, paired_output
+from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, diff_rows, encode_output, pair_changes, paired_output
 from log.envelope import CONNECTOR, EVENT_VERSION
 
 UTC = dt.UTC
@@ -157,3 +157,23 @@ def test_changes_paired_in_spark_make_the_same_events_as_the_driver_join():
         (None, "t"),
         ('{"id":5}', "c"),
     }
+
+
+def test_a_region_before_and_after_a_batch_makes_only_its_differences():
+    old = pa.table({KEY_JSON: ['{"g":"a"}', '{"g":"b"}', '{"g":"c"}'], AFTER_JSON: ['{"n":1}', '{"n":2}', '{"n":3}']})
+    new = pa.table(
+        {
+            KEY_JSON: ['{"g":"a"}', '{"g":"b"}', '{"g":"d"}'],
+            AFTER_JSON: ['{"n":1}', '{"n":5}', '{"n":4}'],
+            "__hw_ok0": [True, False, True],
+        }
+    )
+    check = Check(0, "expect_column_values_to_be_between", "n", "warn", {"max_value": 4})
+    records = diff_rows(old, new, [check]).sort_by(KEY_JSON).to_pylist()
+    assert records == [  # a: unchanged, no record; b: changed; c: gone; d: new
+        {KEY_JSON: '{"g":"b"}', "op": "u", AFTER_JSON: '{"n":5}', "__hw_ok0": False},
+        {KEY_JSON: '{"g":"c"}', "op": "d", AFTER_JSON: None, "__hw_ok0": None},
+        {KEY_JSON: '{"g":"d"}', "op": "c", AFTER_JSON: '{"n":4}', "__hw_ok0": True},
+    ]
+    empty = pa.table({KEY_JSON: pa.array([], pa.string()), AFTER_JSON: pa.array([], pa.string())})
+    assert diff_rows(empty, empty).num_rows == 0
