@@ -63,8 +63,6 @@ def topic_status(log: Log) -> list[dict[str, Any]]:
 
 def table_status(config: ProjectConfig, log: Log, now_s: float | None = None) -> list[dict[str, Any]]:
     """Last commit time, freshness and lag of every warehouse table."""
-    from deltalake import DeltaTable
-
     from warehouse_loader.delta_scan import select_rows
     from warehouse_loader.load_job import load_identity, table_key_problem, table_path
 
@@ -75,12 +73,13 @@ def table_status(config: ProjectConfig, log: Log, now_s: float | None = None) ->
         row: dict[str, Any] = {"table": name, "from": table.from_, "mode": table.mode}
         build, source_topic = load_identity(config, name)
         path = table_path(config, name)
-        if not (path / "_delta_log").is_dir():
+        delta = path.open()  # local or on an object store (warehouse.path)
+        if delta is None:
             row["state"] = "not loaded yet"
         else:
             # DuckDB, not a pyarrow dataset scan: the scan's threads can outlive it and abort
             # the process at exit ("terminate called without an active exception", arrow#34314).
-            latest = select_rows(DeltaTable(str(path)), "SELECT max(__hw_commit_ts) AS last FROM target")
+            latest = select_rows(path, delta, "SELECT max(__hw_commit_ts) AS last FROM target")
             last = latest.column("last")[0].as_py()
             if last is not None:
                 row["last_commit"] = last.isoformat()

@@ -19,12 +19,21 @@ def reprocess_command(context: Context, name: str, drop_old: bool) -> None:
     from log.factory import open_log
     from operations.reprocess import drop_old as drop_versions
     from operations.reprocess import next_version, reprocess
-    from spark_log.session import spark_session, stop_spark
+    from spark_log.job import open_session
+    from spark_log.session import stop_spark
 
     config = context.config(needs_sources=False)
     target = next_version(config, name)  # fails fast on an unknown name, before Spark starts
+    if target.kind == "table":
+        from warehouse_loader.location import check_warehouse
+
+        check_warehouse(config)  # a refused or missing bucket fails here, before Spark starts
     log = open_log(config)
-    spark = spark_session("headwater-reprocess", local_dir=config.home_dir / "spark")
+    try:
+        spark = open_session(config, "headwater-reprocess")
+    except BaseException:
+        log.close()
+        raise
     console = Console(stderr=True)
     try:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
