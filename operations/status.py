@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from core.config import ProjectConfig
+from core.deployment import shown_settings
 from core.errors import HeadwaterError
 from log.base import Log, end_offsets, lag
 from log.topics import load_group
@@ -111,9 +112,26 @@ def feed_status(config: ProjectConfig, log: Log) -> list[dict[str, Any]]:
     return rows
 
 
+def deployment_status(config: ProjectConfig) -> dict[str, Any]:
+    """Where Spark runs and where the warehouse and checkpoints live (credential values masked)."""
+    return {
+        "spark": {
+            "master": config.spark.master,
+            "driver_memory": config.spark.driver_memory,
+            "conf": shown_settings(config.spark.conf),
+            "checkpoint_path": str(config.checkpoint_dir),
+        },
+        "warehouse": {
+            "path": config.warehouse_root,
+            "storage_options": shown_settings(config.warehouse.storage_options),
+        },
+    }
+
+
 def pipeline_status(config: ProjectConfig, log: Log) -> dict[str, Any]:
     """Everything ``headwater status`` shows."""
     return {
+        "deployment": deployment_status(config),
         "sources": source_status(config),
         "topics": topic_status(log),
         "feeds": feed_status(config, log),

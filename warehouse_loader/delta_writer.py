@@ -49,7 +49,7 @@ import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from core.config import TableConfig
 from warehouse_loader.cdc_options import PlanOptions, prepare_changes
@@ -126,11 +126,18 @@ def open_table(path: Where) -> DeltaTable | None:
     return as_location(path).open()
 
 
-def _commit_failed(exc: Exception, where: TableLocation, table: str, batch_id: int) -> Exception:
-    """The Headwater error for a failed commit: a conflict (retried), a storage problem, or an I/O error."""
-    if isinstance(exc, CommitFailedError):
-        return CommitConflictError(table, batch_id, str(exc).splitlines()[0])
-    return classify_storage_error(exc, where) or WarehouseWriteError(table, batch_id, str(exc).splitlines()[0])
+def _commit_failed(exc: Exception, where: TableLocation, table: str, batch_id: int) -> Exception | None:
+    """The Headwater error for a failed commit: a conflict (retried), a storage problem, an I/O error.
+
+    None: an error of another kind (delta-rs rejecting the data), raised as it is.
+    """
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    # A table created by another writer between our look and our create lost the same race as a commit.
+    if isinstance(exc, CommitFailedError) or (isinstance(exc, DeltaError) and "already exists" in first):
+        return CommitConflictError(table, batch_id, first)
+    if isinstance(exc, OSError):
+        return classify_storage_error(exc, where) or WarehouseWriteError(table, batch_id, first)
+    return None
 
 
 def _txn_version(target: DeltaTable, app_id: str) -> int | None:
@@ -256,8 +263,11 @@ def write_scd1(
         if needs_side and not _already(side, table, batch_id):
             _write_tombstones(side_path, side, actions, keys=keys, table=table, batch_id=batch_id)
         return _merge_scd1(path, target, rows, adds=adds, actions=actions, keys=keys, table=table, batch_id=batch_id)
-    except (CommitFailedError, OSError) as exc:
-        raise _commit_failed(exc, path, table, batch_id) from exc
+    except (DeltaError, OSError) as exc:
+        failure = _commit_failed(exc, path, table, batch_id)
+        if failure is None:
+            raise
+        raise failure from exc
 
 
 def _read_tombstones(
@@ -498,8 +508,11 @@ def commit_scd2(
         before = target.version()
         stats = merge.execute()
         return _metrics(table, batch_id, target, before, stats, keys=keys)
-    except (CommitFailedError, OSError) as exc:
-        raise _commit_failed(exc, path, table, batch_id) from exc
+    except (DeltaError, OSError) as exc:
+        failure = _commit_failed(exc, path, table, batch_id)
+        if failure is None:
+            raise
+        raise failure from exc
 
 
 def _read_scd2_tombstones(

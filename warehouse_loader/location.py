@@ -152,9 +152,15 @@ def check_warehouse(config: ProjectConfig) -> None:
 
     A local warehouse is always fine (its directories are created on first write).
     """
+    from deltalake import DeltaTable
+
     root = warehouse_location(config)
-    if root.is_remote:
-        (root / "_headwater_probe").exists()  # a LIST under the root: bucket and credentials both checked
+    if not root.is_remote:
+        return
+    try:  # a LIST under the root: the bucket and the credentials are both checked
+        DeltaTable.is_deltatable(f"{root.uri}/_headwater_probe", storage_options=root.storage_options)
+    except OSError as exc:
+        raise storage_error(exc, root) from None
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
