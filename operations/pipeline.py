@@ -5,10 +5,18 @@ and every load with ``availableNow`` in one Spark session, in DAG order (feeds b
 the tables that read them), then return.
 
 ``follow``: each stage is its own supervised process (``headwater capture --follow``,
-``headwater feeds run --follow``, ``headwater load --follow``). A process that dies is
-restarted with exponential backoff and reported; SIGINT/SIGTERM stop every child
-(they get SIGINT and finish their current batch: capture acknowledges only what is
-durable, Spark jobs resume from their checkpoints), so nothing is lost.
+``headwater feeds run --follow``, ``headwater load --follow``, and the log's cleaner
+``headwater log clean --follow``). A process that dies is restarted with exponential
+backoff and reported; SIGINT/SIGTERM stop every child (they get SIGINT and finish their
+current batch: capture acknowledges only what is durable, Spark jobs resume from their
+checkpoints, a cleaning pass replaces segments atomically), so nothing is lost.
+
+The cleaner is a process of its own, not a thread of capture: a compaction pass is
+CPU-bound Python that would take the GIL from capture's hot path, and as a stage it is
+restarted like the others. ``capture --follow`` run on its own starts the same child
+(:class:`BackgroundCleaner`); under ``run --follow`` capture is told not to, so one
+cleaner serves the pipeline. :func:`history_holds` keeps it from cleaning what an SCD2
+table's loader has not loaded yet.
 
 Stage libraries (psycopg, pyspark, deltalake behind them) are imported inside the functions
 that need them, so a process that uses one part of this module does not load the others.
@@ -28,6 +36,9 @@ from pathlib import Path
 
 from core.config import ProjectConfig
 from core.errors import EXIT_PERMANENT
+from log.base import Log
+from log.cleaner import Holds
+from log.topics import load_group
 
 #: Backoff before restarting a crashed stage (seconds), capped at the last value.
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -89,17 +100,70 @@ def run_until_caught_up(config: ProjectConfig, say: Callable[[str], None]) -> Ru
     return summary
 
 
+def _headwater(config_path: Path) -> list[str]:
+    return [sys.executable, "-m", "headwater", "--config", str(config_path)]
+
+
+def cleaner_stage(config_path: Path) -> Stage:
+    """The log's background cleaner as a supervised child (see the module docstring)."""
+    return Stage("cleaner", [*_headwater(config_path), "log", "clean", "--follow"])
+
+
 def follow_stages(config: ProjectConfig, config_path: Path) -> list[Stage]:
-    """The child processes of ``run --follow``, upstream first."""
-    base = [sys.executable, "-m", "headwater", "--config", str(config_path)]
+    """The child processes of ``run --follow``, upstream first, the cleaner last."""
+    base = _headwater(config_path)
     stages = []
     if config.sources:
-        stages.append(Stage("capture", [*base, "capture", "--follow"]))
+        stages.append(Stage("capture", [*base, "capture", "--follow", "--no-cleaner"]))
     if config.feeds:
         stages.append(Stage("feeds", [*base, "feeds", "run", "--follow"]))
     if config.warehouse.tables:
         stages.append(Stage("load", [*base, "load", "--follow"]))
+    stages.append(cleaner_stage(config_path))
     return stages
+
+
+def history_holds(config: ProjectConfig, log: Log) -> Holds:
+    """Per topic, the offsets the cleaner must not clean past: each SCD2 table's loader position.
+
+    A table that reads the topic keeps, per partition, everything from its loader's committed
+    offset on (from offset 0 before its first load): those versions are history it has not
+    written yet. Read again at every pass, so the holds follow the loads (and version switches).
+    """
+    from warehouse_loader.load_job import load_identity
+
+    def holds(topic: str) -> dict[int, int]:
+        found: dict[int, int] = {}
+        for name, table in config.warehouse.tables.items():
+            if table.mode != "scd2":
+                continue
+            build, source = load_identity(config, name)
+            if source != topic:
+                continue
+            committed = log.committed(load_group(build), topic)
+            for partition in range(log.describe_topic(topic).partitions):
+                position = committed.get(partition, 0)
+                found[partition] = min(found.get(partition, position), position)
+        return found
+
+    return holds
+
+
+class BackgroundCleaner:
+    """``headwater log clean --follow`` supervised beside a long-running command (``capture --follow``)."""
+
+    def __init__(self, config_path: Path, say: Callable[[str], None]) -> None:
+        self._supervisor = Supervisor([cleaner_stage(config_path)], say)
+        self._thread = threading.Thread(target=self._supervisor.run, name="headwater-cleaner", daemon=True)
+
+    def __enter__(self) -> BackgroundCleaner:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop the cleaner (SIGINT: it ends its pass) and wait for it."""
+        self._supervisor.stop()
+        self._thread.join()
 
 
 class Supervisor:

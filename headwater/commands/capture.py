@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -12,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from capture.runner import ProgressFactory, run_capture
 from capture.snapshot_plan import SnapshotProgress
 from headwater.cli_context import Context, config_option, once_or_follow, pass_context
+from operations.pipeline import BackgroundCleaner
 
 
 class RichSnapshotProgress:
@@ -68,12 +70,20 @@ def _progress_for(console: Console) -> ProgressFactory:
     once_help="Capture everything committed before start, then exit 0.",
     follow_help="Keep streaming until Ctrl-C / SIGTERM.",
 )
+@click.option(
+    "--cleaner/--no-cleaner",
+    default=True,
+    help="With --follow, run the log's cleaner beside capture (headwater log clean --follow).",
+)
 @pass_context
-def capture_command(context: Context, names: tuple[str, ...], follow: bool) -> None:
+def capture_command(context: Context, names: tuple[str, ...], follow: bool, cleaner: bool) -> None:
     """Stream registered sources (all by default) into the log."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     config = context.config()
-    results = run_capture(config, names, until_caught_up=not follow, progress=_progress_for(Console(stderr=True)))
+    with contextlib.ExitStack() as stack:
+        if follow and cleaner and config.config_path is not None:
+            stack.enter_context(BackgroundCleaner(config.config_path, say=lambda line: click.echo(line, err=True)))
+        results = run_capture(config, names, until_caught_up=not follow, progress=_progress_for(Console(stderr=True)))
     for name, stats in results.items():
         click.echo(
             f"{name}: {stats.transactions} transactions, {stats.events} events, "

@@ -13,12 +13,17 @@ from headwater.cli_context import Context, config_option, pass_context
 @click.argument("name")
 @config_option
 @click.option("--drop-old", is_flag=True, help="After switching, delete the previous versions (topics or tables).")
+@click.option(
+    "--accept-incomplete-history",
+    is_flag=True,
+    help="Rebuild an SCD2 table even though compaction removed versions from its topic.",
+)
 @pass_context
-def reprocess_command(context: Context, name: str, drop_old: bool) -> None:
+def reprocess_command(context: Context, name: str, drop_old: bool, accept_incomplete_history: bool) -> None:
     """Rebuild feed or table NAME from offset 0 as version N+1; switch readers when it has caught up."""
     from log.factory import open_log
+    from operations.reprocess import check_history, next_version, reprocess
     from operations.reprocess import drop_old as drop_versions
-    from operations.reprocess import next_version, reprocess
     from spark_log.job import open_session
     from spark_log.session import stop_spark
 
@@ -30,6 +35,8 @@ def reprocess_command(context: Context, name: str, drop_old: bool) -> None:
         check_warehouse(config)  # a refused or missing bucket fails here, before Spark starts
     log = open_log(config)
     try:
+        if not accept_incomplete_history:
+            check_history(config, log, name)  # fails fast on a cleaned topic, before Spark starts
         spark = open_session(config, "headwater-reprocess")
     except BaseException:
         log.close()
@@ -43,7 +50,9 @@ def reprocess_command(context: Context, name: str, drop_old: bool) -> None:
             def show(done: int, total: int) -> None:
                 bar.update(task, completed=done, total=total)
 
-            version = reprocess(spark, config, log, name, progress=show)
+            version = reprocess(
+                spark, config, log, name, progress=show, accept_incomplete_history=accept_incomplete_history
+            )
         click.echo(f"{name}: version {version.number} ({version.target}) is current")
         if drop_old:
             for dropped in drop_versions(config, log, name):
