@@ -113,8 +113,9 @@ class SparkConfig(BaseModel):
     def _no_connect(cls, value: str | None) -> str | None:
         if value is not None:
             msg = (
-                "Spark Connect is not supported: Headwater's jobs commit to Delta and the log from the driver "
-                "in foreachBatch and plan feeds through the driver's JVM, which a Connect client does not have; "
+                "Spark Connect is not supported: a feed's micro-batch code holds the driver's open log and "
+                "reads Spark's plans through the driver's JVM, and Connect runs foreachBatch on its server "
+                "(measured: the log source and loads work through sc://, feeds fail); "
                 "use master: spark://host:port (or yarn, k8s://...) instead"
             )
             raise ValueError(msg)
