@@ -6,8 +6,8 @@ tansu's bucket and the warehouse's, tansu with ``s3://`` storage, Postgres. The 
 captures a snapshot, then runs ``headwater run --until-caught-up`` over it and streamed
 changes (capture, then a plain feed and an enriched feed, then SCD1 and SCD2 loads) against
 ``spark.master: spark://...``; every table is compared with Postgres by checksum. During
-that run worker 1 (its JVM, executor and Python workers) is SIGKILLed while one of its tasks runs: Spark re-runs the task elsewhere and
-the tables stay exact. ``headwater query``, ``status`` and ``verify`` read the S3 tables.
+that run worker 1 (its JVM, executor and Python workers) is SIGKILLed while one of its
+tasks runs: Spark re-runs the task elsewhere and the tables stay exact. ``headwater query``, ``status`` and ``verify`` read the S3 tables.
 Only what differs on a cluster is run here (one pipeline run, the bad input); the rest of
 the suite covers the same code on ``local[2]``.
 
