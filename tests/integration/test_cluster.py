@@ -7,8 +7,8 @@ captures a snapshot, then runs ``headwater run --until-caught-up`` over it and s
 changes (capture, then a plain feed and an enriched feed, then SCD1 and SCD2 loads) against
 ``spark.master: spark://...``; every table is compared with Postgres by checksum. During
 that run worker 1 (its JVM, executor and Python workers) is SIGKILLed while one of its
-tasks runs: Spark re-runs the task elsewhere and the tables stay exact. ``headwater query``, ``status`` and ``verify`` read the S3 tables.
-Only what differs on a cluster is run here (one pipeline run, the bad input); the rest of
+tasks runs: Spark re-runs the task elsewhere and the tables stay exact. ``headwater
+query``, ``status`` and ``verify`` then read the S3 tables. Only what differs on a cluster is run here (one pipeline run, the bad input); the rest of
 the suite covers the same code on ``local[2]``.
 
 Bad input against the same services: an unreachable master, refused S3 credentials, a
