@@ -1,15 +1,16 @@
 """The pipeline on a Spark standalone cluster, a Kafka log on S3 and a warehouse on S3 (issue 17).
 
-Real services, all local processes: a master and two one-core workers started from
-pyspark's ``bin/spark-class`` (:mod:`harness.spark_cluster`), ``moto_server`` holding
-tansu's bucket and the warehouse's, tansu with ``s3://`` storage, Postgres. The real CLI
-captures a snapshot, then runs ``headwater run --until-caught-up`` over it and streamed
-changes (capture, then a plain feed and an enriched feed, then SCD1 and SCD2 loads) against
+Real services, all local processes: a master and two one-core workers started from pyspark's
+``bin/spark-class`` (:mod:`harness.spark_cluster`), ``moto_server`` holding tansu's bucket
+and the warehouse's, tansu with ``s3://`` storage, Postgres. The real CLI captures a
+snapshot, then runs ``headwater run --until-caught-up`` over it and streamed changes
+(capture, then a plain feed and an enriched feed, then SCD1 and SCD2 loads) against
 ``spark.master: spark://...``; every table is compared with Postgres by checksum. During
-that run worker 1 (its JVM, executor and Python workers) is SIGKILLed while one of its
-tasks runs: Spark re-runs the task elsewhere and the tables stay exact. ``headwater
-query``, ``status`` and ``verify`` then read the S3 tables. Only what differs on a cluster is run here (one pipeline run, the bad input); the rest of
-the suite covers the same code on ``local[2]``.
+that run worker 1 (its JVM, executor and Python workers) is SIGKILLed while one of its tasks
+runs: Spark re-runs the task elsewhere and the tables stay exact. ``headwater query``,
+``status`` and ``verify`` then read the S3 tables. Only what differs on a cluster is run
+here (one pipeline run, the bad input); the rest of the suite covers the same code on
+``local[2]``.
 
 Bad input against the same services: an unreachable master, refused S3 credentials, a
 missing bucket, a file log with a remote master, a checkpoint path the executors do not
