@@ -138,6 +138,54 @@ def test_tables_on_s3_are_read_by_query_status_quality_and_dagster(
     assert not (config.home_dir / "warehouse").exists(), "nothing may be written locally"
 
 
+def test_a_merge_that_loses_its_version_to_another_writer_is_replanned_and_lands(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique_name: Any
+) -> None:
+    """Deterministic: another writer commits the same key between our read of the table and our MERGE.
+
+    (Writers of disjoint keys do not conflict: delta-rs narrows a MERGE's read to the batch's
+    keys, ``predicate: "userId" = 2`` in the commit, and both commits stand.)
+    """
+    from warehouse_loader import delta_writer
+    from warehouse_loader.errors import CommitConflictError
+
+    config = project(tmp_path, s3, monkeypatch, unique_name("conflict"))
+    location = table_path(config, "users")
+    settings = config.warehouse.tables["users"]
+
+    def write(key: int, writer: str, at: int) -> Any:
+        rows = changes([(key, writer, "c", "UPDATE", at)])
+        return write_batch(location, rows, table=writer, batch_id=0, keys=["userId"], config=settings)
+
+    write(1, "seed", 1)
+    real_open, real_scd1 = delta_writer.open_table, delta_writer.write_scd1
+    events: list[str] = []
+
+    def open_then_lose(path: Any) -> Any:
+        target = real_open(path)
+        if str(path) == str(location) and "raced" not in events:
+            events.append("raced")
+            write(2, "other", 2)  # a real commit (conditional put on moto) takes the next version
+        return target
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return real_scd1(*args, **kwargs)
+        except CommitConflictError:
+            events.append("conflict")
+            raise
+
+    monkeypatch.setattr(delta_writer, "open_table", open_then_lose)
+    monkeypatch.setattr(delta_writer, "write_scd1", counting)
+    result = write(2, "mine", 3)
+    assert events == ["raced", "conflict"], events  # lost once, re-planned on the winner's version
+    assert not result.skipped
+    rows = run_query('SELECT "userId", name FROM users ORDER BY 1', {"users": location}).to_pylist()
+    assert rows == [{"userId": 1, "name": "seed"}, {"userId": 2, "name": "mine"}]  # one row per key, newest wins
+    assert committed_batch(location, "mine") == committed_batch(location, "other") == 0
+    assert location.open().version() == 2  # seed, other, mine: no version written twice
+
+
 def test_two_writers_racing_on_one_s3_table_both_land_every_batch(
     s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique_name: Any
 ) -> None:
