@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from core.deployment import SettingsMap, SparkConfig
 from core.errors import ConfigError
 
 CONFIG_ENV_VAR = "HEADWATER_CONFIG"
@@ -60,6 +61,9 @@ class FileLogConfig(_Model):
     segment_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
     #: Records sections of appended batches stored zstd-compressed (when smaller) or plain.
     compression: Literal["none", "zstd"] = "zstd"
+    #: ``<home>/log`` is on a filesystem every Spark node mounts at the same path, so executors
+    #: of a cluster (``spark.master`` not local) can read it; without it such a master is refused.
+    shared: bool = False
 
 
 #: A ``log.topics`` key: a topic name, or a glob of one (``*``, ``?``, ``[...]``).
@@ -474,10 +478,31 @@ class TableConfig(_Model):
         return value
 
 
-class WarehouseConfig(_Model):
-    """The warehouse tables, by name."""
+#: Object stores delta-rs writes to (``file://`` is a local path spelled as a URL).
+WAREHOUSE_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "file")
 
+
+class WarehouseConfig(_Model):
+    """Where the warehouse lives (a local path or an object store URL) and its tables, by name."""
+
+    #: Default ``<home>/warehouse``; a local path (relative to this file) or ``s3://bucket/prefix``,
+    #: ``gs://...``, ``az://...``.
+    path: str | None = None
+    #: Handed to delta-rs and pyarrow's filesystem as they are (``AWS_REGION``, ``AWS_ENDPOINT_URL``,
+    #: credentials via ``${VAR}``); never shown.
+    storage_options: SettingsMap = {}
     tables: dict[str, TableConfig] = {}
+
+    @field_validator("path")
+    @classmethod
+    def _known_store(cls, value: str | None) -> str | None:
+        if value is None or "://" not in value:
+            return value
+        scheme = value.split("://", 1)[0].lower()
+        if scheme not in WAREHOUSE_SCHEMES or not value.split("://", 1)[1].strip("/"):
+            msg = f"must be a local path or s3://bucket/prefix (gs://, az://), got {value!r}"
+            raise ValueError(msg)
+        return value.rstrip("/")
 
 
 class ProjectConfig(_Model):
@@ -490,6 +515,7 @@ class ProjectConfig(_Model):
     feeds: dict[str, FeedConfig] = {}
     warehouse: WarehouseConfig = WarehouseConfig()
     quality: dict[str, tuple[ExpectationConfig, ...]] = {}
+    spark: SparkConfig = SparkConfig()
 
     #: The file this config was loaded from (set by :func:`load_config`).
     config_path: Path | None = Field(default=None, exclude=True)
@@ -506,9 +532,30 @@ class ProjectConfig(_Model):
     @property
     def home_dir(self) -> Path:
         """The state directory, resolved against the config file's folder."""
-        if self.home.is_absolute() or self.config_path is None:
-            return self.home
-        return self.config_path.parent / self.home
+        return self._beside_config(self.home)
+
+    def _beside_config(self, path: Path) -> Path:
+        if path.is_absolute() or self.config_path is None:
+            return path
+        return self.config_path.parent / path
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Spark jobs' streaming checkpoints: ``spark.checkpoint_path``, default ``<home>/checkpoints``."""
+        configured = self.spark.checkpoint_path
+        return self.home_dir / "checkpoints" if configured is None else self._beside_config(configured)
+
+    @property
+    def warehouse_root(self) -> str:
+        """The warehouse's location: an absolute local path, or an object store URL (no trailing ``/``)."""
+        path = self.warehouse.path
+        if path is None:
+            return str(self.home_dir / "warehouse")
+        if path.lower().startswith("file://"):
+            path = path[len("file://") :]
+        elif "://" in path:
+            return path
+        return str(self._beside_config(Path(path)))
 
 
 def find_config_path(explicit: str | os.PathLike[str] | None = None) -> Path:

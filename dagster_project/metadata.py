@@ -57,19 +57,17 @@ def feed_metadata(config: ProjectConfig, log: Log, name: str, stats: Mapping[str
 
 def table_metadata(config: ProjectConfig, log: Log, name: str) -> dict[str, Any]:
     """Row count, last commit time, freshness and loader lag of warehouse table ``name``."""
-    from deltalake import DeltaTable
-
     from warehouse_loader.delta_scan import select_rows
     from warehouse_loader.load_job import table_path
 
     status = next(row for row in table_status(config, log) if row["table"] == name)
-    metadata: dict[str, Any] = {"warehouse/state": status["state"], "warehouse/path": str(table_path(config, name))}
-    path = table_path(config, name)
-    if DeltaTable.is_deltatable(str(path)):
-        table = DeltaTable(str(path))
+    path = table_path(config, name)  # a local path or an object store URL (never its credentials)
+    metadata: dict[str, Any] = {"warehouse/state": status["state"], "warehouse/path": str(path)}
+    table = path.open()
+    if table is not None:
         # Counted by DuckDB like every other read of a table (no pyarrow dataset scan: its
         # threads can abort the process at exit, arrow#34314).
-        counted = select_rows(table, "SELECT count(*) AS n FROM target")
+        counted = select_rows(path, table, "SELECT count(*) AS n FROM target")
         metadata["dagster/row_count"] = counted.column("n")[0].as_py()
         metadata["delta/version"] = table.version()
     if "last_commit" in status:

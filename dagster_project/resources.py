@@ -50,7 +50,7 @@ class HeadwaterLog(ConfigurableResource["HeadwaterLog"]):
 
 
 class HeadwaterSpark(ConfigurableResource["HeadwaterSpark"]):
-    """One lean Spark session per run process (``spark_log.session.spark_session``), started on first use.
+    """One Spark session per run process, where ``spark:`` in ``headwater.yaml`` says, started on first use.
 
     The session is stopped (JVM included) when the run ends, unless it already ran in this
     process before the run (a test's shared session): then it is left for its owner.
@@ -66,11 +66,10 @@ class HeadwaterSpark(ConfigurableResource["HeadwaterSpark"]):
         if self._session is None:
             from pyspark.sql import SparkSession
 
-            from spark_log.session import spark_session
+            from spark_log.job import open_session
 
             existing = SparkSession.getActiveSession()
-            config = self.project.load()
-            self._session = spark_session(self.app_name, local_dir=config.home_dir / "spark")
+            self._session = open_session(self.project.load(), self.app_name)
             self._owned = existing is None
         session: SparkSession = self._session
         return session

@@ -33,6 +33,8 @@ class FeedSpec:
     topic: str
     version: int
     home: Path
+    #: ``spark.checkpoint_path`` (default ``<home>/checkpoints``).
+    checkpoints: Path
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -47,7 +49,7 @@ class FeedSpec:
     @property
     def checkpoint(self) -> Path:
         """Spark's checkpoint of this version of the feed (one per output topic)."""
-        return self.home / "checkpoints" / "feeds" / self.name / self.topic
+        return self.checkpoints / "feeds" / self.name / self.topic
 
     @property
     def state_dir(self) -> Path:
@@ -110,6 +112,7 @@ def feed_spec(config: ProjectConfig, name: str, *, topic: str | None = None, ver
         topic=topic or current.topic,
         version=version or current.number,
         home=config.home_dir,
+        checkpoints=config.checkpoint_dir,
     )
 
 

@@ -70,6 +70,12 @@ def run_until_caught_up(config: ProjectConfig, say: Callable[[str], None]) -> Ru
     from capture.runner import run_capture
 
     summary = RunSummary()
+    if config.feeds or config.warehouse.tables:  # a cluster or object store that refuses fails before capture writes
+        from spark_log.cluster import check_before_session
+        from warehouse_loader.location import check_warehouse
+
+        check_before_session(config)
+        check_warehouse(config)
     if config.sources:
         for name, stats in run_capture(config, (), until_caught_up=True).items():
             summary.lines.append(f"capture {name}: {stats.events} events, acknowledged {stats.acked_lsn}")

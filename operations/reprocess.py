@@ -1,7 +1,8 @@
 """Reprocessing: build version N+1 of a feed or warehouse table from offset 0, then switch readers.
 
 Version N keeps serving readers while N+1 is built beside it (a feed into topic
-``<feed>.v<N+1>`` with its own checkpoint, a table into ``<home>/warehouse/<table>.v<N+1>``).
+``<feed>.v<N+1>`` with its own checkpoint, a table into ``<warehouse>/<table>.v<N+1>``, local or
+on an object store).
 When N+1 has caught up with everything its input held when the rebuild started, the
 version pointer is replaced atomically (``spark_log.versions``): a reader resolving
 the pointer reads all of N or all of N+1, never a mix. The next ``headwater feeds run``
@@ -170,9 +171,10 @@ def _rebuild_table(
     spark: SparkSession, config: ProjectConfig, log: Log, new: Version, *, progress: Progress | None, limit: int
 ) -> None:
     from warehouse_loader.load_job import checkpoint_path, start_load
+    from warehouse_loader.location import location_in
 
     build_config, build_name = table_build_config(config, new)
-    shutil.rmtree(new.target, ignore_errors=True)
+    location_in(config, new.target).remove()
     shutil.rmtree(checkpoint_path(build_config, build_name), ignore_errors=True)
     source = build_config.warehouse.tables[build_name].from_
     total = sum(end_offsets(log, source).values())
@@ -196,10 +198,13 @@ def drop_old(config: ProjectConfig, log: Log, name: str) -> list[str]:
             for topic in (target, target + QUARANTINE_SUFFIX):
                 if topic in log.list_topics():
                     log.delete_topic(topic)
-            shutil.rmtree(config.home_dir / "checkpoints" / "feeds" / name / target, ignore_errors=True)
+            shutil.rmtree(config.checkpoint_dir / "feeds" / name / target, ignore_errors=True)
         else:
-            shutil.rmtree(target, ignore_errors=True)
-            shutil.rmtree(config.home_dir / "checkpoints" / "load" / Path(target).name, ignore_errors=True)
+            from warehouse_loader.location import location_in
+
+            table = location_in(config, target)
+            table.remove()
+            shutil.rmtree(config.checkpoint_dir / "load" / table.name, ignore_errors=True)
         forget_previous(config, name, number)
         dropped.append(target)
     return dropped

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from core.config import ProjectConfig
+from core.deployment import shown_settings
 from core.errors import HeadwaterError
 from log.base import Log, end_offsets, lag
 from log.cleaner import ReportsUsage
@@ -71,8 +72,6 @@ def topic_status(log: Log) -> list[dict[str, Any]]:
 
 def table_status(config: ProjectConfig, log: Log, now_s: float | None = None) -> list[dict[str, Any]]:
     """Last commit time, freshness and lag of every warehouse table."""
-    from deltalake import DeltaTable
-
     from warehouse_loader.delta_scan import select_rows
     from warehouse_loader.load_job import load_identity, table_key_problem, table_path
 
@@ -83,12 +82,13 @@ def table_status(config: ProjectConfig, log: Log, now_s: float | None = None) ->
         row: dict[str, Any] = {"table": name, "from": table.from_, "mode": table.mode}
         build, source_topic = load_identity(config, name)
         path = table_path(config, name)
-        if not (path / "_delta_log").is_dir():
+        delta = path.open()  # local or on an object store (warehouse.path)
+        if delta is None:
             row["state"] = "not loaded yet"
         else:
             # DuckDB, not a pyarrow dataset scan: the scan's threads can outlive it and abort
             # the process at exit ("terminate called without an active exception", arrow#34314).
-            latest = select_rows(DeltaTable(str(path)), "SELECT max(__hw_commit_ts) AS last FROM target")
+            latest = select_rows(path, delta, "SELECT max(__hw_commit_ts) AS last FROM target")
             last = latest.column("last")[0].as_py()
             if last is not None:
                 row["last_commit"] = last.isoformat()
@@ -121,9 +121,26 @@ def feed_status(config: ProjectConfig, log: Log) -> list[dict[str, Any]]:
     return rows
 
 
+def deployment_status(config: ProjectConfig) -> dict[str, Any]:
+    """Where Spark runs and where the warehouse and checkpoints live (credential values masked)."""
+    return {
+        "spark": {
+            "master": config.spark.master,
+            "driver_memory": config.spark.driver_memory,
+            "conf": shown_settings(config.spark.conf),
+            "checkpoint_path": str(config.checkpoint_dir),
+        },
+        "warehouse": {
+            "path": config.warehouse_root,
+            "storage_options": shown_settings(config.warehouse.storage_options),
+        },
+    }
+
+
 def pipeline_status(config: ProjectConfig, log: Log) -> dict[str, Any]:
     """Everything ``headwater status`` shows."""
     return {
+        "deployment": deployment_status(config),
         "sources": source_status(config),
         "topics": topic_status(log),
         "feeds": feed_status(config, log),

@@ -23,7 +23,8 @@ from deltalake import DeltaTable
 
 from operations.row_hashes import Canonical, bucket_sql, hash60, range_bucket_sql, text_sql
 from warehouse_loader.changes import DELETE_OP, OP, SEQ, TRUNCATE_OP
-from warehouse_loader.delta_scan import register_delta
+from warehouse_loader.delta_scan import duckdb_connection, register_delta
+from warehouse_loader.location import TableLocation
 from warehouse_loader.sql_text import quote
 
 #: Rows per key-hash bucket the first level aims at.
@@ -133,13 +134,17 @@ def _indexed(conn: psycopg.Connection[Any], target: DiffTarget) -> bool:
 
 
 def compare_all(
-    conn: psycopg.Connection[Any], delta: DeltaTable, target: DiffTarget, timings: dict[str, float]
+    conn: psycopg.Connection[Any],
+    where: TableLocation,
+    delta: DeltaTable,
+    target: DiffTarget,
+    timings: dict[str, float],
 ) -> tuple[tuple[int, int, int, int], dict[str, Difference]]:
     """Level 1 over every row, level 2 over the differing buckets; ``(counts, differences)``.
 
-    ``timings`` gets the seconds of the level-1 scans.
+    ``delta`` is the table at ``where``; ``timings`` gets the seconds of the level-1 scans.
     """
-    with _duck(delta) as duck:
+    with _duck(where, delta) as duck:
         single = len(target.keys) == 1 and target.key_text[0].integer
         column = quote(target.keys[0])
         stats = f"count(*), min({column}), max({column})" if single else "count(*), NULL, NULL"
@@ -173,11 +178,11 @@ def compare_all(
 
 
 def compare_keys(
-    conn: psycopg.Connection[Any], delta: DeltaTable, target: DiffTarget, keys: Iterable[str]
+    conn: psycopg.Connection[Any], where: TableLocation, delta: DeltaTable, target: DiffTarget, keys: Iterable[str]
 ) -> dict[str, Difference]:
     """The given keys (key texts) compared again, by key on both sides."""
     wanted = sorted(keys)
-    with _duck(delta) as duck:
+    with _duck(where, delta) as duck:
         duck.register("wanted", pa.table({"k": pa.array(wanted, pa.string())}))
         key_duck = text_sql(target.key_text, "duck")
         wh = _warehouse_rows(duck, target, f"{key_duck} IN (SELECT k FROM wanted)")
@@ -241,8 +246,13 @@ def _diff(target: DiffTarget, src: _Rows, wh: _Rows, only: set[str] | None = Non
     return found
 
 
-def changed_since(
-    delta: DeltaTable, side: DeltaTable | None, target: DiffTarget, found: Mapping[str, Difference], threshold: str
+def changed_since(  # noqa: PLR0917  (the table, its tombstones, the target, what to re-check, from when)
+    where: TableLocation,
+    delta: DeltaTable,
+    side: DeltaTable | None,
+    target: DiffTarget,
+    found: Mapping[str, Difference],
+    threshold: str,
 ) -> set[str]:
     """Keys of ``found`` the warehouse changed at or after the snapshot (row or delete sequence >= ``threshold``)."""
     if not found:
@@ -250,7 +260,7 @@ def changed_since(
     keys = pa.table({"k": pa.array(sorted(found), pa.string())})
     key_duck = text_sql(target.key_text, "duck")
     newer: set[str] = set()
-    with _duck(delta) as duck:
+    with _duck(where, delta) as duck:
         duck.register("wanted", keys)
         for (key,) in duck.sql(
             f"SELECT {key_duck} FROM target WHERE \"{SEQ}\" >= '{threshold}' AND {key_duck} IN (SELECT k FROM wanted)"
@@ -258,7 +268,7 @@ def changed_since(
             newer.add(key)
     if side is None or target.sequence_by != SEQ:
         return newer
-    with _duck(side) as duck:
+    with _duck(where, side) as duck:
         duck.register("wanted", keys)
         truncated = duck.sql(
             f"SELECT count(*) FROM target WHERE \"{OP}\" = '{TRUNCATE_OP}' AND \"{SEQ}\" >= '{threshold}'"
@@ -274,11 +284,10 @@ def changed_since(
 
 
 @contextmanager
-def _duck(delta: DeltaTable) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A DuckDB connection (UTC) with ``target`` bound to a Delta table's current version."""
-    con = duckdb.connect(":memory:")
+def _duck(where: TableLocation, delta: DeltaTable) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A DuckDB connection (UTC) with ``target`` bound to a Delta table's current version (stored at ``where``)."""
+    con = duckdb_connection([where])
     try:
-        con.execute("SET TimeZone = 'UTC'")
         register_delta(con, "target", delta)
         yield con
     finally:

@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import psycopg
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
-from deltalake import DeltaTable
 from psycopg import sql
 
 from core.config import ProjectConfig
@@ -181,15 +180,19 @@ def verify_table(
             if say:
                 say(f"snapshot of {target.relation} at LSN {lsn}; waiting for the table to be loaded past it")
             _wait_loaded(config, target, snapshot.lsn, deadline, load=load, spark=spark)
-            delta = DeltaTable(str(table_path(config, name)))
+            where = table_path(config, name)
+            delta = open_table(where)
+            if delta is None:
+                msg = f"table {name!r} is not loaded yet; run 'headwater load {name} --available-now'"
+                raise VerifyError(msg)
             if pending is None:
-                counts, found = compare_all(snapshot.conn, delta, target, timings)
+                counts, found = compare_all(snapshot.conn, where, delta, target, timings)
                 first = counts
             else:
-                found = compare_keys(snapshot.conn, delta, target, pending)
+                found = compare_keys(snapshot.conn, where, delta, target, pending)
         threshold = ChangeSequence(snapshot.lsn.value, 0).sortable()
-        side = open_table(table_path(config, name) / TOMBSTONES_DIR)
-        newer = changed_since(delta, side, target, found, threshold)
+        side = open_table(where / TOMBSTONES_DIR)
+        newer = changed_since(where, delta, side, target, found, threshold)
         for key, difference in found.items():
             if key not in newer:
                 confirmed[key] = difference

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.errors import HeadwaterError, PermanentError
+from core.errors import HeadwaterError, PermanentError, TransientError
 
 
 class SparkLogError(HeadwaterError):
@@ -55,3 +55,11 @@ class UndecodableValueError(SparkLogError, PermanentError):
         self.partition = partition
         self.offset = offset
         self.column = column
+
+
+class SparkClusterError(SparkLogError, PermanentError):
+    """The Spark cluster cannot run Headwater's jobs as configured (no executors, unreachable checkpoints)."""
+
+
+class SparkMasterUnreachableError(SparkLogError, TransientError):
+    """Nothing answers at the configured Spark master: it may be starting or down (retrying may help)."""

@@ -1,4 +1,9 @@
-"""What a Spark-running command holds for its lifetime: the log and one lean Spark session."""
+"""What a Spark-running command holds for its lifetime: the log and one lean Spark session.
+
+Every Spark entry point (``feeds run``, ``load``, ``run``, ``reprocess``, ``verify --load``,
+Dagster's runs) opens its session with :func:`open_session`, so all of them run where
+``spark:`` in ``headwater.yaml`` says (:mod:`spark_log.cluster` checks a cluster first).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from core.config import ProjectConfig
 from core.errors import HeadwaterError, PermanentError
 from log.base import Log
 from log.factory import open_log
+from spark_log.cluster import check_before_session, cluster_ready, is_loopback
 from spark_log.session import spark_session, stop_spark
 
 if TYPE_CHECKING:
@@ -26,10 +32,12 @@ if TYPE_CHECKING:
 def spark_job(config: ProjectConfig, app_name: str) -> Iterator[tuple[SparkSession, Log]]:
     """Open the project's log and a Spark session; close both (and the JVM) on exit."""
     log = open_log(config)
-    spark_log = config.home_dir / "logs" / "spark.log"
-    with _jvm_stderr_to(spark_log):
-        spark = spark_session(app_name, local_dir=config.home_dir / "spark")
-    _pyspark_loggers_to(spark_log)
+    try:
+        spark = open_session(config, app_name)
+    except BaseException:
+        log.close()
+        raise
+    spark_log = spark_log_path(config)
     try:
         yield spark, log
     except HeadwaterError:
@@ -40,6 +48,42 @@ def spark_job(config: ProjectConfig, app_name: str) -> Iterator[tuple[SparkSessi
     finally:
         log.close()
         stop_spark(spark)
+
+
+def spark_log_path(config: ProjectConfig) -> Path:
+    """Where the driver JVM's own output goes (``<home>/logs/spark.log``)."""
+    return config.home_dir / "logs" / "spark.log"
+
+
+def open_session(config: ProjectConfig, app_name: str) -> SparkSession:
+    """The project's Spark session, on ``spark.master`` with ``spark.conf``; ready to run jobs.
+
+    On a cluster the master must answer, an executor must register and the checkpoint
+    directory must be shared (:mod:`spark_log.cluster`), each failing in one line. The
+    driver JVM's output goes to :func:`spark_log_path`. Stop it with :func:`stop_spark`.
+    """
+    check_before_session(config)
+    settings = config.spark
+    spark_log = spark_log_path(config)
+    try:
+        with _jvm_stderr_to(spark_log):
+            spark = spark_session(
+                app_name,
+                local_dir=config.home_dir / "spark",
+                extra_conf=settings.session_conf(),
+                master=settings.master,
+                driver_memory=settings.driver_memory,
+                loopback=is_loopback(settings.master),
+            )
+    except Exception as exc:  # a JVM that would not start, a setting Spark refuses
+        raise SparkJobError(_spark_failure(exc, spark_log)) from exc
+    _pyspark_loggers_to(spark_log)
+    try:
+        cluster_ready(spark, config)
+    except BaseException:
+        stop_spark(spark)
+        raise
+    return spark
 
 
 class SparkJobError(PermanentError):

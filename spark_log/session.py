@@ -1,4 +1,9 @@
-"""The lean local Spark session every Headwater Spark job and test runs on.
+"""The lean Spark session every Headwater Spark job and test runs on (``local[2]`` unless told otherwise).
+
+The master comes from ``spark.master`` (:func:`spark_log.job.open_session` passes the
+project's ``spark:`` section): in local mode, or with a master on this host, the driver
+binds to loopback only; with a remote master it binds where Spark's defaults say (set
+``spark.driver.host`` in ``spark.conf`` when the executors must use another address).
 
 Start-up is dominated by the JVM loading Spark's classes, so the session uses a
 Java class-data-sharing (CDS) archive: the first start in a fresh environment
@@ -138,31 +143,35 @@ def spark_session(
     *,
     local_dir: Path | None = None,
     extra_conf: Mapping[str, str] | None = None,
+    master: str = "local[2]",
+    driver_memory: str = "1g",
+    loopback: bool = True,
 ) -> SparkSession:
-    """Return a lean ``local[2]`` session (no UI, 2 shuffle partitions, UTC, Arrow, loopback only).
+    """Return a lean session on ``master`` (no UI, 2 shuffle partitions, UTC, Arrow).
 
-    ``local_dir`` holds Spark's scratch files and the default warehouse; ``extra_conf``
+    ``local_dir`` holds the driver's scratch files and the default warehouse; ``extra_conf``
     overrides any setting, ``spark.driver.extraJavaOptions`` included (appended to the
-    CDS options). If a session already runs in this process it is returned as is:
-    JVM-level settings cannot change without :func:`stop_spark`.
+    CDS options). ``loopback``: the driver and every executor are on this host, so the
+    driver listens on 127.0.0.1 only. If a session already runs in this process it is
+    returned as is: JVM-level settings cannot change without :func:`stop_spark`.
     """
     from pyspark.sql import SparkSession
 
-    # The JVM reads these at launch; Python workers must be this interpreter (same packages).
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # The JVM reads these at launch; Python workers (executors' too) run this interpreter: the
+    # same path must hold the same environment on every worker host.
+    if loopback:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     with contextlib.suppress(OSError):  # no writable cache: Spark's own home (slower worker starts)
         os.environ.setdefault("SPARK_HOME", str(spark_home()))
 
     conf: dict[str, str] = {
-        "spark.master": "local[2]",
+        "spark.master": master,
         "spark.app.name": app_name,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.memory": "1g",
+        "spark.driver.memory": driver_memory,
         "spark.sql.shuffle.partitions": "2",
         "spark.default.parallelism": "2",
         "spark.sql.session.timeZone": "UTC",
@@ -176,6 +185,8 @@ def spark_session(
         # Micro-batches persisted by feeds are small and short-lived; CPU is the scarce resource.
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
     }
+    if loopback:
+        conf["spark.driver.host"] = conf["spark.driver.bindAddress"] = "127.0.0.1"
     if local_dir is not None:
         local_dir.mkdir(parents=True, exist_ok=True)
         conf["spark.local.dir"] = str(local_dir / "tmp")

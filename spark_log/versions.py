@@ -4,7 +4,8 @@
 readers by replacing ``<home>/versions/<name>.json`` in one ``os.replace``: a reader that
 resolves the pointer once per read sees either the old or the new version, never a mix.
 Without a pointer file a name is at version 1: a feed's topic is its name, a table's path
-is ``<home>/warehouse/<name>``; version N > 1 is ``<name>.v<N>`` for both.
+is ``<warehouse>/<name>`` (``warehouse.path``, default ``<home>/warehouse``, maybe an object
+store URL); version N > 1 is ``<name>.v<N>`` for both.
 
 Pointer file (JSON): ``{"name", "kind": "feed"|"table", "version", "target", "previous":
 [{"version", "target"}...]}`` where ``target`` is the topic or the Delta path; previous
@@ -42,11 +43,11 @@ class Version:
 
 
 def version_target(config: ProjectConfig, name: str, kind: Kind, number: int) -> str:
-    """Where version ``number`` of ``name`` lives (topic, or Delta path)."""
+    """Where version ``number`` of ``name`` lives (topic, or Delta path or URL)."""
     base = name if number == 1 else f"{name}.v{number}"
     if kind == "feed":
         return base
-    return str(config.home_dir / "warehouse" / base)
+    return f"{config.warehouse_root}/{base}"
 
 
 def pointer_path(config: ProjectConfig, name: str) -> Path:
@@ -77,9 +78,9 @@ def resolve_topic(config: ProjectConfig, name: str) -> str:
     return name
 
 
-def resolve_table_path(config: ProjectConfig, name: str) -> Path:
-    """The current Delta path of warehouse table ``name`` (for ``headwater query`` and loaders)."""
-    return Path(current_version(config, name, "table").target)
+def resolve_table_target(config: ProjectConfig, name: str) -> str:
+    """The current Delta path or URL of warehouse table ``name`` (for ``headwater query`` and loaders)."""
+    return current_version(config, name, "table").target
 
 
 def switch_version(config: ProjectConfig, new: Version) -> None:

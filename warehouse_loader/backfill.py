@@ -41,7 +41,6 @@ import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -79,6 +78,7 @@ from warehouse_loader.delta_writer import (
 )
 from warehouse_loader.errors import WarehouseError
 from warehouse_loader.load_job import load_identity, table_keys, table_path
+from warehouse_loader.location import TableLocation
 from warehouse_loader.scd2 import Scd2Actions, Scd2State, apply_scd2, scd2_window
 from warehouse_loader.sql_text import column_list, key_match, quote
 
@@ -203,7 +203,7 @@ class _Rebuild:
 
 
 def _plan_rebuild(
-    path: Path,
+    path: TableLocation,
     target: DeltaTable,
     days: Sequence[dt.date],
     keys: Sequence[str],
@@ -222,11 +222,12 @@ def _plan_rebuild(
     sa, ea, seq = quote(START_AT), quote(END_AT), quote(sequence_by)
     on = partial(key_match, keys)
     in_days = partial(_days_predicate, days)
-    removed = select_rows(target, f"SELECT {k}, t.{sa} FROM target t WHERE {in_days('t')}")
-    spanning = spanning_versions(target, changes, keys, sequence_by)
+    removed = select_rows(path, target, f"SELECT {k}, t.{sa} FROM target t WHERE {in_days('t')}")
+    spanning = spanning_versions(path, target, changes, keys, sequence_by)
     window = scd2_window(changes, keys, sequence_by, spanning)
     key_list = column_list(keys)
     existing = select_rows(
+        path,
         target,
         f"WITH affected AS (SELECT DISTINCT {key_list} FROM (SELECT {key_list} FROM win UNION ALL "
         f"SELECT {key_list} FROM removed)) SELECT t.* FROM target t SEMI JOIN affected a ON {on('t', 'a')}",

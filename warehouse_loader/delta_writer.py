@@ -24,6 +24,14 @@ Contract:
   be cast safely to the table's raises before anything is committed
   (:mod:`warehouse_loader.schema_evolution`).
 
+* Concurrency: a commit that loses the race for its Delta version to another writer
+  (:class:`~deltalake.exceptions.CommitFailedError`, on a local disk or an object store's
+  conditional put) is planned again on the winner's version and retried
+  (:data:`COMMIT_ATTEMPTS`); the tombstones a failed attempt committed are kept, as after a crash.
+* Storage: ``path`` is a :class:`~warehouse_loader.location.TableLocation` (a local
+  :class:`~pathlib.Path` is taken as one); an object store that refuses or cannot be
+  reached fails the batch in one line (:func:`~warehouse_loader.location.storage_error`).
+
 deltalake's Rust runtime panics in a forked child: call these functions from the process
 that imported deltalake, or from a process started with ``spawn``; never from a
 ``fork``-started multiprocessing worker.
@@ -31,28 +39,34 @@ that imported deltalake, or from a process started with ``spawn``; never from a
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from core.config import TableConfig
 from warehouse_loader.cdc_options import PlanOptions, prepare_changes
 from warehouse_loader.changes import DELETE_OP, END_AT, OP, SEQ, START_AT, TRUNCATE_OP
 from warehouse_loader.delta_scan import select_rows
-from warehouse_loader.errors import WarehouseWriteError
+from warehouse_loader.errors import CommitConflictError, WarehouseWriteError
+from warehouse_loader.location import TableLocation, as_location, classify_storage_error
 from warehouse_loader.scd1 import Scd1Actions, plan_scd1
 from warehouse_loader.scd2 import Scd2Actions, plan_scd2, scd2_truncate_span, scd2_window, truncate_sequences
 from warehouse_loader.schema_evolution import reconcile
 from warehouse_loader.sql_text import column_list, key_match, quote, sql_literal
 
 TOMBSTONES_DIR = "_hw_tombstones"
+#: Attempts of one micro-batch when other writers keep winning the race for the next version.
+COMMIT_ATTEMPTS = 5
+#: Where a table is given: a location, or a local path.
+Where = TableLocation | str | os.PathLike[str]
 #: Commit metadata naming the key columns a table's rows are merged on (a JSON list).
 KEY_METADATA = "headwater.key"
 
@@ -71,37 +85,59 @@ class WriteResult:
 
 
 def write_batch(
-    path: Path, changes: pa.Table, *, table: str, batch_id: int, keys: Sequence[str], config: TableConfig
+    path: Where, changes: pa.Table, *, table: str, batch_id: int, keys: Sequence[str], config: TableConfig
 ) -> WriteResult:
     """Apply one micro-batch of changes to the warehouse table ``table`` stored at ``path``.
 
     ``changes`` follows :mod:`warehouse_loader.changes`; ``keys`` are the table's key
     columns (the feed's ``key`` or the source's replica identity); the table's AUTO CDC
-    options apply first (:mod:`warehouse_loader.cdc_options`).
+    options apply first (:mod:`warehouse_loader.cdc_options`). A commit conflict with
+    another writer re-plans the batch on the table's new version (up to :data:`COMMIT_ATTEMPTS`).
     """
     changes, options = prepare_changes(changes, keys, config)
-    if config.mode == "scd2":
-        return write_scd2(path, changes, table=table, batch_id=batch_id, keys=keys, options=options)
-    return write_scd1(
-        path,
-        changes,
-        table=table,
-        batch_id=batch_id,
-        keys=keys,
-        sequence_by=options.sequence_by,
-        ignore_null_columns=options.ignore_null_columns,
-    )
+    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        try:
+            if config.mode == "scd2":
+                return write_scd2(path, changes, table=table, batch_id=batch_id, keys=keys, options=options)
+            return write_scd1(
+                path,
+                changes,
+                table=table,
+                batch_id=batch_id,
+                keys=keys,
+                sequence_by=options.sequence_by,
+                ignore_null_columns=options.ignore_null_columns,
+            )
+        except CommitConflictError:
+            if attempt == COMMIT_ATTEMPTS:
+                raise
+            time.sleep(0.1 * attempt)
+    raise AssertionError  # the loop returns or raises
 
 
-def committed_batch(path: Path, table: str) -> int | None:
+def committed_batch(path: Where, table: str) -> int | None:
     """The highest batch id committed to the table at ``path``, or None (absent table, no batch)."""
     target = open_table(path)
     return None if target is None else _txn_version(target, table)
 
 
-def open_table(path: Path) -> DeltaTable | None:
+def open_table(path: Where) -> DeltaTable | None:
     """The Delta table at ``path``, or None when there is none (yet)."""
-    return DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None
+    return as_location(path).open()
+
+
+def _commit_failed(exc: Exception, where: TableLocation, table: str, batch_id: int) -> Exception | None:
+    """The Headwater error for a failed commit: a conflict (retried), a storage problem, an I/O error.
+
+    None: an error of another kind (delta-rs rejecting the data), raised as it is.
+    """
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    # A table created by another writer between our look and our create lost the same race as a commit.
+    if isinstance(exc, CommitFailedError) or (isinstance(exc, DeltaError) and "already exists" in first):
+        return CommitConflictError(table, batch_id, first)
+    if isinstance(exc, OSError):
+        return classify_storage_error(exc, where) or WarehouseWriteError(table, batch_id, first)
+    return None
 
 
 def _txn_version(target: DeltaTable, app_id: str) -> int | None:
@@ -116,7 +152,7 @@ def _already(target: DeltaTable | None, table: str, batch_id: int) -> bool:
     return done is not None and done >= batch_id
 
 
-def loaded_key(path: Path) -> tuple[str, ...] | None:
+def loaded_key(path: Where) -> tuple[str, ...] | None:
     """The key the table at ``path`` was last merged on (None: no table, or written before keys were recorded)."""
     target = open_table(path)
     history = target.history(1) if target is not None else []
@@ -124,7 +160,7 @@ def loaded_key(path: Path) -> tuple[str, ...] | None:
     return None if recorded is None else tuple(orjson.loads(recorded))
 
 
-def recorded_key(path: Path, *, commits: int = 100) -> tuple[str, ...] | None:
+def recorded_key(path: Where, *, commits: int = 100) -> tuple[str, ...] | None:
     """The key recorded by the latest of the last ``commits`` commits that names one, or None.
 
     A commit made outside Headwater names none, so :func:`loaded_key` alone would miss it.
@@ -150,10 +186,12 @@ def table_schema(target: DeltaTable) -> pa.Schema:
     return target.to_pyarrow_dataset().schema
 
 
-def _create(path: Path, rows: pa.Table, table: str, batch_id: int, commit: CommitProperties) -> WriteResult:
+def _create(path: TableLocation, rows: pa.Table, table: str, batch_id: int, commit: CommitProperties) -> WriteResult:
     """Create the table at ``path`` holding ``rows``, in one commit."""
-    write_deltalake(str(path), rows, commit_properties=commit)
-    return WriteResult(table, batch_id, skipped=False, version=DeltaTable(str(path)).version(), inserted=rows.num_rows)
+    write_deltalake(path.uri, rows, storage_options=path.storage_options, commit_properties=commit)
+    created = path.open()
+    version = None if created is None else created.version()
+    return WriteResult(table, batch_id, skipped=False, version=version, inserted=rows.num_rows)
 
 
 def _metrics(
@@ -180,7 +218,7 @@ def _metrics(
 
 
 def write_scd1(
-    path: Path,
+    path: Where,
     changes: pa.Table,
     *,
     table: str,
@@ -193,15 +231,17 @@ def write_scd1(
 
     With ``ignore_null_columns`` the stored rows of the batch's keys are read to plan whole rows.
     """
+    path = as_location(path)
     target = open_table(path)
     if _already(target, table, batch_id):
         return WriteResult(table=table, batch_id=batch_id, skipped=True, version=target.version() if target else None)
     side_path = path / TOMBSTONES_DIR
     side = open_table(side_path)
-    tombstones, watermark = _read_tombstones(side, changes, keys, sequence_by)
+    tombstones, watermark = _read_tombstones(side_path, side, changes, keys, sequence_by)
     existing = None
     if ignore_null_columns and target is not None:
         existing = select_rows(
+            path,
             target,
             f"SELECT t.* FROM target t SEMI JOIN batch b ON {key_match(keys, 't', 'b')}",
             batch=changes.select(list(keys)),
@@ -223,12 +263,15 @@ def write_scd1(
         if needs_side and not _already(side, table, batch_id):
             _write_tombstones(side_path, side, actions, keys=keys, table=table, batch_id=batch_id)
         return _merge_scd1(path, target, rows, adds=adds, actions=actions, keys=keys, table=table, batch_id=batch_id)
-    except (CommitFailedError, OSError) as exc:
-        raise WarehouseWriteError(table, batch_id, str(exc).splitlines()[0]) from exc
+    except (DeltaError, OSError) as exc:
+        failure = _commit_failed(exc, path, table, batch_id)
+        if failure is None:
+            raise
+        raise failure from exc
 
 
 def _read_tombstones(
-    side: DeltaTable | None, changes: pa.Table, keys: Sequence[str], sequence_by: str
+    side_path: TableLocation, side: DeltaTable | None, changes: pa.Table, keys: Sequence[str], sequence_by: str
 ) -> tuple[pa.Table | None, Any]:
     """Tombstones of the batch's keys and the truncate watermark (highest truncate applied)."""
     if side is None:
@@ -236,17 +279,24 @@ def _read_tombstones(
     seq = quote(sequence_by)
     batch_keys = changes.select(list(keys))
     tombs = select_rows(
+        side_path,
         side,
         f"SELECT {column_list(keys, 't')}, t.{seq} FROM target t "
         f"WHERE t.{quote(OP)} = 'd' AND EXISTS (SELECT 1 FROM batch b WHERE {key_match(keys, 't', 'b')})",
         batch=batch_keys,
     )
-    mark = select_rows(side, f"SELECT max({seq}) AS m FROM target WHERE {quote(OP)} = '{TRUNCATE_OP}'")
+    mark = select_rows(side_path, side, f"SELECT max({seq}) AS m FROM target WHERE {quote(OP)} = '{TRUNCATE_OP}'")
     return tombs, mark.column("m")[0].as_py()
 
 
 def _write_tombstones(
-    side_path: Path, side: DeltaTable | None, actions: Scd1Actions, *, keys: Sequence[str], table: str, batch_id: int
+    side_path: TableLocation,
+    side: DeltaTable | None,
+    actions: Scd1Actions,
+    *,
+    keys: Sequence[str],
+    table: str,
+    batch_id: int,
 ) -> None:
     seq = quote(actions.sequence_by)
     marks = actions.rows.select([*keys, actions.sequence_by, OP])
@@ -255,7 +305,9 @@ def _write_tombstones(
         marks = pa.concat_tables([marks, pa.table(truncate_row, schema=marks.schema)])
     if side is None:
         first = marks.filter(pc.is_in(marks.column(OP), pa.array([DELETE_OP, TRUNCATE_OP])))
-        write_deltalake(str(side_path), first, commit_properties=_commit(table, batch_id))
+        write_deltalake(
+            side_path.uri, first, storage_options=side_path.storage_options, commit_properties=_commit(table, batch_id)
+        )
         return
     merge = side.merge(
         marks,
@@ -277,7 +329,7 @@ def _write_tombstones(
 
 
 def _merge_scd1(
-    path: Path,
+    path: TableLocation,
     target: DeltaTable | None,
     rows: pa.Table,
     *,
@@ -322,7 +374,7 @@ def _merge_scd1(
 
 
 def write_scd2(
-    path: Path,
+    path: Where,
     changes: pa.Table,
     *,
     table: str,
@@ -333,6 +385,7 @@ def write_scd2(
     """Apply one micro-batch to an SCD2 table: new tombstones first, then one MERGE on ``(keys, __START_AT)``."""
     options = options or PlanOptions()
     sequence_by = options.sequence_by
+    path = as_location(path)
     target = open_table(path)
     if _already(target, table, batch_id):
         return WriteResult(table=table, batch_id=batch_id, skipped=True, version=target.version() if target else None)
@@ -341,10 +394,11 @@ def write_scd2(
     if target is not None:
         # Check types before planning: planning unifies the batch with existing versions.
         reconcile(table, table_schema(target), changes)
-        spanning = spanning_versions(target, changes, keys, sequence_by)
+        spanning = spanning_versions(path, target, changes, keys, sequence_by)
     window = scd2_window(changes, keys, sequence_by, spanning)
     if target is not None:
         existing = select_rows(
+            path,
             target,
             f"SELECT t.* FROM target t JOIN win w ON {key_match(keys, 't', 'w')} "
             f"WHERE t.{quote(END_AT)} IS NULL OR t.{quote(END_AT)} >= w.__min_seq",
@@ -354,7 +408,9 @@ def write_scd2(
     return commit_scd2(path, target, actions, keys=keys, table=table, batch_id=batch_id)
 
 
-def spanning_versions(target: DeltaTable, changes: pa.Table, keys: Sequence[str], sequence_by: str) -> pa.Table | None:
+def spanning_versions(
+    path: TableLocation, target: DeltaTable, changes: pa.Table, keys: Sequence[str], sequence_by: str
+) -> pa.Table | None:
     """Keys, ``__START_AT`` and ``__END_AT`` of the versions spanning a truncate of ``changes`` (None: no truncate).
 
     What :func:`warehouse_loader.scd2.scd2_window` takes as ``existing``: a truncate closes such versions
@@ -364,6 +420,7 @@ def spanning_versions(target: DeltaTable, changes: pa.Table, keys: Sequence[str]
     if not truncates:
         return None
     return select_rows(
+        path,
         target,
         f"SELECT {column_list(keys, 't')}, t.{quote(START_AT)}, t.{quote(END_AT)} "
         f"FROM target t WHERE {scd2_truncate_span(truncates, 't')}",
@@ -371,7 +428,7 @@ def spanning_versions(target: DeltaTable, changes: pa.Table, keys: Sequence[str]
 
 
 def plan_with_remembered(
-    path: Path,
+    path: Where,
     changes: pa.Table,
     keys: Sequence[str],
     existing: pa.Table | None,
@@ -384,7 +441,7 @@ def plan_with_remembered(
     ``window`` as :func:`~warehouse_loader.scd2.scd2_window` returns it: the remembered deletes
     of its keys from their ``__min_seq`` on are read, and every remembered truncate.
     """
-    tombstones, remembered = _read_scd2_tombstones(path, window, keys, options.sequence_by)
+    tombstones, remembered = _read_scd2_tombstones(as_location(path), window, keys, options.sequence_by)
     return plan_scd2(
         changes,
         keys,
@@ -399,7 +456,7 @@ def plan_with_remembered(
 
 
 def commit_scd2(
-    path: Path,
+    path: Where,
     target: DeltaTable | None,
     actions: Scd2Actions,
     *,
@@ -413,6 +470,7 @@ def commit_scd2(
     The table commit (its creation, or one MERGE on ``(keys, __START_AT)``) is atomic:
     readers see all of ``actions`` or none. ``metadata`` joins the commit's custom metadata.
     """
+    path = as_location(path)
     side_path = path / TOMBSTONES_DIR
     side = open_table(side_path)
     versions, adds = reconcile(table, None if target is None else table_schema(target), actions.versions)
@@ -450,30 +508,41 @@ def commit_scd2(
         before = target.version()
         stats = merge.execute()
         return _metrics(table, batch_id, target, before, stats, keys=keys)
-    except (CommitFailedError, OSError) as exc:
-        raise WarehouseWriteError(table, batch_id, str(exc).splitlines()[0]) from exc
+    except (DeltaError, OSError) as exc:
+        failure = _commit_failed(exc, path, table, batch_id)
+        if failure is None:
+            raise
+        raise failure from exc
 
 
 def _read_scd2_tombstones(
-    path: Path, window: pa.Table, keys: Sequence[str], sequence_by: str
+    path: TableLocation, window: pa.Table, keys: Sequence[str], sequence_by: str
 ) -> tuple[pa.Table | None, tuple[Any, ...]]:
     """Remembered deletes of the window's keys from their ``__min_seq`` on, and every remembered truncate."""
-    side = open_table(path / TOMBSTONES_DIR)
+    side_path = path / TOMBSTONES_DIR
+    side = open_table(side_path)
     if side is None:
         return None, ()
     seq = quote(sequence_by)
     tombs = select_rows(
+        side_path,
         side,
         f"SELECT {column_list(keys, 't')}, t.{seq} FROM target t JOIN win w ON {key_match(keys, 't', 'w')} "
         f"WHERE t.{quote(OP)} = '{DELETE_OP}' AND t.{seq} >= w.__min_seq",
         win=window,
     )
-    truncs = select_rows(side, f"SELECT DISTINCT {seq} AS v FROM target WHERE {quote(OP)} = '{TRUNCATE_OP}'")
+    truncs = select_rows(side_path, side, f"SELECT DISTINCT {seq} AS v FROM target WHERE {quote(OP)} = '{TRUNCATE_OP}'")
     return tombs, tuple(sorted(truncs.column("v").to_pylist()))
 
 
 def _append_scd2_tombstones(
-    side_path: Path, side: DeltaTable | None, actions: Scd2Actions, *, keys: Sequence[str], table: str, batch_id: int
+    side_path: TableLocation,
+    side: DeltaTable | None,
+    actions: Scd2Actions,
+    *,
+    keys: Sequence[str],
+    table: str,
+    batch_id: int,
 ) -> None:
     """Append the batch's new tombstones and truncates (the plan leaves out what is already remembered).
 
@@ -490,4 +559,10 @@ def _append_scd2_tombstones(
         truncate_rows[OP] = pa.array([TRUNCATE_OP] * count, pa.string())
         marks = pa.concat_tables([marks, pa.table(truncate_rows, schema=marks.schema)])
     marks, _ = reconcile(table, None if side is None else table_schema(side), marks)
-    write_deltalake(str(side_path), marks, mode="append", commit_properties=_commit(table, batch_id))
+    write_deltalake(
+        side_path.uri,
+        marks,
+        mode="append",
+        storage_options=side_path.storage_options,
+        commit_properties=_commit(table, batch_id),
+    )

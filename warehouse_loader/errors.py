@@ -40,6 +40,10 @@ class WarehouseWriteError(WarehouseError, TransientError):
         self.batch_id = batch_id
 
 
+class CommitConflictError(WarehouseWriteError):
+    """Another writer committed to the table first (Delta's optimistic concurrency): re-plan and retry."""
+
+
 class UnknownTableError(WarehouseError, PermanentError):
     """A query names a table that the warehouse does not hold."""
 
@@ -55,3 +59,11 @@ class QueryError(WarehouseError, PermanentError):
 
 class ChangeFrameError(WarehouseError, PermanentError):
     """A log-source DataFrame cannot be turned into a warehouse change batch."""
+
+
+class WarehouseStorageError(WarehouseError, PermanentError):
+    """The warehouse's object store refused Headwater (missing bucket, rejected credentials): an operator acts."""
+
+
+class WarehouseUnreachableError(WarehouseError, TransientError):
+    """The warehouse's object store did not answer (endpoint down, network): retrying may help."""

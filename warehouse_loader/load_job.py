@@ -3,8 +3,9 @@
 ``headwater_log`` (streaming) → ``foreachBatch`` on the driver → the change batch →
 :func:`warehouse_loader.delta_writer.write_batch` (one MERGE, Delta app transaction
 ``(table, batch_id)``). Spark keeps the source offsets in its checkpoint
-(``<home>/checkpoints/load/<table>``); a batch replayed after a crash between the Delta
-commit and the checkpoint is skipped by the writer, so the table is exact.
+(``<spark.checkpoint_path>/load/<table>``, a POSIX path only the driver writes); a batch
+replayed after a crash between the Delta commit and the checkpoint is skipped by the
+writer, so the table is exact.
 
 The loader commits its position (Spark's end offsets) to consumer group
 ``headwater.load.<table>``, so ``headwater status`` can show its lag on any backend.
@@ -21,9 +22,10 @@ from core.errors import HeadwaterError, PermanentError
 from log.base import Log
 from log.table_schemas import read_schema_records, schema_key
 from log.topics import load_group
-from spark_log.versions import resolve_table_path, resolve_topic
+from spark_log.versions import resolve_table_target, resolve_topic
 from warehouse_loader import delta_writer
 from warehouse_loader.errors import WarehouseError
+from warehouse_loader.location import TableLocation, location_in
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -42,9 +44,9 @@ class TableKeyError(WarehouseError, PermanentError):
     """The key of a warehouse table cannot be determined."""
 
 
-def table_path(config: ProjectConfig, name: str) -> Path:
+def table_path(config: ProjectConfig, name: str) -> TableLocation:
     """Where the current version of Delta table ``name`` lives (``headwater reprocess`` moves it)."""
-    return resolve_table_path(config, name)
+    return location_in(config, resolve_table_target(config, name))
 
 
 def load_identity(config: ProjectConfig, name: str) -> tuple[str, str]:
@@ -59,7 +61,7 @@ def load_identity(config: ProjectConfig, name: str) -> tuple[str, str]:
 
 def checkpoint_path(config: ProjectConfig, name: str) -> Path:
     """Spark's checkpoint of the load of ``name`` (a build name: one per table version)."""
-    return config.home_dir / "checkpoints" / "load" / name
+    return config.checkpoint_dir / "load" / name
 
 
 def table_keys(config: ProjectConfig, log: Log, name: str) -> tuple[str, ...]:
@@ -109,7 +111,7 @@ def _check_loaded_key(config: ProjectConfig, name: str, keys: tuple[str, ...], v
             f"({', '.join(keys)}); rebuild it with 'headwater reprocess {name}'"
         )
         raise TableKeyError(msg)
-    if merged_on is None and (path / "_delta_log").is_dir() and any(schema_key(v) is None for v in versions):
+    if merged_on is None and any(schema_key(v) is None for v in versions) and path.exists():
         msg = (
             f"warehouse table {name!r} was loaded before Headwater recorded the key of REPLICA IDENTITY FULL "
             f"tables, so its rows were merged on every column; rebuild it with 'headwater reprocess {name}'"
@@ -167,7 +169,8 @@ def start_load(
     if not available_now:
         track_progress(spark, log, query_name, load_group(build))
     writer = rows.writeStream.queryName(query_name).foreachBatch(apply)
-    writer = writer.option("checkpointLocation", str(checkpoint_path(config, build)))
+    # A file: URL, so a cluster whose default filesystem is HDFS still uses the driver's path.
+    writer = writer.option("checkpointLocation", checkpoint_path(config, build).absolute().as_uri())
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_interval)
     return writer.start()
 

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from deltalake import DeltaTable
 
 from core.config import ExpectationConfig, ProjectConfig
 from core.errors import ConfigError
@@ -36,6 +35,7 @@ from warehouse_loader.delta_scan import select_rows
 from warehouse_loader.delta_writer import recorded_key
 from warehouse_loader.errors import WarehouseError
 from warehouse_loader.load_job import table_path
+from warehouse_loader.location import TableLocation, as_location
 from warehouse_loader.scd2_invariants import invariant_checks, invariant_rows
 
 if TYPE_CHECKING:
@@ -368,18 +368,23 @@ def outcome_from_result(entry: ExpectationConfig, name: str, result: Mapping[str
     )
 
 
-def read_table(path: Path, *, invariants: bool = False) -> pd.DataFrame:
+def read_table(path: TableLocation | Path, *, invariants: bool = False) -> pd.DataFrame:
     """The current version of the Delta table at ``path`` as pandas (its ``_delta_log`` must exist).
 
     ``invariants``: an SCD2 table, with the invariant columns its built-in checks read
     (keyed on the key its last commit records).
     """
+    path = as_location(path)
     keys = recorded_key(path) if invariants else None
     if keys:
         return invariant_rows(path, keys).to_pandas()
     # Read through DuckDB: DeltaTable.to_pandas() scans a pyarrow dataset whose threads can
     # outlive the call and abort the process at exit (arrow#34314).
-    frame: pd.DataFrame = select_rows(DeltaTable(str(path)), "SELECT * FROM target").to_pandas()
+    table = path.open()
+    if table is None:
+        msg = f"no Delta table at {path}"
+        raise FileNotFoundError(msg)
+    frame: pd.DataFrame = select_rows(path, table, "SELECT * FROM target").to_pandas()
     return frame
 
 
@@ -465,7 +470,7 @@ def run_quality(
     for table, expectations in suites.items():
         names, entries = (list(column) for column in zip(*table_checks(config, table), strict=True))
         path = table_path(config, table)
-        if not (path / "_delta_log").is_dir():
+        if not path.exists():
             reason = f"table {table!r} is not loaded yet; run 'headwater load {table} --available-now'"
             failed = [
                 ExpectationOutcome(

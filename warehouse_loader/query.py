@@ -2,9 +2,10 @@
 
 Each table is registered under its warehouse name as a view over the Parquet files of
 its current Delta version (nothing is copied up front; DuckDB pushes projections and
-filters into the scan). After registration the connection may read only the tables'
-folders, drops external access and locks its configuration, so a query cannot write
-files, attach databases or load extensions.
+filters into the scan), local or on an object store (:mod:`warehouse_loader.delta_scan`).
+After registration the connection may read only the tables' folders (or prefixes), drops
+external access and locks its configuration, so a query cannot write files, attach
+databases or load extensions.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from typing import Any, Literal
 import duckdb
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
-from deltalake import DeltaTable
 
-from warehouse_loader.delta_scan import register_delta
+from warehouse_loader.delta_scan import duckdb_connection, register_delta
 from warehouse_loader.errors import QueryError, UnknownTableError
+from warehouse_loader.location import TableLocation, as_location, storage_error
 from warehouse_loader.sql_text import sql_list
 
 OutputFormat = Literal["table", "json", "csv"]
@@ -32,23 +33,24 @@ OutputFormat = Literal["table", "json", "csv"]
 _MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist", re.IGNORECASE)
 
 
-def run_query(sql: str, tables: Mapping[str, Path]) -> pa.Table:
-    """Run ``sql`` over the Delta tables in ``tables`` (name → path) and return the result.
+def run_query(sql: str, tables: Mapping[str, TableLocation | Path]) -> pa.Table:
+    """Run ``sql`` over the Delta tables in ``tables`` (name → location) and return the result.
 
-    A name whose path holds no Delta table yet (never loaded) is not registered; a query
+    A name whose location holds no Delta table yet (never loaded) is not registered; a query
     naming it, or any unknown name, raises :class:`UnknownTableError` listing the tables
     that can be queried.
     """
-    con = duckdb.connect(":memory:")
+    locations = {name: as_location(where) for name, where in tables.items()}
+    con = duckdb_connection(locations.values())
     try:
-        con.execute("SET TimeZone = 'UTC'")
         loaded: list[str] = []
         allowed: list[str] = []
-        for name, path in tables.items():
-            if DeltaTable.is_deltatable(str(path)):
-                register_delta(con, name, DeltaTable(str(path)))
+        for name, location in locations.items():
+            table = location.open()
+            if table is not None:
+                register_delta(con, name, table)
                 loaded.append(name)
-                allowed.append(str(Path(path).resolve()))
+                allowed.append(f"{location.uri}/" if location.is_remote else str(location.path.resolve()))
         # Only the tables' own folders stay readable once external access is off.
         con.execute(f"SET allowed_directories = {sql_list(allowed)}")
         con.execute("SET enable_external_access = false")
@@ -60,6 +62,11 @@ def run_query(sql: str, tables: Mapping[str, Path]) -> pa.Table:
             if match:
                 raise UnknownTableError(match.group(1).strip("\"'"), loaded) from None
             raise QueryError(_query_failed(exc)) from None
+        except duckdb.IOException as exc:
+            remote = next((loc for loc in locations.values() if loc.is_remote), None)
+            if remote is None:
+                raise QueryError(_query_failed(exc)) from None
+            raise storage_error(exc, remote) from None
         except duckdb.Error as exc:
             raise QueryError(_query_failed(exc)) from None
     finally:

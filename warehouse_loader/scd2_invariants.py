@@ -17,16 +17,15 @@ the keys as their unexpected values. One DuckDB pass over the table's current fi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
-import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 from deltalake import DeltaTable
 
 from core.config import ExpectationConfig
 from warehouse_loader.changes import DELETE_OP, END_AT, OP, START_AT, TRUNCATE_OP
-from warehouse_loader.delta_scan import register_delta
+from warehouse_loader.delta_scan import duckdb_connection, register_delta
 from warehouse_loader.delta_writer import TOMBSTONES_DIR, open_table
+from warehouse_loader.location import TableLocation
 from warehouse_loader.sql_text import column_list, key_match, quote
 
 #: Check name -> (the column holding the breaking keys, what the invariant says).
@@ -57,7 +56,7 @@ def invariant_checks() -> list[tuple[str, ExpectationConfig]]:
     ]
 
 
-def invariant_rows(path: Path, keys: Sequence[str]) -> pa.Table:
+def invariant_rows(path: TableLocation, keys: Sequence[str]) -> pa.Table:
     """The SCD2 table at ``path`` with the :data:`CHECK_COLUMNS` added (see module doc)."""
     target = open_table(path)
     if target is None:
@@ -87,9 +86,8 @@ def invariant_rows(path: Path, keys: Sequence[str]) -> pa.Table:
             FROM target
         ) t
     """
-    con = duckdb.connect(":memory:")
+    con = duckdb_connection([path])
     try:
-        con.execute("SET TimeZone = 'UTC'")
         register_delta(con, "target", target)
         if side is not None:
             register_delta(con, "side", side)

@@ -29,7 +29,9 @@ def _pipeline_stage(config_path: Path) -> list[str]:
 
     config = load_config(config_path)
     lines = run_until_caught_up(config, say=lambda _line: None).lines
-    tables = {name: config.home_dir / "warehouse" / name for name in config.warehouse.tables}
+    from warehouse_loader.load_job import table_path
+
+    tables = {name: table_path(config, name) for name in config.warehouse.tables}
     for title, sql in DEMO_QUERIES:
         lines.append(f"{title}:\n{format_result(run_query(sql, tables), 'table')}")
     log = open_log(config)

@@ -24,18 +24,23 @@ def reprocess_command(context: Context, name: str, drop_old: bool, accept_incomp
     from log.factory import open_log
     from operations.reprocess import check_history, next_version, reprocess
     from operations.reprocess import drop_old as drop_versions
-    from spark_log.session import spark_session, stop_spark
+    from spark_log.job import open_session
+    from spark_log.session import stop_spark
 
     config = context.config(needs_sources=False)
     target = next_version(config, name)  # fails fast on an unknown name, before Spark starts
+    if target.kind == "table":
+        from warehouse_loader.location import check_warehouse
+
+        check_warehouse(config)  # a refused or missing bucket fails here, before Spark starts
     log = open_log(config)
     try:
         if not accept_incomplete_history:
             check_history(config, log, name)  # fails fast on a cleaned topic, before Spark starts
+        spark = open_session(config, "headwater-reprocess")
     except BaseException:
         log.close()
         raise
-    spark = spark_session("headwater-reprocess", local_dir=config.home_dir / "spark")
     console = Console(stderr=True)
     try:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())

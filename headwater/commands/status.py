@@ -27,6 +27,8 @@ def status_command(context: Context, as_json: bool) -> None:
         print_json(status)
         return
     console = Console()
+    deployment = status["deployment"]
+    console.print(f"spark: {deployment['spark']['master']}   warehouse: {deployment['warehouse']['path']}")
     sources = Table("source", "slot", "active", "confirmed flush", "WAL retained", "note", title="sources")
     for row in status["sources"]:
         retained = row.get("wal_retained_bytes")

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -12,12 +11,15 @@ from core.config import ProjectConfig
 from headwater.cli_context import Context, config_option, once_or_follow, pass_context
 from warehouse_loader.query import OutputFormat, format_result, run_query
 
+if TYPE_CHECKING:
+    from warehouse_loader.location import TableLocation
 
-def warehouse_paths(config: ProjectConfig) -> dict[str, Path]:
-    """Every configured warehouse table's current Delta path (follows ``headwater reprocess``)."""
-    from spark_log.versions import resolve_table_path
 
-    return {name: resolve_table_path(config, name) for name in config.warehouse.tables}
+def warehouse_paths(config: ProjectConfig) -> dict[str, TableLocation]:
+    """Every configured warehouse table's current Delta location (follows ``headwater reprocess``)."""
+    from warehouse_loader.load_job import table_path
+
+    return {name: table_path(config, name) for name in config.warehouse.tables}
 
 
 @click.command("query")
@@ -62,6 +64,9 @@ def load_command(context: Context, tables: tuple[str, ...], follow: bool) -> Non
         known = ", ".join(config.warehouse.tables) or "none"
         msg = f"no warehouse table named {unknown[0]!r}; known: {known} (see warehouse.tables in headwater.yaml)"
         raise UnknownWarehouseTableError(msg)
+    from warehouse_loader.location import check_warehouse
+
+    check_warehouse(config)  # a refused or missing bucket fails here, before Spark starts
     with spark_job(config, "headwater-load") as (spark, log):
         queries = run_loads(spark, config, log, tables, available_now=not follow)
         if follow:

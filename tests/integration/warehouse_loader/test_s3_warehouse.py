@@ -1,0 +1,284 @@
+"""Warehouse tables on S3 (``moto_server``): written by the Delta writer, read by every reader.
+
+``warehouse.path: s3://...`` with credentials in ``warehouse.storage_options`` (``${VAR}``):
+SCD1 and SCD2 tables are written through :func:`warehouse_loader.delta_writer.write_batch`
+and read back by ``headwater query`` (DuckDB over pyarrow's S3 filesystem, no extension),
+``status``, ``quality`` (incl. the SCD2 invariants) and Dagster's table metadata. Two
+processes merging into one table at the same moment both land every batch (conditional
+put + re-planned conflicts). A missing bucket, refused credentials and an endpoint that
+does not answer are one line each. No Spark here: the cluster test loads S3 with Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from core.config import ProjectConfig, load_config
+from log.factory import open_log
+from operations.embedded_postgres import free_port
+from warehouse_loader.delta_writer import committed_batch, write_batch
+from warehouse_loader.errors import WarehouseStorageError, WarehouseUnreachableError
+from warehouse_loader.load_job import table_path
+from warehouse_loader.location import check_warehouse, location_in
+from warehouse_loader.query import run_query
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "unit" / "warehouse_loader"))
+from test_scd import DOC_INPUT, KEYS, changes
+
+pytestmark = pytest.mark.integration
+
+SECRET = "S3-Secret-Never-Shown-4kd"
+FEED = "users_feed"
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[Any]:
+    from harness.broker import MotoS3
+    from harness.moto import create_bucket, moto_unavailable
+
+    missing = moto_unavailable()
+    if missing:
+        pytest.skip(missing)
+    server = MotoS3().start()
+    create_bucket(server, "warehouse")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def project(tmp_path: Path, s3: Any, monkeypatch: pytest.MonkeyPatch, prefix: str, **options: str) -> ProjectConfig:
+    from harness.moto import warehouse_options
+
+    monkeypatch.setenv("HW_S3_SECRET", SECRET)
+    storage = warehouse_options(s3, AWS_SECRET_ACCESS_KEY="${HW_S3_SECRET}", **options)
+    document = {
+        "project": "s3",
+        "home": str(tmp_path / "home"),
+        "feeds": {FEED: {"from": "src.public.users", "sql": "SELECT * FROM source", "key": list(KEYS)}},
+        "warehouse": {
+            "path": f"s3://warehouse/{prefix}",
+            "storage_options": storage,
+            "tables": {"users": {"from": FEED, "mode": "scd1"}, "users_hist": {"from": FEED, "mode": "scd2"}},
+        },
+        "quality": {"users": [{"expect": "expect_column_values_to_not_be_null", "column": "userId", "blocking": True}]},
+    }
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "headwater.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return load_config(path)
+
+
+def load_doc_example(config: ProjectConfig) -> None:
+    for table in config.warehouse.tables:
+        for batch_id, (start, end) in enumerate(((0, 4), (4, 6), (6, 8))):
+            write_batch(
+                table_path(config, table),
+                changes(DOC_INPUT[start:end]),
+                table=table,
+                batch_id=batch_id,
+                keys=KEYS,
+                config=config.warehouse.tables[table],
+            )
+
+
+def test_tables_on_s3_are_read_by_query_status_quality_and_dagster(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique_name: Any
+) -> None:
+    from dagster_project.metadata import table_metadata
+    from operations.status import table_status
+    from warehouse_loader.quality import run_quality
+
+    prefix = unique_name("wh")
+    config = project(tmp_path, s3, monkeypatch, prefix)
+    assert SECRET not in repr(config) and SECRET not in str(config.warehouse)
+    location = table_path(config, "users")
+    assert str(location) == f"s3://warehouse/{prefix}/users" and SECRET not in repr(location)
+    check_warehouse(config)
+    load_doc_example(config)
+
+    assert committed_batch(location, "users") == 2
+    tables = {name: table_path(config, name) for name in config.warehouse.tables}
+    now = run_query('SELECT "userId", name, city FROM users ORDER BY 1', tables).to_pylist()
+    assert [(r["userId"], r["city"]) for r in now] == [
+        (124, "Oaxaca"),
+        (125, "Guadalajara"),
+        (126, "Cancun"),
+    ]
+    # A string filter over files a MERGE rewrote (string_view) and files written plainly (string).
+    hist = run_query("SELECT count(*) AS n FROM users_hist WHERE city = 'Guadalajara' OR name = 'Raul'", tables)
+    assert hist.column("n")[0].as_py() == 2
+    with pytest.raises(Exception, match="file system operations are disabled"):
+        run_query("SELECT * FROM read_parquet('s3://warehouse/elsewhere/x.parquet')", tables)
+
+    log = open_log(config)
+    try:
+        status = {row["table"]: row for row in table_status(config, log)}
+        metadata = table_metadata(config, log, "users")
+    finally:
+        log.close()
+    assert status["users"]["state"] == status["users_hist"]["state"] == "loaded"
+    assert "last_commit" in status["users_hist"]
+    assert metadata["dagster/row_count"] == 3 and metadata["warehouse/path"] == str(location)
+
+    run = run_quality(config, record=False)
+    checked = {outcome.table: outcome for outcome in run.tables}
+    assert set(checked) == {"users", "users_hist"}  # users_hist: the built-in SCD2 invariants
+    assert all(e.success for outcome in run.tables for e in outcome.expectations), run
+    assert not (config.home_dir / "warehouse").exists(), "nothing may be written locally"
+
+
+def test_a_merge_that_loses_its_version_to_another_writer_is_replanned_and_lands(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique_name: Any
+) -> None:
+    """Deterministic: another writer commits the same key between our read of the table and our MERGE.
+
+    (Writers of disjoint keys do not conflict: delta-rs narrows a MERGE's read to the batch's
+    keys, ``predicate: "userId" = 2`` in the commit, and both commits stand.)
+    """
+    from warehouse_loader import delta_writer
+    from warehouse_loader.errors import CommitConflictError
+
+    config = project(tmp_path, s3, monkeypatch, unique_name("conflict"))
+    location = table_path(config, "users")
+    settings = config.warehouse.tables["users"]
+
+    def write(key: int, writer: str, at: int) -> Any:
+        rows = changes([(key, writer, "c", "UPDATE", at)])
+        return write_batch(location, rows, table=writer, batch_id=0, keys=["userId"], config=settings)
+
+    write(1, "seed", 1)
+    real_open, real_scd1 = delta_writer.open_table, delta_writer.write_scd1
+    events: list[str] = []
+
+    def open_then_lose(path: Any) -> Any:
+        target = real_open(path)
+        if str(path) == str(location) and "raced" not in events:
+            events.append("raced")
+            write(2, "other", 2)  # a real commit (conditional put on moto) takes the next version
+        return target
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return real_scd1(*args, **kwargs)
+        except CommitConflictError:
+            events.append("conflict")
+            raise
+
+    monkeypatch.setattr(delta_writer, "open_table", open_then_lose)
+    monkeypatch.setattr(delta_writer, "write_scd1", counting)
+    result = write(2, "mine", 3)
+    assert events == ["raced", "conflict"], events  # lost once, re-planned on the winner's version
+    assert not result.skipped
+    rows = run_query('SELECT "userId", name FROM users ORDER BY 1', {"users": location}).to_pylist()
+    assert rows == [{"userId": 1, "name": "seed"}, {"userId": 2, "name": "mine"}]  # one row per key, newest wins
+    assert committed_batch(location, "mine") == committed_batch(location, "other") == 0
+    assert location.open().version() == 2  # seed, other, mine: no version written twice
+
+
+def test_two_writers_racing_on_one_s3_table_both_land_every_batch(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique_name: Any
+) -> None:
+    config = project(tmp_path, s3, monkeypatch, unique_name("race"))
+    location = table_path(config, "users")
+    batches = 12
+    script = textwrap.dedent(
+        f"""
+        import json, sys, time
+        from core.config import load_config
+        from warehouse_loader import delta_writer
+        from warehouse_loader.errors import CommitConflictError
+        from warehouse_loader.load_job import table_path
+        sys.path.insert(0, {str(Path(__file__).parents[2] / "unit" / "warehouse_loader")!r})
+        from test_scd import changes
+
+        writer, start_at = int(sys.argv[1]), float(sys.argv[2])
+        config = load_config({str(config.config_path)!r})
+        conflicts = 0
+        real = delta_writer.write_scd1
+
+        def counting(*args, **kwargs):
+            global conflicts
+            try:
+                return real(*args, **kwargs)
+            except CommitConflictError:
+                conflicts += 1
+                raise
+
+        delta_writer.write_scd1 = counting
+        while time.time() < start_at:
+            time.sleep(0.001)
+        for batch in range({batches}):
+            key = writer * 1000 + batch
+            rows = changes([(key, f"w{{writer}}", f"b{{batch}}", "INSERT", batch + 1)])
+            delta_writer.write_batch(
+                table_path(config, "users"), rows, table=f"writer{{writer}}", batch_id=batch,
+                keys=["userId"], config=config.warehouse.tables["users"],
+            )
+        print(json.dumps({{"conflicts": conflicts}}))
+        """
+    )
+    start_at = time.time() + 8  # both processes have imported deltalake by then
+    env = {"HW_S3_SECRET": SECRET, "PATH": "/usr/bin:/bin"}
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(n), str(start_at)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        for n in (1, 2)
+    ]
+    outputs = [w.communicate(timeout=300) for w in writers]
+    for writer, (_, err) in zip(writers, outputs, strict=True):
+        assert writer.returncode == 0, err.decode()[-3000:]
+    conflicts = sum(json.loads(out.decode().splitlines()[-1])["conflicts"] for out, _ in outputs)
+    keys = run_query('SELECT "userId" FROM users ORDER BY 1', {"users": location}).column("userId").to_pylist()
+    assert keys == sorted(w * 1000 + b for w in (1, 2) for b in range(batches))
+    assert committed_batch(location, "writer1") == committed_batch(location, "writer2") == batches - 1
+    print(f"\n2 writers x {batches} MERGEs on one S3 table: {conflicts} commit conflicts re-planned and retried")
+
+
+def test_storage_problems_are_one_line_and_fail_fast(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique_name: Any
+) -> None:
+    from harness.moto import StrictMotoS3
+
+    missing = project(tmp_path / "a", s3, monkeypatch, "x").model_copy(deep=True)
+    missing = missing.model_copy(
+        update={"warehouse": missing.warehouse.model_copy(update={"path": "s3://nobucket/wh"})}
+    )
+    with pytest.raises(WarehouseStorageError, match="bucket 'nobucket' does not exist; create it"):
+        check_warehouse(missing)
+
+    strict = StrictMotoS3().start()
+    try:
+        refused = project(tmp_path / "b", s3, monkeypatch, "x", AWS_ENDPOINT_URL=strict.endpoint)
+        with pytest.raises(WarehouseStorageError, match=r"refused the credentials \(InvalidAccessKeyId\)") as caught:
+            check_warehouse(refused)
+        assert SECRET not in str(caught.value)
+    finally:
+        strict.stop()
+
+    down = project(tmp_path / "c", s3, monkeypatch, "x", AWS_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}")
+    started = time.monotonic()
+    with pytest.raises(WarehouseUnreachableError, match=r"cannot reach the object store at http://127\.0\.0\.1"):
+        check_warehouse(down)
+    assert time.monotonic() - started < 60  # object_store's defaults would retry for minutes
+
+    config = project(tmp_path / "d", s3, monkeypatch, unique_name("rm"))
+    load_doc_example(config)
+    old = location_in(config, str(table_path(config, "users")))
+    assert old.exists()
+    old.remove()  # what reprocess --drop-old does to a previous version
+    assert not old.exists() and table_path(config, "users_hist").exists()
