@@ -227,8 +227,8 @@ def test_verify_while_the_pipeline_runs_and_the_source_keeps_changing(tmp_path, 
     writer = threading.Thread(target=write)
     try:
         deadline = time.monotonic() + 300
-        path = table_path(config, "cur")
-        while not ((path / "_delta_log").is_dir() and DeltaTable(str(path)).to_pyarrow_table().num_rows == 2000):
+        location = table_path(config, "cur")
+        while (table := location.open()) is None or table.to_pyarrow_table().num_rows != 2000:
             assert pipeline.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "run --follow did not load the snapshot in 300 s"
             time.sleep(1)
