@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from log.partitioner import partition_for
+from log.shards import hash_partitions
 
 DAY_MS = 24 * 3600 * 1000
 #: How much a :meth:`Log.read` returns at most unless told: records, and about this many bytes.
@@ -199,8 +200,12 @@ def lag(log: Log, group: str, topic: str) -> dict[int, int]:
 
 
 def append_keyed(log: Log, topic: str, records: Iterable[Record]) -> list[AppendResult]:
-    """Route records by key with Kafka's partitioner; one atomic batch per partition, in order."""
-    partitions = log.describe_topic(topic).partitions
+    """Route records by key with Kafka's partitioner; one atomic batch per partition, in order.
+
+    On a split topic (:mod:`log.shards`) the partitioner spreads keys over the partitions the
+    topic was created with, and the log appends each to the open partition covering it now.
+    """
+    partitions = hash_partitions(log, topic, log.describe_topic(topic).partitions)
     by_partition: dict[int, list[Record]] = {}
     for record in records:
         by_partition.setdefault(partition_for(record.key, partitions), []).append(record)
