@@ -287,6 +287,21 @@ class ElasticShards(Protocol):
         ...
 
 
+#: Why the Kafka backend refuses to split and merge (README, "Elastic shards"; docs/architecture.md).
+KAFKA_REFUSAL = (
+    "the Kafka backend cannot split or merge partitions: Kafka can only add partitions, which moves most "
+    "keys to another partition and breaks their order (3 -> 4 partitions moves 75% of keys), and ordered "
+    "client-side expansion (KIP-253) is not implemented; use the file backend (log.backend: file) for elastic shards"
+)
+
+
+def elastic(log: object) -> ElasticShards:
+    """``log`` as a log with elastic shards; :class:`ShardError` saying why not (the Kafka backend)."""
+    if not isinstance(log, ElasticShards):
+        raise ShardError(KAFKA_REFUSAL)
+    return log
+
+
 def shard_map_of(log: object, topic: str) -> ShardMap | None:
     """The topic's partition map if ``log`` has elastic shards and the topic was ever split; else ``None``."""
     if isinstance(log, ElasticShards):
