@@ -344,25 +344,27 @@ class FileLog:
         """Seal ``partition`` at its end offset and create two children covering its range (``at``: the cut)."""
         opened = self._splittable(topic)
         assert opened.shards is not None
-        with opened.shards.sealing() as current:
+        with opened.shards.changing() as current:
             shards = current or ShardMap.initial(topic, opened.base_spec.partitions)
-            end = self._sealed_end(topic, shards, partition)
-            changed = shards.split(partition, end, at)  # ShardError before anything is written
-            opened.shards.create_children(list(range(shards.count, changed.count)))
-            opened.shards.write(changed)
+            shards.split(partition, 0, at)  # ShardError before anything is written
+            opened.shards.create_children([shards.count, shards.count + 1])
+            with opened.shards.sealing():
+                changed = shards.split(partition, self._sealed_end(topic, shards, partition), at)
+                opened.shards.write(changed)
         return changed
 
     def merge_partitions(self, topic: str, first: int, second: int) -> ShardMap:
         """Seal two adjacent open partitions at their end offsets and create one child covering both."""
         opened = self._splittable(topic)
         assert opened.shards is not None
-        with opened.shards.sealing() as current:
+        with opened.shards.changing() as current:
             shards = current or ShardMap.initial(topic, opened.base_spec.partitions)
-            shards.check_merge(first, second)
-            ends = {p: self._sealed_end(topic, shards, p) for p in (first, second)}
-            changed = shards.merge(first, second, ends)
+            shards.check_merge(first, second)  # ShardError before anything is written
             opened.shards.create_children([shards.count])
-            opened.shards.write(changed)
+            with opened.shards.sealing():
+                ends = {p: self._sealed_end(topic, shards, p) for p in (first, second)}
+                changed = shards.merge(first, second, ends)
+                opened.shards.write(changed)
         return changed
 
     def _splittable(self, topic: str) -> _OpenTopic:

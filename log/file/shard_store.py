@@ -6,13 +6,17 @@ Layout in a topic's directory::
                           ``core.durable_files``)
     <topic>/shards.lock   ``flock``: shared around every append batch, exclusive while a
                           split or merge seals partitions and writes the map
+    <topic>/shards.admin.lock  ``flock``: one split or merge at a time (held from reading
+                          the map to writing it; appends do not take it)
 
 Every append batch of a (non-internal) topic takes the lock shared, looks at the map
 file (one ``stat``: the cached map is re-read only when its inode, size or mtime
 changed) and appends to the partition the map says, all before releasing the lock. A
 split takes the lock exclusively, so no append is in flight while it reads the sealed
 partition's end offset and writes the new map; every append after it sees the new map.
-So no record lands in a partition after its seal.
+So no record lands in a partition after its seal. The children's directories are
+created (and fsynced) before the exclusive lock is taken, under the admin lock that keeps
+other splits away, so appends wait only for the end offsets and the map's write.
 
 Threads of one process share one descriptor: the first thread in takes the shared lock,
 the last one out drops it (``flock`` belongs to the open file, not the thread).
@@ -36,6 +40,7 @@ from log.shards import ShardError, ShardMap
 
 MAP_NAME = "shards.json"
 LOCK_NAME = "shards.lock"
+ADMIN_LOCK_NAME = "shards.admin.lock"
 
 
 class TopicShards:
@@ -89,12 +94,22 @@ class TopicShards:
                     fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     @contextlib.contextmanager
-    def sealing(self) -> Iterator[ShardMap | None]:
-        """Hold the append lock exclusively (no append of any process in flight) and give the map."""
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    def changing(self) -> Iterator[ShardMap | None]:
+        """Hold the admin lock (no other split or merge of the topic) and give the map; appends go on."""
+        fd = os.open(self.directory / ADMIN_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield self.current()
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def sealing(self) -> Iterator[None]:
+        """Hold the append lock exclusively: no append of any process is in flight (inside :meth:`changing`)."""
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
         finally:
             os.close(fd)
 
