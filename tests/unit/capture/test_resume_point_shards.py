@@ -36,7 +36,7 @@ def test_a_key_counts_as_stored_where_its_chain_holds_it_and_only_there(tmp_path
 
 
 def test_capture_re_sent_after_a_restart_on_a_split_topic_writes_each_event_once(tmp_path):
-    """The appender on a split topic: the native grouping (second run) and the restart path's per-record check (third)."""
+    """The appender on a split topic: native grouping (second run), the restart's per-record check (third)."""
     import threading
 
     from capture.appender import Appender
