@@ -15,7 +15,10 @@ Contract, for every backend:
   writer (file backend: fsynced, unless the topic's fsync policy says ``never``;
   Kafka: ``acks=all``). Callers acknowledge upstream only after append returns.
 * **Keys.** Callers that route by key use :func:`log.partitioner.partition_for`, which
-  equals Kafka's default partitioner, so both backends place a key alike.
+  equals Kafka's default partitioner, so both backends place a key alike. On the file
+  backend a topic's partitions can be split and merged (:mod:`log.shards`): the log then
+  appends each record to the open partition covering its key, and a key's records live in
+  a chain of partitions that readers read parents first.
 * **Compaction.** A compacted topic keeps at least the latest record per key. Records
   younger than ``min_compaction_lag_ms`` are never removed, and tombstones (null
   value) are removed only ``delete_retention_ms`` after compaction first saw them.
