@@ -91,8 +91,11 @@ def _decoded(topic: str, batch: EncodedBatch) -> list[Record]:
         min_offset=0,
         out=stored,
         max_records=len(batch) + 1,
-        max_bytes=len(data) * 64 + 1,
+        max_bytes=1 << 62,  # no byte limit: every record of the batch (compressed ones may expand a lot)
     )
+    if len(stored) != len(batch):
+        msg = f"an encoded batch for {topic} holds {len(stored)} records, not {len(batch)}"
+        raise ValueError(msg)
     return [Record(r.key, r.value, r.headers, r.timestamp_ms) for r in stored]
 
 

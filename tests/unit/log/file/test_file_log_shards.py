@@ -124,3 +124,15 @@ def test_no_record_lands_in_a_sealed_partition_while_a_writer_appends(file_log, 
         key = str(k).encode()
         seen = [int(r.value) for p in shards.chain(key) for r in partition_records(file_log, topic, p) if r.key == key]
         assert seen == sorted(seen) and seen == [i for i in written if i % 13 == k]
+
+
+def test_a_compressed_encoded_batch_that_expands_a_lot_is_routed_whole(tmp_path):
+    log = FileLog(tmp_path / "log", fsync="never", compression="zstd")
+    log.create_topic(TopicSpec("t", partitions=1))
+    log.split_partition("t", 0)
+    records = [Record(b"%d" % i, b"x" * 5000) for i in range(200)]  # compresses far more than 64x
+    data, max_ts = encode_batch(0, records, 123)
+    encoded = EncodedBatch(bytearray(HEADER_SIZE) + data[HEADER_SIZE:], len(records), max_ts).compressed("zstd")
+    log.append_encoded("t", 0, encoded)
+    assert sum(log.end_offset("t", p) for p in (1, 2)) == 200
+    log.close()
