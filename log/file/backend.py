@@ -157,6 +157,7 @@ class FileLog:
         self.compression: Compression = compression
         self._lock = threading.RLock()
         self._topics: dict[str, _OpenTopic] = {}
+        self._spec_paths: dict[str, str] = {}
         self._offsets = ConsumerOffsets(self)
 
     def __enter__(self) -> FileLog:
@@ -170,9 +171,11 @@ class FileLog:
     # -- topics -----------------------------------------------------------------------
 
     def _open_topic(self, name: str) -> _OpenTopic:
-        directory = topic_directory(self.root, name)
+        spec_path = self._spec_paths.get(name)
+        if spec_path is None:  # validated and joined once per name: this runs at every append and read
+            spec_path = self._spec_paths[name] = str(topic_directory(self.root, name) / SPEC_NAME)
         try:
-            st = os.stat(directory / SPEC_NAME)
+            st = os.stat(spec_path)
         except (FileNotFoundError, NotADirectoryError):
             st = None
         # Inode numbers are reused; the change time (set when the topic's spec was written,
@@ -188,14 +191,16 @@ class FileLog:
                 del self._topics[name]
             if st is None:
                 raise UnknownTopicError(name)
+            directory = topic_directory(self.root, name)
             opened = _OpenTopic(
                 self._policies.apply(read_spec(self.root, name)), identity, TopicShards(directory, name)
             )
             self._topics[name] = opened
             return opened
 
-    def _partition(self, topic: str, partition: int) -> Partition:
-        opened = self._open_topic(topic)
+    def _partition(self, topic: str, partition: int, opened: _OpenTopic | None = None) -> Partition:
+        if opened is None:
+            opened = self._open_topic(topic)
         found = opened.partitions.get(partition)
         if found is not None:
             return found
@@ -255,24 +260,26 @@ class FileLog:
         """
         opened = self._open_topic(topic)
         if opened.shards is None:
-            return self._partition(topic, partition).append(records)
+            return self._partition(topic, partition, opened).append(records)
         with opened.shards.appending() as shards:
             if shards is None:
-                return self._partition(topic, partition).append(records)
+                return self._partition(topic, partition, opened).append(records)
             shards.shard(partition)  # UnknownPartitionError, one line
-            return self._append_routed(topic, partition, shards, records)
+            return self._append_routed(opened, topic, partition, shards, records)
 
-    def _append_routed(self, topic: str, named: int, shards: ShardMap, records: Sequence[Record]) -> AppendResult:
+    def _append_routed(
+        self, opened: _OpenTopic, topic: str, named: int, shards: ShardMap, records: Sequence[Record]
+    ) -> AppendResult:
         if isinstance(records, EncodedBatch):
             records = _decoded(topic, records)
         targets = shards.route_all([r.key for r in records])
         if not records or all(t == targets[0] for t in targets):
             target = targets[0] if records else shards.open_for(0)
-            return self._partition(topic, target).append(records)
+            return self._partition(topic, target, opened).append(records)
         parts: dict[int, list[Record]] = {}
         for record, target in zip(records, targets, strict=True):
             parts.setdefault(target, []).append(record)
-        results = [self._partition(topic, target).append(part) for target, part in sorted(parts.items())]
+        results = [self._partition(topic, target, opened).append(part) for target, part in sorted(parts.items())]
         return next((r for r in results if r.partition == named), results[0])
 
     def append_encoded(self, topic: str, partition: int, batch: Sequence[Record]) -> AppendResult:

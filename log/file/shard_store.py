@@ -50,6 +50,7 @@ class TopicShards:
         self.topic = topic
         self.directory = topic_dir
         self.map_path = topic_dir / MAP_NAME
+        self._map_name = str(self.map_path)  # stat at every append: no pathlib on that path
         self._lock_path = topic_dir / LOCK_NAME
         self._guard = threading.Lock()
         self._fd: int | None = None
@@ -59,7 +60,7 @@ class TopicShards:
     def current(self) -> ShardMap | None:
         """The map as the file holds it now (``None``: never split); one ``stat`` when unchanged."""
         try:
-            st = os.stat(self.map_path)
+            st = os.stat(self._map_name)
         except FileNotFoundError:
             return None
         stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
