@@ -354,9 +354,10 @@ class FileLog:
         """Seal ``partition`` at its end offset and create two children covering its range (``at``: the cut)."""
         opened = self._splittable(topic)
         assert opened.shards is not None
+        (opened.shards.current() or ShardMap.initial(topic, opened.base_spec.partitions)).split(partition, 0, at)
         with opened.shards.changing() as current:
             shards = current or ShardMap.initial(topic, opened.base_spec.partitions)
-            shards.split(partition, 0, at)  # ShardError before anything is written
+            shards.split(partition, 0, at)  # again under the lock: ShardError before anything is written
             opened.shards.create_children([shards.count, shards.count + 1])
             with opened.shards.sealing():
                 changed = shards.split(partition, self._sealed_end(topic, shards, partition), at)
@@ -367,9 +368,10 @@ class FileLog:
         """Seal two adjacent open partitions at their end offsets and create one child covering both."""
         opened = self._splittable(topic)
         assert opened.shards is not None
+        (opened.shards.current() or ShardMap.initial(topic, opened.base_spec.partitions)).check_merge(first, second)
         with opened.shards.changing() as current:
             shards = current or ShardMap.initial(topic, opened.base_spec.partitions)
-            shards.check_merge(first, second)  # ShardError before anything is written
+            shards.check_merge(first, second)  # again under the lock: ShardError before anything is written
             opened.shards.create_children([shards.count])
             with opened.shards.sealing():
                 ends = {p: self._sealed_end(topic, shards, p) for p in (first, second)}
