@@ -158,7 +158,7 @@ class Appender:
                 count = partitions.get(topic) or self.topics.ensure(topic)
                 buckets = groups[topic] = [[] for _ in range(count)]
             partition = 0 if record.key is None or len(buckets) == 1 else partition_for(record.key, len(buckets))
-            if check and resume.already_stored(TopicPartition(topic, partition), record.sequence):
+            if check and resume.already_stored(TopicPartition(topic, partition), record.sequence, record.key):
                 self.stats.records_skipped += 1
                 continue
             buckets[partition].append(record)

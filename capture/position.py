@@ -7,6 +7,11 @@ were appended one after another; a crash between those appends leaves some
 partitions with the transaction and some without. Skipping an event exactly when
 its partition already holds a sequence at or past it therefore writes every event
 once: within a partition, events are appended in sequence order.
+
+On a topic that was split or merged (:mod:`log.shards`) a key's events live in a chain
+of partitions (the sealed parents, then the open child), appended one after another in
+sequence order; an event is skipped when any partition of its key's chain holds a
+sequence at or past it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import orjson
 
 from log.base import Log, StoredRecord, TopicPartition
 from log.sequence import Sequence
+from log.shards import ShardMap, shard_map_of
 
 # How far back from a partition's end to look for the last change event; records
 # without a sequence (tombstones) sit between events, never more than one in a row.
@@ -61,27 +67,35 @@ def last_sequence(log: Log, topic: str, partition: int) -> Sequence | None:
 class ResumePoint:
     """Per-partition high-water sequences, loaded once at start and advanced on append."""
 
-    def __init__(self, last: dict[TopicPartition, Sequence]) -> None:
+    def __init__(self, last: dict[TopicPartition, Sequence], shards: dict[str, ShardMap] | None = None) -> None:
         self._last = {where: (s.commit_lsn, s.txn_index) for where, s in last.items()}
         self._highest = max(self._last.values(), default=None)
+        #: Partition maps of the topics that were split or merged, as loaded.
+        self._shards = dict(shards or {})
 
     @classmethod
     def load(cls, log: Log, topics: Iterable[str]) -> ResumePoint:
         """Read the tail of every partition of ``topics`` that exist."""
         existing = set(log.list_topics())
         last: dict[TopicPartition, Sequence] = {}
+        shards: dict[str, ShardMap] = {}
         for topic in topics:
             if topic not in existing:
                 continue
-            for partition in range(log.describe_topic(topic).partitions):
+            found = shard_map_of(log, topic)
+            if found is not None:
+                shards[topic] = found
+            for partition in range(log.describe_topic(topic).partitions):  # sealed partitions too
                 sequence = last_sequence(log, topic, partition)
                 if sequence is not None:
                     last[TopicPartition(topic, partition)] = sequence
-        return cls(last)
+        return cls(last, shards)
 
     def refresh(self, log: Log, topics: Iterable[str]) -> None:
         """Re-read the partitions' tails: an append that failed may still have landed (Kafka)."""
-        for where, (commit_lsn, txn_index) in ResumePoint.load(log, topics)._last.items():
+        loaded = ResumePoint.load(log, topics)
+        self._shards.update(loaded._shards)
+        for where, (commit_lsn, txn_index) in loaded._last.items():
             self.advance_to(where, commit_lsn, txn_index)
 
     def may_hold(self, commit_lsn: int, txn_index: int) -> bool:
@@ -93,9 +107,19 @@ class ResumePoint:
         """
         return self._highest is not None and (commit_lsn, txn_index) <= self._highest
 
-    def already_stored(self, where: TopicPartition, sequence: Sequence) -> bool:
-        """True when ``where`` already holds ``sequence`` (so writing it again would duplicate)."""
-        held = self._last.get(where)
+    def already_stored(self, where: TopicPartition, sequence: Sequence, key: bytes | None = None) -> bool:
+        """True when ``where`` (or, on a split topic, the chain of ``key``'s partitions) holds ``sequence``.
+
+        ``where`` is the partition the key was routed to by Kafka's partitioner over the
+        topic's first partitions, a member of the key's chain.
+        """
+        shards = self._shards.get(where.topic)
+        if shards is None:
+            held = self._last.get(where)
+        else:
+            found = [self._last.get(TopicPartition(where.topic, p)) for p in shards.chain(key)]
+            found.append(self._last.get(where))
+            held = max((h for h in found if h is not None), default=None)
         return held is not None and (sequence.commit_lsn, sequence.txn_index) <= held
 
     def advance(self, where: TopicPartition, sequence: Sequence) -> None:

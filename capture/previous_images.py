@@ -18,6 +18,7 @@ from capture.pgoutput_messages import UNCHANGED_TOAST
 from capture.position import read_between
 from log.base import Log
 from log.partitioner import partition_for
+from log.shards import shard_map_of
 
 #: ``(topic, key, before)``: the key's latest stored after-image among records whose sequence
 #: ``(commit_lsn, txn_index)`` is below ``before`` (the change being built), or None.
@@ -118,7 +119,20 @@ class LogImages:
         log = self._log
         if topic not in log.list_topics():
             return None
-        partition = partition_for(key, self._partitions(topic))
+        # A split topic (log.shards) holds the key in a chain of partitions: newest first.
+        shards = shard_map_of(log, topic)
+        chain = [partition_for(key, self._partitions(topic))] if shards is None else shards.chain(key)
+        for partition in reversed(chain):
+            found = self._scan(topic, partition, key, before)
+            if found is not None:
+                return found[0]
+        return None
+
+    def _scan(
+        self, topic: str, partition: int, key: bytes, before: tuple[int, int]
+    ) -> tuple[dict[str, Any] | None] | None:
+        """``(after image,)`` of the key's latest event before ``before`` in one partition; ``None`` if none."""
+        log = self._log
         end = log.end_offset(topic, partition)
         start = log.beginning_offset(topic, partition)
         while end > start:
@@ -131,6 +145,6 @@ class LogImages:
                 if "commit_lsn" in source and (int(source["commit_lsn"]), int(source["txn_index"])) >= before:
                     continue
                 after = value.get("after")
-                return after if isinstance(after, dict) else None
+                return (after if isinstance(after, dict) else None,)
             end = first
         return None

@@ -6,6 +6,7 @@ from capture.transaction_records import transaction_topic
 from core.config import LogConfig
 from log.base import Log, TopicSpec, end_offsets
 from log.errors import UnknownTopicError
+from log.shards import hash_partitions
 from log.topics import SCHEMAS_TOPIC, is_quarantine_topic, message_topic
 
 
@@ -14,6 +15,9 @@ class SourceTopics:
 
     Counts are cached in :attr:`counts` (topics never shrink, and capture is their only
     writer): ``_headwater.schemas`` has one partition, every other topic ``log.partitions``.
+    They are the counts Kafka's partitioner spreads keys over: for a topic that was split
+    or merged (:mod:`log.shards`) the partitions it was created with, so capture names a
+    key's first partition and the file log appends to the open one covering it now.
     """
 
     def __init__(self, log: Log, config: LogConfig, source: str) -> None:
@@ -28,7 +32,7 @@ class SourceTopics:
         """The partition count of an existing ``topic``."""
         count = self.counts.get(topic)
         if count is None:
-            count = self.counts[topic] = self.log.describe_topic(topic).partitions
+            count = self.counts[topic] = hash_partitions(self.log, topic, self.log.describe_topic(topic).partitions)
         return count
 
     def planned_partitions(self, topic: str) -> int:

@@ -30,6 +30,7 @@ from log.base import AppendsEncodedBatches, Log, Record
 from log.envelope import Op
 from log.file.column_records import BatchScratch, ColumnRecords
 from log.partitioner import partitions_for
+from log.shards import shard_map_of
 from log.topics import ERROR_HEADER
 
 #: Header marking the micro-batch a record was written by.
@@ -176,8 +177,12 @@ def append_once(
     if not records:
         return 0
     partitions = log.describe_topic(topic).partitions
+    # A split topic (log.shards): route to the open partitions now, so the marker is looked for where it goes.
+    shards = shard_map_of(log, topic)
     by_partition: dict[int, Sequence[Record]]
     encoded = log if isinstance(records, ColumnRecords) and isinstance(log, AppendsEncodedBatches) else None
+    if shards is not None:
+        encoded = None
     if encoded is not None and isinstance(records, ColumnRecords):
         now_ms = time.time_ns() // 1_000_000  # what the file log stamps a record without a timestamp with
         batches = records.partition_batches(partitions, now_ms, _thread_scratch())
@@ -185,7 +190,9 @@ def append_once(
     else:
         grouped: dict[int, list[Record]] = {}
         listed = records.records() if isinstance(records, ColumnRecords) else records
-        for record, partition in zip(listed, partitions_for([r.key for r in listed], partitions), strict=True):
+        keys = [r.key for r in listed]
+        targets = partitions_for(keys, partitions) if shards is None else shards.route_all(keys)
+        for record, partition in zip(listed, targets, strict=True):
             grouped.setdefault(partition, []).append(record)
         by_partition = dict(grouped)
     written = 0

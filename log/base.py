@@ -15,7 +15,10 @@ Contract, for every backend:
   writer (file backend: fsynced, unless the topic's fsync policy says ``never``;
   Kafka: ``acks=all``). Callers acknowledge upstream only after append returns.
 * **Keys.** Callers that route by key use :func:`log.partitioner.partition_for`, which
-  equals Kafka's default partitioner, so both backends place a key alike.
+  equals Kafka's default partitioner, so both backends place a key alike. On the file
+  backend a topic's partitions can be split and merged (:mod:`log.shards`): the log then
+  appends each record to the open partition covering its key, and a key's records live in
+  a chain of partitions that readers read parents first.
 * **Compaction.** A compacted topic keeps at least the latest record per key. Records
   younger than ``min_compaction_lag_ms`` are never removed, and tombstones (null
   value) are removed only ``delete_retention_ms`` after compaction first saw them.
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from log.partitioner import partition_for
+from log.shards import hash_partitions
 
 DAY_MS = 24 * 3600 * 1000
 #: How much a :meth:`Log.read` returns at most unless told: records, and about this many bytes.
@@ -199,8 +203,12 @@ def lag(log: Log, group: str, topic: str) -> dict[int, int]:
 
 
 def append_keyed(log: Log, topic: str, records: Iterable[Record]) -> list[AppendResult]:
-    """Route records by key with Kafka's partitioner; one atomic batch per partition, in order."""
-    partitions = log.describe_topic(topic).partitions
+    """Route records by key with Kafka's partitioner; one atomic batch per partition, in order.
+
+    On a split topic (:mod:`log.shards`) the partitioner spreads keys over the partitions the
+    topic was created with, and the log appends each to the open partition covering it now.
+    """
+    partitions = hash_partitions(log, topic, log.describe_topic(topic).partitions)
     by_partition: dict[int, list[Record]] = {}
     for record in records:
         by_partition.setdefault(partition_for(record.key, partitions), []).append(record)

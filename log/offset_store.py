@@ -22,7 +22,7 @@ import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from log.base import TopicPartition
 from log.consumer import Checkpoint, Consumer
@@ -43,6 +43,19 @@ class OffsetStore(Protocol[Transaction_contra]):
         self, transaction: Transaction_contra, group: str, checkpoints: Mapping[TopicPartition, Checkpoint]
     ) -> None:
         """Store checkpoints inside the caller's ``transaction``; :class:`FencedMemberError` if a token was replaced."""
+        ...
+
+
+@runtime_checkable
+class ReadsOffsets(Protocol):
+    """An offset store that can say what it holds for a partition without claiming it.
+
+    A consumer of a split topic (:mod:`log.shards`) asks it whether a sealed parent was
+    processed to its end before it reads the children.
+    """
+
+    def stored(self, group: str, partition: TopicPartition) -> int | None:
+        """The next offset stored for ``partition``, or ``None``."""
         ...
 
 
@@ -119,6 +132,14 @@ class SqliteOffsetStore:
                 if row is not None and row[0] is not None:
                     found[tp] = int(row[0])
         return found
+
+    def stored(self, group: str, partition: TopicPartition) -> int | None:
+        """The next offset stored for ``partition`` (``None``: none), without claiming it (:class:`ReadsOffsets`)."""
+        row = self.connection.execute(
+            "SELECT next_offset FROM headwater_offsets WHERE group_id = ? AND topic = ? AND partition = ?",
+            (group, partition.topic, partition.partition),
+        ).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
 
     def save(
         self, transaction: sqlite3.Connection, group: str, checkpoints: Mapping[TopicPartition, Checkpoint]

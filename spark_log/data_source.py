@@ -45,6 +45,13 @@ give the same rows.
 Offsets: one position per partition, ``{"<topic>": {"<partition>": next offset}}``; a
 micro-batch ends at the partitions' ``end_offset`` seen when Spark asks for the latest
 offset, so records appended later go to a later batch, never twice.
+
+Split topics (:mod:`log.shards`): a micro-batch reads a child partition only when it
+starts with every parent of the child read to the parent's sealed end (the child stays
+where it is until then), so each key's records reach the query batch after batch in the
+order they were written. A batch read (``spark.read``) reads every partition at once,
+parents and children alike: its rows have no order, as with any DataFrame; order them
+by ``sequence`` (capture topics) or by the parent-first partition numbers.
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ from log.columns import ColumnarReads
 from log.errors import UnknownTopicError
 from log.factory import open_log
 from log.reading import READ_CHUNK, read_range, read_range_columns
+from log.shards import shard_map_of
 from log.table_schemas import read_schema_records
 from spark_log.errors import LogSourceOptionError
 from spark_log.latest_per_key import latest_per_key
@@ -217,6 +225,27 @@ def current_ends(log: Log, topics: Sequence[str]) -> LogPosition:
     return LogPosition.of(ends)
 
 
+def hold_children(log: Log, topics: Sequence[str], begin: LogPosition, end: LogPosition) -> LogPosition:
+    """``end`` with each child of a split topic kept at its start while a parent is not read to its sealed end."""
+    offsets = end.as_dict()
+    for topic in topics:
+        shards = shard_map_of(log, topic)
+        if shards is None:
+            continue
+        for shard in shards.shards:
+            where = (topic, shard.number)
+            if where not in offsets:
+                continue
+            for number in shard.parents:
+                sealed = shards.shard(number).sealed_end
+                assert sealed is not None
+                started = begin.get(topic, number) or 0
+                if started < sealed and log.beginning_offset(topic, number) < sealed:
+                    offsets[where] = begin.get(topic, shard.number) or 0
+                    break
+    return LogPosition.of(offsets)
+
+
 def resolve_position(log: Log, topics: Sequence[str], spec: OffsetsSpec) -> LogPosition:
     """What ``spec`` means for every partition now."""
     resolved: dict[tuple[str, int], int] = {}
@@ -347,6 +376,14 @@ class LogBatchReader(_RangeReading, DataSourceReader):
             ending = OffsetsSpec.parse("endingOffsets", self.options.ending, topics, "latest")
             start = resolve_position(log, topics, starting)
             end = resolve_position(log, topics, ending)
+            split = [t for t in topics if shard_map_of(log, t) is not None]
+            if self.options.latest_per_key and split:
+                # The reader's per-partition rule needs each key in one partition of the read.
+                msg = (
+                    f"a batch read of {split[0]}, a topic whose partitions were split or merged "
+                    "(a key's records span partitions there); read it as a stream, or without latestPerKey"
+                )
+                raise LogSourceOptionError(msg, option="latestPerKey")
         finally:
             log.close()
         return [LogRangePartition(r) for r in offset_ranges(start, end, split_records=self.options.range_split)]
@@ -401,6 +438,8 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
         # Never move backwards (a partition of the target the start already passed).
         floor = begin.as_dict()
         available = LogPosition.of({k: max(v, floor.get(k, 0)) for k, v in available.as_dict().items()})
+        # A split topic's children wait for a batch that starts with their parents read to the end.
+        available = hold_children(self._driver_log(), self.options.topics, begin, available)
         if isinstance(limit, ReadMaxRows):
             return admit(begin, available, limit.max_rows).to_json()
         return available.to_json()

@@ -1,4 +1,4 @@
-"""``headwater log ...``: inspect topics, tail and follow records, consumer groups, cleaning."""
+"""``headwater log ...``: inspect topics, tail and follow records, consumer groups, cleaning, split/merge."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from headwater.cli_context import Context, config_option, pass_context, print_json
+from headwater.commands.log_shards import attach as attach_shard_commands
 from log.base import Log, StoredRecord, TopicPartition, end_offsets
 from log.cleaner import Cleaner
 from log.consumer import Consumer, ConsumerSettings, DescribesGroups, GroupDescription
@@ -313,4 +314,5 @@ def clean_command(context: Context, topics: tuple[str, ...], follow: bool) -> No
 
 def register(cli: click.Group) -> None:
     """Attach the ``log`` commands to the root group."""
+    attach_shard_commands(log_group)
     cli.add_command(log_group)

@@ -3,6 +3,7 @@
 Layout under ``root``::
 
     <topic>/topic.json                        the TopicSpec
+    <topic>/shards.json, shards.lock          the partition map after a split or merge (log.file.shard_store)
     <topic>/<partition>/<base:020d>.log       segments of CRC-checked batches (log.file.batch_codec)
     <topic>/<partition>/<base:020d>.index     sparse offset index      (log.file.segment_index)
     <topic>/<partition>/<base:020d>.timeindex sparse time index
@@ -15,6 +16,9 @@ the first append and kept until :meth:`FileLog.close`; internal topics (``_headw
 written by every process, e.g. consumer offsets) take it around each append instead.
 A torn tail left by a crashed writer is truncated (with a warning) when a partition is
 first opened while no writer holds it, and always before a new writer appends.
+Once a topic was split or merged (:mod:`log.shards`), every append batch is routed by
+key to the open partitions covering the keys, whatever partition the caller named, under
+the lock that orders appends against a seal (:mod:`log.file.shard_store`).
 Appended batches store their records zstd-compressed when ``compression="zstd"`` (the
 default, ``log.file.compression``) and that is smaller; readers take either kind.
 """
@@ -25,6 +29,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal
@@ -43,11 +48,13 @@ from log.cleaner import TopicUsage
 from log.consumer import GroupDescription, GroupMember, partition_progress
 from log.consumer_groups import ConsumerOffsets
 from log.errors import TopicExistsError, UnknownGroupError, UnknownPartitionError, UnknownTopicError
-from log.file.batch_codec import Compression
+from log.file.batch_codec import Compression, EncodedBatch, decode_records, encode_batch, parse_header
 from log.file.compaction import CleanerCheckpoint, clean_partition, cleaning_due, partition_usage
 from log.file.group_coordinator import GroupCoordinator, list_group_names
 from log.file.partition import Partition
+from log.file.shard_store import TopicShards
 from log.file.topic_store import (
+    SPEC_NAME,
     create_topic_directory,
     delete_topic_directory,
     list_topic_names,
@@ -55,6 +62,7 @@ from log.file.topic_store import (
     read_spec,
     topic_directory,
 )
+from log.shards import ShardError, ShardMap
 from log.topic_policy import TopicPolicies, configured_segment_bytes
 from log.topics import INTERNAL_PREFIX
 
@@ -68,17 +76,57 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class _OpenTopic:
-    """A topic as this process opened it; a recreated topic (new directory identity) is a new one."""
+def _decoded(topic: str, batch: EncodedBatch) -> list[Record]:
+    """The records of a natively encoded batch (to route them one by one: split topics only)."""
+    data = bytes(encode_batch(0, batch, 0)[0])
+    header = parse_header(data, 0)
+    assert header is not None
+    stored: list[StoredRecord] = []
+    decode_records(
+        data,
+        0,
+        header,
+        topic=topic,
+        partition=0,
+        min_offset=0,
+        out=stored,
+        max_records=len(batch) + 1,
+        max_bytes=1 << 62,  # no byte limit: every record of the batch (compressed ones may expand a lot)
+    )
+    if len(stored) != len(batch):
+        msg = f"an encoded batch for {topic} holds {len(stored)} records, not {len(batch)}"
+        raise ValueError(msg)
+    return [Record(r.key, r.value, r.headers, r.timestamp_ms) for r in stored]
 
-    def __init__(self, spec: TopicSpec, identity: tuple[int, int]) -> None:
-        self.spec = spec
+
+class _OpenTopic:
+    """A topic as this process opened it; a recreated topic (new ``topic.json`` identity) is a new one."""
+
+    def __init__(self, spec: TopicSpec, identity: tuple[int, int], shards: TopicShards) -> None:
+        self.base_spec = spec
         self.identity = identity
         self.partitions: dict[int, Partition] = {}
+        #: The partition map and append lock; ``None`` for internal topics (never split).
+        self.shards: TopicShards | None = None if spec.name.startswith(INTERNAL_PREFIX) else shards
+        self._spec_for: tuple[ShardMap | None, TopicSpec] = (None, spec)
+
+    @property
+    def spec(self) -> TopicSpec:
+        """The spec, with the partition count of the current map (sealed partitions included)."""
+        shards = self.shards.current() if self.shards is not None else None
+        if shards is None:
+            return self.base_spec
+        seen, spec = self._spec_for
+        if seen is not shards:
+            spec = replace(self.base_spec, partitions=shards.count)
+            self._spec_for = (shards, spec)
+        return spec
 
     def close(self) -> None:
         for partition in self.partitions.values():
             partition.close()
+        if self.shards is not None:
+            self.shards.close()
 
 
 class FileLog:
@@ -109,6 +157,7 @@ class FileLog:
         self.compression: Compression = compression
         self._lock = threading.RLock()
         self._topics: dict[str, _OpenTopic] = {}
+        self._spec_paths: dict[str, str] = {}
         self._offsets = ConsumerOffsets(self)
 
     def __enter__(self) -> FileLog:
@@ -122,13 +171,16 @@ class FileLog:
     # -- topics -----------------------------------------------------------------------
 
     def _open_topic(self, name: str) -> _OpenTopic:
-        directory = topic_directory(self.root, name)
+        spec_path = self._spec_paths.get(name)
+        if spec_path is None:  # validated and joined once per name: this runs at every append and read
+            spec_path = self._spec_paths[name] = str(topic_directory(self.root, name) / SPEC_NAME)
         try:
-            st = os.stat(directory)
-        except FileNotFoundError:
+            st = os.stat(spec_path)
+        except (FileNotFoundError, NotADirectoryError):
             st = None
-        # Inode numbers are reused; the change time (set when the topic was renamed into
-        # place) tells a recreated topic from the one this process opened.
+        # Inode numbers are reused; the change time (set when the topic's spec was written,
+        # never after: splits add partition directories beside it) tells a recreated topic
+        # from the one this process opened.
         identity = (st.st_ino, st.st_ctime_ns) if st is not None else (-1, -1)
         with self._lock:
             opened = self._topics.get(name)
@@ -139,17 +191,22 @@ class FileLog:
                 del self._topics[name]
             if st is None:
                 raise UnknownTopicError(name)
-            opened = _OpenTopic(self._policies.apply(read_spec(self.root, name)), identity)
+            directory = topic_directory(self.root, name)
+            opened = _OpenTopic(
+                self._policies.apply(read_spec(self.root, name)), identity, TopicShards(directory, name)
+            )
             self._topics[name] = opened
             return opened
 
-    def _partition(self, topic: str, partition: int) -> Partition:
-        opened = self._open_topic(topic)
+    def _partition(self, topic: str, partition: int, opened: _OpenTopic | None = None) -> Partition:
+        if opened is None:
+            opened = self._open_topic(topic)
         found = opened.partitions.get(partition)
         if found is not None:
             return found
-        if not 0 <= partition < opened.spec.partitions:
-            raise UnknownPartitionError(topic, partition, opened.spec.partitions)
+        count = opened.spec.partitions
+        if not 0 <= partition < count:
+            raise UnknownPartitionError(topic, partition, count)
         with self._lock:
             found = opened.partitions.get(partition)
             if found is None:
@@ -194,8 +251,36 @@ class FileLog:
     # -- records ----------------------------------------------------------------------
 
     def append(self, topic: str, partition: int, records: Sequence[Record]) -> AppendResult:
-        """Append ``records`` to one partition atomically and durably; return their offsets."""
-        return self._partition(topic, partition).append(records)
+        """Append ``records`` to one partition atomically and durably; return their offsets.
+
+        On a topic that was split or merged the records go to the open partitions covering
+        their keys (:mod:`log.shards`), whichever partition is named: one atomic batch per
+        partition, in order; the result is the named partition's part if it got one, else
+        the first part.
+        """
+        opened = self._open_topic(topic)
+        if opened.shards is None:
+            return self._partition(topic, partition, opened).append(records)
+        with opened.shards.appending() as shards:
+            if shards is None:
+                return self._partition(topic, partition, opened).append(records)
+            shards.shard(partition)  # UnknownPartitionError, one line
+            return self._append_routed(opened, topic, partition, shards, records)
+
+    def _append_routed(
+        self, opened: _OpenTopic, topic: str, named: int, shards: ShardMap, records: Sequence[Record]
+    ) -> AppendResult:
+        if isinstance(records, EncodedBatch):
+            records = _decoded(topic, records)
+        targets = shards.route_all([r.key for r in records])
+        if not records or all(t == targets[0] for t in targets):
+            target = targets[0] if records else shards.open_for(0)
+            return self._partition(topic, target, opened).append(records)
+        parts: dict[int, list[Record]] = {}
+        for record, target in zip(records, targets, strict=True):
+            parts.setdefault(target, []).append(record)
+        results = [self._partition(topic, target, opened).append(part) for target, part in sorted(parts.items())]
+        return next((r for r in results if r.partition == named), results[0])
 
     def append_encoded(self, topic: str, partition: int, batch: Sequence[Record]) -> AppendResult:
         """Append a batch encoded by ``log.file.batch_codec`` (an ``EncodedBatch``) as it is.
@@ -258,6 +343,54 @@ class FileLog:
         """The earliest offset whose timestamp is at or after ``timestamp_ms``; ``None`` if none."""
         return self._partition(topic, partition).offset_for_time(timestamp_ms)
 
+    # -- elastic shards (log.shards.ElasticShards) -------------------------------------
+
+    def shard_map(self, topic: str) -> ShardMap | None:
+        """The topic's partition map, or ``None`` if it was never split or merged."""
+        opened = self._open_topic(topic)
+        return None if opened.shards is None else opened.shards.current()
+
+    def split_partition(self, topic: str, partition: int, *, at: int | None = None) -> ShardMap:
+        """Seal ``partition`` at its end offset and create two children covering its range (``at``: the cut)."""
+        opened = self._splittable(topic)
+        assert opened.shards is not None
+        (opened.shards.current() or ShardMap.initial(topic, opened.base_spec.partitions)).split(partition, 0, at)
+        with opened.shards.changing() as current:
+            shards = current or ShardMap.initial(topic, opened.base_spec.partitions)
+            shards.split(partition, 0, at)  # again under the lock: ShardError before anything is written
+            opened.shards.create_children([shards.count, shards.count + 1])
+            with opened.shards.sealing():
+                changed = shards.split(partition, self._sealed_end(topic, shards, partition), at)
+                opened.shards.write(changed)
+        return changed
+
+    def merge_partitions(self, topic: str, first: int, second: int) -> ShardMap:
+        """Seal two adjacent open partitions at their end offsets and create one child covering both."""
+        opened = self._splittable(topic)
+        assert opened.shards is not None
+        (opened.shards.current() or ShardMap.initial(topic, opened.base_spec.partitions)).check_merge(first, second)
+        with opened.shards.changing() as current:
+            shards = current or ShardMap.initial(topic, opened.base_spec.partitions)
+            shards.check_merge(first, second)  # again under the lock: ShardError before anything is written
+            opened.shards.create_children([shards.count])
+            with opened.shards.sealing():
+                ends = {p: self._sealed_end(topic, shards, p) for p in (first, second)}
+                changed = shards.merge(first, second, ends)
+                opened.shards.write(changed)
+        return changed
+
+    def _splittable(self, topic: str) -> _OpenTopic:
+        opened = self._open_topic(topic)
+        if opened.shards is None:
+            msg = f"{topic} is an internal topic: its partitions are never split or merged"
+            raise ShardError(msg)
+        return opened
+
+    def _sealed_end(self, topic: str, shards: ShardMap, partition: int) -> int:
+        shards.shard(partition)  # UnknownPartitionError, one line
+        # Under the exclusive append lock no append is in flight: the end is final.
+        return self._partition(topic, partition).end_offset()
+
     # -- consumer groups --------------------------------------------------------------
 
     def commit(self, group: str, offsets: Mapping[TopicPartition, int]) -> None:
@@ -316,7 +449,7 @@ class FileLog:
         ``only_if_due``: skip partitions where a pass could remove nothing new
         (:func:`log.file.compaction.cleaning_due`); ``None`` when every one was skipped.
         """
-        spec = self._open_topic(topic).spec
+        spec = self._open_topic(topic).spec  # every partition, sealed ones too
         now = _now_ms()
         before_records = after_records = before_bytes = after_bytes = 0
         ran = False

@@ -8,6 +8,12 @@ the member lost are dropped (``on_revoke``), partitions the group wants elsewher
 dropped and released to their next owner, newly owned ones start at their committed
 position (``on_assign``). Then it reads the owned partitions, taking them in turn.
 
+On a topic that was split or merged (:mod:`log.shards`) a member reads a child partition
+only once each of its parents is drained: the group committed it to its sealed end (or
+this member itself read it to there), as Kinesis' KCL waits for a parent shard's
+``SHARD_END`` checkpoint. The child is owned meanwhile but yields no records, so every
+key's records reach the application in the order they were written.
+
 A member whose lease ended (it was paused or starved longer than its session timeout)
 finds out from the coordinator, or from its own clock before it reads: it drops every
 partition without reading further and rejoins under a new member id. Its commits in
@@ -32,7 +38,7 @@ from log.consumer import Checkpoint, ConsumerSettings, PartitionsCallback
 from log.errors import FencedMemberError, UnknownTopicError
 from log.file.backend import FileLog
 from log.file.group_coordinator import GroupCoordinator, MemberView
-from log.offset_store import OffsetStore
+from log.offset_store import OffsetStore, ReadsOffsets
 from log.topics import validate_group_name
 
 logger = logging.getLogger(__name__)
@@ -75,6 +81,8 @@ class FileConsumer:
         self._epochs: dict[TopicPartition, int] = {}
         self._applied_generation = -1
         self._turn = 0
+        #: Partitions whose parents (split topics) are known drained: readable from now on.
+        self._ready: set[TopicPartition] = set()
         # Shared with the heartbeat thread, under _lock.
         self._lock = threading.Lock()
         self._view: MemberView | None = None
@@ -278,11 +286,39 @@ class FileConsumer:
             room = limit - len(out)
             if room <= 0:
                 break
+            if tp not in self._ready and not self._parents_drained(tp):
+                continue
             batch = self._log.read(tp.topic, tp.partition, self._positions[tp], max_records=room)
             if batch:
                 out.extend(batch)
                 self._positions[tp] = batch[-1].offset + 1
         return out
+
+    def _parents_drained(self, tp: TopicPartition) -> bool:
+        """Whether every parent of ``tp`` (a split topic's child) was processed to its sealed end."""
+        shards = self._log.shard_map(tp.topic)
+        if shards is not None:
+            for number in shards.parents(tp.partition):
+                parent = shards.shard(number)
+                assert parent.sealed_end is not None
+                if not self._drained(TopicPartition(tp.topic, number), parent.sealed_end):
+                    return False
+        self._ready.add(tp)
+        return True
+
+    def _drained(self, parent: TopicPartition, end: int) -> bool:
+        position = self._positions.get(parent)
+        if position is not None and position >= end:
+            return True  # owned here and read to its end (polled before anything of the child)
+        if self._log.beginning_offset(parent.topic, parent.partition) >= end:
+            return True  # nothing left in it (it was empty when sealed)
+        if self.group is None:
+            return False
+        if isinstance(self._store, ReadsOffsets):
+            done = self._store.stored(self.group, parent)
+        else:
+            done = self._log.committed(self.group, parent.topic).get(parent.partition)
+        return done is not None and done >= end
 
     def assignment(self) -> frozenset[TopicPartition]:
         """The partitions this member reads now."""

@@ -186,6 +186,8 @@ class GroupCoordinator:
             if found is None:
                 return None
             found.deadline_ms = now + found.session_timeout_ms
+            # Partitions added since (a split or merge, log.shards) get owners at the next heartbeat.
+            self._rebalance(state)
             return self._view(state, member)
 
     def release(self, member: str, partitions: frozenset[TopicPartition]) -> MemberView | None:

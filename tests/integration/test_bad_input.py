@@ -350,6 +350,46 @@ def case_truncated_segment(p: Project) -> Outcome:
     return result, ("corrupt log segment", segments[1].name, "restore the file from a backup")
 
 
+def split_copy(p: Project, name: str) -> Path:
+    """A config whose home holds a copy of the project's log, its customers topic split (0 -> 1, 2)."""
+    home = p.directory / f"{name}-home"
+    shutil.copytree(p.home / "log", home / "log")
+    config = p.variant(name, lambda d: d.update(home=str(home)))
+    assert p.headwater("log", "split", p.topic("customers"), "0", config=config).returncode == 0
+    return config
+
+
+def case_split_sealed_partition(p: Project) -> Outcome:
+    config = split_copy(p, "split-sealed")
+    return p.headwater("log", "split", p.topic("customers"), "0", config=config), (
+        "is sealed",
+        "open descendants [1, 2]",
+    )
+
+
+def case_merge_not_adjacent(p: Project) -> Outcome:
+    config = split_copy(p, "merge-apart")
+    assert p.headwater("log", "split", p.topic("customers"), "1", config=config).returncode == 0  # 1 -> 3, 4
+    return p.headwater("log", "merge", p.topic("customers"), "3", "2", config=config), (
+        "are not adjacent",
+        "merge neighbours",
+    )
+
+
+def case_split_unknown_partition(p: Project) -> Outcome:
+    return p.headwater("log", "split", p.topic("customers"), "5"), ("has partitions 0..0, not 5",)
+
+
+def case_split_on_kafka(p: Project) -> Outcome:
+    config = p.variant(
+        "kafka-split", lambda d: d.update(log={"backend": "kafka", "kafka": {"bootstrap_servers": "127.0.0.1:1"}})
+    )
+    return p.headwater("log", "split", p.topic("customers"), "0", config=config), (
+        "Kafka can only add partitions",
+        "KIP-253",
+    )
+
+
 def feed_variant(p: Project, name: str, feed: dict[str, Any]) -> Path:
     return p.variant(name, lambda d: d.update(feeds={name: {"from": p.topic("customers"), **feed}}))
 
@@ -456,6 +496,10 @@ CASES = [
         case_log_tail_unknown_topic,
         case_corrupted_segment,
         case_truncated_segment,
+        case_split_sealed_partition,
+        case_merge_not_adjacent,
+        case_split_unknown_partition,
+        case_split_on_kafka,
         case_feed_sql_error,
         case_feed_unknown_column,
         case_feed_key_not_in_output,

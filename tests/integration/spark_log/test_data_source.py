@@ -336,3 +336,66 @@ def test_latest_per_key_read_equals_sparks_aggregation(spark, unique_name, tmp_p
     got = reduced_changes(reduced).select(*columns, "__hw_image.*").collect()
     assert sorted(map(tuple, got), key=repr) == sorted(map(tuple, expected), key=repr)
     assert len(got) == 24  # 23 keys and the truncate
+
+
+# ----------------------------------------------------------------------------- split topics
+
+
+def keyed_events(ids: range, keys: int) -> list[Record]:
+    """Changes of ``keys`` keys; the label is the sequence number written."""
+    out = []
+    for i in ids:
+        source = SourceInfo("src", "db", "public", "t", i, 1000 + i, 1000 + i, 0, 1_700_000_000_000_000 + i)
+        event = ChangeEvent(Op.UPDATE, source, None, {"id": i % keys, "label": str(i)}, 0)
+        out.append(Record(encode_key({"id": i % keys}), encode_value(event)))
+    return out
+
+
+def test_micro_batches_of_a_split_topic_keep_every_keys_order(spark, unique_name, tmp_path):
+    config = write_config(tmp_path)
+    topic = unique_name("feed")
+    make_topic(config, topic)
+    keys = 7
+    log = open_log(load_config(config))
+    try:
+        append_keyed(log, topic, keyed_events(range(0, 60), keys))
+        log.split_partition(topic, 0)
+        append_keyed(log, topic, keyed_events(range(60, 120), keys))
+        log.merge_partitions(topic, 2, 3)
+        log.split_partition(topic, 1)
+        append_keyed(log, topic, keyed_events(range(120, 180), keys))
+    finally:
+        log.close()
+    register_log_source(spark)
+    rows_seen: list = []
+
+    def sink(frame, batch_id):
+        rows = frame.select("partition", "offset", "after.id", "after.label").collect()
+        rows_seen.extend((batch_id, r["partition"], r["offset"], r["id"], int(r["label"])) for r in rows)
+
+    query = (
+        spark.readStream.format("headwater_log")
+        .option("config", str(config))
+        .option("topic", topic)
+        .option("maxRecordsPerBatch", "25")
+        .load()
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(180)
+    assert sorted(label for *_, label in rows_seen) == list(range(180))
+    for key in range(keys):
+        mine = sorted((b, o, label, p) for b, p, o, k, label in rows_seen if k == key)
+        for batch in {b for b, *_ in mine}:
+            assert len({p for b, _, _, p in mine if b == batch}) == 1, "a key from two partitions in one batch"
+        labels = [label for _, _, label, _ in mine]
+        assert labels == sorted(labels), f"key {key} out of order: {labels}"
+    # A batch read with latestPerKey refuses a split topic in one line.
+    try:
+        batch_read(spark, config, topic, latestPerKey="true").collect()
+    except Exception as exc:  # Spark wraps the data source's error
+        assert "partitions were split or merged" in str(exc)
+    else:
+        raise AssertionError("latestPerKey batch read of a split topic did not refuse")

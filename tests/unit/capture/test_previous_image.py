@@ -39,3 +39,17 @@ def test_records_of_the_change_being_rebuilt_and_later_ones_are_not_its_previous
     assert lookup(log, (100, 2)) is None
     assert lookup(log, (250, 0)) is None  # deleted before 250: there is no previous row
     assert lookup(log, (400, 0)) == {"id": 953, "doc": "later"}
+
+
+def test_on_a_split_topic_the_newest_partition_of_the_keys_chain_is_looked_at_first(tmp_path):
+    log = FileLog(tmp_path / "log")
+    log.create_topic(TopicSpec(TOPIC, partitions=3, compacted=True))
+    partition = partition_for(KEY, 3)
+    log.append(TOPIC, partition, [Record(KEY, event("c", {"id": 953, "doc": "parent"}, 100, 0))])
+    log.split_partition(TOPIC, partition)
+    log.append(TOPIC, partition, [Record(KEY, event("u", {"id": 953, "doc": "child"}, 200, 0))])
+    shards = log.shard_map(TOPIC)
+    assert log.end_offset(TOPIC, shards.route(KEY)) == 1
+    assert lookup(log, (300, 0)) == {"id": 953, "doc": "child"}
+    assert lookup(log, (200, 0)) == {"id": 953, "doc": "parent"}
+    assert lookup(log, (100, 0)) is None

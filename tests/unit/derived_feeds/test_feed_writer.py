@@ -85,6 +85,21 @@ def test_append_once_skips_partitions_that_hold_the_batch(tmp_path):
         log.close()
 
 
+def test_append_once_on_a_split_topic_looks_for_the_marker_where_the_records_go(tmp_path):
+    log = FileLog(tmp_path / "log")
+    try:
+        log.create_topic(TopicSpec("f", partitions=2))
+        log.split_partition("f", 0)
+        marker = BatchMarker("run1", 6)
+        records = [Record(orjson.dumps({"id": i}), b"{}", (marker.header(),)) for i in range(30)]
+        assert append_once(log, "f", records, marker) == 30
+        assert append_once(log, "f", records, marker) == 0, "a replay appends nothing"
+        assert log.end_offset("f", 0) == 0, "nothing in the sealed parent"
+        assert sum(log.end_offset("f", p) for p in range(4)) == 30
+    finally:
+        log.close()
+
+
 def test_append_once_with_memo_skips_the_read_back_and_still_sees_other_writers(tmp_path):
     with FileLog(tmp_path / "log") as log:
         log.create_topic(TopicSpec("f", partitions=2))
