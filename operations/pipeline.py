@@ -28,6 +28,7 @@ from pathlib import Path
 
 from core.config import ProjectConfig
 from core.errors import EXIT_PERMANENT
+from core.process_lifetime import parent_death_preexec
 
 #: Backoff before restarting a crashed stage (seconds), capped at the last value.
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -147,8 +148,11 @@ class Supervisor:
 
     def _start(self, stage: Stage) -> None:
         # Own process group: a terminal's Ctrl-C reaches only the supervisor, which then
-        # stops the children with SIGINT (each finishes its current batch).
-        stage.process = subprocess.Popen(stage.argv, start_new_session=True)
+        # stops the children with SIGINT (each finishes its current batch). A supervisor that
+        # is SIGKILLed runs no cleanup: the kernel SIGKILLs the children then (every stage
+        # resumes from what is durable), and each child's Spark JVM dies with it.
+        preexec = parent_death_preexec()  # a prctl call only, safe between fork and exec (core.process_lifetime)
+        stage.process = subprocess.Popen(stage.argv, start_new_session=True, preexec_fn=preexec)  # noqa: PLW1509
         stage.started_at = time.monotonic()
         self._say(f"started {stage.name} (pid {stage.process.pid})")
 

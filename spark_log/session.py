@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spark_log import jvm_lifetime
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -148,6 +150,7 @@ def spark_session(
     """
     from pyspark.sql import SparkSession
 
+    jvm_lifetime.install()  # the JVM dies with this process, even a SIGKILLed one
     # The JVM reads these at launch; Python workers must be this interpreter (same packages).
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
