@@ -33,4 +33,4 @@ def install() -> None:
     """Make every Spark driver JVM this process launches from now on die with it (idempotent)."""
     from pyspark import java_gateway
 
-    java_gateway.Popen = _popen  # type: ignore[attr-defined]
+    java_gateway.Popen = _popen  # type: ignore[attr-defined,assignment]
