@@ -314,6 +314,15 @@ def find_config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     return Path.cwd() / DEFAULT_CONFIG_NAME
 
 
+def unset_variables(text: str) -> list[str]:
+    """The ``${VAR}`` references still in ``text``: variables that were unset when the config was loaded.
+
+    A config loaded with ``strict_env=False`` keeps them as written; a DSN holding one
+    cannot log in, so a command reports the source instead of connecting.
+    """
+    return _ENV_REF.findall(text)
+
+
 def _interpolate(node: Any, path: str, source: Path, env: Mapping[str, str], strict: bool = True) -> Any:
     if isinstance(node, str):
 
