@@ -193,6 +193,20 @@ def _names(value: tuple[str, ...] | None) -> tuple[str, ...] | None:
     return value
 
 
+class FreshnessConfig(_Model):
+    """How fresh a warehouse table must be: loaded at most ``fail_after_s`` ago (a warning after ``warn_after_s``)."""
+
+    fail_after_s: float = Field(default=3600.0, gt=0)
+    warn_after_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _warn_before_fail(self) -> FreshnessConfig:
+        if self.warn_after_s is not None and self.warn_after_s >= self.fail_after_s:
+            msg = "warn_after_s must be less than fail_after_s"
+            raise ValueError(msg)
+        return self
+
+
 class TableConfig(_Model):
     """A warehouse table materialised from a topic or feed, with Databricks AUTO CDC's options.
 
@@ -215,6 +229,8 @@ class TableConfig(_Model):
     apply_as_truncates: bool = Field(default=True, validate_default=True)
     track_history_columns: tuple[str, ...] | None = None
     track_history_except_column_list: tuple[str, ...] | None = None
+    #: Overrides ``warehouse.freshness`` for this table (Dagster's freshness policy).
+    freshness: FreshnessConfig | None = None
 
     @field_validator(
         "column_list",
@@ -268,9 +284,10 @@ class TableConfig(_Model):
 
 
 class WarehouseConfig(_Model):
-    """The warehouse tables, by name."""
+    """The warehouse tables, by name, and the freshness every table must keep unless it says otherwise."""
 
     tables: dict[str, TableConfig] = {}
+    freshness: FreshnessConfig = FreshnessConfig()
 
 
 class ProjectConfig(_Model):
