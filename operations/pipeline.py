@@ -25,10 +25,19 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from core.config import ProjectConfig
 from core.errors import EXIT_PERMANENT
+from core.leases import LeaseWait
 from core.process_lifetime import parent_death_preexec
+from operations.holders import holding
+
+if TYPE_CHECKING:
+    from capture.stats import CaptureStats
+
+#: Called with each streaming query a run starts: ``(stage, name, query, records written so far or None)``.
+QueryHook = Callable[[str, str, Any, Callable[[], int] | None], None]
 
 #: Backoff before restarting a crashed stage (seconds), capped at the last value.
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -44,6 +53,8 @@ class Stage:
     argv: list[str]
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+    #: Every restart, for the restarts counter (``restarts`` resets once the stage is healthy).
+    restarts_total: int = 0
     started_at: float = 0.0
     failed: bool = False
 
@@ -55,45 +66,73 @@ class RunSummary:
     lines: list[str] = field(default_factory=list)
 
 
-def run_until_caught_up(config: ProjectConfig, say: Callable[[str], None]) -> RunSummary:
-    """Capture, then feeds, then loads, each until everything available is processed."""
-    from capture.runner import run_capture
+def run_until_caught_up(
+    config: ProjectConfig,
+    say: Callable[[str], None],
+    *,
+    holder_wait: LeaseWait | None = None,
+    on_capture: Callable[[str, CaptureStats], None] | None = None,
+    on_query: QueryHook | None = None,
+) -> RunSummary:
+    """Capture, then feeds, then loads, each until everything available is processed.
 
+    What another process holds (a source it captures, a feed or table it runs) is waited
+    for as ``holder_wait`` says (default: a few seconds), then :class:`core.leases.HeldError`
+    names the holder. ``on_capture`` and ``on_query`` see each agent's counters and each
+    streaming query (for metrics).
+    """
+    from capture.runner import DEFAULT_HOLDER_WAIT, run_capture
+
+    wait = holder_wait or DEFAULT_HOLDER_WAIT
     summary = RunSummary()
     if config.sources:
-        for name, stats in run_capture(config, (), until_caught_up=True).items():
+        for name, stats in run_capture(config, (), until_caught_up=True, holder_wait=wait, observe=on_capture).items():
             summary.lines.append(f"capture {name}: {stats.events} events, acknowledged {stats.acked_lsn}")
             say(summary.lines[-1])
     if not config.feeds and not config.warehouse.tables:
         return summary
     from spark_log.job import spark_job
 
-    with spark_job(config, "headwater-run") as (spark, log):
+    with (
+        holding(config, "feed", tuple(config.feeds), wait),
+        holding(config, "load", tuple(config.warehouse.tables), wait),
+        spark_job(config, "headwater-run") as (spark, log),
+    ):
         if config.feeds:
             from derived_feeds.feed_job import run_feeds
 
-            run_feeds(spark, config, log, (), available_now=True)
+            for query, plan in run_feeds(spark, config, log, (), available_now=True):
+                if on_query is not None:
+                    on_query("feeds", plan.spec.name, query, feed_records_written(plan.stats))
             summary.lines.append(f"feeds: {', '.join(config.feeds)} caught up")
             say(summary.lines[-1])
         if config.warehouse.tables:
             from warehouse_loader.load_job import run_loads
 
-            run_loads(spark, config, log, (), available_now=True)
+            queries = run_loads(spark, config, log, (), available_now=True)
+            for name, query in zip(config.warehouse.tables, queries, strict=True):
+                if on_query is not None:
+                    on_query("load", name, query, None)
             summary.lines.append(f"warehouse: {', '.join(config.warehouse.tables)} loaded")
             say(summary.lines[-1])
     return summary
 
 
-def follow_stages(config: ProjectConfig, config_path: Path) -> list[Stage]:
-    """The child processes of ``run --follow``, upstream first."""
+def feed_records_written(stats: dict[str, int]) -> Callable[[], int]:
+    """The records a feed run has written so far (upserts and deletes), read from its live counters."""
+    return lambda: stats["upserts"] + stats["deletes"]
+
+
+def follow_stages(config: ProjectConfig, config_path: Path, options: Sequence[str] = ()) -> list[Stage]:
+    """The child processes of ``run --follow``, upstream first; ``options`` are passed to each."""
     base = [sys.executable, "-m", "headwater", "--config", str(config_path)]
     stages = []
     if config.sources:
-        stages.append(Stage("capture", [*base, "capture", "--follow"]))
+        stages.append(Stage("capture", [*base, "capture", "--follow", *options]))
     if config.feeds:
-        stages.append(Stage("feeds", [*base, "feeds", "run", "--follow"]))
+        stages.append(Stage("feeds", [*base, "feeds", "run", "--follow", *options]))
     if config.warehouse.tables:
-        stages.append(Stage("load", [*base, "load", "--follow"]))
+        stages.append(Stage("load", [*base, "load", "--follow", *options]))
     return stages
 
 
@@ -139,6 +178,7 @@ class Supervisor:
                     stage.restarts = 0
                 delay = RESTART_BACKOFF_S[min(stage.restarts, len(RESTART_BACKOFF_S) - 1)]
                 stage.restarts += 1
+                stage.restarts_total += 1
                 stage.process = None
                 next_start[stage.name] = time.monotonic() + delay
                 self._say(f"{stage.name} exited with code {code} after {lived:.1f}s; restarting in {delay:.0f}s")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 
 import click
@@ -11,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from capture.runner import ProgressFactory, run_capture
 from capture.snapshot_plan import SnapshotProgress
-from headwater.cli_context import Context, config_option, once_or_follow, pass_context
+from headwater.cli_context import Context, StageOptions, config_option, once_or_follow, pass_context, stage_options
 
 
 class RichSnapshotProgress:
@@ -66,19 +65,36 @@ def _progress_for(console: Console) -> ProgressFactory:
 @once_or_follow(
     "until-caught-up",
     once_help="Capture everything committed before start, then exit 0.",
-    follow_help="Keep streaming until Ctrl-C / SIGTERM.",
+    follow_help="Keep streaming until Ctrl-C / SIGTERM; wait as a standby while another process captures.",
 )
+@stage_options
 @pass_context
-def capture_command(context: Context, names: tuple[str, ...], follow: bool) -> None:
+def capture_command(context: Context, names: tuple[str, ...], follow: bool, options: StageOptions) -> None:
     """Stream registered sources (all by default) into the log."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    from headwater.stage_runtime import StageRuntime
+    from operations.pipeline_metrics import Scope
+
+    output = options.output("capture")
     config = context.config()
-    results = run_capture(config, names, until_caught_up=not follow, progress=_progress_for(Console(stderr=True)))
+    runtime = StageRuntime(config, options, output, "headwater capture")
+    runtime.serve(Scope(sources=names or tuple(config.sources)))
+    progress = _progress_for(Console(stderr=True)) if options.log_format == "text" else None
+    with runtime.recording(follow=follow):
+        results = run_capture(
+            config,
+            names,
+            until_caught_up=not follow,
+            progress=progress,
+            holder_wait=options.holder_wait(output, follow=follow),
+            observe=runtime.observe_capture,
+        )
     for name, stats in results.items():
-        click.echo(
+        output.info(
             f"{name}: {stats.transactions} transactions, {stats.events} events, "
             f"{stats.records_written} records written, {stats.records_skipped} already in the log, "
-            f"acknowledged {stats.acked_lsn}"
+            f"acknowledged {stats.acked_lsn}",
+            source=name,
+            lsn=stats.acked_lsn,
         )
 
 

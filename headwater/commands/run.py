@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
+import tempfile
 from types import FrameType
 
 import click
 
-from headwater.cli_context import Context, config_option, once_or_follow, pass_context
+from headwater.cli_context import Context, StageOptions, config_option, once_or_follow, pass_context, stage_options
 from operations.pipeline import Supervisor, follow_stages, run_until_caught_up
 
 
@@ -16,24 +19,62 @@ from operations.pipeline import Supervisor, follow_stages, run_until_caught_up
 @once_or_follow(
     "until-caught-up",
     once_help="Everything committed before start through every stage.",
-    follow_help="Supervised capture, feeds and loads until Ctrl-C / SIGTERM.",
+    follow_help="Supervised capture, feeds and loads until Ctrl-C / SIGTERM (they die with it, even on SIGKILL).",
 )
+@stage_options
 @pass_context
-def run_command(context: Context, follow: bool) -> None:
+def run_command(context: Context, follow: bool, options: StageOptions) -> None:
     """Capture + feeds + warehouse loads, in dependency order."""
+    from headwater.stage_runtime import StageRuntime
+    from operations.pipeline_metrics import Scope
+
+    output = options.output("run")
     config = context.config()
     if not follow:
-        run_until_caught_up(config, say=click.echo)
+        runtime = StageRuntime(config, options, output, "headwater run")
+        runtime.feeds, runtime.tables = tuple(config.feeds), tuple(config.warehouse.tables)
+        runtime.serve(Scope.everything(config))
+        with runtime.recording(follow=False):
+            run_until_caught_up(
+                config,
+                say=output.info,
+                holder_wait=options.holder_wait(output, follow=False),
+                on_capture=runtime.observe_capture,
+                on_query=runtime.follow_query,
+            )
         return
     assert config.config_path is not None
-    supervisor = Supervisor(follow_stages(config, config.config_path), say=lambda line: click.echo(line, err=True))
+    metrics_dir = _children_record_metrics() if options.metrics_port is not None else None
+    try:
+        stages = follow_stages(config, config.config_path, ["--log-format", options.log_format])
+        supervisor = Supervisor(stages, say=output.note)
+        if options.metrics_port is not None:
+            from operations.pipeline_metrics import stage_restarts
 
-    def stop(_signum: int, _frame: FrameType | None) -> None:
-        supervisor.stop()
+            runtime = StageRuntime(config, options, output, "headwater run")
+            runtime.serve(
+                Scope.everything(config), stage_restarts(lambda: [(s.name, s.restarts_total) for s in stages])
+            )
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    raise SystemExit(supervisor.run())
+        def stop(_signum: int, _frame: FrameType | None) -> None:
+            supervisor.stop()
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        code = supervisor.run()
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+    raise SystemExit(code)
+
+
+def _children_record_metrics() -> str:
+    """A fresh directory the stages record their counters into, summed by this process's endpoint."""
+    from core.metrics import MULTIPROC_ENV
+
+    directory = tempfile.mkdtemp(prefix="headwater-metrics-")
+    os.environ[MULTIPROC_ENV] = directory  # before prometheus_client is imported here, and for the children
+    return directory
 
 
 def register(cli: click.Group) -> None:
