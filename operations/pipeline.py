@@ -118,6 +118,39 @@ def run_until_caught_up(
     return summary
 
 
+def wait_for_captured_inputs(
+    config: ProjectConfig, feeds: Sequence[str], say: Callable[[str], None], *, poll_s: float = 1.0
+) -> None:
+    """Wait until the raw topics ``feeds`` read exist, when a configured source will write them.
+
+    A ``--follow`` feed started with its capture (``run --follow`` on a fresh project) would
+    otherwise stop at once on a topic capture has not created yet. A topic no source of this
+    project writes is left to the feed's own check, which names it.
+    """
+    from derived_feeds.feed_spec import feed_spec
+    from log.factory import open_log
+
+    wanted = {
+        topic
+        for name in feeds or tuple(config.feeds)
+        for topic in feed_spec(config, name).input_topics
+        if topic.split(".", 1)[0] in config.sources and topic not in config.feeds
+    }
+    said = False
+    while True:
+        log = open_log(config)
+        try:
+            missing = sorted(wanted - set(log.list_topics()))
+        finally:
+            log.close()
+        if not missing:
+            return
+        if not said:
+            say(f"waiting for topic {missing[0]}: its capture has not written it yet")
+            said = True
+        time.sleep(poll_s)
+
+
 def feed_records_written(stats: dict[str, int]) -> Callable[[], int]:
     """The records a feed run has written so far (upserts and deletes), read from its live counters."""
     return lambda: stats["upserts"] + stats["deletes"]

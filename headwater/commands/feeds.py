@@ -31,13 +31,15 @@ def run_command(context: Context, feeds: tuple[str, ...], follow: bool, options:
     from derived_feeds.feed_job import run_feeds
     from headwater.stage_runtime import StageRuntime
     from operations.holders import holding
-    from operations.pipeline import feed_records_written
+    from operations.pipeline import feed_records_written, wait_for_captured_inputs
     from operations.pipeline_metrics import Scope
     from spark_log.job import follow as follow_queries
     from spark_log.job import spark_job
 
     output = options.output("feeds")
     config = context.config(needs_sources=False)
+    if follow:
+        wait_for_captured_inputs(config, feeds, output.note)
     _check_before_spark(config, feeds)
     selected = feeds or tuple(config.feeds)
     runtime = StageRuntime(config, options, output, "headwater feeds run")
