@@ -103,7 +103,7 @@ class PipelineCollector(Collector):
         )
         lag_seconds = GaugeMetricFamily(
             "headwater_capture_lag_seconds",
-            "Seconds capture is behind (pg_stat_replication.flush_lag of its walsender; 0 when caught up).",
+            "Seconds capture is behind: its walsender's flush_lag while WAL is unconfirmed, else 0.",
             labels=["source"],
         )
         retained = GaugeMetricFamily(
@@ -199,7 +199,16 @@ def source_gauges(config: ProjectConfig, name: str) -> dict[str, Any] | None:
         return None
     if row is None:
         return {"slot": slot, "active": False, "lag_bytes": 0.0, "wal_retained_bytes": 0.0, "lag_seconds": 0.0}
-    return {"slot": slot, "active": row[0], "lag_bytes": row[1], "wal_retained_bytes": row[2], "lag_seconds": row[3]}
+    # flush_lag is the latency of the last acknowledged WAL (it stays > 0 while heartbeats flow):
+    # behind is only what is not yet confirmed.
+    lag_seconds = row[3] if row[1] > 0 else 0.0
+    return {
+        "slot": slot,
+        "active": row[0],
+        "lag_bytes": row[1],
+        "wal_retained_bytes": row[2],
+        "lag_seconds": lag_seconds,
+    }
 
 
 def consumer_lag(log: Log, group: str, topic: str, now_s: float | None = None) -> tuple[int, float]:
