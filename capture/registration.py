@@ -135,6 +135,8 @@ class Registration:
     #: The slot's consistent point: changes committed after it will be captured.
     consistent_lsn: Lsn
     warnings: tuple[str, ...] = ()
+    #: What the operator should know (not a problem): e.g. what a failover needs before PostgreSQL 17.
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +320,7 @@ def add_source(
         except BaseException:
             _undo(conn, None, created_publication)
             raise
+        note = slots.no_failover_note(conn, name)
         try:
             config_document.write_atomically(config_path, text)
         except BaseException as exc:
@@ -337,6 +340,7 @@ def add_source(
         publication_action=action,
         consistent_lsn=lsn,
         warnings=tuple(warnings),
+        notes=(note,) if note else (),
     )
 
 

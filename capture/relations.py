@@ -59,11 +59,6 @@ class TableShape:
         keep = self.keep_names
         return values if keep is None else {name: values[name] for name in keep}
 
-    def key_only_image(self, row: TupleData) -> dict[str, Any]:
-        """The key columns of a key tuple (its other columns are sent as NULL)."""
-        values = self.decode(row)
-        return {name: values[name] for name in self.key_names}
-
     def key(self, image: Mapping[str, Any] | None) -> bytes | None:
         """The record key of a row image (None: a keyless table, or no image)."""
         if image is None or not self.key_names:

@@ -15,18 +15,28 @@ from typing import Any
 
 import orjson
 import psycopg
-from psycopg import sql
 
 from capture.errors import SlotError
 from capture.events import EventBuilder
 from capture.position import ResumePoint
 from capture.resync import ResyncRequest
-from capture.slot import SlotStatus, create_slot, drop_slot, is_gone, slot_gone_error, slot_status
+from capture.slot import (
+    SlotStatus,
+    create_slot,
+    drop_slot,
+    enable_failover,
+    export_snapshot_command,
+    has_failover_slots,
+    is_gone,
+    slot_gone_error,
+    slot_status,
+)
 from capture.snapshot_plan import SnapshotState
 from capture.snapshot_reader import SnapshotReader
 from capture.stats import CaptureStats
 from capture.stream import ReplicationLostError, pinned_options
 from core.config import SourceConfig
+from core.errors import one_line
 from log.sequence import Lsn
 
 logger = logging.getLogger(__name__)
@@ -74,7 +84,9 @@ class SlotPolicy:
             since = status.confirmed_flush_lsn if status is not None else None
             if since is None and self._stats.acked_lsn.value:
                 since = self._stats.acked_lsn
-            raise slot_gone_error(self.name, self.slot, status, since or resume_lsn(resume))
+            raise slot_gone_error(
+                self.name, self.slot, status, since or resume_lsn(resume), failover_slots=has_failover_slots(sql_conn)
+            )
 
     def prepare(self, sql_conn: psycopg.Connection[Any], builder: EventBuilder, resume: ResumePoint) -> bool:
         """Make sure the slot exists and the snapshot the mode asks for is done; False: stop after.
@@ -88,7 +100,7 @@ class SlotPolicy:
         request = ResyncRequest.load(self._state_dir)
         if request is None and is_gone(slot) and self._streamed_before(state, resume):
             since = slot.confirmed_flush_lsn if slot is not None else resume_lsn(resume)
-            error = slot_gone_error(self.name, self.slot, slot, since)
+            error = slot_gone_error(self.name, self.slot, slot, since, failover_slots=has_failover_slots(sql_conn))
             if mode != "when_needed":
                 raise error
             logger.warning("%s; snapshot mode when_needed: re-snapshotting instead", error)
@@ -102,6 +114,8 @@ class SlotPolicy:
             # Invalidated before anything was streamed from it: recreating it loses nothing.
             drop_slot(sql_conn, self.slot, source=self.name)
             slot = None
+        if slot is not None and slot.failover is False:
+            self._enable_failover()
         wants = mode in ("initial", "initial_only", "when_needed") and not state.completed
         if not wants:
             if slot is None:
@@ -159,9 +173,7 @@ class SlotPolicy:
             drop_slot(sql_conn, self.slot, source=self.name)
         repl = psycopg.connect(self._dsn, autocommit=True, replication="database", options=pinned_options())
         try:
-            row = repl.execute(
-                sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT").format(sql.Identifier(self.slot))
-            ).fetchone()
+            row = repl.execute(export_snapshot_command(repl, self.slot)).fetchone()
             assert row is not None
             consistent = Lsn.parse(row[1])
             highest = resume.highest()
@@ -182,6 +194,19 @@ class SlotPolicy:
         finally:
             repl.close()
         return state
+
+    def _enable_failover(self) -> None:
+        """Give a slot made before failover slots (or by hand) ``failover`` (17+), so a promotion keeps it."""
+        try:
+            with psycopg.connect(self._dsn, autocommit=True, replication="database") as repl:
+                enable_failover(repl, self.slot)
+        except psycopg.Error as exc:
+            logger.warning(
+                "source %s: could not enable failover on slot %s (%s): a failover would need 'headwater source resync'",
+                self.name,
+                self.slot,
+                one_line(exc),
+            )
 
     def _streamed_before(self, state: SnapshotState, resume: ResumePoint) -> bool:
         """Whether this source has taken changes from its slot (so a lost slot lost some).

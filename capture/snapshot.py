@@ -19,6 +19,7 @@ import native
 from capture.copy_text import parse_copy_text
 from capture.events import EventBuilder
 from capture.records import OutRecord
+from log.envelope import SnapshotMarker
 from log.file.batch_codec import ZSTD_LEVEL, Compression, EncodedBatch
 from log.sequence import Sequence as Seq
 
@@ -72,6 +73,7 @@ def encode_piece(
     partitions: int,
     ts_us: int,
     compression: Compression = "none",
+    marker: SnapshotMarker = SnapshotMarker.TRUE,
 ) -> EncodedPiece:
     """The snapshot events of ``data[start:end]`` as file-log batches (thread-safe).
 
@@ -83,7 +85,7 @@ def encode_piece(
     """
     start, end, _rows = piece
     lsn, index = sequence_start.commit_lsn, sequence_start.txn_index
-    shared, head, pre, tail = builder.snapshot_pieces(relation_oid, lsn, ts_us=ts_us)
+    shared, head, pre, tail = builder.snapshot_pieces(relation_oid, lsn, marker=marker, ts_us=ts_us)
     if shared is None:
         msg = "encode_piece needs the table's native encoder"
         raise ValueError(msg)

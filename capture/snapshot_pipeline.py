@@ -31,6 +31,7 @@ from capture.snapshot import ENCODE_THREADS, EncodedPiece, PartitionBatch, encod
 from capture.snapshot_plan import Chunk, SnapshotProgress
 from capture.stream import pinned_options
 from core.errors import one_line
+from log.envelope import SnapshotMarker
 from log.file.batch_codec import Compression
 from log.sequence import Sequence as Seq
 
@@ -146,11 +147,19 @@ class SnapshotPipeline:
         self._ahead = self.AHEAD if self._compression == "none" else self.AHEAD_COMPRESSED
 
     def submit(
-        self, topic: str, relation_oid: int, data: bytes, pieces: list[tuple[int, int, int]], start: Seq, *, ts_us: int
+        self,
+        topic: str,
+        relation_oid: int,
+        data: bytes,
+        pieces: list[tuple[int, int, int]],
+        start: Seq,
+        *,
+        ts_us: int,
+        marker: SnapshotMarker = SnapshotMarker.TRUE,
     ) -> int:
         """Encode and append the rows of ``data`` (COPY text, :func:`encodable`) from ``start``; the next index.
 
-        ``pieces`` are ``data``'s :func:`copy_pieces`.
+        ``pieces`` are ``data``'s :func:`copy_pieces`; every row is marked ``marker``.
         """
         partitions = self._topics.get(topic)
         if partitions is None:
@@ -169,6 +178,7 @@ class SnapshotPipeline:
                 partitions=partitions,
                 ts_us=ts_us,
                 compression=self._compression,
+                marker=marker,
             )
             self._appending.append(self._writer.submit(self._in_order, self._append, topic, job, piece[2]))
             index += piece[2]

@@ -12,6 +12,13 @@ pages (:mod:`capture.snapshot_plan`). With the extension and the file log, piece
 each COPY block are encoded into finished batches by threads and appended in order by
 one more (:mod:`capture.snapshot`, :mod:`capture.snapshot_pipeline`).
 
+Order and markers: tables are read in the order the source lists them (``tables:``; others,
+and ``schemas:`` sources, by name after them), each in heap order, and ``source.snapshot`` marks
+rows as Debezium does (:meth:`log.envelope.SnapshotMarker.of_row`): the first row of the first
+table, the last row of the last table, each table's first and last rows. The last row is the
+last one of the table's last chunk (its open-ended tail of pages): a table whose rows all sit
+before that chunk's pages gets no last-row marker; after a resume, markers already written stay.
+
 Resume: a chunk is recorded in the state file only after its events are appended.
 After a crash the slot (and its consistent point) stay; the chunks not yet done are
 read with a fresh snapshot taken later. Their rows may be newer than the consistent
@@ -28,7 +35,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +47,9 @@ from capture.catalog import relation_from_catalog
 from capture.copy_reader import read_chunk
 from capture.copy_text import CopyRows
 from capture.events import EventBuilder
+from capture.identifiers import TableName
 from capture.key_set import KeySet, key_set_path
-from capture.pgoutput_messages import Relation
+from capture.pgoutput_messages import Relation, TupleData
 from capture.position import ResumePoint
 from capture.read_ahead import ReadAhead
 from capture.resync import DELETE_INDEX_BASE, snapshot_keys, vanished_key_deletes
@@ -49,6 +57,7 @@ from capture.snapshot_pipeline import ChunkReaders, SnapshotPipeline
 from capture.snapshot_plan import Chunk, SnapshotProgress, SnapshotState, plan_chunks
 from capture.stream import pinned_options
 from log.base import AppendsEncodedBatches
+from log.envelope import SnapshotMarker
 from log.sequence import Sequence as Seq
 from log.topics import quarantine_topic
 from native import speedups
@@ -72,8 +81,10 @@ class SnapshotReader:
         *,
         max_batch_records: int,
         progress: SnapshotProgress | None,
+        table_order: tuple[TableName, ...] = (),
     ) -> None:
         self._source = source
+        self._table_order = {table: position for position, table in enumerate(table_order)}
         self._dsn = dsn
         self._publication = publication
         self._state_dir = state_dir
@@ -132,10 +143,12 @@ class SnapshotReader:
 
     def _plan(self, reader: psycopg.Connection[Any], builder: EventBuilder) -> tuple[_Plan, int]:
         """The published tables in chunks (their schema records pending) and the catalog's row estimate."""
-        tables = reader.execute(
+        published = reader.execute(
             "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2",
             (self._publication,),
         ).fetchall()
+        listed = self._table_order
+        tables = sorted(published, key=lambda row: listed.get(TableName(row[0], row[1]), len(listed)))
         plan: _Plan = []
         total_rows = 0
         for schema, table in tables:
@@ -185,6 +198,9 @@ class SnapshotReader:
             for chunk in chunks
             if chunk.id not in state.done_chunks
         ]
+        # Tables whose first row is still to be read (their first chunk is not done).
+        done = state.done_chunks
+        unstarted = {table_no for table_no, (_oid, _rel, chunks) in enumerate(plan) if chunks[0].id not in done}
         try:
             if pipeline is not None and len(todo) > 1:
                 readers = ChunkReaders.on_snapshot(self._dsn, reader, exported)
@@ -211,21 +227,37 @@ class SnapshotReader:
                     pipeline.append_schemas()
                 # txn_index is unique per (table, chunk, row): chunks resume independently.
                 next_index = (table_no << 40) | (chunk.number << 24)
-                for rows in chunk_rows:
+                marked = MarkedRows(
+                    chunk_rows,
+                    first_in_table=table_no in unstarted,
+                    last_chunk=chunk.number == plan[table_no][2][-1].number,
+                    first_table=table_no == 0,
+                    last_table=table_no == len(plan) - 1,
+                )
+                for rows, marker in marked:
                     # Stamped with the read time (as Debezium does): the rows belong to the snapshot's day.
                     read_us = time.time_ns() // 1000
-                    pieces = rows.native_pieces() if pipeline is not None and encoder is not None else None
+                    text = rows if isinstance(rows, CopyRows) else None  # split-off rows may be parsed ones
+                    native = pipeline is not None and encoder is not None and text is not None
+                    pieces = text.native_pieces() if native and text is not None else None
                     # Right after a restart the log may hold some of these rows: the per-record check.
-                    if pipeline is not None and pieces is not None and not resume.may_hold(consistent, next_index):
+                    if (
+                        pipeline is not None
+                        and text is not None
+                        and pieces is not None
+                        and not resume.may_hold(consistent, next_index)
+                    ):
                         if pending:  # (the schemas went to the writer first: append_schemas)
                             pipeline.drain()
                             appender.flush(resume, None)  # records built before go first
                         start = Seq(consistent, next_index)
-                        next_index = pipeline.submit(topic, oid, rows.data, pieces, start, ts_us=read_us)
+                        next_index = pipeline.submit(topic, oid, text.data, pieces, start, ts_us=read_us, marker=marker)
                         continue
                     if pipeline is not None:
                         pipeline.drain()
-                    records = builder.snapshot_records(oid, rows, Seq(consistent, next_index), ts_us=read_us)
+                    records = builder.snapshot_records(
+                        oid, rows, Seq(consistent, next_index), marker=marker, ts_us=read_us
+                    )
                     next_index += len(rows)
                     pending.extend(records)
                     self._stats.events += len(records)
@@ -233,6 +265,8 @@ class SnapshotReader:
                         appender.flush(resume, None)
                     if self._progress:
                         self._progress.advance(len(rows))
+                if marked.emitted:
+                    unstarted.discard(table_no)
                 # Every event of the chunk is durable (each append fsynced) before the chunk counts as done.
                 if pipeline is not None and not pending:
                     # The writer records it after the chunk's last append, while the next chunk is read.
@@ -312,6 +346,88 @@ class SnapshotReader:
                     topic,
                     deleted,
                 )
+
+
+class MarkedRows:
+    """A chunk's COPY blocks as ``(rows, marker)``: the table's first and last rows split off under their markers.
+
+    Every other row is ``true``. The first row is split off when ``first_in_table``; in the
+    table's last chunk one block is held back, so its last row is known to be the table's last.
+    ``emitted`` says whether a row came out (the table's first row has been read then).
+    """
+
+    def __init__(
+        self, blocks: Iterable[Sequence[TupleData]], *, first_in_table: bool, last_chunk: bool, first_table: bool,
+        last_table: bool,
+    ) -> None:  # fmt: skip
+        self._blocks = blocks
+        self._first = first_in_table
+        self._last_chunk = last_chunk
+        self._first_table = first_table
+        self._last_table = last_table
+        self.emitted = False
+
+    def __iter__(self) -> Iterator[tuple[Sequence[TupleData], SnapshotMarker]]:
+        held: Sequence[TupleData] | None = None
+        for rows in self._blocks:
+            if not len(rows):
+                continue
+            if held is not None:
+                yield from self._marked(held, table_ends=False)
+            if self._last_chunk:
+                held = rows
+            else:
+                yield from self._marked(rows, table_ends=False)
+        if held is not None:
+            yield from self._marked(held, table_ends=True)
+
+    def _marked(
+        self, rows: Sequence[TupleData], *, table_ends: bool
+    ) -> Iterator[tuple[Sequence[TupleData], SnapshotMarker]]:
+        self.emitted = True
+        first: Sequence[TupleData] | None = None
+        if self._first:
+            self._first = False
+            first, rows = _split_first(rows)
+        last: Sequence[TupleData] | None = None
+        if table_ends and len(rows):
+            rows, last = _split_last(rows)
+        if first is not None:
+            yield first, self._marker(first_in_table=True, last_in_table=table_ends and last is None)
+        if len(rows):
+            yield rows, SnapshotMarker.TRUE
+        if last is not None:
+            yield last, self._marker(first_in_table=False, last_in_table=True)
+
+    def _marker(self, *, first_in_table: bool, last_in_table: bool) -> SnapshotMarker:
+        return SnapshotMarker.of_row(
+            first_in_table=first_in_table,
+            last_in_table=last_in_table,
+            first_table=self._first_table,
+            last_table=self._last_table,
+        )
+
+
+def _split_first(rows: Sequence[TupleData]) -> tuple[Sequence[TupleData], Sequence[TupleData]]:
+    """(the first row, the others); COPY text stays COPY text (the native pass takes both)."""
+    if isinstance(rows, CopyRows) and _plain_lines(rows.data):
+        cut = rows.data.index(b"\n") + 1 if b"\n" in rows.data else len(rows.data)
+        return CopyRows(rows.data[:cut]), CopyRows(rows.data[cut:])
+    return list(rows[:1]), list(rows[1:])
+
+
+def _split_last(rows: Sequence[TupleData]) -> tuple[Sequence[TupleData], Sequence[TupleData]]:
+    """(every row but the last, the last row)."""
+    if isinstance(rows, CopyRows) and _plain_lines(rows.data):
+        data = rows.data
+        cut = data.rfind(b"\n", 0, len(data) - 1) + 1
+        return CopyRows(data[:cut]), CopyRows(data[cut:])
+    return list(rows[:-1]), list(rows[-1:])
+
+
+def _plain_lines(data: bytes) -> bool:
+    # An empty line is no row (CopyRows counts rows so): such text is split as parsed rows.
+    return not data.startswith(b"\n") and b"\n\n" not in data
 
 
 def _chunk_done(state: SnapshotState, chunk_id: str) -> None:

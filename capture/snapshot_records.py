@@ -41,15 +41,16 @@ def snapshot_block(table: TableShape, db_json: bytes, lsn: int, marker: Snapshot
     """The pieces of the snapshot values of ``table`` read at ``lsn``."""
     head = b'{"before":null,"after":'
     pre = (
-        b',"source":{"version":%b,"connector":%b,"name":%b,"ts_ms":%d,"ts_us":%d,"snapshot":%b,'
+        b',"source":{"version":%b,"connector":%b,"name":%b,"ts_ms":%d,"ts_us":%d,"ts_ns":%d,"snapshot":%b,'
         b'"db":%b,"sequence":"[null,\\"%d\\"]","schema":%b,"table":%b,"txId":null,"lsn":%d,"xmin":null,'
-        b'"commit_lsn":%d,"txn_index":'
+        b'"origin":null,"origin_lsn":null,"commit_lsn":%d,"txn_index":'
         % (
             orjson.dumps(EVENT_VERSION),
             orjson.dumps(CONNECTOR),
             table.name_json,
             ts_us // 1000,
             ts_us,
+            ts_us * 1000,
             orjson.dumps(marker.value),
             db_json,
             lsn,
@@ -59,7 +60,7 @@ def snapshot_block(table: TableShape, db_json: bytes, lsn: int, marker: Snapshot
             lsn,
         )
     )
-    tail = b'},"op":"r","ts_ms":%d,"ts_us":%d,"transaction":null}' % (ts_us // 1000, ts_us)
+    tail = b'},"op":"r","ts_ms":%d,"ts_us":%d,"ts_ns":%d,"transaction":null}' % (ts_us // 1000, ts_us, ts_us * 1000)
     return SnapshotBlock(head, pre, tail, lsn, ts_us, marker)
 
 

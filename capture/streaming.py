@@ -121,7 +121,7 @@ class Streaming:
                                 if self._stop.is_set():
                                     stopping = True  # at a transaction boundary: flush and acknowledge below
                                     break
-                            elif self._on_loose_message(done.message, marker, resume, stream):
+                            elif self._on_loose_message(builder, done.message, marker, resume, stream):
                                 self.caught_up = True
                                 if not incremental.pending:
                                     return True
@@ -160,9 +160,21 @@ class Streaming:
         stats.events += len(records) - sum(1 for r in records if r.value is None)
 
     def _on_loose_message(
-        self, message: LogicalMessage, marker: str | None, resume: ResumePoint, stream: ReplicationStream
+        self,
+        builder: EventBuilder,
+        message: LogicalMessage,
+        marker: str | None,
+        resume: ResumePoint,
+        stream: ReplicationStream,
     ) -> bool:
         if not message.prefix.startswith(INTERNAL_MESSAGE_PREFIX):
+            # A user's non-transactional message is an event of its own at (its LSN, 0): every
+            # transaction sent before it committed before it, every one after commits after it.
+            appender = self._appender
+            appender.records.append(builder.loose_message(message, now_us=time.time_ns() // 1000))
+            if appender.end is None or message.lsn > appender.end:
+                appender.end = message.lsn
+            self._stats.events += 1
             return False
         # Every transaction committed before this message has been received: once the
         # pending ones are durable, the message's LSN is safe to acknowledge.

@@ -160,11 +160,14 @@ def timestamp_micros(text: str) -> int:
 
 
 def timestamp_millis(text: str) -> int:
-    """``timestamp`` -> milliseconds since epoch (io.debezium.time.Timestamp)."""
+    """``timestamp`` -> milliseconds since epoch (io.debezium.time.Timestamp).
+
+    +-infinity are Debezium's constants in milliseconds (divided by 1000, as Debezium 3.6 prints them).
+    """
     if text == "infinity":
-        return TIMESTAMP_POSITIVE_INFINITY
+        return TIMESTAMP_POSITIVE_INFINITY // 1000
     if text == "-infinity":
-        return TIMESTAMP_NEGATIVE_INFINITY
+        return TIMESTAMP_NEGATIVE_INFINITY // 1000
     return _parse_timestamp_us(text) // 1000
 
 

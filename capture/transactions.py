@@ -44,7 +44,9 @@ Change: TypeAlias = Insert | Update | Delete | Truncate | LogicalMessage | Relat
 class Transaction:
     """A committed transaction: its changes in order, and the Relations seen inside it.
 
-    ``lsns[i]`` is the WAL position of ``changes[i]`` (0 where it is not known).
+    ``lsns[i]`` is the WAL position of ``changes[i]`` (0 where it is not known). ``origin`` is
+    the replication origin a replayed transaction came through (pgoutput's Origin message),
+    ``origin_lsn`` its commit LSN there (None when pgoutput does not send it: streamed ones).
     """
 
     xid: int
@@ -53,6 +55,8 @@ class Transaction:
     commit_ts_us: int
     changes: list[Change] = field(default_factory=list)
     lsns: list[int] = field(default_factory=list)
+    origin: str | None = None
+    origin_lsn: int | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class TransactionAssembler:
         # Streamed transactions by top-level xid: (xid of the (sub)transaction, change, lsn).
         self._streamed: dict[int, list[tuple[int | None, Change, int]]] = {}
         self._stream_xid: int | None = None
+        self._stream_origins: dict[int, Origin] = {}
 
     def open_lists(self) -> tuple[list[Change], list[int]] | None:
         """The change and LSN lists :meth:`feed` appends a row change to now, if it only appends.
@@ -117,6 +122,7 @@ class TransactionAssembler:
             return None
         if isinstance(message, StreamCommit):
             changes = self._streamed.pop(message.xid, [])
+            origin = self._stream_origins.pop(message.xid, None)
             return Transaction(
                 message.xid,
                 message.commit_lsn,
@@ -124,10 +130,12 @@ class TransactionAssembler:
                 message.commit_ts_us,
                 [change for _, change, _ in changes],
                 [at for _, _, at in changes],
+                *_origin(origin),
             )
         if isinstance(message, StreamAbort):
             if message.subxid == message.xid:
                 self._streamed.pop(message.xid, None)
+                self._stream_origins.pop(message.xid, None)
             elif message.xid in self._streamed:
                 # Relations stay: pgoutput counts a Relation sent inside a streamed transaction
                 # as sent for the whole transaction and does not send it again.
@@ -138,7 +146,13 @@ class TransactionAssembler:
                 ]
                 self._streamed[message.xid] = kept
             return None
-        if isinstance(message, Origin | Type):
+        if isinstance(message, Origin):
+            if self._stream_xid is not None:
+                self._stream_origins[self._stream_xid] = message
+            elif self._open is not None:
+                self._open.origin, self._open.origin_lsn = _origin(message)
+            return None
+        if isinstance(message, Type):
             return None
         if isinstance(message, LogicalMessage) and not message.transactional:
             return LooseMessage(message)
@@ -165,3 +179,10 @@ class TransactionAssembler:
             msg = "pgoutput Commit without Begin"
             raise ValueError(msg)
         return self._open
+
+
+def _origin(message: Origin | None) -> tuple[str | None, int | None]:
+    """(name, LSN at the origin) of an Origin message; an unset LSN (0: streamed transactions) is None."""
+    if message is None:
+        return None, None
+    return message.name, message.commit_lsn.value or None

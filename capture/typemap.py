@@ -17,15 +17,17 @@ Decisions where Debezium's table is silent or JSON cannot carry the value
   what the Kafka JSON converter (Jackson, ``QUOTE_NON_NUMERIC_NUMBERS`` on by default)
   prints for Java's ``Double.NaN``/infinities. JSON has no NaN; orjson would print null.
 * numeric NaN: the doc says "the connector encodes NaN as either Double.NaN or the string
-  constant NAN" (``double`` / ``string`` modes). ``precise`` cannot represent it: Debezium
-  fails the record ("Got a special value (NaN/Infinity) for Decimal type ... set decimal
-  handling mode to 'string'"); we raise :class:`UnrepresentableValueError` so the agent
-  quarantines the record instead of dropping it.
+  constant NAN" (``double`` / ``string`` modes). ``precise`` cannot represent it: Debezium 3.6.3
+  logs "Got a special value (NaN/Infinity) for Decimal type ... set decimal handling mode to
+  'string'" and writes the column as null (seen in the conformance suite); we raise
+  :class:`UnrepresentableValueError` so the agent quarantines the record instead.
 * timestamp +-infinity: the doc says "converted to timestamps with value
   9223372036825200000 in case of positive infinity or -9223372036832400000 in case of
-  negative infinity" (pgjdbc's ``PGStatement.DATE_POSITIVE_INFINITY``); we use these in
-  every precision. timestamptz +-infinity -> ``"infinity"``/``"-infinity"`` (Debezium's
-  ``PostgresValueConverter`` passes those strings through). date +-infinity is not
+  negative infinity" (pgjdbc's ``PGStatement.DATE_POSITIVE_INFINITY``): microsecond
+  precisions print them, millisecond precisions print them divided by 1000, as Debezium 3.6.3
+  does (tests/integration/capture/test_debezium_conformance.py compares). timestamptz
+  +-infinity -> ``"infinity"``/``"-infinity"`` (Debezium's ``PostgresValueConverter`` passes
+  those strings through). date +-infinity is not
   documented; ``io.debezium.time.Date`` is INT32, so we use 2147483647 / -2147483648.
 * interval: ``io.debezium.time.MicroDuration`` (interval.handling.mode=numeric, the
   default): "the approximate number of microseconds ... using the 365.25 / 12.0 formula

@@ -55,6 +55,25 @@ BATCH_DURATION = Histogram(
     buckets=_DURATION_BUCKETS,
 )
 
+CLEANER_PASSES = Counter(
+    "headwater_cleaner_passes_total", "Cleaning passes over a topic that removed or rewrote something.", ["topic"]
+)
+CLEANER_RECORDS_REMOVED = Counter(
+    "headwater_cleaner_records_removed_total",
+    "Records the cleaner removed (superseded, tombstones, expired).",
+    ["topic"],
+)
+CLEANER_BYTES_REMOVED = Counter("headwater_cleaner_bytes_removed_total", "Bytes on disk the cleaner freed.", ["topic"])
+CLEANER_CONFIG_CHANGES = Counter(
+    "headwater_cleaner_config_changes_total", "Topic configs the cleaner aligned with log.topics (Kafka).", ["topic"]
+)
+CLEANER_PASS_DURATION = Histogram(
+    "headwater_cleaner_pass_duration_seconds",
+    "Duration of one cleaning pass over a topic.",
+    ["topic"],
+    buckets=_DURATION_BUCKETS,
+)
+
 
 def multiprocess_dir() -> Path | None:
     """The directory this process records into for a parent's endpoint (None: it serves its own)."""

@@ -8,8 +8,10 @@ its own (``headwater run --follow`` sets it on its stages, each stage on its Spa
 
 Caveat (Linux): the "parent" is the *thread* that forked the child. A child started from a
 thread that later exits would be signalled then, so :func:`parent_death_preexec` sets the
-signal only when called from the main thread, which lives as long as the process; children
-started from other threads do without it (their callers stop them explicitly).
+signal only when called from the main thread, which lives as long as the process, or from a
+thread its caller vouches for (``thread_outlives_child``: a supervisor thread that waits for
+its children before it ends); children started from other threads do without it (their
+callers stop them explicitly).
 """
 
 from __future__ import annotations
@@ -48,15 +50,16 @@ def set_parent_death_signal(signum: int = signal.SIGKILL) -> None:
 
 
 def parent_death_preexec(
-    signum: int = signal.SIGKILL, then: Callable[[], object] | None = None
+    signum: int = signal.SIGKILL, then: Callable[[], object] | None = None, *, thread_outlives_child: bool = False
 ) -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the child die with this process (see the module docstring).
 
     ``then`` runs after it in the child (another ``preexec_fn`` to keep). ``None`` when
-    there is nothing to do (not Linux, not the main thread, and no ``then``).
+    there is nothing to do (not Linux, not the main thread unless ``thread_outlives_child``,
+    and no ``then``).
     """
     on_main = threading.current_thread() is threading.main_thread()
-    if _PRCTL is None or not on_main:
+    if _PRCTL is None or not (on_main or thread_outlives_child):
         return None if then is None else _only(then)
     prctl, number, parent = _PRCTL, int(signum), os.getpid()
 

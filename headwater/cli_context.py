@@ -142,27 +142,26 @@ DEFAULT_HOLDER_TIMEOUT_S = 60.0
 
 def stage_options(command: _Command) -> _Command:
     """Add ``--log-format``, ``--metrics-port``, ``--metrics-host``, ``--holder-timeout``; pass ``options``."""
+    return _with_stage_options(command, holders=True)
 
+
+def cleaner_options(command: _Command) -> _Command:
+    """``stage_options`` without ``--holder-timeout`` (the log's cleaner waits for no holder)."""
+    return _with_stage_options(command, holders=False)
+
+
+def _with_stage_options(command: _Command, *, holders: bool) -> _Command:
     @functools.wraps(command)
     def collected(*args: Any, **kwargs: Any) -> Any:
         kwargs["options"] = StageOptions(
             kwargs.pop("log_format"),
             kwargs.pop("metrics_port"),
             kwargs.pop("metrics_host"),
-            kwargs.pop("holder_timeout"),
+            kwargs.pop("holder_timeout") if holders else DEFAULT_HOLDER_TIMEOUT_S,
         )
         return command(*args, **kwargs)
 
-    decorated: Any = collected
-    for option in (
-        click.option(
-            "--holder-timeout",
-            type=click.FloatRange(min=0),
-            default=DEFAULT_HOLDER_TIMEOUT_S,
-            show_default=True,
-            help="Seconds to wait when another process holds a source or table (not with --follow, which "
-            "waits as a standby and takes over when the holder stops).",
-        ),
+    options = [
         click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address of --metrics-port."),
         click.option(
             "--metrics-port",
@@ -177,6 +176,18 @@ def stage_options(command: _Command) -> _Command:
             show_default=True,
             help="json: one JSON object per line (time, level, stage, message, source, table, lsn, offset).",
         ),
-    ):
+    ]
+    if holders:
+        holder_timeout = click.option(
+            "--holder-timeout",
+            type=click.FloatRange(min=0),
+            default=DEFAULT_HOLDER_TIMEOUT_S,
+            show_default=True,
+            help="Seconds to wait when another process holds a source or table (not with --follow, which "
+            "waits as a standby and takes over when the holder stops).",
+        )
+        options.insert(0, holder_timeout)
+    decorated: Any = collected
+    for option in options:
         decorated = option(decorated)
     return decorated  # type: ignore[no-any-return]

@@ -14,6 +14,10 @@ quick commands do not pay for them.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -118,6 +122,29 @@ class StageRuntime:
 
             self._assets = AssetRecorder(self.config, self._description)
         return self._assets
+
+
+#: prometheus_client's variable (``core.metrics.MULTIPROC_ENV``), named here without importing it.
+_MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+@contextlib.contextmanager
+def children_record_metrics(*, here_too: bool = False) -> Iterator[str | None]:
+    """A fresh directory child processes record their counters into, summed by this process's endpoint.
+
+    ``here_too``: this process records into it as well (``capture --follow`` beside its cleaner);
+    that needs the variable set before ``prometheus_client`` is first imported, so when it
+    already was (or a parent set a directory) nothing changes and ``None`` is yielded.
+    """
+    if os.environ.get(_MULTIPROC_ENV) or (here_too and "prometheus_client" in sys.modules):
+        yield None
+        return
+    directory = tempfile.mkdtemp(prefix="headwater-metrics-")
+    os.environ[_MULTIPROC_ENV] = directory  # for the children, and for this process's endpoint
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def capture_figures(stats: CaptureStats) -> dict[str, Any]:

@@ -52,9 +52,12 @@ class Record:
     timestamp_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class StoredRecord:
-    """A record read back from the log, with its position."""
+class StoredRecord(NamedTuple):
+    """A record read back from the log, with its position (immutable).
+
+    A named tuple rather than a frozen dataclass: every read builds one per record, and a
+    tuple is built in a quarter of the time (the file backend's reads, consumer polls).
+    """
 
     topic: str
     partition: int

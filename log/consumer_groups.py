@@ -60,6 +60,17 @@ class ConsumerOffsets:
             self._refresh()
             return dict(self._offsets.get((group, topic), {}))
 
+    def groups(self) -> dict[str, set[str]]:
+        """Every group that committed an offset still held → the topics it committed for."""
+        with self._lock:
+            self._ensure_topic()
+            self._refresh()
+            found: dict[str, set[str]] = {}
+            for (group, topic), offsets in self._offsets.items():
+                if offsets:
+                    found.setdefault(group, set()).add(topic)
+            return found
+
     def _refresh(self) -> None:
         while True:
             batch = self._log.read(OFFSETS_TOPIC, 0, self._position)

@@ -1,7 +1,8 @@
 """The change event: Debezium-compatible JSON values and keys.
 
 A value is Debezium's envelope (``before``, ``after``, ``source``, ``op``, ``ts_ms``,
-``ts_us``, ``transaction``; ``message`` for logical messages) whose ``source`` block also
+``ts_us``, ``ts_ns``, ``transaction``; a logical message has ``op``, ``ts_ms``, ``source``,
+``transaction`` and ``message`` only, as Debezium writes it) whose ``source`` block also
 carries ``commit_lsn`` and ``txn_index``, the event's :class:`~log.sequence.Sequence`. A
 delete is followed by a tombstone (null value) with the same key. Every producer
 (capture, feeds) and consumer (Spark source, warehouse, CLI) goes through this module, so
@@ -37,12 +38,36 @@ class Op(enum.StrEnum):
 
 
 class SnapshotMarker(enum.StrEnum):
-    """``source.snapshot``: where an event stands relative to a snapshot."""
+    """``source.snapshot``: where an event stands relative to a snapshot.
 
+    An initial snapshot marks its rows as Debezium does: the first row of the first table
+    ``first``, the last row of the last table ``last``, another table's first and last rows
+    ``first_in_data_collection`` / ``last_in_data_collection``, every other row ``true``
+    (:meth:`of_row`). Streamed events are ``false``, incremental-snapshot rows ``incremental``.
+    """
+
+    FIRST = "first"
+    FIRST_IN_DATA_COLLECTION = "first_in_data_collection"
     TRUE = "true"
+    LAST_IN_DATA_COLLECTION = "last_in_data_collection"
     LAST = "last"
     FALSE = "false"
     INCREMENTAL = "incremental"
+
+    @classmethod
+    def of_row(
+        cls, *, first_in_table: bool, last_in_table: bool, first_table: bool, last_table: bool
+    ) -> SnapshotMarker:
+        """The marker of a snapshot row; where two apply, Debezium's order decides (last, first, per table)."""
+        if last_in_table and last_table:
+            return cls.LAST
+        if first_in_table and first_table:
+            return cls.FIRST
+        if last_in_table:
+            return cls.LAST_IN_DATA_COLLECTION
+        if first_in_table:
+            return cls.FIRST_IN_DATA_COLLECTION
+        return cls.TRUE
 
 
 def _text(value: int | None) -> str | None:
@@ -63,7 +88,11 @@ class SourceInfo:
     txn_index: int
     ts_us: int
     snapshot: SnapshotMarker = SnapshotMarker.FALSE
+    #: The end LSN of the transaction before (``sequence[0]``, as Debezium's "last commit LSN").
     last_commit_lsn: int | None = None
+    #: The replication origin a replayed transaction came through, and its LSN there.
+    origin: str | None = None
+    origin_lsn: int | None = None
 
     @property
     def sequence(self) -> Sequence:
@@ -79,6 +108,7 @@ class SourceInfo:
             "name": self.name,
             "ts_ms": self.ts_us // 1000,
             "ts_us": self.ts_us,
+            "ts_ns": self.ts_us * 1000,
             "snapshot": self.snapshot.value,
             "db": self.db,
             "sequence": orjson.dumps([_text(last), _text(self.lsn)]).decode(),
@@ -87,6 +117,8 @@ class SourceInfo:
             "txId": self.tx_id,
             "lsn": self.lsn,
             "xmin": None,
+            "origin": self.origin,
+            "origin_lsn": self.origin_lsn,
             "commit_lsn": self.commit_lsn,
             "txn_index": self.txn_index,
         }
@@ -107,6 +139,8 @@ class SourceInfo:
             ts_us=data["ts_us"],
             snapshot=SnapshotMarker(data.get("snapshot", "false")),
             last_commit_lsn=None if last is None else int(last),
+            origin=data.get("origin"),
+            origin_lsn=data.get("origin_lsn"),
         )
 
 
@@ -128,29 +162,37 @@ class ChangeEvent:
         return self.source.sequence
 
     def to_json(self) -> dict[str, Any]:
-        """The Debezium value object."""
-        value: dict[str, Any] = {
+        """The Debezium value object (a logical message's has no images and no ``ts_us``/``ts_ns``)."""
+        if self.op is Op.MESSAGE:
+            return {
+                "op": self.op.value,
+                "ts_ms": self.ts_us // 1000,
+                "source": self.source.to_json(),
+                "transaction": self.transaction,
+                "message": self.message,
+            }
+        return {
             "before": self.before,
             "after": self.after,
             "source": self.source.to_json(),
             "op": self.op.value,
             "ts_ms": self.ts_us // 1000,
             "ts_us": self.ts_us,
+            "ts_ns": self.ts_us * 1000,
             "transaction": self.transaction,
         }
-        if self.message is not None:
-            value["message"] = self.message
-        return value
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ChangeEvent:
         """Inverse of :meth:`to_json`."""
+        source = SourceInfo.from_json(data["source"])
         return cls(
             op=Op(data["op"]),
-            source=SourceInfo.from_json(data["source"]),
+            source=source,
             before=data.get("before"),
             after=data.get("after"),
-            ts_us=data.get("ts_us", 0),
+            # A message's envelope has no ts_us: its time is the source's (the commit's).
+            ts_us=data.get("ts_us", source.ts_us),
             transaction=data.get("transaction"),
             message=data.get("message"),
         )

@@ -91,3 +91,51 @@ class BatchTooLargeError(LogError, PermanentError):
         self.records = records
         self.size = size
         self.limit = limit
+
+
+class InvalidGroupNameError(LogError, PermanentError):
+    """A consumer group name is empty, too long or uses characters outside Kafka's topic alphabet."""
+
+    def __init__(self, group: str, reason: str) -> None:
+        super().__init__(f"invalid consumer group name {group!r}: {reason}")
+        self.group = group
+
+
+class UnknownGroupError(LogError, PermanentError):
+    """No member ever joined the consumer group and it never committed an offset."""
+
+    def __init__(self, group: str) -> None:
+        super().__init__(f"consumer group {group!r} does not exist; list groups with 'headwater log groups'")
+        self.group = group
+
+
+class FencedMemberError(LogError, PermanentError):
+    """A group member lost a partition (its lease expired, or the group gave the partition to another member).
+
+    Its commit is refused, so nothing it did after losing the partition counts: the new
+    owner resumes at the last accepted commit. The member itself rejoins at its next poll.
+    """
+
+    def __init__(self, group: str, member: str, topic: str, partition: int, reason: str) -> None:
+        super().__init__(
+            f"member {member} of consumer group {group!r} no longer owns {topic}/{partition} ({reason}): "
+            "its commit was refused; the partition's new owner resumes at the last accepted commit"
+        )
+        self.group = group
+        self.member = member
+        self.topic = topic
+        self.partition = partition
+
+
+class IncompleteHistoryError(LogError, PermanentError):
+    """A full-history rebuild (SCD2 reprocess, daily backfill) needs records the cleaner already removed."""
+
+    def __init__(self, topic: str, partition: int, clean_offset: int, needed: int, *, what: str, remedy: str) -> None:
+        super().__init__(
+            f"partition {partition} of {topic!r} holds every version only from offset {clean_offset} on "
+            f"(compaction or retention removed records before it), but {what} needs offset {needed}; {remedy}"
+        )
+        self.topic = topic
+        self.partition = partition
+        self.clean_offset = clean_offset
+        self.needed = needed

@@ -2,14 +2,15 @@
 
 Every producer and consumer builds names here, so a name means the same thing everywhere.
 Topic names follow Kafka's rules (1-249 of ``A-Z a-z 0-9 . _ -``); names starting with
-``_headwater.`` or ``__`` are reserved for the log's own topics.
+``_headwater.`` or ``__`` are reserved for the log's own topics. Consumer groups that
+members join (:mod:`log.consumer`) use the same alphabet, so a group is also a file name.
 """
 
 from __future__ import annotations
 
 import re
 
-from log.errors import InvalidTopicNameError
+from log.errors import InvalidGroupNameError, InvalidTopicNameError
 
 #: Prefix of Headwater's internal topics.
 INTERNAL_PREFIX = "_headwater."
@@ -37,6 +38,13 @@ def validate_topic_name(name: str, *, internal: bool = False) -> str:
         raise InvalidTopicNameError(name, "'.' and '..' are not allowed")
     if not internal and (name.startswith(INTERNAL_PREFIX) or name.startswith("__")):
         raise InvalidTopicNameError(name, f"names starting with {INTERNAL_PREFIX!r} or '__' are reserved")
+    return name
+
+
+def validate_group_name(name: str) -> str:
+    """Return ``name`` if it can name a consumer group on both backends (a file name on the file backend)."""
+    if not _LEGAL.match(name) or name in {".", ".."}:
+        raise InvalidGroupNameError(name, "use 1-249 characters from A-Z a-z 0-9 . _ -")
     return name
 
 

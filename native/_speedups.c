@@ -1344,20 +1344,20 @@ static PyObject *RowEncoder_encode(RowEncoder *self, PyObject *values) {
 static inline int put_bytes_obj(Buf *b, PyObject *o) { return buf_put(b, PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o)); }
 
 /* The event value of the image in self->buf (key in self->key) into self->value: capture.events._CHANGE_VALUE
- * filled as EventBuilder._value fills it. op: 0 create, 1 update without old image, 2 delete of a key
- * tuple (before = the key object), 3 delete of a full old row. pieces: capture.events._Pieces.native. */
+ * filled as capture.events._value fills it. op: 0 create, 1 update without old image, 2 delete (before = the
+ * old tuple's image: the whole row, or the key with the other columns null). pieces: capture.events._Pieces.native. */
 static int write_value(RowEncoder *self, int op, PyObject *pieces, long long lsn, long long index, long long order) {
     Buf *v = &self->value;
     v->len = 0;
-    const char *image = self->buf.data, *key = self->key.data;
-    Py_ssize_t image_len = self->buf.len, key_len = self->key.len;
+    const char *image = self->buf.data;
+    Py_ssize_t image_len = self->buf.len;
     int block = op == 0 ? 3 : op == 1 ? 4 : 5;
     if (buf_put(v, "{\"before\":", 10) < 0) return -1;
     if (op <= 1) {
         if (buf_put(v, "null,\"after\":", 13) < 0 || buf_put(v, image, image_len) < 0) return -1;
     } else {
-        if ((op == 2 ? buf_put(v, key, key_len) : buf_put(v, image, image_len)) < 0) return -1;
-        if (buf_put(v, ",\"after\":null", 13) < 0) return -1;
+        /* A delete's old tuple: the whole row (FULL), or the key with the other columns NULL: every column. */
+        if (buf_put(v, image, image_len) < 0 || buf_put(v, ",\"after\":null", 13) < 0) return -1;
     }
     if (put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 0)) < 0 || buf_int(v, lsn) < 0 ||
         put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 1)) < 0 || buf_int(v, lsn) < 0 ||
@@ -1464,12 +1464,7 @@ static PyObject *RowEncoder_events(RowEncoder *self, PyObject *const *args, Py_s
             op = 1;
             values = get_field(change, t, F_NEW);
         } else {
-            PyObject *is_key = get_field(change, t, F_OLD_IS_KEY);
-            if (is_key == NULL) return NULL;
-            int key_only = PyObject_IsTrue(is_key);
-            Py_DECREF(is_key);
-            if (key_only < 0) return NULL;
-            op = key_only ? 2 : 3;
+            op = 2;
             values = get_field(change, t, F_OLD);
         }
         if (values == NULL) return NULL;
@@ -1500,7 +1495,7 @@ static PyObject *RowEncoder_events(RowEncoder *self, PyObject *const *args, Py_s
             return NULL;
         }
         Py_DECREF(record);
-        if (op >= 2) { /* the delete's tombstone shares its index */
+        if (op == 2) { /* the delete's tombstone shares its index */
             record = make_record(rt, topic, Py_NewRef(key), Py_NewRef(Py_None), commit, Py_NewRef(index_obj));
             if (record == NULL || PyList_Append(out, record) < 0) {
                 Py_XDECREF(record);

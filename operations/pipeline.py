@@ -5,10 +5,18 @@ and every load with ``availableNow`` in one Spark session, in DAG order (feeds b
 the tables that read them), then return.
 
 ``follow``: each stage is its own supervised process (``headwater capture --follow``,
-``headwater feeds run --follow``, ``headwater load --follow``). A process that dies is
-restarted with exponential backoff and reported; SIGINT/SIGTERM stop every child
-(they get SIGINT and finish their current batch: capture acknowledges only what is
-durable, Spark jobs resume from their checkpoints), so nothing is lost.
+``headwater feeds run --follow``, ``headwater load --follow``, and the log's cleaner
+``headwater log clean --follow``). A process that dies is restarted with exponential
+backoff and reported; SIGINT/SIGTERM stop every child (they get SIGINT and finish their
+current batch: capture acknowledges only what is durable, Spark jobs resume from their
+checkpoints, a cleaning pass replaces segments atomically), so nothing is lost.
+
+The cleaner is a process of its own, not a thread of capture: a compaction pass is
+CPU-bound Python that would take the GIL from capture's hot path, and as a stage it is
+restarted like the others. ``capture --follow`` run on its own starts the same child
+(:class:`BackgroundCleaner`); under ``run --follow`` capture is told not to, so one
+cleaner serves the pipeline. :func:`history_holds` keeps it from cleaning what an SCD2
+table's loader has not loaded yet.
 
 Stage libraries (psycopg, pyspark, deltalake behind them) are imported inside the functions
 that need them, so a process that uses one part of this module does not load the others.
@@ -31,6 +39,9 @@ from core.config import ProjectConfig
 from core.errors import EXIT_PERMANENT
 from core.leases import LeaseWait
 from core.process_lifetime import parent_death_preexec
+from log.base import Log
+from log.cleaner import Holds
+from log.topics import load_group
 from operations.holders import holding
 
 if TYPE_CHECKING:
@@ -156,17 +167,75 @@ def feed_records_written(stats: dict[str, int]) -> Callable[[], int]:
     return lambda: stats["upserts"] + stats["deletes"]
 
 
+def _headwater(config_path: Path) -> list[str]:
+    return [sys.executable, "-m", "headwater", "--config", str(config_path)]
+
+
+def cleaner_stage(config_path: Path, options: Sequence[str] = ()) -> Stage:
+    """The log's background cleaner as a supervised child (see the module docstring)."""
+    return Stage("cleaner", [*_headwater(config_path), "log", "clean", "--follow", *options])
+
+
 def follow_stages(config: ProjectConfig, config_path: Path, options: Sequence[str] = ()) -> list[Stage]:
-    """The child processes of ``run --follow``, upstream first; ``options`` are passed to each."""
-    base = [sys.executable, "-m", "headwater", "--config", str(config_path)]
+    """The child processes of ``run --follow``, upstream first, the cleaner last.
+
+    ``options`` (``--log-format``) are passed to each, the cleaner included.
+    """
+    base = _headwater(config_path)
     stages = []
     if config.sources:
-        stages.append(Stage("capture", [*base, "capture", "--follow", *options]))
+        stages.append(Stage("capture", [*base, "capture", "--follow", "--no-cleaner", *options]))
     if config.feeds:
         stages.append(Stage("feeds", [*base, "feeds", "run", "--follow", *options]))
     if config.warehouse.tables:
         stages.append(Stage("load", [*base, "load", "--follow", *options]))
+    stages.append(cleaner_stage(config_path, options))
     return stages
+
+
+def history_holds(config: ProjectConfig, log: Log) -> Holds:
+    """Per topic, the offsets the cleaner must not clean past: each SCD2 table's loader position.
+
+    A table that reads the topic keeps, per partition, everything from its loader's committed
+    offset on (from offset 0 before its first load): those versions are history it has not
+    written yet. Read again at every pass, so the holds follow the loads (and version switches).
+    """
+    from warehouse_loader.load_job import load_identity
+
+    def holds(topic: str) -> dict[int, int]:
+        found: dict[int, int] = {}
+        for name, table in config.warehouse.tables.items():
+            if table.mode != "scd2":
+                continue
+            build, source = load_identity(config, name)
+            if source != topic:
+                continue
+            committed = log.committed(load_group(build), topic)
+            for partition in range(log.describe_topic(topic).partitions):
+                position = committed.get(partition, 0)
+                found[partition] = min(found.get(partition, position), position)
+        return found
+
+    return holds
+
+
+class BackgroundCleaner:
+    """``headwater log clean --follow`` supervised beside a long-running command (``capture --follow``)."""
+
+    def __init__(self, config_path: Path, say: Callable[[str], None], options: Sequence[str] = ()) -> None:
+        # The supervisor runs in a thread of its own; its child still dies with this process
+        # (Supervisor arms the parent-death signal from that thread, which ends only after it).
+        self._supervisor = Supervisor([cleaner_stage(config_path, options)], say)
+        self._thread = threading.Thread(target=self._supervisor.run, name="headwater-cleaner", daemon=True)
+
+    def __enter__(self) -> BackgroundCleaner:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop the cleaner (SIGINT: it ends its pass) and wait for it."""
+        self._supervisor.stop()
+        self._thread.join()
 
 
 class Supervisor:
@@ -183,7 +252,18 @@ class Supervisor:
         self._stop.set()
 
     def run(self) -> int:
-        """Supervise until :meth:`stop`; return 0 when every child exited cleanly."""
+        """Supervise until :meth:`stop`; return 0 when every child exited cleanly.
+
+        Returns (or raises) only after every child it started has exited.
+        """
+        try:
+            self._supervise()
+        except BaseException:
+            self._shutdown()
+            raise
+        return self._shutdown()
+
+    def _supervise(self) -> None:
         for stage in self.stages:
             self._start(stage)
         next_start: dict[str, float] = {}
@@ -217,14 +297,15 @@ class Supervisor:
                 self._say(f"{stage.name} exited with code {code} after {lived:.1f}s; restarting in {delay:.0f}s")
             if all(stage.failed for stage in self.stages):
                 break
-        return self._shutdown()
 
     def _start(self, stage: Stage) -> None:
         # Own process group: a terminal's Ctrl-C reaches only the supervisor, which then
         # stops the children with SIGINT (each finishes its current batch). A supervisor that
         # is SIGKILLed runs no cleanup: the kernel SIGKILLs the children then (every stage
         # resumes from what is durable), and each child's Spark JVM dies with it.
-        preexec = parent_death_preexec()  # a prctl call only, safe between fork and exec (core.process_lifetime)
+        # A prctl call only, safe between fork and exec (core.process_lifetime). Armed from any
+        # thread: the thread running :meth:`run` ends only after every child it started.
+        preexec = parent_death_preexec(thread_outlives_child=True)
         stage.process = subprocess.Popen(stage.argv, start_new_session=True, preexec_fn=preexec)  # noqa: PLW1509
         stage.started_at = time.monotonic()
         self._say(f"started {stage.name} (pid {stage.process.pid})")

@@ -29,6 +29,7 @@ from core import metrics
 from core.config import ProjectConfig, unset_variables
 from core.errors import HeadwaterError
 from log.base import Log, end_offsets
+from log.cleaner import CleanedTopic, ReportsUsage
 from log.factory import open_log
 from log.topics import is_quarantine_topic, load_group
 
@@ -48,6 +49,8 @@ class Scope:
     sources: tuple[str, ...] = ()
     feeds: tuple[str, ...] = ()
     tables: tuple[str, ...] = ()
+    #: Sizes of every topic, not only those of ``sources`` and ``feeds`` (the log's cleaner).
+    every_topic: bool = False
 
     @classmethod
     def everything(cls, config: ProjectConfig) -> Scope:
@@ -152,14 +155,24 @@ class PipelineCollector(Collector):
             "headwater_quarantined_records", "Records in a quarantine topic (never compacted).", labels=["topic"]
         )
         sizes = GaugeMetricFamily("headwater_log_topic_size_bytes", "Bytes a topic holds (file log).", labels=["topic"])
+        dirty = GaugeMetricFamily(
+            "headwater_log_topic_dirty_ratio",
+            "Closed segment bytes not yet compacted over all closed segment bytes (file log; the cleaner's backlog).",
+            labels=["topic"],
+        )
         for topic in sorted(topics):
-            if is_quarantine_topic(topic) and self._in_scope(topic):
+            if not self._in_scope(topic):
+                continue
+            if is_quarantine_topic(topic):
                 quarantined.add_metric([topic], sum(end_offsets(log, topic).values()))
             size = topic_size(log, topic)
-            if size is not None and self._in_scope(topic):
+            if size is not None:
                 sizes.add_metric([topic], size)
+            if isinstance(log, ReportsUsage):
+                dirty.add_metric([topic], log.usage(topic).dirty_ratio)
         yield quarantined
         yield sizes
+        yield dirty
         tables = GaugeMetricFamily(
             "headwater_warehouse_table_size_bytes", "Bytes of a warehouse table's current files.", labels=["table"]
         )
@@ -170,6 +183,8 @@ class PipelineCollector(Collector):
         yield tables
 
     def _in_scope(self, topic: str) -> bool:
+        if self._scope.every_topic:
+            return True
         base = topic.removesuffix(".quarantine")
         return any(base.startswith(f"{s}.") for s in self._scope.sources) or any(
             base == f or base.startswith(f"{f}.") for f in self._scope.feeds
@@ -366,6 +381,20 @@ class SparkRecorder(_Poller):
                 if written > item.last_written:
                     metrics.STAGE_RECORDS.labels(item.stage, item.name).inc(written - item.last_written)
                     item.last_written = written
+
+
+def record_cleaning(done: CleanedTopic) -> None:
+    """Count what one look of the log's cleaner at a topic did (``headwater_cleaner_*``)."""
+    topic = done.topic
+    if done.configs_changed:
+        metrics.CLEANER_CONFIG_CHANGES.labels(topic).inc()
+    result = done.result
+    if result is None:
+        return
+    metrics.CLEANER_PASSES.labels(topic).inc()
+    metrics.CLEANER_PASS_DURATION.labels(topic).observe(done.seconds)
+    metrics.CLEANER_RECORDS_REMOVED.labels(topic).inc(max(result.records_before - result.records_after, 0))
+    metrics.CLEANER_BYTES_REMOVED.labels(topic).inc(max(result.bytes_before - result.bytes_after, 0))
 
 
 def stage_restarts(restarts: Callable[[], Sequence[tuple[str, int]]]) -> Callable[[], Iterator[Metric]]:

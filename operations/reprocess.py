@@ -27,8 +27,17 @@ import orjson
 from core.config import ProjectConfig, TableConfig, WarehouseConfig
 from derived_feeds.errors import FeedVersionError
 from log.base import Log, end_offsets
+from log.history import require_full_history
 from log.topics import QUARANTINE_SUFFIX
-from spark_log.versions import Kind, Version, current_version, forget_previous, switch_version, version_target
+from spark_log.versions import (
+    Kind,
+    Version,
+    current_version,
+    forget_previous,
+    resolve_topic,
+    switch_version,
+    version_target,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -76,6 +85,26 @@ def _processed(progress: dict[str, object]) -> int:
     return sum(int(n) for parts in (end or {}).values() for n in parts.values())
 
 
+def check_history(config: ProjectConfig, log: Log, name: str) -> None:
+    """Refuse to rebuild SCD2 table ``name`` from a topic the cleaner already compacted (one line, the clean offset).
+
+    SCD1 tables and feeds need only the latest record per key, which compaction keeps.
+    """
+    table = config.warehouse.tables.get(name)
+    if table is None or table.mode != "scd2":
+        return
+    topic = resolve_topic(config, table.from_)
+    if topic not in log.list_topics():
+        return
+    require_full_history(
+        log,
+        topic,
+        dict.fromkeys(range(log.describe_topic(topic).partitions), 0),
+        what=f"rebuilding the history of SCD2 table {name!r}",
+        remedy="pass --accept-incomplete-history to rebuild it from what the log still holds (older versions missing)",
+    )
+
+
 def reprocess(
     spark: SparkSession,
     config: ProjectConfig,
@@ -84,9 +113,16 @@ def reprocess(
     *,
     progress: Progress | None = None,
     max_records_per_batch: int = 200_000,
+    accept_incomplete_history: bool = False,
 ) -> Version:
-    """Build the next version of feed or table ``name`` from offset 0, then make it current."""
+    """Build the next version of feed or table ``name`` from offset 0, then make it current.
+
+    An SCD2 table whose topic was compacted is refused (:func:`check_history`) unless
+    ``accept_incomplete_history``.
+    """
     new = next_version(config, name)
+    if not accept_incomplete_history:
+        check_history(config, log, name)
     if new.kind == "feed":
         _rebuild_feed(spark, config, log, new, progress=progress, limit=max_records_per_batch)
     else:

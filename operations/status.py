@@ -1,7 +1,8 @@
 """``headwater status``: one picture of the pipeline's health, gathered read-only.
 
 Per source: slot active, confirmed flush LSN, WAL the slot retains. Per topic: end
-offsets. Per feed: its current topic, input lag and quarantined rows. Per warehouse
+offsets, and (file backend) bytes on disk and dirty ratio (closed segments not yet
+compacted, over all closed segments). Per feed: its current topic, input lag and quarantined rows. Per warehouse
 table: last committed change, freshness, and lag (records the
 table's loader has not yet committed past, from its consumer group
 ``headwater.load.<table>``). A source that cannot be reached (server down, or its
@@ -19,6 +20,7 @@ from typing import Any
 from core.config import ProjectConfig, unset_variables
 from core.errors import HeadwaterError
 from log.base import Log, end_offsets, lag
+from log.cleaner import ReportsUsage
 from log.topics import load_group
 
 
@@ -59,13 +61,19 @@ def source_status(config: ProjectConfig) -> list[dict[str, Any]]:
 
 
 def topic_status(log: Log) -> list[dict[str, Any]]:
-    """End offsets per partition of every topic."""
+    """End offsets per partition of every topic; bytes and dirty ratio where the log knows them (file backend)."""
     rows = []
     for topic in log.list_topics():
         ends = end_offsets(log, topic)
-        rows.append(
-            {"topic": topic, "end_offsets": {str(p): o for p, o in ends.items()}, "records": sum(ends.values())}
-        )
+        row: dict[str, Any] = {
+            "topic": topic,
+            "end_offsets": {str(p): o for p, o in ends.items()},
+            "records": sum(ends.values()),
+        }
+        if isinstance(log, ReportsUsage):
+            usage = log.usage(topic)
+            row.update(bytes=usage.bytes, dirty_ratio=round(usage.dirty_ratio, 3))
+        rows.append(row)
     return rows
 
 

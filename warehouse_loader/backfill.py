@@ -54,6 +54,7 @@ from core.config import ProjectConfig
 from core.errors import PermanentError
 from log.base import Log
 from log.envelope import ChangeEvent, decode_value
+from log.history import require_full_history
 from log.reading import read_range
 from warehouse_loader.cdc_options import PlanOptions, prepare_changes
 from warehouse_loader.changes import (
@@ -129,14 +130,14 @@ def offset_ranges(log: Log, topic: str, days: Sequence[dt.date]) -> dict[int, tu
             continue
         end = log.offset_for_time(topic, partition, _ms(high) + LOG_TIME_SLACK_MS)
         end = end_of_log if end is None else end
-        clean = log.clean_offset(topic, partition)
-        if start < clean:
-            msg = (
-                f"partition {partition} of {topic!r} holds every version only from offset {clean} on, "
-                f"after the start of {min(days)} (offset {start}); backfill later days, or reprocess the table"
-            )
-            raise BackfillError(msg)
         ranges[partition] = (start, max(start, end))
+    require_full_history(
+        log,
+        topic,
+        {partition: start for partition, (start, _) in ranges.items()},
+        what=f"a backfill from {min(days)}",
+        remedy="backfill later days, or rebuild the table with 'headwater reprocess' (--accept-incomplete-history)",
+    )
     return ranges
 
 

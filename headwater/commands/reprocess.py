@@ -13,17 +13,28 @@ from headwater.cli_context import Context, config_option, pass_context
 @click.argument("name")
 @config_option
 @click.option("--drop-old", is_flag=True, help="After switching, delete the previous versions (topics or tables).")
+@click.option(
+    "--accept-incomplete-history",
+    is_flag=True,
+    help="Rebuild an SCD2 table even though compaction removed versions from its topic.",
+)
 @pass_context
-def reprocess_command(context: Context, name: str, drop_old: bool) -> None:
+def reprocess_command(context: Context, name: str, drop_old: bool, accept_incomplete_history: bool) -> None:
     """Rebuild feed or table NAME from offset 0 as version N+1; switch readers when it has caught up."""
     from log.factory import open_log
+    from operations.reprocess import check_history, next_version, reprocess
     from operations.reprocess import drop_old as drop_versions
-    from operations.reprocess import next_version, reprocess
     from spark_log.session import spark_session, stop_spark
 
     config = context.config(needs_sources=False)
     target = next_version(config, name)  # fails fast on an unknown name, before Spark starts
     log = open_log(config)
+    try:
+        if not accept_incomplete_history:
+            check_history(config, log, name)  # fails fast on a cleaned topic, before Spark starts
+    except BaseException:
+        log.close()
+        raise
     spark = spark_session("headwater-reprocess", local_dir=config.home_dir / "spark")
     console = Console(stderr=True)
     try:
@@ -34,7 +45,9 @@ def reprocess_command(context: Context, name: str, drop_old: bool) -> None:
             def show(done: int, total: int) -> None:
                 bar.update(task, completed=done, total=total)
 
-            version = reprocess(spark, config, log, name, progress=show)
+            version = reprocess(
+                spark, config, log, name, progress=show, accept_incomplete_history=accept_incomplete_history
+            )
         click.echo(f"{name}: version {version.number} ({version.target}) is current")
         if drop_old:
             for dropped in drop_versions(config, log, name):

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import shutil
+import contextlib
 import signal
-import tempfile
 from types import FrameType
 
 import click
@@ -44,8 +42,11 @@ def run_command(context: Context, follow: bool, options: StageOptions) -> None:
             )
         return
     assert config.config_path is not None
-    metrics_dir = _children_record_metrics() if options.metrics_port is not None else None
-    try:
+    with contextlib.ExitStack() as stack:
+        if options.metrics_port is not None:
+            from headwater.stage_runtime import children_record_metrics
+
+            stack.enter_context(children_record_metrics())
         stages = follow_stages(config, config.config_path, ["--log-format", options.log_format])
         supervisor = Supervisor(stages, say=output.note)
         if options.metrics_port is not None:
@@ -62,19 +63,7 @@ def run_command(context: Context, follow: bool, options: StageOptions) -> None:
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
         code = supervisor.run()
-    finally:
-        if metrics_dir is not None:
-            shutil.rmtree(metrics_dir, ignore_errors=True)
     raise SystemExit(code)
-
-
-def _children_record_metrics() -> str:
-    """A fresh directory the stages record their counters into, summed by this process's endpoint."""
-    from core.metrics import MULTIPROC_ENV
-
-    directory = tempfile.mkdtemp(prefix="headwater-metrics-")
-    os.environ[MULTIPROC_ENV] = directory  # before prometheus_client is imported here, and for the children
-    return directory
 
 
 def register(cli: click.Group) -> None:

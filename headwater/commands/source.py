@@ -116,6 +116,8 @@ def source_add(
     )
     for warning in result.warnings:
         _warn(warning)
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
     click.echo(
         f"registered source {result.name}: publication {result.publication} ({result.publication_action}), "
         f"slot {result.slot} at {result.consistent_lsn}; config {result.config_path}"

@@ -42,9 +42,12 @@ def status_command(context: Context, as_json: bool) -> None:
     for row in status["sources"]:
         if "error" in row:  # in full, not cut to the table's width
             click.echo(f"source {row['source']}: {row['error']}")
-    topics = Table("topic", "records", "end offsets", title="topics")
+    topics = Table("topic", "records", "end offsets", "size", "dirty", title="topics")
     for row in status["topics"]:
-        topics.add_row(row["topic"], f"{row['records']:,}", " ".join(f"{p}:{o}" for p, o in row["end_offsets"].items()))
+        size = f"{row['bytes']:,} B" if "bytes" in row else "-"
+        dirty = f"{row['dirty_ratio']:.0%}" if "dirty_ratio" in row else "-"
+        ends = " ".join(f"{p}:{o}" for p, o in row["end_offsets"].items())
+        topics.add_row(row["topic"], f"{row['records']:,}", ends, size, dirty)
     console.print(topics)
     feeds = Table("feed", "topic", "version", "lag", "quarantined", title="feeds")
     for row in status["feeds"]:

@@ -39,10 +39,13 @@ from log.base import (
     TopicPartition,
     TopicSpec,
 )
+from log.cleaner import TopicUsage
+from log.consumer import GroupDescription, GroupMember, partition_progress
 from log.consumer_groups import ConsumerOffsets
-from log.errors import TopicExistsError, UnknownPartitionError, UnknownTopicError
+from log.errors import TopicExistsError, UnknownGroupError, UnknownPartitionError, UnknownTopicError
 from log.file.batch_codec import Compression
-from log.file.compaction import CleanerCheckpoint, clean_partition
+from log.file.compaction import CleanerCheckpoint, clean_partition, cleaning_due, partition_usage
+from log.file.group_coordinator import GroupCoordinator, list_group_names
 from log.file.partition import Partition
 from log.file.topic_store import (
     create_topic_directory,
@@ -52,6 +55,7 @@ from log.file.topic_store import (
     read_spec,
     topic_directory,
 )
+from log.topic_policy import TopicPolicies, configured_segment_bytes
 from log.topics import INTERNAL_PREFIX
 
 if TYPE_CHECKING:
@@ -90,7 +94,9 @@ class FileLog:
         fsync: Literal["always", "never"] = "always",
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         compression: Compression = "zstd",
+        policies: TopicPolicies | None = None,
     ) -> None:
+        """Open the log under ``root``; ``policies`` (``log.topics``) replace parts of topics' specs."""
         if segment_bytes <= 0:
             msg = f"segment_bytes must be positive, not {segment_bytes}"
             raise ValueError(msg)
@@ -98,6 +104,7 @@ class FileLog:
         self.root.mkdir(parents=True, exist_ok=True)
         self._fsync = fsync == "always"
         self._segment_bytes = segment_bytes
+        self._policies = policies or TopicPolicies()
         #: How appended batches store their records (``log.file.compression``).
         self.compression: Compression = compression
         self._lock = threading.RLock()
@@ -132,7 +139,7 @@ class FileLog:
                 del self._topics[name]
             if st is None:
                 raise UnknownTopicError(name)
-            opened = _OpenTopic(read_spec(self.root, name), identity)
+            opened = _OpenTopic(self._policies.apply(read_spec(self.root, name)), identity)
             self._topics[name] = opened
             return opened
 
@@ -151,7 +158,7 @@ class FileLog:
                     topic,
                     partition,
                     fsync=self._fsync,
-                    segment_bytes=self._segment_bytes,
+                    segment_bytes=configured_segment_bytes(opened.spec) or self._segment_bytes,
                     shared_writer=topic.startswith(INTERNAL_PREFIX),
                     compression=self.compression,
                 )
@@ -181,7 +188,7 @@ class FileLog:
         return list_topic_names(self.root)
 
     def describe_topic(self, name: str) -> TopicSpec:
-        """The topic's spec; :class:`UnknownTopicError` if it does not exist."""
+        """The topic's spec, with the ``log.topics`` entry that applies to it; :class:`UnknownTopicError` if none."""
         return self._open_topic(name).spec
 
     # -- records ----------------------------------------------------------------------
@@ -239,9 +246,13 @@ class FileLog:
     def clean_offset(self, topic: str, partition: int) -> int:
         """The offset from which every record is still held (0 before the first compaction)."""
         part = self._partition(topic, partition)
-        if not self._open_topic(topic).spec.compacted:
+        spec = self._open_topic(topic).spec
+        if not spec.compacted:
             return self.beginning_offset(topic, partition)
-        return CleanerCheckpoint.load(part.directory).clean_offset
+        compacted_to = CleanerCheckpoint.load(part.directory).clean_offset
+        if spec.retention_ms is None and spec.retention_bytes is None:
+            return compacted_to
+        return max(compacted_to, self.beginning_offset(topic, partition))
 
     def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
         """The earliest offset whose timestamp is at or after ``timestamp_ms``; ``None`` if none."""
@@ -257,20 +268,81 @@ class FileLog:
         """The group's committed next offsets for the topic's partitions."""
         return self._offsets.committed(group, topic)
 
+    def list_groups(self) -> list[str]:
+        """Groups with members (a state file) or committed offsets, sorted."""
+        return sorted(set(list_group_names(self.root)) | set(self._offsets.groups()))
+
+    def describe_group(self, group: str) -> GroupDescription:
+        """Live members, their partitions, and every partition's committed offset and lag."""
+        state = GroupCoordinator(self.root, group, lambda _topic: None).state()
+        committed_topics = self._offsets.groups().get(group, set())
+        if state is None and not committed_topics:
+            raise UnknownGroupError(group)
+        now = _now_ms()
+        members: list[GroupMember] = []
+        owners: dict[TopicPartition, str] = {}
+        topics = set(committed_topics)
+        generation = None
+        moving = False
+        if state is not None:
+            generation = state.generation
+            live = {name: m for name, m in state.members.items() if m.deadline_ms >= now}
+            for tp, own in state.partitions.items():
+                if own.owner in live:
+                    owners[tp] = own.owner
+                    moving = moving or own.next is not None
+            for name, m in sorted(live.items()):
+                topics.update(m.topics)
+                assigned = tuple(sorted(tp for tp, owner in owners.items() if owner == name))
+                members.append(GroupMember(name, m.client, assigned, m.deadline_ms - now))
+        status = "empty" if not members else "rebalancing" if moving else "stable"
+        progress = partition_progress(self, group, topics, owners)
+        return GroupDescription(group, status, generation, tuple(members), tuple(progress))
+
     # -- cleaning ---------------------------------------------------------------------
 
     def compact(self, topic: str) -> CompactionResult:
-        """Run one compaction (compacted topics) or retention (other topics) pass now."""
+        """Run one compaction (compacted topics) and/or retention pass now."""
+        result = self.clean(topic)
+        assert result is not None
+        return result
+
+    def clean(
+        self, topic: str, *, holds: Mapping[int, int] | None = None, only_if_due: bool = False
+    ) -> CompactionResult | None:
+        """One cleaning pass over the topic's partitions (:class:`log.cleaner.CleansItself`).
+
+        ``holds``: per partition, the offset nothing at or after which is removed.
+        ``only_if_due``: skip partitions where a pass could remove nothing new
+        (:func:`log.file.compaction.cleaning_due`); ``None`` when every one was skipped.
+        """
         spec = self._open_topic(topic).spec
         now = _now_ms()
         before_records = after_records = before_bytes = after_bytes = 0
+        ran = False
         for number in range(spec.partitions):
-            done = clean_partition(self._partition(topic, number).segments, spec, now)
+            segments = self._partition(topic, number).segments
+            hold = (holds or {}).get(number)
+            if only_if_due and not cleaning_due(segments, now, hold=hold):
+                continue
+            done = clean_partition(segments, spec, now, hold=hold)
+            ran = True
             before_records += done.records_before
             after_records += done.records_after
             before_bytes += done.bytes_before
             after_bytes += done.bytes_after
+        if not ran and only_if_due:
+            return None
         return CompactionResult(topic, before_records, after_records, before_bytes, after_bytes)
+
+    def usage(self, topic: str) -> TopicUsage:
+        """Bytes on disk and dirty bytes of the topic (:class:`log.cleaner.ReportsUsage`)."""
+        spec = self._open_topic(topic).spec
+        size = closed = dirty = 0
+        for number in range(spec.partitions):
+            part = partition_usage(self._partition(topic, number).segments)
+            size, closed, dirty = size + part.size, closed + part.closed, dirty + part.dirty
+        return TopicUsage(topic, size, closed, dirty if spec.compacted else 0)
 
     def close(self) -> None:
         """Release writer locks and files. Idempotent."""

@@ -18,7 +18,15 @@ Compaction, per partition, under the partition's ``cleaner.lock``:
 
 Retention deletes whole closed segments whose newest record is older than
 ``retention_ms``, then the oldest closed segments while the partition exceeds
-``retention_bytes``.
+``retention_bytes``. A compacted topic with a retention (``cleanup: compact,delete``)
+gets both, compaction first.
+
+A *hold* (an offset, from :mod:`log.cleaner`: the position of a reader that needs every
+version, such as an SCD2 table's loader) ends the cleanable range and stops retention at
+the last segment wholly before it. Each pass also notes in the checkpoint when another
+pass could remove more without new segments (``due_ms``: a segment ageing past the lag
+or a tombstone past its delete retention), where the closed segments ended, and the hold
+that stopped it, so :func:`cleaning_due` can skip a partition without scanning it.
 """
 
 from __future__ import annotations
@@ -53,6 +61,12 @@ class CleanerCheckpoint:
 
     clean_offset: int = 0
     passes: list[tuple[int, int]] = field(default_factory=list)
+    #: Where the closed segments ended at the last pass (the active segment's base then).
+    closed_end: int = 0
+    #: When a pass could next remove more without new segments (``None``: not by time alone).
+    due_ms: int | None = None
+    #: The hold that stopped the last pass (``None``: none did).
+    held_at: int | None = None
 
     def first_seen_ms(self, offset: int) -> int | None:
         """When compaction first saw ``offset`` (``None``: not yet)."""
@@ -78,11 +92,26 @@ class CleanerCheckpoint:
             raw = orjson.loads((directory / CHECKPOINT_NAME).read_bytes())
         except FileNotFoundError:
             return cls()
-        return cls(int(raw["clean_offset"]), [(int(end), int(at)) for end, at in raw["passes"]])
+        return cls(
+            int(raw["clean_offset"]),
+            [(int(end), int(at)) for end, at in raw["passes"]],
+            int(raw.get("closed_end", 0)),
+            raw.get("due_ms"),
+            raw.get("held_at"),
+        )
 
     def save(self, directory: Path) -> None:
         """Replace the checkpoint atomically and durably."""
-        replace_json(directory / CHECKPOINT_NAME, {"clean_offset": self.clean_offset, "passes": self.passes})
+        replace_json(
+            directory / CHECKPOINT_NAME,
+            {
+                "clean_offset": self.clean_offset,
+                "passes": self.passes,
+                "closed_end": self.closed_end,
+                "due_ms": self.due_ms,
+                "held_at": self.held_at,
+            },
+        )
 
 
 @dataclass(slots=True)
@@ -106,13 +135,65 @@ def cleaner_lock(directory: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def clean_partition(segments: PartitionSegments, spec: TopicSpec, now_ms: int) -> PartitionCleaning:
-    """Run one compaction (compacted topics) or retention pass over a partition's segments."""
+def clean_partition(
+    segments: PartitionSegments, spec: TopicSpec, now_ms: int, *, hold: int | None = None
+) -> PartitionCleaning:
+    """Run one compaction (compacted topics) and/or retention pass over a partition's segments.
+
+    Nothing at or after ``hold`` is removed (see the module docstring).
+    """
     with cleaner_lock(segments.directory):
         _remove_leftovers(segments.directory)
+        checkpoint = CleanerCheckpoint.load(segments.directory)
+        checkpoint.due_ms = checkpoint.held_at = None
+        retains = not spec.compacted or spec.retention_ms is not None or spec.retention_bytes is not None
         if spec.compacted:
-            return _compact(segments, spec, now_ms)
-        return _retain(segments, spec, now_ms)
+            result = _compact(segments, spec, now_ms, hold, checkpoint)
+            if retains:
+                after = _retain(segments, spec, now_ms, hold, checkpoint)
+                result.records_after, result.bytes_after = after.records_after, after.bytes_after
+        else:
+            result = _retain(segments, spec, now_ms, hold, checkpoint)
+        checkpoint.closed_end = segments.listing(force=True)[-1][0]
+        checkpoint.save(segments.directory)
+        return result
+
+
+def cleaning_due(segments: PartitionSegments, now_ms: int, *, hold: int | None = None) -> bool:
+    """Whether a pass could remove anything the last one could not (cheap: the listing and the checkpoint)."""
+    checkpoint = CleanerCheckpoint.load(segments.directory)
+    if segments.listing(force=True)[-1][0] > checkpoint.closed_end:
+        return True  # a segment closed since the last pass
+    if checkpoint.due_ms is not None and now_ms >= checkpoint.due_ms:
+        return True
+    return checkpoint.held_at is not None and (hold is None or hold > checkpoint.held_at)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionUsage:
+    """A partition's bytes on disk and its dirty bytes: closed segments at or after the clean offset."""
+
+    size: int
+    closed: int
+    dirty: int
+
+
+def partition_usage(segments: PartitionSegments) -> PartitionUsage:
+    """Sizes from the listing and ``stat``; the active segment is neither clean nor dirty (never cleaned)."""
+    clean_offset = CleanerCheckpoint.load(segments.directory).clean_offset
+    listing = segments.listing(force=True)
+    size = closed = dirty = 0
+    for number, (base, path) in enumerate(listing):
+        try:
+            length = os.stat(path).st_size
+        except FileNotFoundError:
+            continue  # removed by a concurrent pass
+        size += length
+        if number < len(listing) - 1:
+            closed += length
+            if base >= clean_offset:
+                dirty += length
+    return PartitionUsage(size, closed, dirty)
 
 
 def _remove_leftovers(directory: Path) -> None:
@@ -131,7 +212,9 @@ class _SegmentStats:
     max_ts: int = NO_TIMESTAMP
 
 
-def _compact(segments: PartitionSegments, spec: TopicSpec, now_ms: int) -> PartitionCleaning:
+def _compact(
+    segments: PartitionSegments, spec: TopicSpec, now_ms: int, hold: int | None, checkpoint: CleanerCheckpoint
+) -> PartitionCleaning:
     listing = segments.listing(force=True)
     horizon = now_ms - spec.min_compaction_lag_ms
     unpack = RECORD.unpack_from
@@ -156,22 +239,30 @@ def _compact(segments: PartitionSegments, spec: TopicSpec, now_ms: int) -> Parti
                 p += (vlen if vlen > 0 else 0) + hlen
     result = PartitionCleaning(records_before=sum(s.records for s in stats), bytes_before=sum(s.size for s in stats))
     cleanable: list[_SegmentStats] = []
-    for seg in stats[:-1]:
+    for number, seg in enumerate(stats[:-1]):
         if seg.max_ts > horizon:
+            _note_due(checkpoint, seg.max_ts + spec.min_compaction_lag_ms + 1)
+            break
+        if hold is not None and stats[number + 1].base > hold:
+            checkpoint.held_at = hold
             break
         cleanable.append(seg)
     clean_end = stats[len(cleanable)].base
-    checkpoint = CleanerCheckpoint.load(segments.directory)
     checkpoint.record_pass(clean_end, now_ms, spec.delete_retention_ms)
     # Tombstones first seen at or before this time have outlived their delete retention.
     expired_before = now_ms - spec.delete_retention_ms
     for seg in cleanable:
-        kept, size = _rewrite_segment(segments, seg, latest, checkpoint, expired_before)
+        kept, size, first_seen = _rewrite_segment(segments, seg, latest, checkpoint, expired_before)
         seg.records, seg.size = kept, size
-    checkpoint.save(segments.directory)
+        if first_seen is not None:
+            _note_due(checkpoint, first_seen + spec.delete_retention_ms + 1)
     result.records_after = sum(s.records for s in stats)
     result.bytes_after = sum(s.size for s in stats)
     return result
+
+
+def _note_due(checkpoint: CleanerCheckpoint, at_ms: int) -> None:
+    checkpoint.due_ms = at_ms if checkpoint.due_ms is None else min(checkpoint.due_ms, at_ms)
 
 
 def _rewrite_segment(
@@ -180,8 +271,11 @@ def _rewrite_segment(
     latest: dict[bytes, int],
     checkpoint: CleanerCheckpoint,
     expired_before: int,
-) -> tuple[int, int]:
-    """Rewrite one closed segment without superseded records; return its records and bytes after."""
+) -> tuple[int, int, int | None]:
+    """Rewrite one closed segment without superseded records.
+
+    Return its records and bytes after, and when its earliest kept tombstone was first seen.
+    """
     unpack = RECORD.unpack_from
     record_size = RECORD.size
     parts: list[bytes | bytearray] = []
@@ -190,6 +284,7 @@ def _rewrite_segment(
     running = NO_TIMESTAMP
     kept_total = 0
     changed = False
+    first_seen: int | None = None
     for header, buf, off in segments.scan_segment(seg.base, seg.path, active=False):
         first = header.base_offset
         records, p = records_section(buf, off, header)
@@ -206,6 +301,8 @@ def _rewrite_segment(
                 if keep and vlen < 0:
                     seen = checkpoint.first_seen_ms(offset)
                     keep = seen is None or seen > expired_before
+                    if keep and seen is not None:
+                        first_seen = seen if first_seen is None else min(first_seen, seen)
             p += (klen if klen > 0 else 0) + (vlen if vlen > 0 else 0) + hlen
             if keep:
                 kept.append(records[start:p])
@@ -228,9 +325,9 @@ def _rewrite_segment(
         position += len(batch)
         kept_total += len(kept)
     if not changed:
-        return kept_total, position
+        return kept_total, position, first_seen
     _swap(segments.directory, seg.path, parts, index)
-    return kept_total, position
+    return kept_total, position, first_seen
 
 
 def _swap(directory: Path, path: Path, parts: list[bytes | bytearray], index: SegmentIndex) -> None:
@@ -261,7 +358,9 @@ def _delete_segment(path: Path) -> None:
     time_index_path(path).unlink(missing_ok=True)
 
 
-def _retain(segments: PartitionSegments, spec: TopicSpec, now_ms: int) -> PartitionCleaning:
+def _retain(
+    segments: PartitionSegments, spec: TopicSpec, now_ms: int, hold: int | None, checkpoint: CleanerCheckpoint
+) -> PartitionCleaning:
     listing = segments.listing(force=True)
     stats: list[_SegmentStats] = []
     for number, (base, path) in enumerate(listing):
@@ -274,10 +373,15 @@ def _retain(segments: PartitionSegments, spec: TopicSpec, now_ms: int) -> Partit
     remaining = result.bytes_before
     deleted = 0
     # Only closed segments, oldest first; the active segment always stays.
-    for seg in stats[:-1]:
+    for number, seg in enumerate(stats[:-1]):
         too_old = spec.retention_ms is not None and seg.max_ts < now_ms - spec.retention_ms
         too_big = spec.retention_bytes is not None and remaining > spec.retention_bytes
         if not (too_old or too_big):
+            if spec.retention_ms is not None:
+                _note_due(checkpoint, seg.max_ts + spec.retention_ms + 1)
+            break
+        if hold is not None and stats[number + 1].base > hold:
+            checkpoint.held_at = hold
             break
         _delete_segment(seg.path)
         remaining -= seg.size

@@ -24,6 +24,7 @@ compact at all, so :attr:`KafkaLog.supports_compaction` is ``False`` on it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -39,12 +40,14 @@ from log.base import (
     TopicPartition,
     TopicSpec,
 )
+from log.consumer import GroupDescription, GroupMember, partition_progress
 from log.errors import (
     BatchTooLargeError,
     InvalidTopicNameError,
     LogError,
     LogUnavailableError,
     TopicExistsError,
+    UnknownGroupError,
     UnknownPartitionError,
     UnknownTopicError,
 )
@@ -58,7 +61,10 @@ from log.kafka.clients import (
     estimated_batch_bytes,
     open_client,
 )
-from log.topics import validate_topic_name
+from log.topic_policy import TopicPolicies, cleanup_policy
+from log.topics import validate_group_name, validate_topic_name
+
+logger = logging.getLogger(__name__)
 
 BrokerKind = Literal["auto", "kafka", "tansu"]
 
@@ -91,13 +97,17 @@ class KafkaLog:
         timeout_s: float = 30.0,
         read_wait_s: float = 2.0,
         max_batch_bytes: int = 16 * 1024 * 1024,
+        policies: TopicPolicies | None = None,
     ) -> None:
         """Connect lazily to ``config.bootstrap_servers`` with ``client`` (default: ``config.client``).
 
         ``broker="auto"`` probes whether the cluster is tansu on first need;
         ``timeout_s`` bounds every broker round trip and flush; ``read_wait_s`` bounds
-        how long a read waits for records it knows exist.
+        how long a read waits for records it knows exist; ``policies`` (``log.topics``)
+        replace parts of the specs of topics created here, and of existing topics' configs
+        when the cleaner aligns them (:meth:`align_topic_configs`).
         """
+        self._policies = policies or TopicPolicies()
         self.config = config
         self.client_name: ClientName = client or config.client
         self.max_batch_bytes = max_batch_bytes
@@ -105,6 +115,11 @@ class KafkaLog:
         self._client: KafkaClient[Any, Any, Any] = open_client(self._settings, self.client_name)
         self._broker = broker
         self._read_wait_s = read_wait_s
+        #: How long the end of a tansu partition may be unreadable below its high watermark before that
+        #: range is taken for offsets tansu allocated but does not hold (see :meth:`_readable_end`).
+        self.gap_wait_s = max(60.0, 2 * timeout_s)
+        #: (topic, partition) -> (readable end, high watermark) of such a range, while the watermark stays.
+        self._gaps: dict[tuple[str, int], tuple[int, int]] = {}
         self._partitions: dict[str, int] = {}
         #: Records fetched but held back by ``max_bytes``: (topic, partition, next offset, records).
         self._pending: tuple[str, int, int, list[StoredRecord]] | None = None
@@ -118,6 +133,11 @@ class KafkaLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def client(self) -> KafkaClient[Any, Any, Any]:
+        """The client library behind this log (the group consumer uses the same library and error guard)."""
+        return self._client
 
     # -- broker kind -------------------------------------------------------------
 
@@ -142,6 +162,7 @@ class KafkaLog:
         user-facing layers reject them.
         """
         validate_topic_name(spec.name, internal=True)
+        spec = self._policies.apply(spec)
         if spec.partitions < 1:
             raise InvalidTopicNameError(spec.name, f"a topic needs at least one partition, not {spec.partitions}")
         created = self._client.create_topic(spec.name, spec.partitions, self._topic_configs(spec))
@@ -153,7 +174,7 @@ class KafkaLog:
         configs = {"max.message.bytes": str(self.max_batch_bytes), **spec.config}
         configs.update(
             {
-                "cleanup.policy": "compact" if spec.compacted else "delete",
+                "cleanup.policy": cleanup_policy(spec),
                 "retention.ms": str(-1 if spec.retention_ms is None else spec.retention_ms),
                 "retention.bytes": str(-1 if spec.retention_bytes is None else spec.retention_bytes),
                 "min.compaction.lag.ms": str(spec.min_compaction_lag_ms),
@@ -161,6 +182,22 @@ class KafkaLog:
             }
         )
         return configs
+
+    def align_topic_configs(self, topic: str) -> bool:
+        """Make the topic's cleaning configs those of its ``log.topics`` entry; whether any changed.
+
+        The broker then compacts and deletes by them (:class:`log.cleaner.AlignsTopicConfigs`).
+        """
+        current = self.describe_topic(topic)
+        wanted = self._policies.apply(current)
+        if wanted == current:
+            return False
+        desired = self._topic_configs(wanted)
+        reported = {key: c.value for key, c in self._client.topic_configs(topic).items()}
+        changed = {key: value for key, value in desired.items() if reported.get(key) != value}
+        if changed:
+            self._client.alter_topic_configs(topic, changed)
+        return bool(changed)
 
     def delete_topic(self, name: str) -> None:
         """Delete a topic and its records; :class:`UnknownTopicError` if there is none."""
@@ -277,7 +314,7 @@ class KafkaLog:
     def _fetch(self, topic: str, partition: int, offset: int, max_records: int) -> list[StoredRecord]:
         deadline = time.monotonic() + self._settings.timeout_s
         while True:
-            fetched = self._client.fetch(topic, partition, offset, max_records, self._read_wait_s)
+            fetched = self._fetch_once(topic, partition, offset, max_records)
             if fetched is not None:
                 return fetched
             # Nothing arrived and no fetch response confirmed the end: ask the broker
@@ -295,6 +332,22 @@ class KafkaLog:
                 )
                 raise LogUnavailableError(msg)
 
+    def _fetch_once(self, topic: str, partition: int, offset: int, max_records: int) -> list[StoredRecord] | None:
+        """One fetch (see :meth:`KafkaClient.fetch`), past a gap of offsets on tansu.
+
+        tansu (after SIGKILLs) can hold no batch for offsets it allocated to a failed batch,
+        and answers a fetch that starts in such a gap with nothing, however long one asks,
+        while a fetch that starts at the record before brings the batches after the gap
+        (measured: stuck at 544 of 704 for minutes). So where a fetch brings nothing, the
+        one before is fetched once and what lies at or after ``offset`` is taken.
+        """
+        fetched = self._client.fetch(topic, partition, offset, max_records, self._read_wait_s)
+        if fetched is not None or offset == 0 or not self.is_tansu:
+            return fetched
+        before = self._client.fetch(topic, partition, offset - 1, max_records + 1, self._read_wait_s)
+        after = [record for record in before or () if record.offset >= offset]
+        return after or None
+
     def beginning_offset(self, topic: str, partition: int) -> int:
         """The lowest offset still held."""
         self._check_partition(topic, partition)
@@ -305,16 +358,54 @@ class KafkaLog:
         self._check_partition(topic, partition)
         end = self._client.list_offset(topic, partition, LATEST) or 0
         if self.is_tansu:
-            # tansu 0.6 answers ListOffsets(latest) with the base offset of the
-            # partition's last record batch + 1, not the offset after its last
-            # record. Derive the end from the last readable record instead: the
-            # batch at end - 1 is the last one (or later ones arrived meanwhile).
-            # After a restart it may answer 0 for a partition that holds records.
-            position = max(end - 1, 0)
-            while records := self._client.fetch(topic, partition, position, _SCAN_CHUNK, self._read_wait_s):
-                position = records[-1].offset + 1
-            end = max(end, position)
+            end = self._readable_end(topic, partition, end)
         return end
+
+    def _readable_end(self, topic: str, partition: int, listed: int) -> int:
+        """The end of what tansu lets a reader fetch, read from the records at and after ``listed - 1``.
+
+        tansu 0.6 answers ListOffsets(latest) with the base offset of the partition's last
+        record batch + 1, not the offset after its last record, and after a restart with
+        stale numbers; so the end is read: records are fetched from ``listed - 1`` until a
+        fetch response's high watermark confirms nothing follows. Below the high watermark a
+        fetch that brings nothing is not the end (taking it for one made readers stop short:
+        ``read up to 436, end offset 417``): after a restart tansu serves the newest records
+        only after a while (~30 s at load 12, measured). It is asked again; only when the
+        range stays unreadable for ``gap_wait_s`` is it taken for offsets tansu allocated to a
+        batch it does not hold (seen after SIGKILLs: records up to 95, high watermark 98,
+        nothing at 96 or 97 ever), which a reader could otherwise never pass: the readable
+        end is then the end, remembered until the high watermark moves.
+        """
+        position = max(listed - 1, 0)
+        deadline = time.monotonic() + self.gap_wait_s
+        while True:
+            records = self._fetch_once(topic, partition, position, _SCAN_CHUNK)
+            if records:
+                position = records[-1].offset + 1
+                continue
+            if records is not None:  # a fetch response's high watermark confirmed the end
+                return max(listed, position)
+            watermark = self._client.fetched_end(topic, partition)
+            if watermark is not None and self._gaps.get((topic, partition)) == (position, watermark):
+                return position
+            if time.monotonic() >= deadline:
+                if watermark is None:
+                    msg = (
+                        f"{topic}/{partition}: the broker confirmed no end offset at or after {position} "
+                        f"within {self.gap_wait_s:g}s; it can be asked again"
+                    )
+                    raise LogUnavailableError(msg)
+                logger.warning(
+                    "%s/%s: offsets %d..%d below the high watermark stayed unreadable for %gs; "
+                    "taking them for a batch the broker does not hold",
+                    topic,
+                    partition,
+                    position,
+                    watermark - 1,
+                    self.gap_wait_s,
+                )
+                self._gaps[(topic, partition)] = (position, watermark)
+                return position
 
     def clean_offset(self, topic: str, partition: int) -> int:
         """The beginning offset: Kafka does not expose how far its cleaner has compacted.
@@ -355,6 +446,26 @@ class KafkaLog:
     def committed(self, group: str, topic: str) -> dict[int, int]:
         """The group's committed next offsets for the topic's partitions (absent: never committed)."""
         return self._client.committed(group, topic, self._partition_count(topic, refresh=True))
+
+    def list_groups(self) -> list[str]:
+        """Groups the cluster lists (tansu 0.6 lists none: name the group to describe it)."""
+        return self._client.list_groups()
+
+    def describe_group(self, group: str) -> GroupDescription:
+        """Members and assignment as the broker reports them; committed offsets and lag per partition."""
+        validate_group_name(group)
+        info = self._client.describe_group(group)
+        offsets = self._client.group_offsets(group)
+        if not info.members and not offsets:
+            raise UnknownGroupError(group)
+        members = tuple(
+            GroupMember(m.member_id, m.client, tuple(TopicPartition(t, p) for t, p in m.assignment))
+            for m in info.members
+        )
+        owners = {tp: m.member_id for m in members for tp in m.assignment}
+        topics = {topic for topic, _ in offsets} | {tp.topic for tp in owners}
+        progress = partition_progress(self, group, topics, owners)
+        return GroupDescription(group, info.state.lower(), None, members, tuple(progress))
 
     # -- cleaning ------------------------------------------------------------------
 

@@ -25,14 +25,13 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import SecretStr
-
 from core.config import KafkaConfig
 from log.base import Record, StoredRecord
+from log.consumer import ConsumerSettings
 from log.errors import LogAuthenticationError, LogError, LogUnavailableError, UnknownTopicError
 
 ClientName = Literal["kafka-python", "confluent-kafka"]
@@ -127,6 +126,23 @@ class OffsetOutOfRange(Exception):
     """The reader's position lies outside the partition (retention removed it, or past the end)."""
 
 
+@dataclass(frozen=True, slots=True)
+class MemberInfo:
+    """A group member as DescribeGroups reports it (tansu 0.6 reports ids only, no assignment)."""
+
+    member_id: str
+    client: str
+    assignment: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A group's state (``Stable``, ``Empty``, ``Dead``, ...) and members, per DescribeGroups."""
+
+    state: str
+    members: tuple[MemberInfo, ...]
+
+
 class KafkaClient(ABC, Generic[AdminT, ProducerT, ConsumerT]):
     """The operations KafkaLog needs from a Kafka client library, and what both implementations share.
 
@@ -178,6 +194,10 @@ class KafkaClient(ABC, Generic[AdminT, ProducerT, ConsumerT]):
     @abstractmethod
     def topic_configs(self, name: str) -> dict[str, ConfigValue]:
         """Every config the broker reports for the topic."""
+
+    @abstractmethod
+    def alter_topic_configs(self, name: str, configs: Mapping[str, str]) -> None:
+        """Set these configs of the topic (others keep their values)."""
 
     def reports_broker_configs(self) -> bool:
         """Whether DescribeConfigs of a broker returns anything (Apache Kafka always does)."""
@@ -235,6 +255,10 @@ class KafkaClient(ABC, Generic[AdminT, ProducerT, ConsumerT]):
                     if left <= 0:
                         return None
 
+    def fetched_end(self, topic: str, partition: int) -> int | None:
+        """The partition's high watermark by the reader's latest fetch response (``None``: none said)."""
+        return self._fetched_end(self._reader_client(), topic, partition)
+
     @abstractmethod
     def list_offset(self, topic: str, partition: int, spec: int) -> int | None:
         """ListOffsets for EARLIEST, LATEST or a timestamp (ms); ``None`` if no record qualifies."""
@@ -246,6 +270,18 @@ class KafkaClient(ABC, Generic[AdminT, ProducerT, ConsumerT]):
     @abstractmethod
     def committed(self, group: str, topic: str, partitions: int) -> dict[int, int]:
         """The group's committed next offsets for the topic's partitions that have one."""
+
+    @abstractmethod
+    def list_groups(self) -> list[str]:
+        """Consumer groups the cluster lists (ListGroups; tansu 0.6 lists none)."""
+
+    @abstractmethod
+    def describe_group(self, group: str) -> GroupInfo:
+        """The group's state and members as the broker reports them (DescribeGroups)."""
+
+    @abstractmethod
+    def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        """Every committed next offset of ``group`` (OffsetFetch for all its partitions)."""
 
     def close(self) -> None:
         """Close every client; idempotent."""
@@ -259,6 +295,14 @@ class KafkaClient(ABC, Generic[AdminT, ProducerT, ConsumerT]):
             self._close_consumer(consumer)
         if admin is not None:
             self._close_admin(admin)
+
+    def guard(self, action: str, topic: str | None = None) -> AbstractContextManager[None]:
+        """:meth:`_guard` for code beside the client that calls the same library (the group consumer)."""
+        return self._guard(action, topic)
+
+    @abstractmethod
+    def new_member(self, group: str | None, settings: ConsumerSettings) -> ConsumerT:
+        """A consumer that joins ``group`` when it subscribes (auto commit off), with the member ``settings``."""
 
     # -- shared machinery ------------------------------------------------------------
 
@@ -414,53 +458,6 @@ def authentication_failed(settings: ClientSettings, action: str, reason: str) ->
         f"Kafka at {settings.bootstrap_servers} refused {who} ({action}: {reason}); check security_protocol, "
         "sasl_mechanism, sasl_username, sasl_password and the ssl_* files under log.kafka in headwater.yaml"
     )
-
-
-#: Each library's name of every KafkaConfig security setting.
-_KAFKA_PYTHON_NAMES = {
-    "security_protocol": "security_protocol",
-    "sasl_mechanism": "sasl_mechanism",
-    # kafka-python takes SCRAM credentials under its sasl_plain_* names too.
-    "sasl_username": "sasl_plain_username",
-    "sasl_password": "sasl_plain_password",
-    "ssl_cafile": "ssl_cafile",
-    "ssl_certfile": "ssl_certfile",
-    "ssl_keyfile": "ssl_keyfile",
-}
-_LIBRDKAFKA_NAMES = {
-    "security_protocol": "security.protocol",
-    "sasl_mechanism": "sasl.mechanism",
-    "sasl_username": "sasl.username",
-    "sasl_password": "sasl.password",
-    "ssl_cafile": "ssl.ca.location",
-    "ssl_certfile": "ssl.certificate.location",
-    "ssl_keyfile": "ssl.key.location",
-}
-
-
-def _security_options(config: KafkaConfig, names: Mapping[str, str]) -> dict[str, Any]:
-    """The security settings that are set, under the library's ``names``."""
-    options: dict[str, Any] = {}
-    for field, name in names.items():
-        value = getattr(config, field)
-        if isinstance(value, SecretStr):
-            # Unwrapped only here, at the client boundary; never logged or put in messages.
-            value = value.get_secret_value()
-        if value is not None:
-            options[name] = value
-    return options
-
-
-def kafka_python_security(config: KafkaConfig) -> dict[str, Any]:
-    """KafkaConfig's security settings as kafka-python keyword arguments."""
-    return _security_options(config, _KAFKA_PYTHON_NAMES)
-
-
-def librdkafka_security(config: KafkaConfig) -> dict[str, Any]:
-    """KafkaConfig's security settings as librdkafka (confluent-kafka) properties."""
-    options = _security_options(config, _LIBRDKAFKA_NAMES)
-    options["security.protocol"] = config.security_protocol.lower()  # librdkafka's spelling
-    return options
 
 
 def open_client(settings: ClientSettings, name: ClientName) -> KafkaClient[Any, Any, Any]:

@@ -8,11 +8,22 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from contextlib import suppress
 from typing import Any, ClassVar, TypeVar
 
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 # confluent_kafka.admin re-exports these without __all__, which mypy --strict flags.
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
     ConfigResource,
     ConfigSource,
     NewTopic,
@@ -20,6 +31,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from log.base import Record, StoredRecord
+from log.consumer import ConsumerSettings
 from log.errors import LogError, UnknownTopicError
 from log.kafka.clients import (
     APPEND_UNSURE,
@@ -32,12 +44,14 @@ from log.kafka.clients import (
     MAX_BATCH_RECORDS,
     ClientSettings,
     ConfigValue,
+    GroupInfo,
     KafkaClient,
+    MemberInfo,
     OffsetOutOfRange,
     authentication_failed,
-    librdkafka_security,
     unavailable,
 )
+from log.kafka.security import librdkafka_security
 
 _LOCAL_UNKNOWN = {KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 #: librdkafka reports a refused login or TLS handshake only through ``error_cb``.
@@ -62,6 +76,19 @@ def _reason(exc: BaseException) -> str:
 def _headers(raw: Any) -> tuple[tuple[str, bytes], ...]:
     items = raw.items() if isinstance(raw, dict) else (raw or ())
     return tuple((k, v.encode() if isinstance(v, str) else (v or b"")) for k, v in items)
+
+
+def stored_record(message: Message) -> StoredRecord:
+    """A fetched message (without an error) as a :class:`~log.base.StoredRecord`."""
+    return StoredRecord(
+        topic=str(message.topic()),
+        partition=int(message.partition() or 0),
+        offset=int(message.offset() or 0),
+        timestamp_ms=int(message.timestamp()[1]),
+        key=message.key(),
+        value=message.value(),
+        headers=_headers(message.headers()),
+    )
 
 
 class ConfluentClient(KafkaClient[AdminClient, Producer, Consumer]):
@@ -165,6 +192,30 @@ class ConfluentClient(KafkaClient[AdminClient, Producer, Consumer]):
             }
         )
 
+    def new_member(self, group: str | None, settings: ConsumerSettings) -> Consumer:
+        """A consumer that joins ``group`` when it subscribes; it never commits or stores offsets by itself."""
+        fetch_bytes = self.settings.fetch_max_bytes
+        return Consumer(
+            {
+                **self._common,
+                # librdkafka needs a group id even to only assign partitions.
+                "group.id": group or f"{self.settings.client_id}.reader",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                # Start positions are chosen and assigned by the group consumer; this only covers a gap.
+                "auto.offset.reset": settings.auto_offset_reset,
+                "session.timeout.ms": settings.session_timeout_ms,
+                "heartbeat.interval.ms": settings.heartbeat_interval_ms,
+                "max.poll.interval.ms": settings.max_poll_interval_ms,
+                "isolation.level": "read_uncommitted",
+                "fetch.wait.max.ms": FETCH_MAX_WAIT_MS,
+                "fetch.max.bytes": fetch_bytes,
+                "max.partition.fetch.bytes": self.settings.partition_fetch_max_bytes,
+                "receive.message.max.bytes": fetch_bytes + 1024 * 1024,
+                "allow.auto.create.topics": False,
+            }
+        )
+
     # -- topics -----------------------------------------------------------------------
 
     def topics(self) -> dict[str, int]:
@@ -200,6 +251,14 @@ class ConfluentClient(KafkaClient[AdminClient, Producer, Consumer]):
             for key, entry in entries.items()
             if entry.value is not None
         }
+
+    def alter_topic_configs(self, name: str, configs: Mapping[str, str]) -> None:
+        """Set these configs of the topic (IncrementalAlterConfigs: the others stay)."""
+        entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()]
+        resource = ConfigResource(ResourceType.TOPIC, name, incremental_configs=entries)
+        with self._guard("alter topic configs", name):
+            futures = self._admin_client().incremental_alter_configs([resource])
+            self._result(futures[resource])
 
     def _any_broker_id(self, admin: AdminClient) -> str:
         return str(next(iter(admin.list_topics(timeout=self.settings.timeout_s).brokers)))
@@ -295,18 +354,7 @@ class ConfluentClient(KafkaClient[AdminClient, Producer, Consumer]):
             at = int(m.offset() or 0)
             if at < offset or m.topic() != topic or m.partition() != partition:
                 continue
-            key, value = m.key(), m.value()
-            out.append(
-                StoredRecord(
-                    topic=topic,
-                    partition=partition,
-                    offset=at,
-                    timestamp_ms=int(m.timestamp()[1]),
-                    key=key,
-                    value=value,
-                    headers=_headers(m.headers()),
-                )
-            )
+            out.append(stored_record(m))
         return out
 
     def list_offset(self, topic: str, partition: int, spec: int) -> int | None:
@@ -341,6 +389,37 @@ class ConfluentClient(KafkaClient[AdminClient, Producer, Consumer]):
                 [TopicPartition(topic, p) for p in range(partitions)], timeout=self.settings.timeout_s
             )
         return {tp.partition: int(tp.offset) for tp in found if tp.offset >= 0 and tp.offset != OFFSET_INVALID}
+
+    def list_groups(self) -> list[str]:
+        """Consumer groups the cluster lists."""
+        with self._guard("list consumer groups"):
+            listed = self._result(self._admin_client().list_consumer_groups(request_timeout=self.settings.timeout_s))
+        return sorted(str(g.group_id) for g in listed.valid)
+
+    def describe_group(self, group: str) -> GroupInfo:
+        """The group's state and members (DescribeGroups)."""
+        with self._guard("describe consumer group"):
+            futures = self._admin_client().describe_consumer_groups([group], request_timeout=self.settings.timeout_s)
+            described = self._result(futures[group])
+        members = tuple(
+            MemberInfo(
+                str(m.member_id),
+                " ".join(x for x in (m.client_id, m.host) if x),
+                tuple((str(tp.topic), int(tp.partition)) for tp in (m.assignment.topic_partitions or ())),
+            )
+            for m in described.members or ()
+        )
+        state = str(getattr(described.state, "name", described.state) or "DEAD")
+        return GroupInfo(state.title(), members)
+
+    def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        """Every committed next offset of ``group``."""
+        with self._guard("fetch group offsets"):
+            futures = self._admin_client().list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group)], request_timeout=self.settings.timeout_s
+            )
+            found = self._result(futures[group])
+        return {(str(tp.topic), int(tp.partition)): int(tp.offset) for tp in found.topic_partitions if tp.offset >= 0}
 
     def _close_producer(self) -> None:
         if self._producer is not None:

@@ -12,6 +12,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.structs import OffsetAndMetadata
 
 from log.base import Record, StoredRecord
+from log.consumer import ConsumerSettings
 from log.errors import LogError, UnknownTopicError
 from log.kafka.clients import (
     APPEND_UNSURE,
@@ -23,11 +24,25 @@ from log.kafka.clients import (
     LINGER_MS,
     ClientSettings,
     ConfigValue,
+    GroupInfo,
     KafkaClient,
+    MemberInfo,
     OffsetOutOfRange,
-    kafka_python_security,
     unavailable,
 )
+from log.kafka.security import kafka_python_security
+
+
+class _Admin(KafkaAdminClient):  # type: ignore[misc]
+    """kafka-python's admin client, without decoding a described group's authorized operations.
+
+    tansu 0.6 answers DescribeGroups with operation bits kafka-python cannot map (``15 is
+    not a valid ACLOperation``), and nothing here needs the operations.
+    """
+
+    def _process_acl_operations(self, obj: dict[str, Any]) -> dict[str, Any]:
+        obj.pop("authorized_operations", None)
+        return obj
 
 
 class KafkaPythonClient(KafkaClient[KafkaAdminClient, KafkaProducer, KafkaConsumer]):
@@ -53,7 +68,7 @@ class KafkaPythonClient(KafkaClient[KafkaAdminClient, KafkaProducer, KafkaConsum
     # -- clients ----------------------------------------------------------------------
 
     def _new_admin(self) -> KafkaAdminClient:
-        return KafkaAdminClient(**self._common)
+        return _Admin(**self._common)
 
     def _new_producer(self) -> KafkaProducer:
         size = self.settings.max_batch_bytes
@@ -95,6 +110,24 @@ class KafkaPythonClient(KafkaClient[KafkaAdminClient, KafkaProducer, KafkaConsum
             allow_auto_create_topics=False,
         )
 
+    def new_member(self, group: str | None, settings: ConsumerSettings) -> KafkaConsumer:
+        """A consumer that joins ``group`` when it subscribes; it never commits by itself."""
+        return KafkaConsumer(
+            **{**self._common, "request_timeout_ms": max(self.settings.timeout_ms, settings.session_timeout_ms + 5000)},
+            group_id=group,
+            enable_auto_commit=False,
+            # Start positions are chosen and sought by the group consumer; this only covers a gap.
+            auto_offset_reset=settings.auto_offset_reset,
+            session_timeout_ms=settings.session_timeout_ms,
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            max_poll_interval_ms=settings.max_poll_interval_ms,
+            max_poll_records=settings.max_poll_records,
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            max_partition_fetch_bytes=self.settings.partition_fetch_max_bytes,
+            fetch_max_bytes=self.settings.fetch_max_bytes,
+            allow_auto_create_topics=False,
+        )
+
     # -- topics -----------------------------------------------------------------------
 
     def topics(self) -> dict[str, int]:
@@ -124,6 +157,13 @@ class KafkaPythonClient(KafkaClient[KafkaAdminClient, KafkaProducer, KafkaConsum
             for key, entry in entries.items()
             if entry.get("value") is not None
         }
+
+    def alter_topic_configs(self, name: str, configs: Mapping[str, str]) -> None:
+        """Set these configs of the topic (AlterConfigs with the topic's other overrides kept)."""
+        current = {k: c.value for k, c in self.topic_configs(name).items() if c.override}
+        resource = ConfigResource(ConfigResourceType.TOPIC, name, configs={**current, **configs})
+        with self._guard("alter topic configs", name):
+            self._admin_client().alter_configs([resource])
 
     def _any_broker_id(self, admin: KafkaAdminClient) -> str:
         return str(admin.describe_cluster()["brokers"][0]["broker_id"])
@@ -241,6 +281,35 @@ class KafkaPythonClient(KafkaClient[KafkaAdminClient, KafkaProducer, KafkaConsum
                 if offset is not None and offset >= 0:
                     result[p] = int(offset)
         return result
+
+    def list_groups(self) -> list[str]:
+        """Consumer groups the cluster lists."""
+        with self._guard("list consumer groups"):
+            listed = self._admin_client().list_groups()
+        return sorted(str(g["group_id"]) for g in listed)
+
+    def describe_group(self, group: str) -> GroupInfo:
+        """The group's state and members (DescribeGroups)."""
+        with self._guard("describe consumer group"):
+            described: dict[str, Any] = self._admin_client().describe_groups([group])[group]
+        members = []
+        for m in described.get("members", ()):
+            assignment = m.get("member_assignment")
+            partitions = getattr(assignment, "assignment", None) or ()
+            members.append(
+                MemberInfo(
+                    str(m["member_id"]),
+                    " ".join(x for x in (m.get("client_id"), m.get("client_host")) if x),
+                    tuple((str(topic), int(p)) for topic, numbers in partitions for p in numbers),
+                )
+            )
+        return GroupInfo(str(described.get("group_state") or "Dead"), tuple(members))
+
+    def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        """Every committed next offset of ``group``."""
+        with self._guard("fetch group offsets"):
+            found = self._admin_client().list_group_offsets({group: None}).get(group, {})
+        return {(tp.topic, tp.partition): int(o.offset) for tp, o in found.items() if o.offset >= 0}
 
     def _close_producer(self) -> None:
         self._discard_producer()

@@ -21,9 +21,12 @@ TEST_TIMEZONE = "Pacific/Chatham"
 
 
 def start_pg_server(
-    *, timezone: str = TEST_TIMEZONE, settings: dict[str, str] | None = None
+    *, timezone: str = TEST_TIMEZONE, settings: dict[str, str] | None = None, bin_dir: Path | None = None
 ) -> tuple[EmbeddedPostgres, Callable[[], None]]:
     """Start a fresh server in its own temp dir; returns it and an idempotent stop-and-remove.
+
+    ``bin_dir``: the server binaries to run (another PostgreSQL version, ``harness.tool_cache``);
+    default: what :func:`operations.embedded_postgres.find_postgres_bin` finds.
 
     The stop also runs at interpreter exit or SIGTERM if nobody called it.
 
@@ -34,6 +37,7 @@ def start_pg_server(
     server = EmbeddedPostgres(
         directory / "data",
         timezone=timezone,
+        bin_dir=bin_dir,
         # fsync off: tests never survive a machine crash, and durability costs seconds per test run.
         # Not synchronous_commit=off: logical decoding reads only flushed WAL, so a committed
         # change would reach a slot up to wal_writer_delay later and tests would race.

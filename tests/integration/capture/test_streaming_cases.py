@@ -183,8 +183,9 @@ def test_replica_identity_full_vs_default_toast_and_truncate(pg_database, tmp_pa
     f = events(log, f"{name}.public.f")
     assert [e["op"] for e in d] == ["c", "c", "u", "d", "u", "t"]
     assert [e["op"] for e in f] == ["c", "c", "u", "d", "t"]
-    # DEFAULT: no before on update, key only on delete. FULL: whole old row both times.
-    assert d[2]["before"] is None and d[3]["before"] == {"id": 2}
+    # DEFAULT: no before on update; on delete every column, those not sent (all but the key) null.
+    # FULL: whole old row both times.
+    assert d[2]["before"] is None and d[3]["before"] == {"id": 2, "label": None, "doc": None}
     assert f[2]["before"] == {"id": 1, "label": "a", "doc": big}
     assert f[3]["before"] == {"id": 2, "label": "b", "doc": "small"}
     for e in (*d[2:3], d[4], f[2]):

@@ -95,7 +95,7 @@ def fill_items(pg_database, count: int) -> None:
 def test_verify_finds_what_no_slot_saw_and_re_verifies_what_changed_after_its_snapshot(
     tmp_path, pg_database, unique_name, spark
 ):
-    config, _ = project(tmp_path, pg_database, unique_name, {"cur": {"from": "public.items"}}, ITEMS, ["items"])
+    config, _ = project(tmp_path, pg_database, unique_name, {"cur": {"from": "public.items"}}, ITEMS, ["public.items"])
     fill_items(pg_database, 300)
     run_pipeline(spark, config)
 
@@ -169,7 +169,7 @@ def test_auto_cdc_options_through_the_real_loader(tmp_path, pg_database, unique_
             "track_history_except_column_list": ["note"],
         },
     }
-    config, _ = project(tmp_path, pg_database, unique_name, tables, ACCOUNTS, ["accounts"])
+    config, _ = project(tmp_path, pg_database, unique_name, tables, ACCOUNTS, ["public.accounts"])
     pg_database.execute(
         "INSERT INTO accounts (id, owner, note, version) VALUES (1, 'ann', 'vip', 1), (2, 'bob', 'new', 1), "
         "(3, 'cy', NULL, 1)"

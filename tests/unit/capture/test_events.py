@@ -27,7 +27,7 @@ from capture.transactions import Transaction
 from log.envelope import ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value, transaction_block
 from log.sequence import Lsn
 from log.sequence import Sequence as Seq
-from log.topics import ERROR_HEADER
+from log.topics import ERROR_HEADER, message_topic
 
 NAMES = ("id", 'la"bel', "prïce")
 
@@ -73,7 +73,9 @@ def txn(changes: list, xid: int = 42, commit: int = 0x1_0000_0100) -> Transactio
     )
 
 
-def value_of(op: Op, t: Transaction, *, index: int, lsn: int, before, after, last=None, order=1, total=None) -> bytes:
+def value_of(
+    op: Op, t: Transaction, *, index: int, lsn: int, before, after, last=None, order=1, total=None, origin=None
+) -> bytes:
     source = SourceInfo(
         name="s\\rc",
         db='d"b',
@@ -85,6 +87,8 @@ def value_of(op: Op, t: Transaction, *, index: int, lsn: int, before, after, las
         txn_index=index,
         ts_us=t.commit_ts_us,
         last_commit_lsn=last,
+        origin=origin.origin if origin else None,
+        origin_lsn=origin.origin_lsn if origin else None,
     )
     block = transaction_block(t.xid, t.commit_lsn, index + 1 if total is None else total, order)
     return encode_value(ChangeEvent(op, source, before, after, t.commit_ts_us, block))
@@ -136,19 +140,25 @@ def test_change_values_equal_the_envelope_encoding() -> None:
         (b'{"id":9}', 4),
     ]
     assert all(r.topic == topic and r.commit_lsn == 0x200 for r in records)
-    assert records[0].value == value_of(Op.UPDATE, second, index=0, lsn=1000, before=None, after=row_x, last=0x100)
+    # sequence[0] is the end LSN of the transaction before (Debezium's last commit LSN).
+    last = first.end_lsn.value
+    assert records[0].value == value_of(Op.UPDATE, second, index=0, lsn=1000, before=None, after=row_x, last=last)
+    # A key tuple's delete lists every column, the non-key ones null; the key change's create
+    # is the table's next event in the transaction (data_collection_order 3).
+    key_only_1 = {"id": 1, 'la"bel': None, "prïce": None}
+    key_only_5 = {"id": 5, 'la"bel': None, "prïce": None}
     assert records[1].value == value_of(
-        Op.DELETE, second, index=1, lsn=1001, before={"id": 1}, after=None, last=0x100, order=2
+        Op.DELETE, second, index=1, lsn=1001, before=key_only_1, after=None, last=last, order=2
     )
     assert records[2].value is None
     assert records[3].value == value_of(
-        Op.CREATE, second, index=2, lsn=1001, before=None, after=row_y, last=0x100, order=2
+        Op.CREATE, second, index=2, lsn=1001, before=None, after=row_y, last=last, order=3
     )
     assert records[4].value == value_of(
-        Op.DELETE, second, index=3, lsn=1002, before={"id": 5}, after=None, last=0x100, order=3
+        Op.DELETE, second, index=3, lsn=1002, before=key_only_5, after=None, last=last, order=4
     )
     assert records[5].value is None
-    assert orjson.loads(records[6].value)["source"]["sequence"] == f'["{0x100}","1003"]'
+    assert orjson.loads(records[6].value)["source"]["sequence"] == f'["{last}","1003"]'
 
 
 def test_full_identity_before_image_and_primary_key() -> None:
@@ -210,7 +220,7 @@ def test_truncate_and_message_take_their_own_indexes() -> None:
     t = txn(
         [
             relation(),
-            relation(oid=8),
+            dataclasses.replace(relation(oid=8), name="other"),
             Truncate(TruncateOption.NONE, (7, 8)),
             LogicalMessage(True, Lsn(5), "app", b"hi"),
             LogicalMessage(True, Lsn(6), "headwater.heartbeat", b"x"),
@@ -218,8 +228,46 @@ def test_truncate_and_message_take_their_own_indexes() -> None:
     )
     records, _ = b.build(t)
     assert [(r.key, r.txn_index) for r in records] == [(None, 0), (None, 1), (b'{"prefix":"app"}', 2)]
-    assert orjson.loads(records[0].value)["op"] == "t"
-    assert orjson.loads(records[2].value)["message"] == {"prefix": "app", "content": "6869"}
+    first, second, message = (orjson.loads(r.value) for r in records)
+    assert (first["op"], second["op"]) == ("t", "t")
+    # Each truncated table's event and the message carry the transaction block, as Debezium's do.
+    assert first["transaction"] == transaction_block(t.xid, t.commit_lsn, 1, 1)
+    assert second["transaction"] == transaction_block(t.xid, t.commit_lsn, 2, 1)
+    assert message["transaction"] == transaction_block(t.xid, t.commit_lsn, 3, 1)
+    # Debezium's message envelope: no images, no ts_us/ts_ns; content as binary_handling_mode says.
+    assert list(message) == ["op", "ts_ms", "source", "transaction", "message"]
+    assert message["message"] == {"prefix": "app", "content": "aGk="}
+    hex_builder = EventBuilder("s\\rc", 'd"b', decoder_for, binary_handling_mode="hex")
+    hex_records, _ = hex_builder.build(txn([LogicalMessage(True, Lsn(5), "app", b"hi")]))
+    assert orjson.loads(hex_records[0].value)["message"]["content"] == "6869"
+
+
+def test_a_loose_message_is_an_event_between_transactions() -> None:
+    b = builder()
+    t = txn([relation(), Insert(7, ("1", "a", "1"))], commit=0x100)
+    b.build(t)
+    loose = b.loose_message(LogicalMessage(False, Lsn(0x180), "app", b"\x00\xff"), now_us=1)
+    assert (loose.key, loose.commit_lsn, loose.txn_index) == (b'{"prefix":"app"}', 0x180, 0)
+    assert loose.topic == message_topic("s\\rc")
+    value = orjson.loads(loose.value)
+    assert value["transaction"] is None
+    assert value["message"] == {"prefix": "app", "content": "AP8="}
+    assert value["source"]["txId"] is None
+    assert value["source"]["sequence"] == f'["{0x180}","{0x180}"]'  # Debezium's: the message counts as a commit
+    assert value["source"]["ts_us"] == t.commit_ts_us  # the last commit's time (pgoutput sends none)
+    after, _ = b.build(txn([Insert(7, ("2", "b", "2"))], commit=0x200))
+    assert orjson.loads(after[0].value)["source"]["sequence"].startswith(f'["{0x180}"')
+
+
+def test_origin_reaches_the_source_block() -> None:
+    b = builder()
+    t = dataclasses.replace(txn([relation(), Insert(7, ("1", "a", "1"))]), origin="upstream", origin_lsn=0xABCDEF)
+    records, _ = b.build(t)
+    source = orjson.loads(records[0].value)["source"]
+    assert (source["origin"], source["origin_lsn"]) == ("upstream", 0xABCDEF)
+    assert records[0].value == value_of(
+        Op.CREATE, t, index=0, lsn=1001, before=None, after={"id": 1, 'la"bel': "a", "prïce": "1"}, origin=t
+    )
 
 
 @pytest.mark.parametrize("excluded", [(), ('sch"ema.tåble.prïce',)])

@@ -9,7 +9,8 @@ from pydantic import SecretStr
 
 from core.config import KafkaConfig, parse_config, redact_dsn
 from core.errors import ConfigError
-from log.kafka.clients import ClientSettings, kafka_python_security, librdkafka_security, open_client
+from log.kafka.clients import ClientSettings, open_client
+from log.kafka.security import kafka_python_security, librdkafka_security
 
 SECRET = "Qz7-s3cr3t"
 

@@ -3,7 +3,7 @@ import sys
 
 import orjson
 
-from log.base import Record, TopicSpec, append_keyed
+from log.base import Record, TopicPartition, TopicSpec, append_keyed
 from log.file.backend import FileLog
 
 
@@ -68,4 +68,63 @@ def test_unknown_topic_is_one_line(tmp_path):
     assert result.returncode == 3  # a permanent error: retrying will not help
     assert result.stderr.strip().splitlines() == [
         "error: topic 'nope' does not exist; list topics with 'headwater log topics'"
+    ]
+
+
+def test_groups_list_describe_and_unknown(tmp_path):
+    populate(tmp_path)
+    log = FileLog(tmp_path / ".headwater" / "log")
+    log.commit("billing", {TopicPartition("shop.public.t", 0): 1})
+    log.close()
+    listed = headwater("log", "groups", "--json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert [row["group"] for row in orjson.loads(listed.stdout)] == ["billing"]
+    described = headwater("log", "groups", "billing", "--json", cwd=tmp_path)
+    assert described.returncode == 0, described.stderr
+    body = orjson.loads(described.stdout)
+    assert body["state"] == "empty" and body["members"] == []
+    assert {(p["partition"], p["committed"]) for p in body["partitions"]} == {(0, 1), (1, None)}
+    assert "billing" in headwater("log", "groups", "billing", cwd=tmp_path).stdout
+    unknown = headwater("log", "groups", "nope", cwd=tmp_path)
+    assert unknown.returncode == 3
+    assert unknown.stderr.strip().splitlines() == [
+        "error: consumer group 'nope' does not exist; list groups with 'headwater log groups'"
+    ]
+
+
+def test_tail_follow_bad_input_is_one_line(tmp_path):
+    populate(tmp_path)
+    no_follow = headwater("log", "tail", "shop.public.t", "--group", "g", cwd=tmp_path)
+    assert no_follow.returncode == 2 and "--group needs --follow" in no_follow.stderr
+    unknown = headwater("log", "tail", "nope", "--follow", "--group", "g", cwd=tmp_path)
+    assert unknown.returncode == 3
+    assert unknown.stderr.strip().splitlines() == [
+        "error: topic 'nope' does not exist; list topics with 'headwater log topics'"
+    ]
+    bad_group = headwater("log", "tail", "shop.public.t", "--follow", "--group", "a b", cwd=tmp_path)
+    assert bad_group.returncode == 3 and bad_group.stderr.count("\n") == 1
+    assert "invalid consumer group name 'a b'" in bad_group.stderr
+
+
+def test_tail_follow_prints_the_last_records_then_new_ones(tmp_path):
+    populate(tmp_path)
+    limited = headwater("log", "tail", "shop.public.t", "--follow", "--json", "--limit", "3", cwd=tmp_path)
+    assert limited.returncode == 0, limited.stderr
+    assert len(limited.stdout.splitlines()) == 3
+
+
+def test_clean_once_and_bad_topics_config(tmp_path):
+    populate(tmp_path)
+    (tmp_path / "headwater.yaml").write_text("project: p\nlog:\n  topics:\n    'shop.*': {min_compaction_lag_ms: 0}\n")
+    cleaned = headwater("log", "clean", cwd=tmp_path)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert cleaned.stdout.strip() == "nothing to clean"  # one active segment per partition
+    unknown = headwater("log", "clean", "nope", cwd=tmp_path)
+    assert unknown.returncode == 3 and "topic 'nope' does not exist" in unknown.stderr
+    (tmp_path / "headwater.yaml").write_text("project: p\nlog:\n  topics:\n    'shop.*': {cleanup: sometimes}\n")
+    bad = headwater("log", "clean", cwd=tmp_path)
+    assert bad.returncode == 3
+    assert bad.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'headwater.yaml'}: log.topics.shop.*.cleanup: "
+        "must be 'compact', 'delete' or 'compact,delete', got 'sometimes'"
     ]

@@ -41,13 +41,47 @@ def test_event_round_trip_and_debezium_shape():
     )
     raw = encode_value(event)
     value = orjson.loads(raw)
-    assert set(value) == {"before", "after", "source", "op", "ts_ms", "ts_us", "transaction"}
+    assert list(value) == ["before", "after", "source", "op", "ts_ms", "ts_us", "ts_ns", "transaction"]
     assert value["op"] == "u"
+    assert value["ts_ns"] == 1_700_000_000_200_000_000
     assert value["source"]["connector"] == "postgresql"
     assert value["source"]["sequence"] == '["24023000","24023128"]'
     assert value["source"]["ts_ms"] == 1_700_000_000_123
+    assert value["source"]["ts_ns"] == 1_700_000_000_123_456_000
     assert value["source"]["snapshot"] == "false"
+    assert (value["source"]["origin"], value["source"]["origin_lsn"]) == (None, None)
     assert decode_value(raw) == event
+
+
+def test_message_envelope_is_debeziums():
+    source = SourceInfo("shop", "shop", "", "", 9, 100, 120, 0, 1_700_000_000_123_456, origin="up", origin_lsn=7)
+    event = ChangeEvent(op=Op.MESSAGE, source=source, ts_us=source.ts_us, message={"prefix": "p", "content": "AA=="})
+    value = orjson.loads(encode_value(event))
+    assert list(value) == ["op", "ts_ms", "source", "transaction", "message"]
+    assert decode_value(encode_value(event)) == event
+
+
+@pytest.mark.parametrize(
+    ("first_in_table", "last_in_table", "first_table", "last_table", "marker"),
+    [
+        (True, True, True, True, SnapshotMarker.LAST),  # the only row of the only table
+        (True, False, True, False, SnapshotMarker.FIRST),
+        (True, True, True, False, SnapshotMarker.FIRST),  # a single-row first table
+        (False, True, False, True, SnapshotMarker.LAST),
+        (True, True, False, True, SnapshotMarker.LAST),  # a single-row last table
+        (True, True, False, False, SnapshotMarker.LAST_IN_DATA_COLLECTION),  # a single-row table between
+        (True, False, False, False, SnapshotMarker.FIRST_IN_DATA_COLLECTION),
+        (False, True, True, False, SnapshotMarker.LAST_IN_DATA_COLLECTION),
+        (False, False, True, True, SnapshotMarker.TRUE),
+    ],
+)
+def test_snapshot_markers_follow_debezium(first_in_table, last_in_table, first_table, last_table, marker):
+    assert (
+        SnapshotMarker.of_row(
+            first_in_table=first_in_table, last_in_table=last_in_table, first_table=first_table, last_table=last_table
+        )
+        is marker
+    )
 
 
 def test_snapshot_marker_and_key_codec():

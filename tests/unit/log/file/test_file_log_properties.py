@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from log.base import Record, TopicSpec
+from log.cleaner import Cleaner
 from log.file.backend import FileLog
 from log.file.batch_codec import parse_header
 from log.file.segment import list_segments
@@ -94,6 +95,21 @@ class FileLogMachine(RuleBasedStateMachine):
             if must_stay:
                 assert offset in held_offsets, offset
         assert self.log.clean_offset(TOPIC, 0) <= active_base
+        self.model = held
+
+    @rule(hold=st.one_of(st.none(), st.integers(min_value=0, max_value=400)))
+    def clean(self, hold):
+        """The background cleaner's pass (only when due), never past a reader's hold."""
+        active_base = list_segments(self.dir / TOPIC / "0")[-1][0]
+        latest = {m[1]: m[0] for m in self.model if m[1] is not None}
+        Cleaner(self.log, holds=None if hold is None else (lambda _topic: {0: hold})).run_once()
+        held = self.held(self.log)
+        model = {m[0]: m for m in self.model}
+        assert all(model[entry[0]] == entry for entry in held)
+        held_offsets = {h[0] for h in held}
+        for offset, key, *_ in self.model:
+            if key is None or latest[key] == offset or offset >= active_base or (hold is not None and offset >= hold):
+                assert offset in held_offsets, offset
         self.model = held
 
     @precondition(lambda self: self.end > 0)
