@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import yaml
 from harness.items_workload import COLUMNS, SCHEMA, Workload, canonical, source_rows
+from harness.metrics_scrape import free_port, scrape, total
 from harness.process_tree import command_line, descendants, kill_all, wait_all_gone, working_in
 from harness.processes import stop_at_exit
 from harness.row_compare import checksum, row_diff
@@ -35,30 +33,6 @@ from warehouse_loader.query import run_query
 
 KEY = ["region", "id"]
 LAGS = ("headwater_lag_records{", "headwater_lag_seconds{")
-SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def scrape(port: int) -> dict[str, float]:
-    """``name{labels sorted by name}`` -> value of every sample on ``/metrics`` (a real HTTP GET)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-        assert response.headers["Content-Type"].startswith("text/plain")
-        text = response.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if found := SAMPLE.match(line):
-            labels = sorted(re.findall(r'[a-zA-Z_]+="[^"]*"', found.group(2) or ""))
-            samples[found.group(1) + ("{" + ",".join(labels) + "}" if labels else "")] = float(found.group(3))
-    return samples
-
-
-def total(samples: dict[str, float], prefix: str) -> float:
-    return sum(value for key, value in samples.items() if key.startswith(prefix))
 
 
 def wait_for(condition, timeout_s: float, what: str, log: Path):
@@ -175,10 +149,14 @@ def sigkill_under_load(first: Follow, project: Path, workload: Workload, log: Pa
             'headwater_lag_records{name="priced",stage="feeds"}',
             "headwater_batch_duration_seconds_bucket",
             'headwater_stage_restarts_total{stage="load"}',
+            'headwater_stage_restarts_total{stage="cleaner"}',
+            "headwater_log_topic_dirty_ratio",
         ):
             assert any(key.startswith(family) for key in after), f"{family} not on /metrics"
         wait_for(lambda: len(java_under(first.process.pid)) >= 2, 120, "both Spark stages run a JVM", log)
         tree = descendants(first.process.pid)
+        stages = " | ".join(command_line(pid) for pid in tree)
+        assert "log clean --follow" in stages, f"no cleaner stage under run --follow: {stages}"
         os.kill(first.process.pid, signal.SIGKILL)  # the supervisor alone, as the OOM killer would
         first.process.wait()
         killed_at = time.monotonic()
