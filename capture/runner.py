@@ -1,7 +1,13 @@
-"""Run capture agents for several sources at once (threads), stopping them together."""
+"""Run capture agents for several sources at once (threads), stopping them together.
+
+One process at a time captures a source: the runner holds each source's lease
+(:mod:`core.leases`) and waits until its slot is free before streaming, and names the
+holder when it is not (:mod:`capture.slot_holder`).
+"""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -12,13 +18,18 @@ from capture.catalog import typemap_decoders
 from capture.errors import UnknownSourceError
 from capture.registration import connect
 from capture.resync import capture_state_dir
+from capture.slot_holder import application_name, slot_holder
 from capture.snapshot_plan import SnapshotProgress
 from capture.stats import CaptureStats
 from core.config import ProjectConfig
+from core.leases import Holder, LeaseWait, acquire, lease
 from log.factory import open_log
 
 #: Makes the snapshot progress display of one source (None: no display).
 ProgressFactory = Callable[[str], SnapshotProgress | None]
+#: How long a capture waits for a source another process captures, unless told otherwise
+#: (a capture that just stopped may keep its slot active for a moment).
+DEFAULT_HOLDER_WAIT = LeaseWait(timeout_s=5.0)
 
 
 def run_capture(
@@ -27,11 +38,15 @@ def run_capture(
     *,
     until_caught_up: bool,
     progress: ProgressFactory | None = None,
+    holder_wait: LeaseWait = DEFAULT_HOLDER_WAIT,
+    observe: Callable[[str, CaptureStats], None] | None = None,
 ) -> dict[str, CaptureStats]:
     """Run one agent per source (threads), until caught up or until stopped.
 
-    In the main thread, SIGINT/SIGTERM make every agent finish the transaction in hand,
-    append and acknowledge it, and return.
+    Another process capturing a source is waited for as ``holder_wait`` says
+    (:class:`core.leases.HeldError` naming it when the wait ends). ``observe`` is given each
+    agent's live counters before it starts. In the main thread, SIGINT/SIGTERM make every
+    agent finish the transaction in hand, append and acknowledge it, and return.
     """
     selected = names or tuple(config.sources)
     for name in selected:
@@ -42,6 +57,35 @@ def run_capture(
             raise UnknownSourceError(msg, source=name)
         # Fail fast with registration's one-line errors (login, TLS/sslmode, unreachable), password scrubbed.
         connect(config.sources[name].dsn.get_secret_value(), source=name).close()
+    os.environ.setdefault("PGAPPNAME", application_name())  # names this process in pg_stat_replication
+    leases = [lease(config.home_dir, "capture", name) for name in selected]
+    acquire(leases, holder_wait, is_free=lambda: _slot_in_use(config, selected))
+    try:
+        return _run_agents(config, selected, until_caught_up=until_caught_up, progress=progress, observe=observe)
+    finally:
+        for held in leases:
+            held.release()
+
+
+def _slot_in_use(config: ProjectConfig, names: tuple[str, ...]) -> Holder | None:
+    """The holder of the first of these sources' slots that a process elsewhere streams from."""
+    for name in names:
+        source = config.sources[name]
+        with connect(source.dsn.get_secret_value(), source=name) as conn:
+            holder = slot_holder(conn, source.slot or f"headwater_{name}")
+        if holder is not None:
+            return holder
+    return None
+
+
+def _run_agents(
+    config: ProjectConfig,
+    selected: tuple[str, ...],
+    *,
+    until_caught_up: bool,
+    progress: ProgressFactory | None,
+    observe: Callable[[str, CaptureStats], None] | None,
+) -> dict[str, CaptureStats]:
     log = open_log(config)
     agents = [
         CaptureAgent(
@@ -55,6 +99,9 @@ def run_capture(
         )
         for name in selected
     ]
+    for agent in agents:
+        if observe is not None:
+            observe(agent.name, agent.stats)
     errors: list[BaseException] = []
     results: dict[str, CaptureStats] = {}
 

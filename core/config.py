@@ -404,6 +404,20 @@ def _names(value: tuple[str, ...] | None) -> tuple[str, ...] | None:
     return value
 
 
+class FreshnessConfig(_Model):
+    """How fresh a warehouse table must be: loaded at most ``fail_after_s`` ago (a warning after ``warn_after_s``)."""
+
+    fail_after_s: float = Field(default=3600.0, gt=0)
+    warn_after_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _warn_before_fail(self) -> FreshnessConfig:
+        if self.warn_after_s is not None and self.warn_after_s >= self.fail_after_s:
+            msg = "warn_after_s must be less than fail_after_s"
+            raise ValueError(msg)
+        return self
+
+
 class TableConfig(_Model):
     """A warehouse table materialised from a topic or feed, with Databricks AUTO CDC's options.
 
@@ -426,6 +440,8 @@ class TableConfig(_Model):
     apply_as_truncates: bool = Field(default=True, validate_default=True)
     track_history_columns: tuple[str, ...] | None = None
     track_history_except_column_list: tuple[str, ...] | None = None
+    #: Overrides ``warehouse.freshness`` for this table (Dagster's freshness policy).
+    freshness: FreshnessConfig | None = None
 
     @field_validator(
         "column_list",
@@ -492,6 +508,7 @@ class WarehouseConfig(_Model):
     #: credentials via ``${VAR}``); never shown.
     storage_options: SettingsMap = {}
     tables: dict[str, TableConfig] = {}
+    freshness: FreshnessConfig = FreshnessConfig()
 
     @field_validator("path")
     @classmethod
@@ -566,6 +583,15 @@ def find_config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     if env:
         return Path(env)
     return Path.cwd() / DEFAULT_CONFIG_NAME
+
+
+def unset_variables(text: str) -> list[str]:
+    """The ``${VAR}`` references still in ``text``: variables that were unset when the config was loaded.
+
+    A config loaded with ``strict_env=False`` keeps them as written; a DSN holding one
+    cannot log in, so a command reports the source instead of connecting.
+    """
+    return _ENV_REF.findall(text)
 
 
 def _interpolate(node: Any, path: str, source: Path, env: Mapping[str, str], strict: bool = True) -> Any:

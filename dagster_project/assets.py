@@ -4,6 +4,7 @@ Library modules are imported inside asset and check bodies: Dagster loads these 
 every process (webserver, daemon, each run), most of which never run a given stage.
 """
 
+import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,12 +13,14 @@ from dagster import (
     AssetsDefinition,
     AssetSpec,
     BackfillPolicy,
+    FreshnessPolicy,
     MaterializeResult,
     asset,
     multi_asset,
 )
 
 from core.config import ProjectConfig
+from dagster_project.history_days import history_start
 from dagster_project.lineage import (
     FEEDS_GROUP,
     SOURCES_GROUP,
@@ -30,8 +33,9 @@ from dagster_project.lineage import (
     warehouse_key,
 )
 from dagster_project.metadata import feed_metadata, table_metadata, topic_metadata
-from dagster_project.partitions import HISTORY_PARTITIONS, INCREMENTAL, INCREMENTAL_TAG, partition_days
+from dagster_project.partitions import INCREMENTAL, INCREMENTAL_TAG, history_partitions, partition_days
 from dagster_project.resources import HeadwaterLog, HeadwaterProject, HeadwaterSpark
+from log.factory import open_log
 
 
 def capture_asset(source: str, topics: list[str]) -> AssetsDefinition:
@@ -101,16 +105,19 @@ def feed_asset(config: ProjectConfig, name: str) -> AssetsDefinition:
     return run
 
 
-def warehouse_asset(config: ProjectConfig, name: str) -> AssetsDefinition:
+def warehouse_asset(config: ProjectConfig, name: str, history_from: dt.date) -> AssetsDefinition:
     """Warehouse table ``name``: a Spark ``availableNow`` load of its topic into Delta.
 
     An SCD2 table is also partitioned by commit day (UTC): materialising partitions rebuilds
     those days from the log (:func:`warehouse_loader.backfill.rebuild_days`, one run for a
     whole backfill); a materialisation without a partition, or in a run tagged
     :data:`~dagster_project.partitions.INCREMENTAL_TAG` (the new-data sensor's), runs the
-    streaming load.
+    streaming load. Partitions start at ``history_from``. Each table has a freshness policy
+    (``freshness`` of the table, else of ``warehouse``): its last materialization must be
+    younger than ``fail_after_s`` (a warning after ``warn_after_s``).
     """
     table = config.warehouse.tables[name]
+    freshness = table.freshness or config.warehouse.freshness
     by_day = table.mode == "scd2"
 
     @asset(
@@ -119,7 +126,11 @@ def warehouse_asset(config: ProjectConfig, name: str) -> AssetsDefinition:
         group_name=WAREHOUSE_GROUP,
         kinds={"spark", "delta"},
         description=f"Delta table {name!r} ({table.mode.upper()}) loaded from {table.from_}.",
-        partitions_def=HISTORY_PARTITIONS if by_day else None,
+        partitions_def=history_partitions(history_from) if by_day else None,
+        freshness_policy=FreshnessPolicy.time_window(
+            fail_window=dt.timedelta(seconds=freshness.fail_after_s),
+            warn_window=dt.timedelta(seconds=freshness.warn_after_s) if freshness.warn_after_s else None,
+        ),
         backfill_policy=BackfillPolicy.single_run() if by_day else None,
     )
     def load(
@@ -148,11 +159,26 @@ def warehouse_asset(config: ProjectConfig, name: str) -> AssetsDefinition:
     return load
 
 
+def _history_from(config: ProjectConfig) -> dt.date:
+    """The first day of the history partitions (today when the log cannot be opened now)."""
+    if not any(table.mode == "scd2" for table in config.warehouse.tables.values()):
+        return dt.datetime.now(dt.UTC).date()
+    try:
+        log = open_log(config)
+    except Exception:  # e.g. a broker that is down: the definitions still load
+        return history_start(config, None)
+    try:
+        return history_start(config, log)
+    finally:
+        log.close()
+
+
 def build_assets(config: ProjectConfig) -> list[AssetsDefinition | AssetSpec]:
     """Every asset of the project: captures, feeds, warehouse tables."""
     assets: list[AssetsDefinition | AssetSpec] = [
         capture_asset(source, topics) for source, topics in source_topics(config).items() if topics
     ]
     assets += [feed_asset(config, name) for name in config.feeds]
-    assets += [warehouse_asset(config, name) for name in config.warehouse.tables]
+    history_from = _history_from(config)
+    assets += [warehouse_asset(config, name, history_from) for name in config.warehouse.tables]
     return assets

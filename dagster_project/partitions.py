@@ -1,4 +1,7 @@
-"""The daily partitions of SCD2 history tables: one partition per UTC commit day."""
+"""The daily partitions of SCD2 history tables: one partition per UTC commit day.
+
+They start at the first day with data (:func:`dagster_project.history_days.history_start`).
+"""
 
 from __future__ import annotations
 
@@ -7,18 +10,19 @@ from collections.abc import Sequence
 
 from dagster import DailyPartitionsDefinition
 
-#: The first day a history partition exists for (the log holds nothing older in any deployment so far).
-HISTORY_START_DATE = "2024-01-01"
-
-#: Days by ``__hw_commit_ts`` (UTC). ``end_offset=1`` includes today, so the current day can
-#: be rebuilt too (while the streaming load is not running: one writer per table).
-HISTORY_PARTITIONS = DailyPartitionsDefinition(start_date=HISTORY_START_DATE, timezone="UTC", end_offset=1)
-
-
 #: Run tag: a partitioned history table loads incrementally (the streaming load, ``availableNow``)
 #: for the run's partition instead of rebuilding that day from the log (the new-data sensor's runs).
 INCREMENTAL_TAG = "headwater/load"
 INCREMENTAL = "incremental"
+
+
+def history_partitions(start: dt.date) -> DailyPartitionsDefinition:
+    """Days by ``__hw_commit_ts`` (UTC) from ``start``.
+
+    ``end_offset=1`` includes today, so the current day can be rebuilt too (while the
+    streaming load is not running: one writer per table).
+    """
+    return DailyPartitionsDefinition(start_date=start.isoformat(), timezone="UTC", end_offset=1)
 
 
 def partition_days(keys: Sequence[str]) -> list[dt.date]:

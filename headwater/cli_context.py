@@ -15,6 +15,8 @@ import click
 import orjson
 
 from core.config import ProjectConfig, load_config
+from core.leases import LeaseWait
+from core.log_format import LogFormat, configure_logging, json_line
 
 
 @dataclass
@@ -86,3 +88,106 @@ def once_or_follow(once: str, *, once_help: str, follow_help: str) -> Callable[[
         return click.option(f"--{once}", is_flag=True, help=once_help)(with_follow)  # type: ignore[return-value]
 
     return decorate
+
+
+@dataclass
+class Output:
+    """What a command prints: text lines as always, or with ``--log-format json`` one JSON object per line.
+
+    ``info`` goes to stdout (results), ``note`` and ``warn`` to stderr (progress, notices).
+    """
+
+    log_format: LogFormat = "text"
+    stage: str = "cli"
+
+    def info(self, message: str, **fields: Any) -> None:
+        """A result line (stdout)."""
+        self._emit(message, "info", fields, err=False)
+
+    def note(self, message: str, **fields: Any) -> None:
+        """A progress or notice line (stderr)."""
+        self._emit(message, "info", fields, err=True)
+
+    def warn(self, message: str, **fields: Any) -> None:
+        """A warning (stderr)."""
+        self._emit(message if self.log_format == "json" else f"warning: {message}", "warning", fields, err=True)
+
+    def _emit(self, message: str, level: str, fields: dict[str, Any], *, err: bool) -> None:
+        text = json_line(self.stage, level, message, fields) if self.log_format == "json" else message
+        click.echo(text, err=err)
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    """The options every long-running stage command takes (``capture``, ``feeds run``, ``load``, ``run``)."""
+
+    log_format: LogFormat
+    metrics_port: int | None
+    metrics_host: str
+    holder_timeout_s: float
+
+    def output(self, stage: str) -> Output:
+        """The command's output, with library logging routed the same way."""
+        configure_logging(self.log_format, stage)
+        return Output(self.log_format, stage)
+
+    def holder_wait(self, output: Output, *, follow: bool) -> LeaseWait:
+        """Wait for a holder as a standby (``--follow``) or at most ``--holder-timeout`` seconds."""
+        return LeaseWait(None if follow else self.holder_timeout_s, say=output.note)
+
+
+#: Seconds a run that must finish waits for another process holding what it needs.
+DEFAULT_HOLDER_TIMEOUT_S = 60.0
+
+
+def stage_options(command: _Command) -> _Command:
+    """Add ``--log-format``, ``--metrics-port``, ``--metrics-host``, ``--holder-timeout``; pass ``options``."""
+    return _with_stage_options(command, holders=True)
+
+
+def cleaner_options(command: _Command) -> _Command:
+    """``stage_options`` without ``--holder-timeout`` (the log's cleaner waits for no holder)."""
+    return _with_stage_options(command, holders=False)
+
+
+def _with_stage_options(command: _Command, *, holders: bool) -> _Command:
+    @functools.wraps(command)
+    def collected(*args: Any, **kwargs: Any) -> Any:
+        kwargs["options"] = StageOptions(
+            kwargs.pop("log_format"),
+            kwargs.pop("metrics_port"),
+            kwargs.pop("metrics_host"),
+            kwargs.pop("holder_timeout") if holders else DEFAULT_HOLDER_TIMEOUT_S,
+        )
+        return command(*args, **kwargs)
+
+    options = [
+        click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address of --metrics-port."),
+        click.option(
+            "--metrics-port",
+            type=click.IntRange(1, 65535),
+            default=None,
+            help="Serve Prometheus metrics on http://HOST:PORT/metrics.",
+        ),
+        click.option(
+            "--log-format",
+            type=click.Choice(["text", "json"]),
+            default="text",
+            show_default=True,
+            help="json: one JSON object per line (time, level, stage, message, source, table, lsn, offset).",
+        ),
+    ]
+    if holders:
+        holder_timeout = click.option(
+            "--holder-timeout",
+            type=click.FloatRange(min=0),
+            default=DEFAULT_HOLDER_TIMEOUT_S,
+            show_default=True,
+            help="Seconds to wait when another process holds a source or table (not with --follow, which "
+            "waits as a standby and takes over when the holder stops).",
+        )
+        options.insert(0, holder_timeout)
+    decorated: Any = collected
+    for option in options:
+        decorated = option(decorated)
+    return decorated  # type: ignore[no-any-return]

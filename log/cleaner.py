@@ -20,8 +20,10 @@ them may run.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -90,6 +92,8 @@ class CleanedTopic:
     topic: str
     result: CompactionResult | None = None
     configs_changed: bool = False
+    #: How long the look took (a pass, or asking the broker).
+    seconds: float = 0.0
 
     def describe(self) -> str:
         """One line for the operator."""
@@ -114,10 +118,12 @@ class Cleaner:
         for topic in self._log.list_topics() if topics is None else topics:
             if topic in KEEP_EVERY_VERSION:
                 continue
+            started = time.monotonic()
             try:
                 cleaned = self._clean(topic)
             except UnknownTopicError:
                 continue  # deleted meanwhile
+            cleaned = dataclasses.replace(cleaned, seconds=time.monotonic() - started)
             if cleaned.result is not None or cleaned.configs_changed:
                 done.append(cleaned)
         return done

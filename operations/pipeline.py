@@ -33,12 +33,22 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from core.config import ProjectConfig
 from core.errors import EXIT_PERMANENT
+from core.leases import LeaseWait
+from core.process_lifetime import parent_death_preexec
 from log.base import Log
 from log.cleaner import Holds
 from log.topics import load_group
+from operations.holders import holding
+
+if TYPE_CHECKING:
+    from capture.stats import CaptureStats
+
+#: Called with each streaming query a run starts: ``(stage, name, query, records written so far or None)``.
+QueryHook = Callable[[str, str, Any, Callable[[], int] | None], None]
 
 #: Backoff before restarting a crashed stage (seconds), capped at the last value.
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -54,6 +64,8 @@ class Stage:
     argv: list[str]
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+    #: Every restart, for the restarts counter (``restarts`` resets once the stage is healthy).
+    restarts_total: int = 0
     started_at: float = 0.0
     failed: bool = False
 
@@ -65,10 +77,24 @@ class RunSummary:
     lines: list[str] = field(default_factory=list)
 
 
-def run_until_caught_up(config: ProjectConfig, say: Callable[[str], None]) -> RunSummary:
-    """Capture, then feeds, then loads, each until everything available is processed."""
-    from capture.runner import run_capture
+def run_until_caught_up(
+    config: ProjectConfig,
+    say: Callable[[str], None],
+    *,
+    holder_wait: LeaseWait | None = None,
+    on_capture: Callable[[str, CaptureStats], None] | None = None,
+    on_query: QueryHook | None = None,
+) -> RunSummary:
+    """Capture, then feeds, then loads, each until everything available is processed.
 
+    What another process holds (a source it captures, a feed or table it runs) is waited
+    for as ``holder_wait`` says (default: a few seconds), then :class:`core.leases.HeldError`
+    names the holder. ``on_capture`` and ``on_query`` see each agent's counters and each
+    streaming query (for metrics).
+    """
+    from capture.runner import DEFAULT_HOLDER_WAIT, run_capture
+
+    wait = holder_wait or DEFAULT_HOLDER_WAIT
     summary = RunSummary()
     if config.feeds or config.warehouse.tables:  # a cluster or object store that refuses fails before capture writes
         from spark_log.cluster import check_before_session
@@ -77,49 +103,99 @@ def run_until_caught_up(config: ProjectConfig, say: Callable[[str], None]) -> Ru
         check_before_session(config)
         check_warehouse(config)
     if config.sources:
-        for name, stats in run_capture(config, (), until_caught_up=True).items():
+        for name, stats in run_capture(config, (), until_caught_up=True, holder_wait=wait, observe=on_capture).items():
             summary.lines.append(f"capture {name}: {stats.events} events, acknowledged {stats.acked_lsn}")
             say(summary.lines[-1])
     if not config.feeds and not config.warehouse.tables:
         return summary
     from spark_log.job import spark_job
 
-    with spark_job(config, "headwater-run") as (spark, log):
+    with (
+        holding(config, "feed", tuple(config.feeds), wait),
+        holding(config, "load", tuple(config.warehouse.tables), wait),
+        spark_job(config, "headwater-run") as (spark, log),
+    ):
         if config.feeds:
             from derived_feeds.feed_job import run_feeds
 
-            run_feeds(spark, config, log, (), available_now=True)
+            for query, plan in run_feeds(spark, config, log, (), available_now=True):
+                if on_query is not None:
+                    on_query("feeds", plan.spec.name, query, feed_records_written(plan.stats))
             summary.lines.append(f"feeds: {', '.join(config.feeds)} caught up")
             say(summary.lines[-1])
         if config.warehouse.tables:
             from warehouse_loader.load_job import run_loads
 
-            run_loads(spark, config, log, (), available_now=True)
+            queries = run_loads(spark, config, log, (), available_now=True)
+            for name, query in zip(config.warehouse.tables, queries, strict=True):
+                if on_query is not None:
+                    on_query("load", name, query, None)
             summary.lines.append(f"warehouse: {', '.join(config.warehouse.tables)} loaded")
             say(summary.lines[-1])
     return summary
+
+
+def wait_for_captured_inputs(
+    config: ProjectConfig, feeds: Sequence[str], say: Callable[[str], None], *, poll_s: float = 1.0
+) -> None:
+    """Wait until the raw topics ``feeds`` read exist, when a configured source will write them.
+
+    A ``--follow`` feed started with its capture (``run --follow`` on a fresh project) would
+    otherwise stop at once on a topic capture has not created yet. A topic no source of this
+    project writes is left to the feed's own check, which names it.
+    """
+    from derived_feeds.feed_spec import feed_spec
+    from log.factory import open_log
+
+    wanted = {
+        topic
+        for name in feeds or tuple(config.feeds)
+        for topic in feed_spec(config, name).input_topics
+        if topic.split(".", 1)[0] in config.sources and topic not in config.feeds
+    }
+    said = False
+    while True:
+        log = open_log(config)
+        try:
+            missing = sorted(wanted - set(log.list_topics()))
+        finally:
+            log.close()
+        if not missing:
+            return
+        if not said:
+            say(f"waiting for topic {missing[0]}: its capture has not written it yet")
+            said = True
+        time.sleep(poll_s)
+
+
+def feed_records_written(stats: dict[str, int]) -> Callable[[], int]:
+    """The records a feed run has written so far (upserts and deletes), read from its live counters."""
+    return lambda: stats["upserts"] + stats["deletes"]
 
 
 def _headwater(config_path: Path) -> list[str]:
     return [sys.executable, "-m", "headwater", "--config", str(config_path)]
 
 
-def cleaner_stage(config_path: Path) -> Stage:
+def cleaner_stage(config_path: Path, options: Sequence[str] = ()) -> Stage:
     """The log's background cleaner as a supervised child (see the module docstring)."""
-    return Stage("cleaner", [*_headwater(config_path), "log", "clean", "--follow"])
+    return Stage("cleaner", [*_headwater(config_path), "log", "clean", "--follow", *options])
 
 
-def follow_stages(config: ProjectConfig, config_path: Path) -> list[Stage]:
-    """The child processes of ``run --follow``, upstream first, the cleaner last."""
+def follow_stages(config: ProjectConfig, config_path: Path, options: Sequence[str] = ()) -> list[Stage]:
+    """The child processes of ``run --follow``, upstream first, the cleaner last.
+
+    ``options`` (``--log-format``) are passed to each, the cleaner included.
+    """
     base = _headwater(config_path)
     stages = []
     if config.sources:
-        stages.append(Stage("capture", [*base, "capture", "--follow", "--no-cleaner"]))
+        stages.append(Stage("capture", [*base, "capture", "--follow", "--no-cleaner", *options]))
     if config.feeds:
-        stages.append(Stage("feeds", [*base, "feeds", "run", "--follow"]))
+        stages.append(Stage("feeds", [*base, "feeds", "run", "--follow", *options]))
     if config.warehouse.tables:
-        stages.append(Stage("load", [*base, "load", "--follow"]))
-    stages.append(cleaner_stage(config_path))
+        stages.append(Stage("load", [*base, "load", "--follow", *options]))
+    stages.append(cleaner_stage(config_path, options))
     return stages
 
 
@@ -152,8 +228,10 @@ def history_holds(config: ProjectConfig, log: Log) -> Holds:
 class BackgroundCleaner:
     """``headwater log clean --follow`` supervised beside a long-running command (``capture --follow``)."""
 
-    def __init__(self, config_path: Path, say: Callable[[str], None]) -> None:
-        self._supervisor = Supervisor([cleaner_stage(config_path)], say)
+    def __init__(self, config_path: Path, say: Callable[[str], None], options: Sequence[str] = ()) -> None:
+        # The supervisor runs in a thread of its own; its child still dies with this process
+        # (Supervisor arms the parent-death signal from that thread, which ends only after it).
+        self._supervisor = Supervisor([cleaner_stage(config_path, options)], say)
         self._thread = threading.Thread(target=self._supervisor.run, name="headwater-cleaner", daemon=True)
 
     def __enter__(self) -> BackgroundCleaner:
@@ -180,7 +258,18 @@ class Supervisor:
         self._stop.set()
 
     def run(self) -> int:
-        """Supervise until :meth:`stop`; return 0 when every child exited cleanly."""
+        """Supervise until :meth:`stop`; return 0 when every child exited cleanly.
+
+        Returns (or raises) only after every child it started has exited.
+        """
+        try:
+            self._supervise()
+        except BaseException:
+            self._shutdown()
+            raise
+        return self._shutdown()
+
+    def _supervise(self) -> None:
         for stage in self.stages:
             self._start(stage)
         next_start: dict[str, float] = {}
@@ -208,17 +297,22 @@ class Supervisor:
                     stage.restarts = 0
                 delay = RESTART_BACKOFF_S[min(stage.restarts, len(RESTART_BACKOFF_S) - 1)]
                 stage.restarts += 1
+                stage.restarts_total += 1
                 stage.process = None
                 next_start[stage.name] = time.monotonic() + delay
                 self._say(f"{stage.name} exited with code {code} after {lived:.1f}s; restarting in {delay:.0f}s")
             if all(stage.failed for stage in self.stages):
                 break
-        return self._shutdown()
 
     def _start(self, stage: Stage) -> None:
         # Own process group: a terminal's Ctrl-C reaches only the supervisor, which then
-        # stops the children with SIGINT (each finishes its current batch).
-        stage.process = subprocess.Popen(stage.argv, start_new_session=True)
+        # stops the children with SIGINT (each finishes its current batch). A supervisor that
+        # is SIGKILLed runs no cleanup: the kernel SIGKILLs the children then (every stage
+        # resumes from what is durable), and each child's Spark JVM dies with it.
+        # A prctl call only, safe between fork and exec (core.process_lifetime). Armed from any
+        # thread: the thread running :meth:`run` ends only after every child it started.
+        preexec = parent_death_preexec(thread_outlives_child=True)
+        stage.process = subprocess.Popen(stage.argv, start_new_session=True, preexec_fn=preexec)  # noqa: PLW1509
         stage.started_at = time.monotonic()
         self._say(f"started {stage.name} (pid {stage.process.pid})")
 

@@ -5,7 +5,8 @@ offsets, and (file backend) bytes on disk and dirty ratio (closed segments not y
 compacted, over all closed segments). Per feed: its current topic, input lag and quarantined rows. Per warehouse
 table: last committed change, freshness, and lag (records the
 table's loader has not yet committed past, from its consumer group
-``headwater.load.<table>``). A source that cannot be reached is reported, not fatal.
+``headwater.load.<table>``). A source that cannot be reached (server down, or its
+password variable unset: status never needs secrets) is reported, not fatal.
 
 Stage libraries (psycopg, pyspark, deltalake behind them) are imported inside the functions
 that need them, so a process that uses one part of this module does not load the others.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from core.config import ProjectConfig
+from core.config import ProjectConfig, unset_variables
 from core.deployment import shown_settings
 from core.errors import HeadwaterError
 from log.base import Log, end_offsets, lag
@@ -33,6 +34,13 @@ def source_status(config: ProjectConfig) -> list[dict[str, Any]]:
     for name, source in config.sources.items():
         slot_name = source.slot or f"headwater_{name}"
         row: dict[str, Any] = {"source": name, "dsn": source.dsn_redacted, "slot": slot_name}
+        unset = unset_variables(source.dsn.get_secret_value())
+        if unset:
+            row["error"] = (
+                f"not checked: environment variable {unset[0]} (in its dsn) is not set; export it to see the slot"
+            )
+            rows.append(row)
+            continue
         try:
             with connect(source.dsn.get_secret_value(), source=name) as conn:
                 status = slot_status(conn, slot_name)

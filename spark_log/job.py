@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -133,13 +135,35 @@ def _jvm_stderr_to(path: Path) -> Iterator[None]:
         os.close(target)
 
 
-def follow(spark: SparkSession, queries: Sequence[StreamingQuery]) -> None:
-    """Wait while the streaming ``queries`` run; Ctrl-C stops them (each finishes its micro-batch)."""
+def follow(spark: SparkSession, queries: Sequence[StreamingQuery], *, poll_s: float = 0.5) -> None:
+    """Wait while the streaming ``queries`` run; Ctrl-C / SIGINT stops them (each finishes its micro-batch).
+
+    Returns when a query ends (raising its error if it failed). While waiting, SIGINT only
+    sets a flag: pyspark's own handler calls the JVM from inside the signal handler, which,
+    landing while this thread waits in a py4j call, reads the same socket reentrantly (py4j
+    then logs a traceback per call, seen when ``run --follow`` stopped its stages).
+    """
+    if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's
+        try:
+            spark.streams.awaitAnyTermination()
+        except KeyboardInterrupt:
+            _stop(queries)
+        return
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
     try:
-        spark.streams.awaitAnyTermination()
-    except KeyboardInterrupt:
-        for query in queries:
-            query.stop()
+        while not stop.wait(poll_s):
+            if not all(query.isActive for query in queries):
+                spark.streams.awaitAnyTermination()  # returns at once; raises a failed query's error
+                return
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    _stop(queries)
+
+
+def _stop(queries: Sequence[StreamingQuery]) -> None:
+    for query in queries:
+        query.stop()
 
 
 #: What a streaming query reports until its sources exist (Spark's StreamExecution).

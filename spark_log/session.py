@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spark_log import jvm_lifetime
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -157,6 +159,7 @@ def spark_session(
     """
     from pyspark.sql import SparkSession
 
+    jvm_lifetime.install()  # the JVM dies with this process, even a SIGKILLed one
     # The JVM reads these at launch; Python workers (executors' too) run this interpreter: the
     # same path must hold the same environment on every worker host.
     if loopback:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -12,8 +12,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from capture.runner import ProgressFactory, run_capture
 from capture.snapshot_plan import SnapshotProgress
-from headwater.cli_context import Context, config_option, once_or_follow, pass_context
+from core.config import ProjectConfig
+from headwater.cli_context import (
+    Context,
+    Output,
+    StageOptions,
+    config_option,
+    once_or_follow,
+    pass_context,
+    stage_options,
+)
 from operations.pipeline import BackgroundCleaner
+
+if TYPE_CHECKING:
+    from capture.stats import CaptureStats
 
 
 class RichSnapshotProgress:
@@ -68,27 +80,67 @@ def _progress_for(console: Console) -> ProgressFactory:
 @once_or_follow(
     "until-caught-up",
     once_help="Capture everything committed before start, then exit 0.",
-    follow_help="Keep streaming until Ctrl-C / SIGTERM.",
+    follow_help="Keep streaming until Ctrl-C / SIGTERM; wait as a standby while another process captures.",
 )
 @click.option(
     "--cleaner/--no-cleaner",
     default=True,
     help="With --follow, run the log's cleaner beside capture (headwater log clean --follow).",
 )
+@stage_options
 @pass_context
-def capture_command(context: Context, names: tuple[str, ...], follow: bool, cleaner: bool) -> None:
+def capture_command(
+    context: Context, names: tuple[str, ...], follow: bool, cleaner: bool, options: StageOptions
+) -> None:
     """Stream registered sources (all by default) into the log."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    output = options.output("capture")
     config = context.config()
+    with_cleaner = follow and cleaner and config.config_path is not None
     with contextlib.ExitStack() as stack:
-        if follow and cleaner and config.config_path is not None:
-            stack.enter_context(BackgroundCleaner(config.config_path, say=lambda line: click.echo(line, err=True)))
-        results = run_capture(config, names, until_caught_up=not follow, progress=_progress_for(Console(stderr=True)))
+        if with_cleaner and options.metrics_port is not None:
+            # Before prometheus_client is imported: capture and its cleaner record into one directory.
+            from headwater.stage_runtime import children_record_metrics
+
+            stack.enter_context(children_record_metrics(here_too=True))
+        results = _capture(config, names, options, output, stack, follow=follow, with_cleaner=with_cleaner)
     for name, stats in results.items():
-        click.echo(
+        output.info(
             f"{name}: {stats.transactions} transactions, {stats.events} events, "
             f"{stats.records_written} records written, {stats.records_skipped} already in the log, "
-            f"acknowledged {stats.acked_lsn}"
+            f"acknowledged {stats.acked_lsn}",
+            source=name,
+            lsn=stats.acked_lsn,
+        )
+
+
+def _capture(
+    config: ProjectConfig,
+    names: tuple[str, ...],
+    options: StageOptions,
+    output: Output,
+    stack: contextlib.ExitStack,
+    *,
+    follow: bool,
+    with_cleaner: bool,
+) -> dict[str, CaptureStats]:
+    from headwater.stage_runtime import StageRuntime
+    from operations.pipeline_metrics import Scope
+
+    runtime = StageRuntime(config, options, output, "headwater capture")
+    runtime.serve(Scope(sources=names or tuple(config.sources)))
+    if with_cleaner:
+        assert config.config_path is not None
+        cleaner_options = ["--log-format", options.log_format]
+        stack.enter_context(BackgroundCleaner(config.config_path, say=output.note, options=cleaner_options))
+    progress = _progress_for(Console(stderr=True)) if options.log_format == "text" else None
+    with runtime.recording(follow=follow):
+        return run_capture(
+            config,
+            names,
+            until_caught_up=not follow,
+            progress=progress,
+            holder_wait=options.holder_wait(output, follow=follow),
+            observe=runtime.observe_capture,
         )
 
 

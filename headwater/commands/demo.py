@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+import shutil
+import sys
 from pathlib import Path
 
 import click
@@ -58,17 +61,58 @@ def demo_command(directory: Path, small: bool) -> None:
         capture=_capture_stage,
         pipeline=_pipeline_stage,
     )
-    config = result.config_path
+    recorded = _record_in_dagster(result.config_path)
+    click.echo(f"- {recorded}")
+    config = shlex.quote(str(result.config_path))
+    headwater = headwater_command()
     click.echo("")
-    click.echo("done. Postgres was stopped; the log and config remain in " + str(result.directory))
+    click.echo(f"done. Postgres was stopped; the log, the warehouse and the config remain in {result.directory}")
+    click.echo(f"quality report: {result.directory / '.headwater' / 'quality' / 'report.html'} (open it in a browser)")
     click.echo("try next:")
-    click.echo(f"  headwater --config {config} query 'SELECT * FROM customers LIMIT 5'")
-    click.echo(f"  headwater --config {config} status")
-    click.echo(f"  headwater --config {config} ui      # Dagster UI on http://127.0.0.1:3000")
-    click.echo(f"  open {result.directory / '.headwater' / 'quality' / 'report.html'}")
-    click.echo(f"  headwater --config {config} log topics")
-    click.echo(f"  headwater --config {config} log tail shop.public.orders --limit 5 --json")
-    click.echo(f"  (commands that reach the database need {PASSWORD_VAR} and the demo Postgres running)")
+    for command in NEXT_STEPS:
+        click.echo(f"  {headwater} --config {config} {command}")
+    click.echo(
+        f"(status reports the source as unreachable: the demo's Postgres is stopped and {PASSWORD_VAR} is not kept; "
+        "everything else works without them)"
+    )
+
+
+#: What the demo suggests next, after ``headwater --config <file>`` (tested one by one, as printed).
+NEXT_STEPS = (
+    "query 'SELECT * FROM customers LIMIT 5'",
+    "status",
+    "log topics",
+    "log tail shop.public.orders --limit 5 --json",
+    "ui      # the Dagster UI on http://127.0.0.1:3000 (Ctrl-C to stop)",
+)
+
+
+def headwater_command() -> str:
+    """How to run this ``headwater`` from the current directory: its name when that is on PATH, else its path."""
+    script = Path(sys.executable).parent / "headwater"
+    if not script.exists():
+        return f"{shlex.quote(sys.executable)} -m headwater"
+    found = shutil.which("headwater")
+    if found is not None and Path(found).resolve() == script.resolve():
+        return "headwater"
+    try:
+        shown = script.relative_to(Path.cwd())
+    except ValueError:
+        return shlex.quote(str(script))
+    return shlex.quote(str(shown) if len(shown.parts) > 1 else f"./{shown}")
+
+
+def _record_in_dagster(config_path: Path) -> str:
+    """Record what the demo made in the Dagster instance ``headwater ui`` serves."""
+    from dagster_project.recording import AssetRecorder
+
+    config = load_config(config_path, strict_env=False)
+    recorded = AssetRecorder(config, "headwater demo").record(
+        sources={name: {} for name in config.sources},
+        feeds={name: {} for name in config.feeds},
+        tables=tuple(config.warehouse.tables),
+    )
+    return f"recorded {recorded} asset materializations in the Dagster instance (headwater ui shows them)"
 
 
 def register(cli: click.Group) -> None:

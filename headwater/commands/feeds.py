@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 import click
 
 from core.config import ProjectConfig
-from headwater.cli_context import Context, config_option, once_or_follow, pass_context
+from headwater.cli_context import Context, StageOptions, config_option, once_or_follow, pass_context, stage_options
 
 
 @click.group("feeds")
@@ -19,32 +21,53 @@ def feeds_group() -> None:
 @once_or_follow(
     "available-now",
     once_help="Process everything in the log now (DAG order), then exit 0.",
-    follow_help="Keep every feed up to date as the log grows, until Ctrl-C.",
+    follow_help="Keep every feed up to date as the log grows, until Ctrl-C; wait as a standby while another "
+    "process runs a feed.",
 )
+@stage_options
 @pass_context
-def run_command(context: Context, feeds: tuple[str, ...], follow: bool) -> None:
+def run_command(context: Context, feeds: tuple[str, ...], follow: bool, options: StageOptions) -> None:
     """Run FEEDS (all by default) in DAG order."""
     from derived_feeds.feed_job import run_feeds
+    from headwater.stage_runtime import StageRuntime
+    from operations.holders import holding
+    from operations.pipeline import feed_records_written, wait_for_captured_inputs
+    from operations.pipeline_metrics import Scope
     from spark_log.job import follow as follow_queries
     from spark_log.job import spark_job
 
+    output = options.output("feeds")
     config = context.config(needs_sources=False)
+    if follow:
+        wait_for_captured_inputs(config, feeds, output.note)
     _check_before_spark(config, feeds)
-    with spark_job(config, "headwater-feeds") as (spark, log):
+    selected = feeds or tuple(config.feeds)
+    runtime = StageRuntime(config, options, output, "headwater feeds run")
+    runtime.feeds = selected
+    runtime.serve(Scope(feeds=selected))
+    with (
+        holding(config, "feed", selected, options.holder_wait(output, follow=follow)),
+        spark_job(config, "headwater-feeds") as (spark, log),
+        runtime.recording(follow=follow),
+    ):
         started = run_feeds(spark, config, log, feeds, available_now=not follow)
+        for query, plan in started:
+            runtime.feed_stats[plan.spec.name] = functools.partial(dict, plan.stats)
+            runtime.follow_query("feeds", plan.spec.name, query, feed_records_written(plan.stats))
         if follow:
             running = ", ".join(f"{plan.spec.name} ({plan.plan_class})" for _, plan in started)
-            click.echo(f"running {running}; Ctrl-C to stop")
+            output.note(f"running {running}; Ctrl-C to stop")
             follow_queries(spark, [query for query, _ in started])
             for _, plan in started:
                 if plan.error is not None:
                     raise plan.error
         for _, plan in started:
             stats = plan.stats
-            click.echo(
+            output.info(
                 f"{plan.spec.name} -> {plan.spec.topic} ({plan.plan_class}): {stats['batches']} batch(es), "
-                f"{stats['upserts']} upserts, "
-                f"{stats['deletes']} deletes, {stats['dropped']} quarantined"
+                f"{stats['upserts']} upserts, {stats['deletes']} deletes, {stats['dropped']} quarantined",
+                feed=plan.spec.name,
+                topic=plan.spec.topic,
             )
 
 

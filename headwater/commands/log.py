@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, BinaryIO
 
@@ -16,10 +16,19 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from headwater.cli_context import Context, config_option, pass_context, print_json
+from core.config import ProjectConfig
+from headwater.cli_context import (
+    Context,
+    Output,
+    StageOptions,
+    cleaner_options,
+    config_option,
+    pass_context,
+    print_json,
+)
 from headwater.commands.log_shards import attach as attach_shard_commands
 from log.base import Log, StoredRecord, TopicPartition, end_offsets
-from log.cleaner import Cleaner
+from log.cleaner import CleanedTopic, Cleaner
 from log.consumer import Consumer, ConsumerSettings, DescribesGroups, GroupDescription
 from log.errors import FencedMemberError
 from log.factory import consumer_of, open_log
@@ -290,10 +299,19 @@ def groups_command(context: Context, group: str | None, as_json: bool) -> None:
 @click.argument("topics", nargs=-1)
 @config_option
 @click.option("--follow", is_flag=True, help="Keep cleaning every log.cleaner_interval_s until Ctrl-C / SIGTERM.")
+@cleaner_options
 @pass_context
-def clean_command(context: Context, topics: tuple[str, ...], follow: bool) -> None:
+def clean_command(context: Context, topics: tuple[str, ...], follow: bool, options: StageOptions) -> None:
     """Compact and delete by each topic's cleaning settings (log.topics), sparing what SCD2 loads still need."""
+    output = options.output("cleaner")
     config = context.config(needs_sources=False)
+    record = _cleaning_recorder(config, options, output)
+
+    def report(done: CleanedTopic) -> None:
+        output.info(done.describe(), topic=done.topic)
+        if record is not None:
+            record(done)
+
     log = open_log(config)
     try:
         for topic in topics:
@@ -301,15 +319,30 @@ def clean_command(context: Context, topics: tuple[str, ...], follow: bool) -> No
         cleaner = Cleaner(log, holds=history_holds(config, log))
         if follow:
             stop = _stop_on_signals()
-            cleaner.run(stop, config.log.cleaner_interval_s, report=lambda done: click.echo(done.describe()))
+            cleaner.run(stop, config.log.cleaner_interval_s, report=report)
             return
         cleaned = cleaner.run_once(topics or None)
     finally:
         log.close()
     for done in cleaned:
-        click.echo(done.describe())
+        report(done)
     if not cleaned:
-        click.echo("nothing to clean")
+        output.info("nothing to clean")
+
+
+def _cleaning_recorder(
+    config: ProjectConfig, options: StageOptions, output: Output
+) -> Callable[[CleanedTopic], None] | None:
+    """With ``--metrics-port`` (or as a stage of ``run --follow``), what records each cleaning in the metrics."""
+    from core.metrics import multiprocess_dir
+
+    if options.metrics_port is None and multiprocess_dir() is None:
+        return None
+    from headwater.stage_runtime import StageRuntime
+    from operations.pipeline_metrics import Scope, record_cleaning
+
+    StageRuntime(config, options, output, "headwater log clean").serve(Scope(every_topic=True))
+    return record_cleaning
 
 
 def register(cli: click.Group) -> None:

@@ -16,8 +16,8 @@ from operations.status import pipeline_status
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_context
 def status_command(context: Context, as_json: bool) -> None:
-    """Show the health of every source, topic and warehouse table."""
-    config = context.config()
+    """Show the health of every source, topic and warehouse table (a source it cannot reach is reported)."""
+    config = context.config(needs_sources=False)
     log = open_log(config)
     try:
         status = pipeline_status(config, log)
@@ -38,9 +38,12 @@ def status_command(context: Context, as_json: bool) -> None:
             str(row.get("active", "-")),
             row.get("confirmed_flush_lsn") or "-",
             f"{retained:,} B" if isinstance(retained, int) else "-",
-            row.get("error", ""),
+            "see below" if "error" in row else "",
         )
     console.print(sources)
+    for row in status["sources"]:
+        if "error" in row:  # in full, not cut to the table's width
+            click.echo(f"source {row['source']}: {row['error']}")
     topics = Table("topic", "records", "end offsets", "size", "dirty", title="topics")
     for row in status["topics"]:
         size = f"{row['bytes']:,} B" if "bytes" in row else "-"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from core.config import ProjectConfig
-from headwater.cli_context import Context, config_option, once_or_follow, pass_context
+from headwater.cli_context import Context, StageOptions, config_option, once_or_follow, pass_context, stage_options
 from warehouse_loader.query import OutputFormat, format_result, run_query
 
 if TYPE_CHECKING:
@@ -47,15 +47,20 @@ def query_command(context: Context, sql: str, fmt: OutputFormat) -> None:
 @once_or_follow(
     "available-now",
     once_help="Load everything in the log now, then exit 0.",
-    follow_help="Keep loading as the log grows, until Ctrl-C.",
+    follow_help="Keep loading as the log grows, until Ctrl-C; wait as a standby while another process loads.",
 )
+@stage_options
 @pass_context
-def load_command(context: Context, tables: tuple[str, ...], follow: bool) -> None:
+def load_command(context: Context, tables: tuple[str, ...], follow: bool, options: StageOptions) -> None:
     """Materialise warehouse tables (all by default) from the log with Spark."""
+    from headwater.stage_runtime import StageRuntime
+    from operations.holders import holding
+    from operations.pipeline_metrics import Scope
     from spark_log.job import follow as follow_queries
     from spark_log.job import spark_job
     from warehouse_loader.load_job import run_loads
 
+    output = options.output("load")
     config = context.config(needs_sources=False)
     unknown = [name for name in tables if name not in config.warehouse.tables]
     if unknown:  # before Spark's start, which takes seconds
@@ -67,15 +72,27 @@ def load_command(context: Context, tables: tuple[str, ...], follow: bool) -> Non
     from warehouse_loader.location import check_warehouse
 
     check_warehouse(config)  # a refused or missing bucket fails here, before Spark starts
-    with spark_job(config, "headwater-load") as (spark, log):
-        queries = run_loads(spark, config, log, tables, available_now=not follow)
+    selected = tables or tuple(config.warehouse.tables)
+    runtime = StageRuntime(config, options, output, "headwater load")
+    runtime.tables = selected
+    runtime.serve(Scope(tables=selected))
+    # Held before Spark starts: a second loader of a table waits or names the holder, no Spark error.
+    with (
+        holding(config, "load", selected, options.holder_wait(output, follow=follow)),
+        spark_job(config, "headwater-load") as (spark, log),
+        runtime.recording(follow=follow),
+    ):
+        queries = run_loads(spark, config, log, selected, available_now=not follow)
+        for name, query in zip(selected, queries, strict=True):
+            runtime.follow_query("load", name, query)
         if follow:
-            click.echo(f"loading {', '.join(q.name or '?' for q in queries)}; Ctrl-C to stop")
+            output.note(f"loading {', '.join(q.name or '?' for q in queries)}; Ctrl-C to stop")
             follow_queries(spark, queries)
-        for query in queries:
+        for name, query in zip(selected, queries, strict=True):
             progress: dict[str, Any] = dict(query.lastProgress or {})
-            click.echo(
-                f"{query.name}: last batch {progress.get('batchId', '-')}, rows {progress.get('numInputRows', 0)}"
+            output.info(
+                f"{query.name}: last batch {progress.get('batchId', '-')}, rows {progress.get('numInputRows', 0)}",
+                table=name,
             )
 
 

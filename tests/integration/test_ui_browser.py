@@ -8,23 +8,18 @@ failed (only then: each Chromium run costs seconds).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
+from harness.browser import CHROMIUM, chromium, graphql, screenshot_on_failure, wait_ready
 
-CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(), reason="needs headless Chromium: apt-get install chromium (Debian package 'chromium')"
 )
@@ -55,61 +50,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def graphql(base: str, query: str) -> dict:
-    request = urllib.request.Request(
-        f"{base}/graphql", data=json.dumps({"query": query}).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())["data"]
-
-
-def chromium_flags(shots: Path) -> list[str]:
-    return [
-        str(CHROMIUM),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={shots / 'chromium-profile'}",
-        "--window-size=1600,1000",
-        "--virtual-time-budget=20000",
-    ]
-
-
-def chromium(url: str, shots: Path, name: str) -> str:
-    """The page's DOM after its scripts ran (kept as ``<name>.html``; a failing test adds a screenshot)."""
-    dom = subprocess.run([*chromium_flags(shots), "--dump-dom", url], capture_output=True, text=True, timeout=120)
-    (shots / f"{name}.html").write_text(dom.stdout)
-    return dom.stdout
-
-
-@contextlib.contextmanager
-def screenshot_on_failure(url: str, shots: Path, name: str) -> Iterator[None]:
-    """Screenshot ``url`` only when the block's assertions fail: each Chromium run costs seconds."""
-    try:
-        yield
-    except AssertionError:
-        shot = [*chromium_flags(shots), f"--screenshot={shots / (name + '.png')}", url]
-        subprocess.run(shot, capture_output=True, timeout=120)
-        raise
-
-
-def wait_ready(base: str, process: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"headwater ui exited: {log.read_text()[-2000:]}"
-        try:
-            with urllib.request.urlopen(f"{base}/server_info", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise AssertionError(f"the UI did not come up: {log.read_text()[-2000:]}")
 
 
 def launch_quality_checks(base: str, timeout_s: float = 180) -> str:

@@ -67,3 +67,23 @@ def test_quality_reader_reads_every_row_and_exits_cleanly(tmp_path):
         result = run("-c", script, path, cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert result.stdout.split(maxsplit=1) == ["41", "['DE', 'FR', 'NZ']\n"]
+
+
+def test_status_reports_a_source_whose_password_variable_is_unset_and_shows_the_rest(tmp_path):
+    merged_table(tmp_path)
+    config = tmp_path / "headwater.yaml"
+    config.write_text(
+        config.read_text()
+        + "sources:\n  shop:\n    dsn: postgresql://capture:${HW_STATUS_UNSET_PW}@127.0.0.1:1/shop\n"
+        + "    tables: [public.customers]\n"
+    )
+    for as_json in (True, False):
+        result = run("-m", "headwater", "status", *(["--json"] if as_json else []), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        if as_json:
+            body = orjson.loads(result.stdout)
+            (source,) = body["sources"]
+            assert "HW_STATUS_UNSET_PW" in source["error"] and "not set" in source["error"]
+            assert body["tables"][0]["state"] == "loaded"
+        else:
+            assert "HW_STATUS_UNSET_PW" in result.stdout and "customers" in result.stdout
