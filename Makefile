@@ -56,7 +56,7 @@ test-integration: venv prereqs tools
 	$(PY) -m pytest tests/integration -q $(PYTEST_ARGS)
 
 test: venv prereqs tools lint
-	$(PY) -m pytest tests -q $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q --durations=25 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
