@@ -69,7 +69,7 @@ DEFAULT_MAX_RECORDS = 200_000
 #: A maintained view's default micro-batch (records). Besides work per change, each of its micro-batches
 #: passes over the current rows several times (the kept rows rewritten, the touched groups or rows
 #: recomputed before and after: ~3-4 s for 400k rows at load 4-8), so larger batches amortize that;
-#: 600k measured 3.6 CPU s per 100k events against 4.4-5.0 at 200k (``bench/RESULTS.md``, issue 19).
+#: 600k measured 2.65-2.91 CPU s per 100k events against 4.29-5.24 at 200k (``bench/RESULTS.md``, issue 19).
 MAINTAINED_MAX_RECORDS = 600_000
 
 
