@@ -29,7 +29,8 @@ printed with it.
     .venv/bin/python bench/feeds_bench.py [--events 800000] [--keys 400000] [--batch 200000] [--warmup 600000]
                                           [--general]
 
-``--batch`` defaults to the feed job's own micro-batch size (``feed_job.DEFAULT_MAX_RECORDS``).
+``--batch`` defaults to the feed job's own micro-batch size (``feed_job.DEFAULT_MAX_RECORDS`` for the
+one pass and the warm-up, ``feed_job.MAINTAINED_MAX_RECORDS`` for maintained views).
 ``--general`` runs the projection feed as a maintained view (plan class ``projection (maintained)``);
 ``--feeds`` picks which of the three run (default all).
 """
@@ -245,7 +246,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=800_000)
     parser.add_argument("--keys", type=int, default=400_000)
-    parser.add_argument("--batch", type=int, default=DEFAULT_MAX_RECORDS)
+    parser.add_argument("--batch", type=int, default=None, help="records per micro-batch (default: the feed job's)")
     parser.add_argument("--warmup", type=int, default=3 * DEFAULT_MAX_RECORDS, help="warm-up events (0: none)")
     parser.add_argument("--general", action="store_true", help="the projection as a maintained view")
     parser.add_argument("--feeds", default=",".join(FEEDS), help="which feeds to run (comma-separated)")

@@ -66,6 +66,11 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 DEFAULT_MAX_RECORDS = 200_000
+#: A maintained view's default micro-batch (records). Besides work per change, each of its micro-batches
+#: passes over the current rows several times (the kept rows rewritten, the touched groups or rows
+#: recomputed before and after: ~3-4 s for 400k rows at load 4-8), so larger batches amortize that;
+#: 600k measured 2.65-2.91 CPU s per 100k events against 4.29-5.24 at 200k (``bench/RESULTS.md``, issue 19).
+MAINTAINED_MAX_RECORDS = 600_000
 
 
 @dataclass
@@ -261,15 +266,21 @@ def start_feed(
     spec: FeedSpec,
     *,
     available_now: bool,
-    max_records_per_batch: int = DEFAULT_MAX_RECORDS,
+    max_records_per_batch: int | None = None,
     processing_interval: str = "1 second",
     options: Mapping[str, str] | None = None,
 ) -> tuple[StreamingQuery, FeedPlan]:
-    """Plan feed ``spec`` and start its streaming query (returns the running query and the plan)."""
+    """Plan feed ``spec`` and start its streaming query (returns the running query and the plan).
+
+    ``max_records_per_batch``: records per micro-batch; None: :data:`MAINTAINED_MAX_RECORDS` for a
+    maintained view, :data:`DEFAULT_MAX_RECORDS` for the one pass.
+    """
     plan = plan_feed(spark, config, log, spec)
+    maintained = plan.shape is not None
+    if max_records_per_batch is None:
+        max_records_per_batch = MAINTAINED_MAX_RECORDS if maintained else DEFAULT_MAX_RECORDS
     reader = log_reader(spark, config, ",".join(spec.input_topics), streaming=True)
     reader = reader.option("maxRecordsPerBatch", str(max_records_per_batch))
-    maintained = plan.shape is not None
     if not maintained:  # a maintained view keeps every change of its topics (state per key)
         reader = reader.option("latestPerKey", "true")
     for name, value in (options or {}).items():
@@ -313,7 +324,7 @@ def run_feeds(
     names: Sequence[str] = (),
     *,
     available_now: bool,
-    max_records_per_batch: int = DEFAULT_MAX_RECORDS,
+    max_records_per_batch: int | None = None,
 ) -> list[tuple[StreamingQuery, FeedPlan]]:
     """Run ``names`` (all feeds when empty) in DAG order.
 

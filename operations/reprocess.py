@@ -113,13 +113,13 @@ def reprocess(
     name: str,
     *,
     progress: Progress | None = None,
-    max_records_per_batch: int = 200_000,
+    max_records_per_batch: int | None = None,
     accept_incomplete_history: bool = False,
 ) -> Version:
     """Build the next version of feed or table ``name`` from offset 0, then make it current.
 
     An SCD2 table whose topic was compacted is refused (:func:`check_history`) unless
-    ``accept_incomplete_history``.
+    ``accept_incomplete_history``. ``max_records_per_batch``: None for each job's default.
     """
     new = next_version(config, name)
     if not accept_incomplete_history:
@@ -127,13 +127,13 @@ def reprocess(
     if new.kind == "feed":
         _rebuild_feed(spark, config, log, new, progress=progress, limit=max_records_per_batch)
     else:
-        _rebuild_table(spark, config, log, new, progress=progress, limit=max_records_per_batch)
+        _rebuild_table(spark, config, log, new, progress=progress, limit=max_records_per_batch or 200_000)
     switch_version(config, new)
     return new
 
 
 def _rebuild_feed(
-    spark: SparkSession, config: ProjectConfig, log: Log, new: Version, *, progress: Progress | None, limit: int
+    spark: SparkSession, config: ProjectConfig, log: Log, new: Version, *, progress: Progress | None, limit: int | None
 ) -> None:
     from derived_feeds.feed_job import await_query, start_feed
     from derived_feeds.feed_spec import feed_spec
