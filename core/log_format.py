@@ -64,3 +64,6 @@ def configure_logging(log_format: LogFormat, stage: str, *, stream: TextIO | Non
         root.removeHandler(existing)
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
+    # py4j logs an exception raised in a foreachBatch function with its traceback; the stage
+    # reports the same failure as its one error line (and the traceback in its spark.log).
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
