@@ -53,7 +53,8 @@ import psycopg
 
 from capture.agent import CaptureAgent
 from capture.catalog import typemap_decoders
-from core.config import ColumnsConfig, LogConfig, MaskConfig, SourceConfig
+from core.log_config import LogConfig
+from core.source_config import ColumnsConfig, MaskConfig, SourceConfig
 from log.base import end_offsets
 from log.file.backend import FileLog
 from log.file.batch_codec import Compression
@@ -430,7 +431,8 @@ import sys
 from pathlib import Path
 from capture.agent import AgentSettings, CaptureAgent
 from capture.catalog import typemap_decoders
-from core.config import ColumnsConfig, LogConfig, MaskConfig, SourceConfig
+from core.log_config import LogConfig
+from core.source_config import ColumnsConfig, MaskConfig, SourceConfig
 from log.file.backend import FileLog
 dsn, home, compression = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 source = SourceConfig(dsn=dsn, tables=("public.lat",), snapshot="never", slot="lat_slot",

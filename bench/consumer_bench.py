@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from log_bench import make_records, start_tansu  # noqa: E402
 
-from core.config import KafkaConfig  # noqa: E402
+from core.log_config import KafkaConfig  # noqa: E402
 from log.base import Log, TopicSpec, append_keyed  # noqa: E402
 from log.consumer import ConsumerSettings  # noqa: E402
 from log.factory import consumer_of  # noqa: E402

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.config import KafkaConfig
+from core.log_config import KafkaConfig
 from log.base import Log, Record, TopicSpec
 from log.file.backend import FileLog
 from log.file.batch_codec import Compression

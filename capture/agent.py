@@ -64,7 +64,8 @@ from capture.source_topics import SourceTopics
 from capture.stats import CaptureStats
 from capture.stream import ReplicationLostError, StreamOptions, pinned_options
 from capture.streaming import StreamedSettings, Streaming, write_marker
-from core.config import LogConfig, SourceConfig
+from core.log_config import LogConfig
+from core.source_config import SourceConfig
 from log.base import Log
 from log.table_schemas import latest_schemas, schema_key
 

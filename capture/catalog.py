@@ -14,7 +14,7 @@ import psycopg
 from capture.pgoutput_messages import Relation, RelationColumn, ReplicaIdentity
 from capture.relations import PrimaryKeyLookup, RowDecoder, RowDecoderFactory
 from capture.rows import RowConverter, TextRowDecoder
-from core.config import TypesConfig
+from core.source_config import TypesConfig
 from log.row_types import PgType, TypeKind, TypeRegistry
 
 

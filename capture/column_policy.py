@@ -33,7 +33,7 @@ import orjson
 
 from capture.errors import BadRecordError
 from capture.pgoutput_messages import NonUtf8Text, Relation, TupleValue
-from core.config import ColumnsConfig, MaskConfig
+from core.source_config import ColumnsConfig, MaskConfig
 
 #: The type oid a masked column is recorded with (``text``): its values are strings.
 MASKED_TYPE_OID: Final = 25

@@ -12,8 +12,8 @@ import re
 from collections.abc import Iterable, Sequence
 from urllib.parse import unquote, urlsplit
 
-from core.config import redact_dsn
 from core.errors import HeadwaterError, PermanentError, TransientError
+from core.source_config import redact_dsn
 
 _KEYWORD_PASSWORD = re.compile(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
 # Userinfo runs to the last "@" before the path: passwords may hold ":" and "@".

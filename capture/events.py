@@ -47,7 +47,7 @@ from capture.records import OutRecord, SchemaRecord, dumps_kept
 from capture.relations import PrimaryKeyLookup, Relations, RowDecoderFactory, TableShape
 from capture.snapshot_records import SnapshotBlock, python_snapshot_rows, snapshot_block, snapshot_records
 from capture.transactions import Transaction
-from core.config import ColumnsConfig
+from core.source_config import ColumnsConfig
 from log.envelope import (
     CONNECTOR,
     EVENT_VERSION,

@@ -49,8 +49,9 @@ from capture.identifiers import parse_schemas, parse_tables, quote_part
 from capture.prerequisites import CaptureRequest, Problem, check_source, fatal
 from capture.publication import PublicationInfo
 from capture.slot import SlotStatus
-from core.config import ProjectConfig, SourceConfig
+from core.config import ProjectConfig
 from core.errors import ConfigError
+from core.source_config import SourceConfig
 from log.sequence import Lsn
 
 _ENV_REF = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")

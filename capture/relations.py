@@ -20,7 +20,7 @@ from capture.pgoutput_messages import UNCHANGED_TOAST, Relation, ReplicaIdentity
 from capture.quarantine import error_headers, quarantine_value, raw_values
 from capture.records import OutRecord, SchemaRecord, dumps_kept
 from capture.rows import TextRowDecoder
-from core.config import ColumnsConfig, column_table
+from core.source_config import ColumnsConfig, column_table
 from log.envelope import Op
 from log.topics import quarantine_topic, table_topic
 

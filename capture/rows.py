@@ -18,7 +18,7 @@ from capture.converters import Converter
 from capture.errors import TypeMappingError
 from capture.pgoutput_messages import UNCHANGED_TOAST, NonUtf8Text, TupleValue
 from capture.typemap import column_converter, native_kind
-from core.config import TypesConfig
+from core.source_config import TypesConfig
 from log.row_types import LogicalType, TypeRegistry
 
 if TYPE_CHECKING:

@@ -35,8 +35,8 @@ from capture.snapshot_plan import SnapshotState
 from capture.snapshot_reader import SnapshotReader
 from capture.stats import CaptureStats
 from capture.stream import ReplicationLostError, pinned_options
-from core.config import SourceConfig
 from core.errors import one_line
+from core.source_config import SourceConfig
 from log.sequence import Lsn
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from capture.errors import ColumnSettingError
 from capture.publication import as_text
 from capture.row_filters import split_table, sync_publication_filters
 from capture.signals import SIGNAL_COLUMNS
-from core.config import SourceConfig
+from core.source_config import SourceConfig
 
 #: The row filters last seen in the publication with their configured conditions (capture state directory).
 ROW_FILTERS_FILE = "row_filters.json"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from capture.transaction_records import transaction_topic
-from core.config import LogConfig
+from core.log_config import LogConfig
 from log.base import Log, TopicSpec, end_offsets
 from log.errors import UnknownTopicError
 from log.shards import hash_partitions

@@ -47,7 +47,7 @@ from typing import Final
 from capture import converters, temporal
 from capture.converters import Converter
 from capture.errors import TypeMappingError
-from core.config import TypesConfig
+from core.source_config import TypesConfig
 from log.row_types import LogicalKind, LogicalType, Oid, TypeNestingError, TypeRegistry, logical_type
 
 #: Types with one converter whatever the modes and typmod.

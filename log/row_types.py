@@ -1,7 +1,7 @@
 """Row-image value types: what each column's JSON value in the log decodes back to.
 
 A schema record (:mod:`log.table_schemas`) names each column's PostgreSQL ``type_oid`` and
-``typmod``; with the source's type modes (:class:`core.config.TypesConfig`) they decide the
+``typmod``; with the source's type modes (:class:`core.source_config.TypesConfig`) they decide the
 column's :class:`LogicalType` (:func:`logical_type`). Capture writes every value of the column
 in that form (``capture/typemap.py`` picks the converter for it) and readers of the log
 (Spark, Arrow) read it back by it; this module is the contract between the two.
@@ -19,8 +19,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from core.config import TypesConfig
 from core.errors import PermanentError
+from core.source_config import TypesConfig
 
 
 class Oid(enum.IntEnum):

@@ -17,7 +17,7 @@ import fnmatch
 from collections.abc import Mapping
 from dataclasses import replace
 
-from core.config import TopicCleaningConfig
+from core.log_config import TopicCleaningConfig
 from log.base import TopicSpec
 from log.topics import INTERNAL_PREFIX
 

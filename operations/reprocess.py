@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from core.config import ProjectConfig, TableConfig, WarehouseConfig
+from core.config import ProjectConfig
+from core.warehouse_config import TableConfig, WarehouseConfig
 from derived_feeds.errors import FeedVersionError
 from log.base import Log, end_offsets
 from log.history import require_full_history

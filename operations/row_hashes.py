@@ -31,7 +31,7 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 
-from core.config import TypesConfig
+from core.source_config import TypesConfig
 from log.row_types import LogicalKind, Oid, logical_type, numeric_typmod
 from warehouse_loader.sql_text import quote
 

@@ -70,7 +70,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StringType, StructType
 
-from core.config import ProjectConfig, TypesConfig, load_config
+from core.config import ProjectConfig, load_config
+from core.source_config import TypesConfig
 from log.base import Log
 from log.columns import ColumnarReads
 from log.errors import UnknownTopicError

@@ -67,7 +67,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from core.config import TypesConfig
+from core.source_config import TypesConfig
 from log.envelope import Op
 from log.row_types import LogicalKind, LogicalType, logical_type
 from spark_log.errors import SchemaConflictError

@@ -1,6 +1,6 @@
 """A warehouse table's AUTO CDC options applied to a change batch before planning.
 
-The options of ``warehouse.tables.<name>`` (:class:`core.config.TableConfig`), with the
+The options of ``warehouse.tables.<name>`` (:class:`core.warehouse_config.TableConfig`), with the
 semantics of Databricks AUTO CDC (``create_auto_cdc_flow`` / ``AUTO CDC INTO``) and of
 Apache Spark's open-source AUTO CDC flow (``pyspark.pipelines.create_auto_cdc_flow``):
 
@@ -38,7 +38,7 @@ import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from core.config import TableConfig
+from core.warehouse_config import TableConfig
 from warehouse_loader.changes import DELETE_OP, INHERITED, METADATA_COLUMNS, OP, SEQ, TRUNCATE_OP, UPSERT_OPS
 from warehouse_loader.errors import ChangeBatchError
 from warehouse_loader.scd import duckdb_tables

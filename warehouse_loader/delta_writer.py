@@ -51,7 +51,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from core.config import TableConfig
+from core.warehouse_config import TableConfig
 from warehouse_loader.cdc_options import PlanOptions, prepare_changes
 from warehouse_loader.changes import DELETE_OP, END_AT, OP, SEQ, START_AT, TRUNCATE_OP
 from warehouse_loader.delta_scan import select_rows

@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from core.config import KafkaConfig
+from core.log_config import KafkaConfig
 from log.base import (
     READ_MAX_BYTES,
     READ_MAX_RECORDS,

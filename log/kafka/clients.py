@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
-from core.config import KafkaConfig
+from core.log_config import KafkaConfig
 from log.base import Record, StoredRecord
 from log.consumer import ConsumerSettings
 from log.errors import LogAuthenticationError, LogError, LogUnavailableError, UnknownTopicError

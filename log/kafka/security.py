@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from core.config import KafkaConfig
+from core.log_config import KafkaConfig
 
 #: Each library's name of every KafkaConfig security setting.
 _KAFKA_PYTHON_NAMES = {

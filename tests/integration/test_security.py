@@ -678,7 +678,7 @@ def test_kafka_sasl_settings_reach_the_broker_and_the_password_never_shows(
     """
     from pydantic import SecretStr
 
-    from core.config import KafkaConfig
+    from core.log_config import KafkaConfig
     from log.errors import LogAuthenticationError, LogError, LogUnavailableError
     from log.kafka.backend import KafkaLog
 

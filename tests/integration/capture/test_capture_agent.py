@@ -18,7 +18,8 @@ from harness.topics import read_topic, topic_values
 
 from capture.agent import CaptureAgent
 from capture.catalog import typemap_decoders
-from core.config import LogConfig, SourceConfig
+from core.log_config import LogConfig
+from core.source_config import SourceConfig
 from log.base import Record, TopicSpec, append_keyed
 from log.file.backend import FileLog
 from log.table_schemas import latest_schemas, schema_key
@@ -117,7 +118,8 @@ import sys
 from pathlib import Path
 from capture.agent import CaptureAgent
 from capture.catalog import typemap_decoders
-from core.config import LogConfig, SourceConfig
+from core.log_config import LogConfig
+from core.source_config import SourceConfig
 from log.file.backend import FileLog
 dsn, name, home = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 source = SourceConfig(dsn=dsn, tables=("public.items",), heartbeat_interval_s=1)

@@ -26,7 +26,8 @@ from capture.catalog import typemap_decoders
 from capture.errors import ColumnSettingError, ConfiguredKeyError, PublicationError
 from capture.markers import MARKER_PREFIX
 from capture.resync import ResyncRequest
-from core.config import ColumnsConfig, LogConfig, MaskConfig, SourceConfig
+from core.log_config import LogConfig
+from core.source_config import ColumnsConfig, MaskConfig, SourceConfig
 from log.file.backend import FileLog
 
 

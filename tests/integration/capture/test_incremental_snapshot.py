@@ -18,7 +18,8 @@ from capture.catalog import typemap_decoders
 from capture.incremental_snapshot import request_incremental_snapshot
 from capture.incremental_snapshotter import IncrementalSnapshotter
 from capture.markers import WINDOW_CLOSE
-from core.config import LogConfig, SourceConfig
+from core.log_config import LogConfig
+from core.source_config import SourceConfig
 from headwater.cli import main
 from log.file.backend import FileLog
 

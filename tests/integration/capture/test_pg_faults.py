@@ -25,7 +25,8 @@ from harness.topics import read_topic
 from capture.agent import CaptureAgent
 from capture.catalog import typemap_decoders
 from capture.key_set import KEY_SET_FILE, KeySet
-from core.config import LogConfig, SourceConfig
+from core.log_config import LogConfig
+from core.source_config import SourceConfig
 from log.file.backend import FileLog
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -26,7 +26,9 @@ from harness.topics import topic_records
 from capture.agent import AgentSettings, CaptureAgent
 from capture.catalog import typemap_decoders
 from capture.key_set import KEY_SET_FILE, Candidates, KeySet
-from core.config import KafkaConfig, LogConfig, SourceConfig, load_config
+from core.config import load_config
+from core.log_config import KafkaConfig, LogConfig
+from core.source_config import SourceConfig
 from log.factory import open_log
 from log.kafka.backend import KafkaLog
 

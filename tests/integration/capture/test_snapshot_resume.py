@@ -18,7 +18,8 @@ from harness.topics import topic_values
 from capture import copy_text, snapshot_plan
 from capture.agent import AgentSettings, CaptureAgent
 from capture.catalog import typemap_decoders
-from core.config import LogConfig, SourceConfig
+from core.log_config import LogConfig
+from core.source_config import SourceConfig
 from log.file.backend import FileLog
 from native import speedups
 

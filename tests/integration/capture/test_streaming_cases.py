@@ -22,7 +22,8 @@ from harness.topics import partition_records, read_topic, topic_values
 
 from capture.agent import AgentSettings, CaptureAgent
 from capture.catalog import typemap_decoders
-from core.config import LogConfig, SourceConfig, TypesConfig
+from core.log_config import LogConfig
+from core.source_config import SourceConfig, TypesConfig
 from log.file.backend import FileLog
 from log.topics import ERROR_HEADER, SCHEMAS_TOPIC
 

@@ -6,7 +6,7 @@ import orjson
 import pyarrow as pa
 from harness.topics import partition_records
 
-from core.config import KafkaConfig
+from core.log_config import KafkaConfig
 from derived_feeds.expectations import Check
 from derived_feeds.feed_writer import BatchMarker, append_once, plan_batch
 from log.base import TopicSpec

@@ -12,7 +12,8 @@ from harness.topics import partition_records
 
 from capture.agent import CaptureAgent
 from capture.catalog import typemap_decoders
-from core.config import LogConfig, load_config
+from core.config import load_config
+from core.log_config import LogConfig
 from derived_feeds.feed_job import await_query, run_feeds, start_feed
 from derived_feeds.feed_spec import feed_spec
 from log.base import Record, TopicSpec, append_keyed, end_offsets

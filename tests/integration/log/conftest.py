@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from harness.broker import TansuBroker, free_port
 
-from core.config import KafkaConfig
+from core.log_config import KafkaConfig
 
 #: ``file`` stores batches zstd-compressed (the default), ``file-plain`` uncompressed.
 BACKENDS = ["file", "file-plain", "kafka-python", "confluent-kafka"]

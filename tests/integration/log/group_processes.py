@@ -24,7 +24,8 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from core.config import KafkaConfig, load_config
+from core.config import load_config
+from core.log_config import KafkaConfig
 from log.base import Log, Record, append_keyed
 from log.consumer import ConsumerSettings
 from log.errors import FencedMemberError

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from harness.topics import partition_records
 
-from core.config import KafkaConfig, TopicCleaningConfig, load_config
+from core.config import load_config
+from core.log_config import KafkaConfig, TopicCleaningConfig
 from log.base import Log, StoredRecord, TopicPartition, TopicSpec
 from log.cleaner import Cleaner
 from log.factory import consumer_of, open_log

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from harness.topics import partition_records
 
-from core.config import KafkaConfig
+from core.log_config import KafkaConfig
 from log.base import Record, TopicSpec, append_keyed
 from log.file.backend import FileLog
 from log.kafka.backend import KafkaLog

@@ -17,7 +17,7 @@ from harness.broker import MotoS3, TansuBroker, persistent_broker_unavailable
 from harness.topics import partition_records
 from pydantic import SecretStr
 
-from core.config import KafkaConfig
+from core.log_config import KafkaConfig
 from log.base import Record, TopicPartition, TopicSpec
 from log.errors import LogUnavailableError, TopicExistsError, UnknownPartitionError, UnknownTopicError
 from log.kafka.backend import BatchTooLargeError, KafkaLog

@@ -13,7 +13,10 @@ import yaml
 
 from capture.agent import CaptureAgent
 from capture.catalog import typemap_decoders
-from core.config import LogConfig, SourceConfig, TableConfig, load_config
+from core.config import load_config
+from core.log_config import LogConfig
+from core.source_config import SourceConfig
+from core.warehouse_config import TableConfig
 from log.base import Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log

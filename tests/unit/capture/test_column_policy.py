@@ -14,7 +14,7 @@ from capture.events import EventBuilder
 from capture.pgoutput_messages import UNCHANGED_TOAST, Insert, Relation, RelationColumn, ReplicaIdentity, Update
 from capture.rows import RowConverter, TextRowDecoder
 from capture.transactions import Transaction
-from core.config import ColumnsConfig, MaskConfig, TypesConfig
+from core.source_config import ColumnsConfig, MaskConfig, TypesConfig
 from log.row_types import Oid
 from log.sequence import Lsn
 from log.topics import ERROR_HEADER

@@ -43,7 +43,7 @@ def test_capture_re_sent_after_a_restart_on_a_split_topic_writes_each_event_once
     from capture.records import OutRecord
     from capture.source_topics import SourceTopics
     from capture.stats import CaptureStats
-    from core.config import LogConfig
+    from core.log_config import LogConfig
 
     topic = "src.public.t"
     keys = [b'{"id":%d}' % i for i in range(12)]

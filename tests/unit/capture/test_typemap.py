@@ -17,7 +17,7 @@ from capture.pgoutput import PgoutputDecoder
 from capture.pgoutput_messages import UNCHANGED_TOAST, Insert, Relation, Update
 from capture.rows import RowConverter
 from capture.typemap import column_converter
-from core.config import TypesConfig
+from core.source_config import TypesConfig
 from log.row_types import LogicalKind, LogicalType, Oid, PgType, TypeKind, TypeRegistry, logical_type
 
 STRING = TypesConfig()  # decimal string, time adaptive, binary base64 (our defaults)

@@ -3,8 +3,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.config import load_config, parse_config, redact_dsn
+from core.config import load_config, parse_config
 from core.errors import ConfigError
+from core.source_config import redact_dsn
 from operations.scaffold import init_project
 
 SAMPLE = """

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from core.config import KafkaConfig, parse_config, redact_dsn
+from core.config import parse_config
 from core.errors import ConfigError
+from core.log_config import KafkaConfig
+from core.source_config import redact_dsn
 from log.kafka.clients import ClientSettings, open_client
 from log.kafka.security import kafka_python_security, librdkafka_security
 

@@ -22,7 +22,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from core.config import TypesConfig
+from core.source_config import TypesConfig
 from derived_feeds.feed_schema import schema_record, type_descriptor
 from spark_log.source_schema import row_schema
 

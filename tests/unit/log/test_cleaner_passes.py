@@ -2,7 +2,7 @@
 
 import pytest
 
-from core.config import TopicCleaningConfig
+from core.log_config import TopicCleaningConfig
 from log.base import Record, TopicSpec
 from log.cleaner import Cleaner
 from log.errors import IncompleteHistoryError

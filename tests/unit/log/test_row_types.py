@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.config import TypesConfig
+from core.source_config import TypesConfig
 from log.row_types import LogicalKind, LogicalType, Oid, PgType, TypeKind, TypeNestingError, TypeRegistry, logical_type
 
 STRING = TypesConfig()

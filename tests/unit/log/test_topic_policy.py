@@ -1,6 +1,6 @@
 """log.topic_policy: which log.topics entry applies to a topic, and what it changes in the spec."""
 
-from core.config import TopicCleaningConfig
+from core.log_config import TopicCleaningConfig
 from log.base import Record, TopicSpec
 from log.file.backend import FileLog
 from log.topic_policy import TopicPolicies, cleanup_policy, configured_segment_bytes

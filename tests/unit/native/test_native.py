@@ -41,7 +41,7 @@ from capture.snapshot import PartitionBatch, encode_piece
 from capture.stream import WalMessage
 from capture.transactions import Transaction, TransactionAssembler
 from capture.typemap import native_kind as _native_kind
-from core.config import ColumnsConfig, MaskConfig, TypesConfig
+from core.source_config import ColumnsConfig, MaskConfig, TypesConfig
 from log import partitioner
 from log.base import Record
 from log.file import batch_codec

@@ -6,7 +6,7 @@ import random
 
 import pyarrow as pa
 
-from core.config import TypesConfig
+from core.source_config import TypesConfig
 from log.base import StoredRecord
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from spark_log.latest_per_key import latest_per_key

@@ -7,7 +7,7 @@ from decimal import Decimal
 import orjson
 import pytest
 
-from core.config import TypesConfig
+from core.source_config import TypesConfig
 from log.base import StoredRecord
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.sequence import Sequence

@@ -20,7 +20,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from core.config import TypesConfig
+from core.source_config import TypesConfig
 from log.row_types import LogicalKind as K
 from log.row_types import LogicalType as L
 from spark_log.errors import SchemaConflictError

@@ -25,8 +25,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from core.config import TableConfig, parse_config
+from core.config import parse_config
 from core.errors import ConfigError
+from core.warehouse_config import TableConfig
 from log.sequence import Sequence
 from warehouse_loader.changes import COMMIT_TS, END_AT, INHERITED, OP, SEQ, START_AT
 from warehouse_loader.delta_writer import write_batch

@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 sys.path.insert(0, str(Path(__file__).parent))
 from test_scd import DOC_INPUT, DOC_TRUNCATE, KEYS, changes, scd2_table
 
-from core.config import TableConfig
+from core.warehouse_config import TableConfig
 from warehouse_loader.changes import SEQ
 from warehouse_loader.delta_writer import TOMBSTONES_DIR, committed_batch, write_batch, write_scd1, write_scd2
 from warehouse_loader.errors import SchemaMismatchError, WarehouseWriteError

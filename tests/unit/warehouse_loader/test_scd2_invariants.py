@@ -11,7 +11,8 @@ from deltalake import DeltaTable, write_deltalake
 sys.path.insert(0, str(Path(__file__).parent))
 from test_auto_cdc_options import log_changes
 
-from core.config import TableConfig, parse_config
+from core.config import parse_config
+from core.warehouse_config import TableConfig
 from log.sequence import Sequence
 from warehouse_loader.changes import END_AT, START_AT
 from warehouse_loader.delta_writer import write_batch
