@@ -57,7 +57,10 @@ def run_capture(
             raise UnknownSourceError(msg, source=name)
         # Fail fast with registration's one-line errors (login, TLS/sslmode, unreachable), password scrubbed.
         connect(config.sources[name].dsn.get_secret_value(), source=name).close()
-    os.environ.setdefault("PGAPPNAME", application_name())  # names this process in pg_stat_replication
+    # Names this process in pg_stat_replication. A name inherited from a parent that captured
+    # (its pid, not ours) is replaced; a name the user set is kept.
+    if os.environ.get("PGAPPNAME", "headwater capture ").startswith("headwater capture "):
+        os.environ["PGAPPNAME"] = application_name()
     leases = [lease(config.home_dir, "capture", name) for name in selected]
     acquire(leases, holder_wait, is_free=lambda: _slot_in_use(config, selected))
     try:

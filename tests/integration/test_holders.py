@@ -48,6 +48,8 @@ class Cli:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                # as if started by a process that captured itself: its name names another pid
+                env={**os.environ, "PGAPPNAME": f"headwater capture 1@{socket.gethostname()}"},
             )
         stop_at_exit(self.kill)
 
