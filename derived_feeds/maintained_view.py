@@ -266,6 +266,9 @@ def process_maintained_batch(
     )
     truncated_at = {row[cols.TOPIC]: row["truncate"][cols.SEQ] for row in summary if row["truncate"] is not None}
     positions = [row[_POSITION] for row in summary] + ([kept.position] if kept.position is not None else [])
+    if not positions:  # nothing read yet and nothing now (Spark runs a stateful query's first batch empty)
+        plan.kept = KeptRows(marker.batch_id, kept.session, kept.rows, kept.keys, None)
+        return
     position = max(positions, key=_order)
     survives = not_truncated(truncated_at)
     changes = batch_rows.where(~is_truncate & survives)

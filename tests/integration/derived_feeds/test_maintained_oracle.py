@@ -248,7 +248,10 @@ _FIXED = [
 ]
 
 
-_EXAMPLES = int(os.environ.get("HEADWATER_ORACLE_EXAMPLES", "2"))
+_EXAMPLES = int(os.environ.get("HEADWATER_ORACLE_EXAMPLES", "1"))
+#: Found by a generated example in CI: only a lookup changes, so the source's first micro-batch is
+#: empty (Spark runs a stateful query's first batch even when nothing was read).
+_LOOKUP_ONLY = [([("upsert", "customers", {"id": 0, "country": "PT"})], 2, False)]
 
 
 @settings(
@@ -258,6 +261,7 @@ _EXAMPLES = int(os.environ.get("HEADWATER_ORACLE_EXAMPLES", "2"))
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @example(steps=_FIXED)
+@example(steps=_LOOKUP_ONLY)
 @given(steps=st.lists(step, min_size=1, max_size=2))
 def test_every_feed_equals_its_sql_over_the_final_state(spark, steps):
     root = Path(tempfile.mkdtemp(prefix="hw-oracle-"))
