@@ -37,10 +37,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from log.base import READ_MAX_RECORDS, Log, StoredRecord, TopicPartition
 from log.errors import UnknownTopicError
+
+if TYPE_CHECKING:
+    from log.offset_store import OffsetStore
 
 AutoOffsetReset = Literal["earliest", "latest"]
 #: Called with the partitions a member gained (``on_assign``) or is about to lose (``on_revoke``).
@@ -146,6 +149,78 @@ class Consumer(Protocol):
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None: ...
+
+
+class PositionedReads:
+    """What both backends' consumers do alike with their positions and the log (a mixin).
+
+    A consumer class sets ``group``, ``_log`` and ``_positions`` (next offset per assigned partition).
+    """
+
+    group: str | None
+    settings: ConsumerSettings
+    _log: Log
+    _positions: dict[TopicPartition, int]
+    _store: OffsetStore[Any] | None
+
+    def assignment(self) -> frozenset[TopicPartition]:
+        """The partitions this member reads now."""
+        return frozenset(self._positions)
+
+    def position(self, partition: TopicPartition) -> int:
+        """The offset the next poll reads from in ``partition``."""
+        return self._positions[self._check_assigned(partition)]
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        """Read ``partition`` from ``offset`` on."""
+        raise NotImplementedError
+
+    def seek_to_time(self, timestamp_ms: int, partitions: Iterable[TopicPartition] | None = None) -> None:
+        """Read each partition from its first record at or after ``timestamp_ms`` (its end if none)."""
+        for tp in list(self._positions) if partitions is None else partitions:
+            found = self._log.offset_for_time(tp.topic, tp.partition, timestamp_ms)
+            self.seek(tp, self._log.end_offset(tp.topic, tp.partition) if found is None else found)
+
+    def _check_assigned(self, partition: TopicPartition) -> TopicPartition:
+        if partition not in self._positions:
+            msg = f"{partition.topic}/{partition.partition} is not assigned to this consumer"
+            raise ValueError(msg)
+        return partition
+
+    def lag(self) -> dict[TopicPartition, int]:
+        """Records after the position, per assigned partition."""
+        return {
+            tp: max(0, self._log.end_offset(tp.topic, tp.partition) - position)
+            for tp, position in sorted(self._positions.items())
+        }
+
+    def committed(self, partition: TopicPartition) -> int | None:
+        """The group's committed next offset for ``partition``."""
+        if self.group is None:
+            return None
+        return self._log.committed(self.group, partition.topic).get(partition.partition)
+
+    def _start_positions(
+        self, partitions: Sequence[TopicPartition], stored: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, int]:
+        """Where reading starts: the offset store's position, else the group's commit, else the reset policy."""
+        positions: dict[TopicPartition, int] = {}
+        committed: dict[str, dict[int, int]] = {}
+        for tp in partitions:
+            if tp in stored:
+                positions[tp] = stored[tp]
+                continue
+            if self.group is not None and self._store is None:
+                if tp.topic not in committed:
+                    committed[tp.topic] = self._log.committed(self.group, tp.topic)
+                if tp.partition in committed[tp.topic]:
+                    positions[tp] = committed[tp.topic][tp.partition]
+                    continue
+            if self.settings.auto_offset_reset == "earliest":
+                positions[tp] = self._log.beginning_offset(tp.topic, tp.partition)
+            else:
+                positions[tp] = self._log.end_offset(tp.topic, tp.partition)
+        return positions
 
 
 @dataclass(frozen=True, slots=True)

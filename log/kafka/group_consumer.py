@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from log.base import StoredRecord, TopicPartition
-from log.consumer import Checkpoint, ConsumerSettings, PartitionsCallback
+from log.consumer import Checkpoint, ConsumerSettings, PartitionsCallback, PositionedReads
 from log.errors import FencedMemberError
 from log.kafka.backend import KafkaLog
 from log.offset_store import OffsetStore
@@ -38,8 +38,10 @@ from log.topics import validate_group_name
 LibraryConsumer = TypeVar("LibraryConsumer")
 
 
-class KafkaGroupConsumer(ABC, Generic[LibraryConsumer]):
+class KafkaGroupConsumer(PositionedReads, ABC, Generic[LibraryConsumer]):
     """A consumer of a :class:`~log.kafka.backend.KafkaLog`'s cluster (see the module docstring)."""
+
+    _log: KafkaLog
 
     def __init__(
         self,
@@ -130,27 +132,6 @@ class KafkaGroupConsumer(ABC, Generic[LibraryConsumer]):
             self._positions.pop(tp, None)
             self._tokens.pop(tp, None)
 
-    def _start_positions(
-        self, partitions: Sequence[TopicPartition], stored: Mapping[TopicPartition, int]
-    ) -> dict[TopicPartition, int]:
-        positions: dict[TopicPartition, int] = {}
-        committed: dict[str, dict[int, int]] = {}
-        for tp in partitions:
-            if tp in stored:
-                positions[tp] = stored[tp]
-                continue
-            if self.group is not None and self._store is None:
-                if tp.topic not in committed:
-                    committed[tp.topic] = self._log.committed(self.group, tp.topic)
-                if tp.partition in committed[tp.topic]:
-                    positions[tp] = committed[tp.topic][tp.partition]
-                    continue
-            if self.settings.auto_offset_reset == "earliest":
-                positions[tp] = self._log.beginning_offset(tp.topic, tp.partition)
-            else:
-                positions[tp] = self._log.end_offset(tp.topic, tp.partition)
-        return positions
-
     # -- reading ------------------------------------------------------------------------------
 
     def poll(self, timeout_s: float = 1.0, *, max_records: int | None = None) -> list[StoredRecord]:
@@ -168,14 +149,6 @@ class KafkaGroupConsumer(ABC, Generic[LibraryConsumer]):
                 self._positions[tp] = record.offset + 1
         return kept
 
-    def assignment(self) -> frozenset[TopicPartition]:
-        """The partitions this member reads now."""
-        return frozenset(self._positions)
-
-    def position(self, partition: TopicPartition) -> int:
-        """The offset the next poll reads from in ``partition``."""
-        return self._positions[self._check_assigned(partition)]
-
     def seek(self, partition: TopicPartition, offset: int) -> None:
         """Read ``partition`` from ``offset`` on."""
         self._check_assigned(partition)
@@ -183,32 +156,7 @@ class KafkaGroupConsumer(ABC, Generic[LibraryConsumer]):
         with self._log.client.guard("seek"):
             self._seek(partition, self._positions[partition])
 
-    def seek_to_time(self, timestamp_ms: int, partitions: Iterable[TopicPartition] | None = None) -> None:
-        """Read each partition from its first record at or after ``timestamp_ms`` (its end if none)."""
-        for tp in list(self._positions) if partitions is None else partitions:
-            found = self._log.offset_for_time(tp.topic, tp.partition, timestamp_ms)
-            self.seek(tp, self._log.end_offset(tp.topic, tp.partition) if found is None else found)
-
-    def _check_assigned(self, partition: TopicPartition) -> TopicPartition:
-        if partition not in self._positions:
-            msg = f"{partition.topic}/{partition.partition} is not assigned to this consumer"
-            raise ValueError(msg)
-        return partition
-
-    def lag(self) -> dict[TopicPartition, int]:
-        """Records after the position, per assigned partition."""
-        return {
-            tp: max(0, self._log.end_offset(tp.topic, tp.partition) - position)
-            for tp, position in sorted(self._positions.items())
-        }
-
     # -- committing ---------------------------------------------------------------------------
-
-    def committed(self, partition: TopicPartition) -> int | None:
-        """The group's committed next offset for ``partition``."""
-        if self.group is None:
-            return None
-        return self._log.committed(self.group, partition.topic).get(partition.partition)
 
     def checkpoints(self, offsets: Mapping[TopicPartition, int] | None = None) -> dict[TopicPartition, Checkpoint]:
         """Next offsets (default: the positions) with each partition's ownership token."""
