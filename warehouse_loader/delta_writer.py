@@ -35,6 +35,11 @@ Contract:
 deltalake's Rust runtime panics in a forked child: call these functions from the process
 that imported deltalake, or from a process started with ``spawn``; never from a
 ``fork``-started multiprocessing worker.
+
+(Over 500 lines: the SCD1 and SCD2 writers share the commit protocol above (app
+transactions, tombstones committed before the MERGE, re-planning after a lost race); it is
+kept in one module so the exactly-once contract and every step that keeps it read together.
+The planning itself lives in :mod:`warehouse_loader.scd1` and :mod:`warehouse_loader.scd2`.)
 """
 
 from __future__ import annotations
