@@ -6,7 +6,9 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
@@ -77,3 +79,16 @@ def kill_all(pids: set[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, log: Path) -> Any:
+    """``condition()``'s first truthy value within ``timeout_s`` (polled each second), else fail with ``log``'s tail."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            last = condition()
+            if last:
+                return last
+        time.sleep(1)
+    raise AssertionError(f"{what} within {timeout_s:.0f}s (last: {last}); output:\n{log.read_text()[-4000:]}")

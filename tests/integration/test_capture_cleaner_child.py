@@ -11,30 +11,16 @@ thread that supervises the cleaner).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import yaml
 from harness.metrics_scrape import free_port, scrape, total
-from harness.process_tree import command_line, descendants, kill_all, wait_all_gone
+from harness.process_tree import command_line, descendants, kill_all, wait_all_gone, wait_for
 from harness.processes import stop_at_exit
-
-
-def wait_for(condition, timeout_s: float, what: str, log: Path):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            last = condition()
-            if last:
-                return last
-        time.sleep(1)
-    raise AssertionError(f"{what} within {timeout_s:.0f}s (last: {last}); output:\n{log.read_text()[-4000:]}")
 
 
 def test_capture_follow_serves_its_cleaners_metrics_and_takes_it_along_when_killed(pg_database, unique_name, tmp_path):

@@ -11,7 +11,6 @@ warehouse table equals the source.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 import yaml
 from harness.items_workload import COLUMNS, SCHEMA, Workload, canonical, source_rows
 from harness.metrics_scrape import free_port, scrape, total
-from harness.process_tree import command_line, descendants, kill_all, wait_all_gone, working_in
+from harness.process_tree import command_line, descendants, kill_all, wait_all_gone, wait_for, working_in
 from harness.processes import stop_at_exit
 from harness.row_compare import checksum, row_diff
 
@@ -33,18 +32,6 @@ from warehouse_loader.query import run_query
 
 KEY = ["region", "id"]
 LAGS = ("headwater_lag_records{", "headwater_lag_seconds{")
-
-
-def wait_for(condition, timeout_s: float, what: str, log: Path):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            last = condition()
-            if last:
-                return last
-        time.sleep(1)
-    raise AssertionError(f"{what} within {timeout_s:.0f}s (last: {last}); output:\n{log.read_text()[-4000:]}")
 
 
 class Follow:
