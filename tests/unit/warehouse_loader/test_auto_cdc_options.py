@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from harness.auto_cdc_examples import DOC_FEED
 
 from core.config import parse_config
 from core.errors import ConfigError
@@ -35,17 +36,6 @@ from warehouse_loader.errors import ChangeBatchError
 
 KEYS = ["userId"]
 
-# userId, name, city, operation, sequenceNum: the documentation's change feed.
-DOC_FEED = [
-    (124, "Raul", "Oaxaca", "INSERT", 1),
-    (123, "Isabel", "Monterrey", "INSERT", 1),
-    (125, "Mercedes", "Tijuana", "INSERT", 2),
-    (126, "Lily", "Cancun", "INSERT", 2),
-    (123, None, None, "DELETE", 6),
-    (125, "Mercedes", "Guadalajara", "UPDATE", 6),
-    (125, "Mercedes", "Mexicali", "UPDATE", 5),
-    (123, "Isabel", "Chihuahua", "UPDATE", 5),
-]
 DOC_SCD1 = [(124, "Raul", "Oaxaca"), (125, "Mercedes", "Guadalajara"), (126, "Lily", "Cancun")]
 DOC_SCD2 = [
     (123, "Isabel", "Monterrey", 1, 5),

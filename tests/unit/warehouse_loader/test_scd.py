@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from harness.auto_cdc_examples import DOC_FEED as DOC_INPUT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,17 +25,6 @@ from warehouse_loader.scd2 import Scd2State, apply_scd2, plan_scd2
 KEYS = ["userId"]
 _OPS = {"INSERT": "c", "UPDATE": "u", "DELETE": "d", "TRUNCATE": "t"}
 
-# userId, name, city, operation, sequenceNum -- verbatim from the documentation.
-DOC_INPUT = [
-    (124, "Raul", "Oaxaca", "INSERT", 1),
-    (123, "Isabel", "Monterrey", "INSERT", 1),
-    (125, "Mercedes", "Tijuana", "INSERT", 2),
-    (126, "Lily", "Cancun", "INSERT", 2),
-    (123, None, None, "DELETE", 6),
-    (125, "Mercedes", "Guadalajara", "UPDATE", 6),
-    (125, "Mercedes", "Mexicali", "UPDATE", 5),
-    (123, "Isabel", "Chihuahua", "UPDATE", 5),
-]
 DOC_TRUNCATE = (None, None, None, "TRUNCATE", 3)
 
 
