@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 import yaml
+from harness.auto_cdc_examples import DOC_FEED as DOC_INPUT
+from harness.auto_cdc_examples import KEYS, changes
 
 from core.config import ProjectConfig, load_config
 from log.factory import open_log
@@ -31,9 +33,6 @@ from warehouse_loader.errors import WarehouseStorageError, WarehouseUnreachableE
 from warehouse_loader.load_job import table_path
 from warehouse_loader.location import check_warehouse, location_in
 from warehouse_loader.query import run_query
-
-sys.path.insert(0, str(Path(__file__).parents[2] / "unit" / "warehouse_loader"))
-from test_scd import DOC_INPUT, KEYS, changes
 
 pytestmark = pytest.mark.integration
 
@@ -199,8 +198,8 @@ def test_two_writers_racing_on_one_s3_table_both_land_every_batch(
         from warehouse_loader import delta_writer
         from warehouse_loader.errors import CommitConflictError
         from warehouse_loader.load_job import table_path
-        sys.path.insert(0, {str(Path(__file__).parents[2] / "unit" / "warehouse_loader")!r})
-        from test_scd import changes
+        sys.path.insert(0, {str(Path(__file__).parents[2])!r})
+        from harness.auto_cdc_examples import changes
 
         writer, start_at = int(sys.argv[1]), float(sys.argv[2])
         config = load_config({str(config.config_path)!r})

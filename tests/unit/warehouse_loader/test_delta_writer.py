@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_scd import DOC_INPUT, DOC_TRUNCATE, KEYS, changes, scd2_table
+from harness.auto_cdc_examples import DOC_FEED as DOC_INPUT
+from harness.auto_cdc_examples import DOC_TRUNCATE, KEYS, changes, scd2_table
 
 from core.warehouse_config import TableConfig
 from warehouse_loader.changes import SEQ

@@ -13,48 +13,19 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from harness.auto_cdc_examples import DOC_FEED as DOC_INPUT
+from harness.auto_cdc_examples import DOC_TRUNCATE, KEYS, changes, scd2_table, seq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from log.sequence import Sequence
-from warehouse_loader.changes import COMMIT_TS, END_AT, OP, SEQ, START_AT, check_changes
+from warehouse_loader.changes import OP, SEQ, check_changes
 from warehouse_loader.errors import ChangeBatchError
 from warehouse_loader.scd1 import Scd1State, apply_scd1, empty_tombstones, plan_scd1
 from warehouse_loader.scd2 import Scd2State, apply_scd2, plan_scd2
 
-KEYS = ["userId"]
-_OPS = {"INSERT": "c", "UPDATE": "u", "DELETE": "d", "TRUNCATE": "t"}
-
-DOC_TRUNCATE = (None, None, None, "TRUNCATE", 3)
-
-
-def seq(n: int) -> str:
-    return Sequence(n, 0).sortable()
-
-
-def changes(rows: list[tuple[Any, ...]]) -> pa.Table:
-    return pa.table(
-        {
-            "userId": pa.array([r[0] for r in rows], pa.int64()),
-            "name": pa.array([r[1] for r in rows], pa.string()),
-            "city": pa.array([r[2] for r in rows], pa.string()),
-            SEQ: pa.array([seq(r[4]) for r in rows], pa.string()),
-            OP: pa.array([_OPS.get(r[3], r[3]) for r in rows], pa.string()),
-            COMMIT_TS: pa.array([r[4] * 1_000_000 for r in rows], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-        }
-    )
-
 
 def scd1_table(state: Scd1State) -> list[tuple[Any, ...]]:
     return sorted((r["userId"], r["name"], r["city"]) for r in state.rows.to_pylist())
-
-
-def scd2_table(rows: pa.Table) -> list[tuple[Any, ...]]:
-    def num(value: str | None) -> int | None:
-        return None if value is None else Sequence.from_sortable(value).commit_lsn
-
-    versions = [(r["userId"], r["name"], r["city"], num(r[START_AT]), num(r[END_AT])) for r in rows.to_pylist()]
-    return sorted(versions, key=lambda v: (v[0], v[3]))
 
 
 def empty1(batch: pa.Table) -> Scd1State:
