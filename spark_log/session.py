@@ -19,6 +19,12 @@ Python workers import the installed, byte-compiled pyspark instead of the zipped
 Spark puts first on their path (:func:`spark_home`): a worker starts with ~0.2 CPU s
 instead of ~0.7, which matters because Spark gives a starting worker 10 s (hard-coded)
 to connect back, and two cores under load are slow to give it 0.7 s.
+
+``$HEADWATER_SPARK_JAVA_OPTIONS`` adds JVM options to the driver of every session this
+process (and any child) starts, before the project's own ``spark.driver.extraJavaOptions``.
+For short jobs on few cores, ``-XX:TieredStopAtLevel=1 -XX:+UseSerialGC`` (no C2 compiler
+threads, one GC thread) cuts a job's CPU by about a third; the test suite sets it, a
+long-running pipeline should not (C2 code is faster once warm).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["cds_archive_path", "spark_home", "spark_session", "stop_spark"]
 
 _RECORDING_SUFFIX = ".recording"
+JAVA_OPTIONS_VARIABLE = "HEADWATER_SPARK_JAVA_OPTIONS"
 # VerifySharedSpaces checks each region's CRC before mapping it: without it a corrupted
 # archive crashes the JVM (SIGSEGV) instead of just disabling sharing. The CRC costs
 # little next to Spark's start. Logs are off because an unusable archive is a slower
@@ -153,8 +160,8 @@ def spark_session(
 
     ``local_dir`` holds the driver's scratch files and the default warehouse; ``extra_conf``
     overrides any setting, ``spark.driver.extraJavaOptions`` included (appended to the
-    CDS options). ``loopback``: the driver and every executor are on this host, so the
-    driver listens on 127.0.0.1 only. If a session already runs in this process it is
+    CDS options and ``$HEADWATER_SPARK_JAVA_OPTIONS``). ``loopback``: the driver and every
+    executor are on this host, so the driver listens on 127.0.0.1 only. If a session already runs in this process it is
     returned as is: JVM-level settings cannot change without :func:`stop_spark`.
     """
     from pyspark.sql import SparkSession
@@ -195,7 +202,16 @@ def spark_session(
         conf["spark.local.dir"] = str(local_dir / "tmp")
         conf["spark.sql.warehouse.dir"] = str(local_dir / "warehouse")
     extra = dict(extra_conf or {})
-    java_options = " ".join(filter(None, [_cds_java_options(), extra.pop("spark.driver.extraJavaOptions", "")]))
+    java_options = " ".join(
+        filter(
+            None,
+            [
+                _cds_java_options(),
+                os.environ.get(JAVA_OPTIONS_VARIABLE, "").strip(),
+                extra.pop("spark.driver.extraJavaOptions", ""),
+            ],
+        )
+    )
     if java_options:
         conf["spark.driver.extraJavaOptions"] = java_options
     conf.update(extra)
