@@ -57,6 +57,7 @@ from log.base import Log, Record, TopicSpec, append_keyed
 from log.table_schemas import read_schema_records, schema_key
 from log.topics import SCHEMAS_TOPIC
 from spark_log import source_schema as cols
+from spark_log.checkpoint_leftovers import drop_first_batch_leftovers
 from spark_log.data_source import log_reader
 from spark_log.job import wait_for_sources
 from spark_log.progress import commit_progress, track_progress
@@ -312,6 +313,7 @@ def start_feed(
         check_checkpoint(spec)
         stream = latest_per_key(stream)
     writer = stream.writeStream.queryName(query_name).foreachBatch(apply)
+    drop_first_batch_leftovers(spec.checkpoint / "spark")  # a feed killed during its first start would never start
     writer = writer.option("checkpointLocation", str(spec.checkpoint / "spark"))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_interval)
     return (start_stateful(spark, writer) if maintained else writer.start()), plan

@@ -22,6 +22,7 @@ from core.errors import HeadwaterError, PermanentError
 from log.base import Log
 from log.table_schemas import read_schema_records, schema_key
 from log.topics import load_group
+from spark_log.checkpoint_leftovers import drop_first_batch_leftovers
 from spark_log.versions import resolve_table_target, resolve_topic
 from warehouse_loader import delta_writer
 from warehouse_loader.errors import WarehouseError
@@ -170,7 +171,9 @@ def start_load(
         track_progress(spark, log, query_name, load_group(build))
     writer = rows.writeStream.queryName(query_name).foreachBatch(apply)
     # A file: URL, so a cluster whose default filesystem is HDFS still uses the driver's path.
-    writer = writer.option("checkpointLocation", checkpoint_path(config, build).absolute().as_uri())
+    location = checkpoint_path(config, build).absolute()
+    drop_first_batch_leftovers(location)  # a load killed during its first start would never start again
+    writer = writer.option("checkpointLocation", location.as_uri())
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_interval)
     return writer.start()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import orjson
@@ -27,7 +28,7 @@ from log.sequence import Sequence
 from operations.scaffold import init_project
 from warehouse_loader import delta_writer
 from warehouse_loader.delta_writer import TOMBSTONES_DIR, committed_batch
-from warehouse_loader.load_job import checkpoint_path, start_load, table_path
+from warehouse_loader.load_job import checkpoint_path, load_identity, start_load, table_path
 from warehouse_loader.query import run_query
 
 SCD1, SCD2 = "cur", "hist"
@@ -277,6 +278,15 @@ def test_cli_load_and_query(pg_database, unique_name, tmp_path):
     pg_database.execute("DELETE FROM t WHERE id = 3")
     pg_database.execute("INSERT INTO t VALUES (4, 'four', NULL)")
     headwater(project, "capture", name, "--until-caught-up")
+    # A load SIGKILLed while Spark wrote its first offset entry left its checkpoint with only the
+    # metadata and a hidden temporary file (seen in the broker-kill fault test): Spark 4 refuses
+    # such a checkpoint ("offsets should be empty on batch 0") on every restart unless it is cleared.
+    killed = checkpoint_path(load_config(config_file), load_identity(load_config(config_file), "t_cur")[0])
+    (killed / "offsets").mkdir(parents=True)
+    (killed / "metadata").write_text(orjson.dumps({"id": str(uuid.uuid4())}).decode() + "\n")
+    temporary = f".0.{uuid.uuid4()}.tmp"
+    (killed / "offsets" / temporary).write_text('v1\n{"batchWatermarkMs":0}\n')
+    (killed / "offsets" / f".{temporary}.crc").write_bytes(b"crc")
     loaded = headwater(project, "load", "--available-now")
     assert "load_t_cur" in loaded.stdout and "load_t_hist" in loaded.stdout
     sql = (
