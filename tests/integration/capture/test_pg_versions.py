@@ -94,11 +94,9 @@ def test_walsender_killed_mid_stream_resumes_without_loss_or_duplicates(
                     audit.run_batch(conn, batch, ROWS_PER_BATCH)
                     if batch % 3 == 1:
                         # The walsender is busy decoding or streaming the transaction just committed.
-                        conn.execute(
-                            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                            "WHERE slot_name = %s AND active_pid IS NOT NULL",
-                            (slot,),
-                        )
+                        # Under load capture may still be between its snapshot and streaming (no
+                        # walsender yet): wait for one, so every kill kills (CI once killed none).
+                        wait_until(lambda: terminated(conn, slot), 60, "a walsender to kill")
             total = len(audit.audited_changes(dsn))
             wait_until(lambda: len(audit.logged_changes(project, source)) >= total, 120, f"{total} changes in the log")
         finally:
@@ -110,6 +108,16 @@ def test_walsender_killed_mid_stream_resumes_without_loss_or_duplicates(
         audit.assert_log_equals_audit(project, source, dsn)
     finally:
         server.drop_database(dbname)
+
+
+def terminated(conn: psycopg.Connection[Any], slot: str) -> bool:
+    """Terminate the slot's walsender; False when the slot has none right now."""
+    rows = conn.execute(
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+        "WHERE slot_name = %s AND active_pid IS NOT NULL",
+        (slot,),
+    ).fetchall()
+    return rows == [(True,)]
 
 
 def slot_active(server: Any, dbname: str, slot: str) -> bool:
