@@ -216,7 +216,7 @@ def events_read(progress: Any) -> int:
     """
     events = 0
     for source in progress["sources"]:
-        start, end = (orjson.loads(source[o]) if source[o] else {} for o in ("startOffset", "endOffset"))
+        start, end = (orjson.loads(source[o] or "null") or {} for o in ("startOffset", "endOffset"))
         for topic, partitions in end.items():
             events += sum(n - int(start.get(topic, {}).get(p, 0)) for p, n in partitions.items())
     return events
