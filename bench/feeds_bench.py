@@ -33,7 +33,9 @@ that does not move with the load; the load average is printed with it.
 
 ``--batch`` defaults to the feed job's own micro-batch size (``feed_job.DEFAULT_MAX_RECORDS`` for the
 one pass, ``feed_job.MAINTAINED_MAX_RECORDS`` for maintained views); the warm-ups run 200k-record
-micro-batches unless ``--batch`` is given.
+micro-batches unless ``--batch`` is given. With the default 800k events a maintained view's only steady
+batch is a 200k tail that pays a whole batch's passes over the current rows: measure those feeds with
+``--events 2400000`` (four full batches), as ``bench/RESULTS.md`` does.
 ``--general`` runs the projection feed as a maintained view (plan class ``projection (maintained)``);
 ``--feeds`` picks which of the three run (default all).
 """
