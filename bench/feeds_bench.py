@@ -15,22 +15,27 @@ a fresh file log; then, in one Spark session:
 * feed ``with_region`` (``join``): each customer with its country's region from a 5-row
   lookup topic, keyed by id.
 
-"Steady" means a warm process, as a feed that keeps running: before the measured run the
-same feed SQL runs over a warm-up topic (``--warmup`` events, default three micro-batches:
+"Steady" means a warm process, as a feed that keeps running: before the measured runs each
+measured feed's own SQL (so its own kind: the one pass, or a maintained view's stateful
+query) runs over a warm-up topic (``--warmup`` events, default three micro-batches of 200k:
 class loading, code generation, the JIT's C2 compilations of the generated stages, ICU's
 case tables, Python workers), and the measured run's first micro-batch (query start) is
-left out. Each micro-batch's line shows its CPU per 100k events, so a share still falling
-from batch to batch (not steady yet) is visible. Besides wall-clock rates the bench prints
-CPU seconds per 100k events of this process and its descendants by role (this process:
-the ``foreachBatch`` driver work; the JVM; Spark's Python workers): on a machine shared
-with other jobs that is the number that does not move with the load; the load average is
-printed with it.
+left out. Events are the log records each micro-batch read (its offset ranges), not Spark's
+``numInputRows`` (fewer: the source keeps one row per key and micro-batch). Each micro-batch's
+line shows its CPU per 100k events, so a share still falling from batch to batch (not steady
+yet) is visible. Besides wall-clock rates the bench prints CPU seconds per 100k events of
+this process and its descendants by role (this process: the ``foreachBatch`` driver work;
+the JVM; Spark's Python workers): on a machine shared with other jobs that is the number
+that does not move with the load; the load average is printed with it.
 
     .venv/bin/python bench/feeds_bench.py [--events 800000] [--keys 400000] [--batch 200000] [--warmup 600000]
                                           [--general]
 
 ``--batch`` defaults to the feed job's own micro-batch size (``feed_job.DEFAULT_MAX_RECORDS`` for the
-one pass and the warm-up, ``feed_job.MAINTAINED_MAX_RECORDS`` for maintained views).
+one pass, ``feed_job.MAINTAINED_MAX_RECORDS`` for maintained views); the warm-ups run 200k-record
+micro-batches unless ``--batch`` is given. With the default 800k events a maintained view's only steady
+batch is a 200k tail that pays a whole batch's passes over the current rows: measure those feeds with
+``--events 2400000`` (four full batches), as ``bench/RESULTS.md`` does.
 ``--general`` runs the projection feed as a maintained view (plan class ``projection (maintained)``);
 ``--feeds`` picks which of the three run (default all).
 """
@@ -205,6 +210,20 @@ def per_100k(cpu: dict[str, float], rows: int) -> str:
     return f"{sum(per.values()):.2f} (" + ", ".join(f"{role} {per[role]:.2f}" for role in ROLES) + ")"
 
 
+def events_read(progress: Any) -> int:
+    """The log records a micro-batch consumed (its sources' offset ranges).
+
+    Not ``numInputRows``: read with ``latestPerKey`` the source hands Spark one row per key and
+    micro-batch, fewer than the events it read.
+    """
+    events = 0
+    for source in progress["sources"]:
+        start, end = (orjson.loads(source[o] or "null") or {} for o in ("startOffset", "endOffset"))
+        for topic, partitions in end.items():
+            events += sum(n - int(start.get(topic, {}).get(p, 0)) for p, n in partitions.items())
+    return events
+
+
 def measure(spark: Any, config: Any, log: Any, name: str, args: argparse.Namespace, bare: float) -> None:
     """Run feed ``name`` over the whole topic and print its batches, steady rate and CPU per 100k events."""
     listener = CpuAtProgress()
@@ -218,20 +237,21 @@ def measure(spark: Any, config: Any, log: Any, name: str, args: argparse.Namespa
     spark.streams.removeListener(listener)
     batches = [p for p in query.recentProgress if p["numInputRows"]]
     steady = batches[1:] or batches
+    events = {p["batchId"]: events_read(p) for p in batches}
     print(f"{name} ({plan.plan_class}), load {load_average()}:")
     for p in batches:
-        rows, ms, batch_id = p["numInputRows"], p["durationMs"]["triggerExecution"], p["batchId"]
+        rows, ms, batch_id = events[p["batchId"]], p["durationMs"]["triggerExecution"], p["batchId"]
         line = f"  batch {batch_id}: {rows:,} events in {ms / 1000:.2f} s ({rows / ms * 1000:,.0f} events/s)"
         if batch_id in listener.cpu and batch_id - 1 in listener.cpu:
             spent = {role: listener.cpu[batch_id][role] - listener.cpu[batch_id - 1][role] for role in ROLES}
             line += f", CPU s per 100k {per_100k(spent, rows)}"
         print(line)
-    rate = sum(p["numInputRows"] for p in steady) / sum(p["durationMs"]["triggerExecution"] for p in steady) * 1000
+    rate = sum(events[p["batchId"]] for p in steady) / sum(p["durationMs"]["triggerExecution"] for p in steady) * 1000
     written = sum(log.end_offset(name, p) for p in range(2))
     print(f"  overall (incl. planning, query start): {overall:,.0f} events/s; {written:,} records written")
     ids = [p["batchId"] for p in steady if p["batchId"] in listener.cpu and p["batchId"] - 1 in listener.cpu]
     spent = {role: sum(listener.cpu[i][role] - listener.cpu[i - 1][role] for i in ids) for role in ROLES}
-    steady_rows = sum(p["numInputRows"] for p in steady if p["batchId"] in ids)
+    steady_rows = sum(events[p["batchId"]] for p in steady if p["batchId"] in ids)
     steady_text = per_100k(spent, steady_rows) if steady_rows else "n/a"
     whole = per_100k({role: end_cpu[role] - cpu[role] for role in ROLES}, args.events)
     print(f"  CPU s per 100k events: steady {steady_text}, incl. batch 0 and start {whole}")
@@ -257,8 +277,9 @@ def main() -> None:
     config_path = root / "headwater.yaml"
     names = [name.strip() for name in args.feeds.split(",") if name.strip()]
     feeds = {name: FEEDS[name] for name in names}
-    if args.warmup:
-        feeds["warmup"] = {"from": WARMUP_TOPIC, "sql": SQL, "key": ["id"]}
+    warmups = [f"warmup_{name}" for name in names] if args.warmup else []
+    for name in names:  # each feed's own SQL over the warm-up topic
+        feeds.update({f"warmup_{name}": {**FEEDS[name], "from": WARMUP_TOPIC}} if args.warmup else {})
     body = {"project": "bench", "home": str(root / "home"), "log": {"partitions": 2}, "feeds": feeds}
     config_path.write_text(yaml.safe_dump(body))
     start = time.perf_counter()
@@ -278,10 +299,11 @@ def main() -> None:
         reader = spark.read.format("headwater_log").option("config", str(config_path)).option("topic", TOPIC)
         reader.load().write.format("noop").mode("overwrite").save()  # warm-up: workers, classes
 
-        if args.warmup:
+        for warmup in warmups:
             start = time.perf_counter()
-            run_feeds(spark, config, log, ["warmup"], available_now=True, max_records_per_batch=args.batch)
-            print(f"warm-up feed: {args.warmup:,} events in {time.perf_counter() - start:.1f} s (not measured)")
+            batch = args.batch or DEFAULT_MAX_RECORDS
+            run_feeds(spark, config, log, [warmup], available_now=True, max_records_per_batch=batch)
+            print(f"{warmup}: {args.warmup:,} events in {time.perf_counter() - start:.1f} s (not measured)")
         for name in names:  # each against a bare read right before it (the load moves)
             before, start = tree_cpu_by_role(), time.perf_counter()
             reader.load().write.format("noop").mode("overwrite").save()

@@ -1,10 +1,11 @@
 """The enrichment state: the latest change per ``(topic, key)`` of a feed's topics, in Spark's RocksDB state store.
 
-An enriched feed's stream (its ``from`` topic and its lookup topics read together) goes
-through one streaming aggregation, ``max_by`` over the source order per ``(topic, key)``,
-in ``update`` output mode: each micro-batch hands ``foreachBatch`` the keys it changed,
-each with its latest change (op, row image, META) and how many changes the key has had in
-all. Spark keeps the aggregation's state in the RocksDB state store with changelog
+An enriched feed's stream (its ``from`` topic and its lookup topics read together, each
+key's latest change per micro-batch and log partition already picked by the reader:
+``latestPerKey``) goes through one streaming aggregation, ``max_by`` over the source order
+per ``(topic, key)``, in ``update`` output mode: each micro-batch hands ``foreachBatch`` the
+keys it changed, each with its latest change (op, row image, META) and in how many
+micro-batches the key changed. Spark keeps the aggregation's state in the RocksDB state store with changelog
 checkpointing (``<checkpoint>/state/0/<partition>/<version>.changelog``, a snapshot now and
 then), so a micro-batch writes only the keys it changed, and a restart loads the state
 from the checkpoint instead of rereading the topics.
@@ -68,8 +69,12 @@ STATE_STORE_CONF = {
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
     ),
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # By default every put first gets the key to count the store's rows (the ``numRowsTotal``
+    # metric, unused here): one RocksDB get per changed key less (bench/RESULTS.md, issue 19).
+    "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
 }
-#: How many changes the key has had since the feed started (1 with op ``c``/``r``: never in the feed before).
+#: How many micro-batches changed the key since the feed started (the reader keeps a key's latest change
+#: per micro-batch, ``latestPerKey``). Not read by the maintenance; part of the state's schema.
 CHANGES = "__hw_changes"
 _LATEST = "__hw_latest"
 #: The grouping key of a topic's latest truncate (a row key is a JSON object, never starting with NUL).
@@ -106,6 +111,9 @@ def _state_schemas(checkpoint: Path) -> list[Path]:
 
 def latest_per_key(rows: DataFrame) -> DataFrame:
     """The streaming aggregation over ``headwater_log`` rows: per ``(topic, key)`` its latest change.
+
+    ``rows`` may be read with ``latestPerKey`` (its ``__hw_first_op`` is not kept) or not: the result is the same
+    but for ``__hw_changes``, which counts the rows the key had.
 
     Columns: ``topic``, ``__hw_src_key``, ``op``, ``__hw_image`` (``after``, ``before`` for a
     delete), META, ``__hw_changes``. Order is the source order ``(__hw_seq, partition, offset)``,

@@ -282,8 +282,9 @@ def start_feed(
         max_records_per_batch = MAINTAINED_MAX_RECORDS if maintained else DEFAULT_MAX_RECORDS
     reader = log_reader(spark, config, ",".join(spec.input_topics), streaming=True)
     reader = reader.option("maxRecordsPerBatch", str(max_records_per_batch))
-    if not maintained:  # a maintained view keeps every change of its topics (state per key)
-        reader = reader.option("latestPerKey", "true")
+    # Each key's latest change of the micro-batch only, per log partition in the reader (no shuffle); a
+    # maintained view then keeps it per key in its state store (fewer rows to encode and aggregate there).
+    reader = reader.option("latestPerKey", "true")
     for name, value in (options or {}).items():
         reader = reader.option(name, value)
     run = checkpoint_run(spec.checkpoint)
