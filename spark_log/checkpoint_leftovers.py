@@ -13,22 +13,19 @@ lease (``operations.holders``) is taken before Spark starts, so no live writer o
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlparse
-from urllib.request import url2pathname
 
 __all__ = ["drop_first_batch_leftovers"]
 
 _LOGS = ("offsets", "commits")
 
 
-def drop_first_batch_leftovers(location: str | Path) -> list[Path]:
+def drop_first_batch_leftovers(root: Path) -> list[Path]:
     """Remove abandoned temporary log files of a query that never wrote its first offset entry.
 
-    ``location`` is the query's ``checkpointLocation`` (a path or a ``file:`` URL; other schemes
-    are left alone). Returns the files removed; a checkpoint with any offset entry is untouched.
+    ``root`` is the query's checkpoint directory (checkpoints are always local paths here).
+    Returns the files removed; a checkpoint with any offset entry is untouched.
     """
-    root = _local_path(location)
-    if root is None or not root.is_dir():
+    if not root.is_dir():
         return []
     offsets = root / "offsets"
     if offsets.is_dir() and any(not entry.name.startswith(".") for entry in offsets.iterdir()):
@@ -43,14 +40,3 @@ def drop_first_batch_leftovers(location: str | Path) -> list[Path]:
                 entry.unlink(missing_ok=True)
                 removed.append(entry)
     return removed
-
-
-def _local_path(location: str | Path) -> Path | None:
-    if isinstance(location, Path):
-        return location
-    parsed = urlparse(location)
-    if parsed.scheme == "file":
-        return Path(url2pathname(parsed.path))
-    if parsed.scheme == "":
-        return Path(location)
-    return None
