@@ -277,9 +277,9 @@ def main() -> None:
     config_path = root / "headwater.yaml"
     names = [name.strip() for name in args.feeds.split(",") if name.strip()]
     feeds = {name: FEEDS[name] for name in names}
-    warmups = [f"warmup_{name}" for name in names] if args.warmup else []
-    for name in names:  # each feed's own SQL over the warm-up topic
-        feeds.update({f"warmup_{name}": {**FEEDS[name], "from": WARMUP_TOPIC}} if args.warmup else {})
+    # Each feed's own SQL over the warm-up topic.
+    warmups = {f"warmup_{name}": {**FEEDS[name], "from": WARMUP_TOPIC} for name in names} if args.warmup else {}
+    feeds.update(warmups)
     body = {"project": "bench", "home": str(root / "home"), "log": {"partitions": 2}, "feeds": feeds}
     config_path.write_text(yaml.safe_dump(body))
     start = time.perf_counter()
