@@ -28,14 +28,15 @@ this process and its descendants by role (this process: the ``foreachBatch`` dri
 the JVM; Spark's Python workers): on a machine shared with other jobs that is the number
 that does not move with the load; the load average is printed with it.
 
-    .venv/bin/python bench/feeds_bench.py [--events 800000] [--keys 400000] [--batch 200000] [--warmup 600000]
-                                          [--general]
+    .venv/bin/python bench/feeds_bench.py [--events 5400000] [--keys 400000] [--batch N] [--warmup 600000]
+                                          [--general] [--feeds clean,by_country,with_region]
 
 ``--batch`` defaults to the feed job's own micro-batch size (``feed_job.DEFAULT_MAX_RECORDS`` for the
 one pass, ``feed_job.MAINTAINED_MAX_RECORDS`` for maintained views); the warm-ups run 200k-record
-micro-batches unless ``--batch`` is given. With the default 800k events a maintained view's only steady
-batch is a 200k tail that pays a whole batch's passes over the current rows: measure those feeds with
-``--events 2400000`` (four full batches), as ``bench/RESULTS.md`` does.
+micro-batches unless ``--batch`` is given. The default 5.4M events are three full micro-batches of a
+maintained view (two steady ones). Events cycle over ``--keys`` keys, so a micro-batch larger than
+the keys holds repeated changes of a key, which the reader folds into one row (``latestPerKey``):
+``--keys`` at least ``--events`` measures the feeds with no folding at all.
 ``--general`` runs the projection feed as a maintained view (plan class ``projection (maintained)``);
 ``--feeds`` picks which of the three run (default all).
 """
@@ -56,7 +57,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from core.config import load_config
 from derived_feeds import feed_job
-from derived_feeds.feed_job import DEFAULT_MAX_RECORDS, run_feeds
+from derived_feeds.feed_job import run_feeds
 from log.base import Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
@@ -64,6 +65,8 @@ from log.topics import SCHEMAS_TOPIC
 from spark_log.data_source import register_log_source
 from spark_log.session import spark_session, stop_spark
 
+#: The warm-ups' micro-batch (records).
+WARMUP_BATCH = 200_000
 TOPIC = "shop.public.customers"
 WARMUP_TOPIC = "shop.public.customers_warmup"
 REGIONS_TOPIC = "shop.public.countries"
@@ -264,10 +267,10 @@ def measure(spark: Any, config: Any, log: Any, name: str, args: argparse.Namespa
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=800_000)
+    parser.add_argument("--events", type=int, default=5_400_000)
     parser.add_argument("--keys", type=int, default=400_000)
     parser.add_argument("--batch", type=int, default=None, help="records per micro-batch (default: the feed job's)")
-    parser.add_argument("--warmup", type=int, default=3 * DEFAULT_MAX_RECORDS, help="warm-up events (0: none)")
+    parser.add_argument("--warmup", type=int, default=3 * WARMUP_BATCH, help="warm-up events (0: none)")
     parser.add_argument("--general", action="store_true", help="the projection as a maintained view")
     parser.add_argument("--feeds", default=",".join(FEEDS), help="which feeds to run (comma-separated)")
     args = parser.parse_args()
@@ -301,7 +304,7 @@ def main() -> None:
 
         for warmup in warmups:
             start = time.perf_counter()
-            batch = args.batch or DEFAULT_MAX_RECORDS
+            batch = args.batch or WARMUP_BATCH
             run_feeds(spark, config, log, [warmup], available_now=True, max_records_per_batch=batch)
             print(f"{warmup}: {args.warmup:,} events in {time.perf_counter() - start:.1f} s (not measured)")
         for name in names:  # each against a bare read right before it (the load moves)

@@ -66,12 +66,17 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-DEFAULT_MAX_RECORDS = 200_000
-#: A maintained view's default micro-batch (records). Besides work per change, each of its micro-batches
-#: passes over the current rows several times (the kept rows rewritten, the touched groups or rows
-#: recomputed before and after: ~3-4 s for 400k rows at load 4-8), so larger batches amortize that;
-#: 600k measured 2.65-2.91 CPU s per 100k events against 4.29-5.24 at 200k (``bench/RESULTS.md``, issue 19).
-MAINTAINED_MAX_RECORDS = 600_000
+#: The one pass's default micro-batch (records). A cap that binds only while the feed has a backlog
+#: (catching up): the reader keeps each key's latest change per micro-batch, so larger batches fold more
+#: repeated changes into one row, and the per-batch costs (planning, the append's commit) spread over
+#: more records. The batch's output is held as Arrow on the driver (~100 bytes a row, one per key).
+#: On a topic of 400k keys at load 5-6: 0.68 of a bare read at 1.2M, 0.47 at 600k (``bench/RESULTS.md``).
+DEFAULT_MAX_RECORDS = 1_200_000
+#: A maintained view's default micro-batch (records). Its work per micro-batch is per changed key (the
+#: state store, the current rows rewritten, the touched groups recomputed), not per record read, so a
+#: backlog is worked off in large batches: 1.8M measured 0.70-0.75 CPU s per 100k events against
+#: 1.07-1.11 at 1.2M and ~2 at 600k on a topic of 400k keys (``bench/RESULTS.md``, issue 19).
+MAINTAINED_MAX_RECORDS = 1_800_000
 
 
 @dataclass

@@ -19,11 +19,14 @@ Per micro-batch ``b`` (``prev``: the rows after ``b - 1``; ``next``: after ``b``
    recompute the SQL over those source rows; grouped shapes (GROUP BY, DISTINCT) the groups
    their rows are in before or after (the group keys of the old and new images), each from
    all of its rows (so min, max and count(DISTINCT) are exact). A truncate makes the region
-   everything.
+   everything, and so does a batch that changed at least half of the source's rows in a
+   grouped shape (finding the region would then cost more than recomputing every group).
 2. **Diff.** The region's rows over ``prev`` (what the feed holds, by induction) and over
    ``next``, matched by the feed key: a key only in ``next`` is a create, a key in both whose
    row differs an update, a key only in ``prev`` a delete (and its tombstone). Nothing else
-   is written: an unchanged row or a key that never had a row makes no record.
+   is written: an unchanged row or a key that never had a row makes no record. Grouped shapes
+   keep their whole output on the driver (up to :data:`KEPT_OUTPUT_ROWS` rows), so when the
+   region is everything the old side is that output, not a second pass over ``prev``.
 3. **Key check.** Two rows of ``next``'s region with one key, or a new key that a row
    outside the region already has (the key index), stop the feed with
    :class:`~derived_feeds.errors.FeedKeyError` before anything is written: keeping one of the
@@ -68,6 +71,10 @@ if TYPE_CHECKING:
 #: The columns of the kept rows: each topic's current row images by key (and their sequence, for truncates).
 ROW_COLUMNS = (cols.TOPIC, SRC_KEY, IMAGE, cols.SEQ)
 _POSITION = "__hw_position"
+#: A batch that changed at least this share of the source's rows recomputes the whole view (no region).
+EVERYTHING_SHARE = 0.5
+#: Grouped shapes keep their whole output on the driver up to this many rows (the old side of the next diff).
+KEPT_OUTPUT_ROWS = 1_000_000
 _SIDE = "__hw_side"
 _META_TYPES = {
     **dict.fromkeys(META, pa.string()),
@@ -88,6 +95,10 @@ class KeptRows:
     keys: pa.Array | None
     #: The newest META of every change read so far (a Row), None before the first.
     position: Any
+    #: Rows of ``rows`` per topic.
+    counts: dict[str, int]
+    #: Grouped shapes: the feed's whole current output (``_output``'s columns), when this process holds it.
+    output: pa.Table | None = None
 
 
 def views(
@@ -239,7 +250,12 @@ def _kept_rows(spark: SparkSession, plan: FeedPlan, batch_id: int, image_type: A
     keys = None
     if not plan.view_shape.unique_by_plan:
         keys = _output(plan, sql_over(plan, rows)).select(KEY_JSON).toArrow().column(KEY_JSON).combine_chunks()
-    return KeptRows(batch_id - 1, session, rows, keys, position)
+    return KeptRows(batch_id - 1, session, rows, keys, position, _counts(rows))
+
+
+def _counts(rows: DataFrame) -> dict[str, int]:
+    """Rows per topic of kept rows."""
+    return {row[cols.TOPIC]: row["count"] for row in rows.groupBy(cols.TOPIC).count().collect()}
 
 
 def process_maintained_batch(
@@ -261,13 +277,14 @@ def process_maintained_batch(
         .agg(
             F.max(F.struct(*META)).alias(_POSITION),
             F.max(F.when(is_truncate, F.struct(cols.SEQ))).alias("truncate"),
+            F.count(F.lit(1)).alias("changed"),
         )
         .collect()
     )
     truncated_at = {row[cols.TOPIC]: row["truncate"][cols.SEQ] for row in summary if row["truncate"] is not None}
     positions = [row[_POSITION] for row in summary] + ([kept.position] if kept.position is not None else [])
     if not positions:  # nothing read yet and nothing now (Spark runs a stateful query's first batch empty)
-        plan.kept = KeptRows(marker.batch_id, kept.session, kept.rows, kept.keys, None)
+        plan.kept = KeptRows(marker.batch_id, kept.session, kept.rows, kept.keys, None, kept.counts, kept.output)
         return
     position = max(positions, key=_order)
     survives = not_truncated(truncated_at)
@@ -286,10 +303,14 @@ def process_maintained_batch(
         for view, topic in topics.items()
         if topic in changed_topics
     }
-    region = Region(plan, Catalyst(spark), changed, everything=bool(truncated_at))
-    keys = None if region.everything else region.source_keys(prev, rows_after)  # a truncate: everything
+    changed_source = sum(row["changed"] for row in summary if row[cols.TOPIC] == spec.source_topic)
+    # A truncate, or a batch that changed most source rows: recomputing everything costs less than finding the region.
+    most = shape.grouped and changed_source >= kept.counts.get(spec.source_topic, 0) * EVERYTHING_SHARE
+    everything = bool(truncated_at) or most
+    region = Region(plan, Catalyst(spark), changed, everything=everything)
+    keys = None if region.everything else region.source_keys(prev, rows_after)
+    groups = None
     if shape.grouped:
-        groups = None
         if keys is not None:
             # No lookups: the source rows after the batch of the changed keys are the batch's own (no join).
             only_source = not spec.lookup_topics and list(changed) == [SOURCE_VIEW]
@@ -300,15 +321,17 @@ def process_maintained_batch(
         old, new = region.grouped_rows(prev, groups), region.grouped_rows(rows_after, groups)
     else:
         old, new = region.rows(prev, keys), region.rows(rows_after, keys)
-    # One action for both sides: the region before and after, tagged.
-    sides = (
-        _output(plan, old, checked=True)
-        .withColumn(_SIDE, F.lit(0))
-        .unionByName(_output(plan, new, checked=True).withColumn(_SIDE, F.lit(1)))
-        .toArrow()
-    )
-    is_new = pc.equal(sides.column(_SIDE), 1)
-    old_rows, new_rows = sides.filter(pc.invert(is_new)), sides.filter(is_new)
+    if region.everything and kept.output is not None:  # the old side is what the feed holds
+        old_rows, new_rows = kept.output, _output(plan, new, checked=True).toArrow()
+    else:  # one action for both sides: the region before and after, tagged
+        sides = (
+            _output(plan, old, checked=True)
+            .withColumn(_SIDE, F.lit(0))
+            .unionByName(_output(plan, new, checked=True).withColumn(_SIDE, F.lit(1)))
+            .toArrow()
+        )
+        is_new = pc.equal(sides.column(_SIDE), 1)
+        old_rows, new_rows = (sides.filter(side).drop_columns([_SIDE]) for side in (pc.invert(is_new), is_new))
     records = diff_rows(old_rows, new_rows, plan.checks)
     _check_keys(plan, old_rows, new_rows, kept.keys)
     for name in META:  # every record of the batch at the newest position read so far
@@ -320,7 +343,34 @@ def process_maintained_batch(
         old_keys = old_rows.column(KEY_JSON)
         kept_keys = kept.keys.filter(pc.invert(pc.is_in(kept.keys, value_set=old_keys.combine_chunks())))
         index = pa.concat_arrays([kept_keys, new_rows.column(KEY_JSON).combine_chunks()])
-    plan.kept = KeptRows(marker.batch_id, kept.session, rows_after, index, position)
+    output = None
+    if shape.grouped and region.everything:
+        output = new_rows
+    elif shape.grouped and kept.output is not None:  # the region's rows replaced
+        output = pa.concat_tables([_without_keys(kept.output, old_rows), new_rows])
+    if output is not None and output.num_rows > KEPT_OUTPUT_ROWS:
+        output = None
+    counts = _counts(rows_after)
+    plan.kept = KeptRows(marker.batch_id, kept.session, rows_after, index, position, counts, output)
+    for frame in (prev, batch_rows, groups, keys):  # their blocks now, not when the JVM collects them
+        if frame is not None:
+            release_checkpoint(frame)
+
+
+def _without_keys(rows: pa.Table, taken: pa.Table) -> pa.Table:
+    """``rows`` but those whose feed key is among ``taken``'s."""
+    return rows.filter(pc.invert(pc.is_in(rows.column(KEY_JSON), value_set=taken.column(KEY_JSON).combine_chunks())))
+
+
+def release_checkpoint(frame: DataFrame) -> None:
+    """Drop the blocks of ``frame`` if it is a local checkpoint (reading it afterwards fails); else nothing.
+
+    Spark keeps a local checkpoint's blocks until the JVM collects its RDD; a maintained view
+    checkpoints the current rows every micro-batch, so without this the old copies crowd the heap.
+    """
+    node = frame._jdf.queryExecution().analyzed()
+    if node.nodeName() == "LogicalRDD":
+        node.rdd().unpersist(False)
 
 
 def _order(position: Any) -> tuple[str, int, int]:
