@@ -95,8 +95,8 @@ class KeptRows:
     keys: pa.Array | None
     #: The newest META of every change read so far (a Row), None before the first.
     position: Any
-    #: Rows of ``rows`` per topic.
-    counts: dict[str, int]
+    #: Grouped shapes: how many source rows ``rows`` holds (row shapes do not use it: None).
+    source_rows: int | None
     #: Grouped shapes: the feed's whole current output (``_output``'s columns), when this process holds it.
     output: pa.Table | None = None
 
@@ -250,12 +250,12 @@ def _kept_rows(spark: SparkSession, plan: FeedPlan, batch_id: int, image_type: A
     keys = None
     if not plan.view_shape.unique_by_plan:
         keys = _output(plan, sql_over(plan, rows)).select(KEY_JSON).toArrow().column(KEY_JSON).combine_chunks()
-    return KeptRows(batch_id - 1, session, rows, keys, position, _counts(rows))
+    return KeptRows(batch_id - 1, session, rows, keys, position, _source_rows(plan, rows))
 
 
-def _counts(rows: DataFrame) -> dict[str, int]:
-    """Rows per topic of kept rows."""
-    return {row[cols.TOPIC]: row["count"] for row in rows.groupBy(cols.TOPIC).count().collect()}
+def _source_rows(plan: FeedPlan, rows: DataFrame) -> int | None:
+    """How many of the kept ``rows`` are the source's, for grouped shapes (the share of a batch's changes)."""
+    return rows.where(F.col(cols.TOPIC) == plan.spec.source_topic).count() if plan.view_shape.grouped else None
 
 
 def process_maintained_batch(
@@ -284,7 +284,7 @@ def process_maintained_batch(
     truncated_at = {row[cols.TOPIC]: row["truncate"][cols.SEQ] for row in summary if row["truncate"] is not None}
     positions = [row[_POSITION] for row in summary] + ([kept.position] if kept.position is not None else [])
     if not positions:  # nothing read yet and nothing now (Spark runs a stateful query's first batch empty)
-        plan.kept = KeptRows(marker.batch_id, kept.session, kept.rows, kept.keys, None, kept.counts, kept.output)
+        plan.kept = KeptRows(marker.batch_id, kept.session, kept.rows, kept.keys, None, kept.source_rows, kept.output)
         return
     position = max(positions, key=_order)
     survives = not_truncated(truncated_at)
@@ -305,7 +305,7 @@ def process_maintained_batch(
     }
     changed_source = sum(row["changed"] for row in summary if row[cols.TOPIC] == spec.source_topic)
     # A truncate, or a batch that changed most source rows: recomputing everything costs less than finding the region.
-    most = shape.grouped and changed_source >= kept.counts.get(spec.source_topic, 0) * EVERYTHING_SHARE
+    most = kept.source_rows is not None and changed_source >= kept.source_rows * EVERYTHING_SHARE
     everything = bool(truncated_at) or most
     region = Region(plan, Catalyst(spark), changed, everything=everything)
     keys = None if region.everything else region.source_keys(prev, rows_after)
@@ -318,14 +318,15 @@ def process_maintained_batch(
             old_groups = region.groups(prev, keys)
             if old_groups is not None and new_groups is not None:
                 groups = old_groups.unionByName(new_groups).distinct().localCheckpoint()
-        old, new = region.grouped_rows(prev, groups), region.grouped_rows(rows_after, groups)
+        over: Callable[[DataFrame], DataFrame] = functools.partial(region.grouped_rows, groups=groups)
     else:
-        old, new = region.rows(prev, keys), region.rows(rows_after, keys)
+        over = functools.partial(region.rows, keys=keys)
+    new = over(rows_after)
     if region.everything and kept.output is not None:  # the old side is what the feed holds
         old_rows, new_rows = kept.output, _output(plan, new, checked=True).toArrow()
     else:  # one action for both sides: the region before and after, tagged
         sides = (
-            _output(plan, old, checked=True)
+            _output(plan, over(prev), checked=True)
             .withColumn(_SIDE, F.lit(0))
             .unionByName(_output(plan, new, checked=True).withColumn(_SIDE, F.lit(1)))
             .toArrow()
@@ -340,26 +341,25 @@ def process_maintained_batch(
 
     index = None
     if kept.keys is not None:
-        old_keys = old_rows.column(KEY_JSON)
-        kept_keys = kept.keys.filter(pc.invert(pc.is_in(kept.keys, value_set=old_keys.combine_chunks())))
+        kept_keys = kept.keys.filter(_not_among(kept.keys, old_rows))
         index = pa.concat_arrays([kept_keys, new_rows.column(KEY_JSON).combine_chunks()])
     output = None
     if shape.grouped and region.everything:
         output = new_rows
     elif shape.grouped and kept.output is not None:  # the region's rows replaced
-        output = pa.concat_tables([_without_keys(kept.output, old_rows), new_rows])
+        output = pa.concat_tables([kept.output.filter(_not_among(kept.output.column(KEY_JSON), old_rows)), new_rows])
     if output is not None and output.num_rows > KEPT_OUTPUT_ROWS:
         output = None
-    counts = _counts(rows_after)
-    plan.kept = KeptRows(marker.batch_id, kept.session, rows_after, index, position, counts, output)
+    source_rows = _source_rows(plan, rows_after)
+    plan.kept = KeptRows(marker.batch_id, kept.session, rows_after, index, position, source_rows, output)
     for frame in (prev, batch_rows, groups, keys):  # their blocks now, not when the JVM collects them
         if frame is not None:
             release_checkpoint(frame)
 
 
-def _without_keys(rows: pa.Table, taken: pa.Table) -> pa.Table:
-    """``rows`` but those whose feed key is among ``taken``'s."""
-    return rows.filter(pc.invert(pc.is_in(rows.column(KEY_JSON), value_set=taken.column(KEY_JSON).combine_chunks())))
+def _not_among(keys: pa.Array | pa.ChunkedArray, rows: pa.Table) -> pa.Array:
+    """Which of the feed keys ``keys`` no row of ``rows`` has (a mask)."""
+    return pc.invert(pc.is_in(keys, value_set=rows.column(KEY_JSON).combine_chunks()))
 
 
 def release_checkpoint(frame: DataFrame) -> None:
@@ -387,7 +387,7 @@ def _check_keys(plan: FeedPlan, old_rows: pa.Table, new_rows: pa.Table, index: p
         raise FeedKeyError(plan.spec.name, repeated[0]["values"].as_py(), repeated[0]["counts"].as_py())
     if index is None:
         return
-    fresh = keys.filter(pc.invert(pc.is_in(keys, value_set=old_rows.column(KEY_JSON).combine_chunks())))
+    fresh = keys.filter(_not_among(keys, old_rows))
     taken = fresh.filter(pc.is_in(fresh, value_set=index))
     if len(taken):
         raise FeedKeyError(plan.spec.name, taken[0].as_py(), 2)
