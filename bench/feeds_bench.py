@@ -55,11 +55,12 @@ import orjson
 import yaml
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from capture.postgres.events.source_block import postgres_source
 from core.config import load_config
 from derived_feeds import feed_job
 from derived_feeds.feed_job import run_feeds
 from log.base import Record, TopicSpec, append_keyed
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
+from log.envelope import ChangeEvent, Op, encode_key, encode_value
 from log.factory import open_log
 from log.topics import SCHEMAS_TOPIC
 from spark_log.data_source import register_log_source
@@ -167,7 +168,7 @@ def write_source(config_path: Path, events: int, keys: int, topic: str = TOPIC) 
         chunk: list[Record] = []
         for i in range(events):
             key = i % keys
-            source = SourceInfo(
+            source = postgres_source(
                 "shop", "shop", "public", "customers", i, i, 1_000_000 + i // 4, i % 4, 1_700_000_000_000_000
             )
             after = {
@@ -199,7 +200,7 @@ def write_regions(config_path: Path) -> None:
         regions = {"PT": "EU", "DE": "EU", "MX": "AM", "US": "AM", "JP": "AS"}
         records = []
         for i, (code, region) in enumerate(regions.items()):
-            source = SourceInfo("shop", "shop", "public", "countries", i, i, 1_000 + i, 0, 1_600_000_000_000_000)
+            source = postgres_source("shop", "shop", "public", "countries", i, i, 1_000 + i, 0, 1_600_000_000_000_000)
             event = ChangeEvent(Op.READ, source, None, {"code": code, "region": region}, 0)
             records.append(Record(encode_key({"code": code}), encode_value(event)))
         append_keyed(log, REGIONS_TOPIC, records)

@@ -1,7 +1,7 @@
 """Resync reconcile: time, CPU and peak memory of finding the keys a source lost while its slot was gone.
 
 Builds a file-log topic of N keys (every second one deleted later, with its tombstone:
-a table with delete history), then runs ``capture.resync.vanished_key_deletes`` the way
+a table with delete history), then runs ``capture.postgres.snapshot.resync.vanished_key_deletes`` the way
 the agent does (re-snapshot keys in a :class:`~capture.key_set.KeySet`, deletes appended
 as generated) for two scenarios:
 
@@ -27,9 +27,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from capture.key_set import KEY_SET_FILE, KeySet
-from capture.resync import vanished_key_deletes
+from capture.postgres.events.source_block import postgres_source
+from capture.postgres.snapshot.resync import vanished_key_deletes
 from log.base import Record, TopicSpec
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_value
+from log.envelope import ChangeEvent, Op, encode_value
 from log.file.backend import FileLog
 from log.partitioner import partition_for
 from log.reading import read_range_columns
@@ -43,7 +44,7 @@ def key(i: int) -> bytes:
 
 
 def event(op: Op, i: int, lsn: int) -> bytes:
-    source = SourceInfo("shop", "shop", "public", "customers", 7, lsn, lsn, 0, 1_000_000)
+    source = postgres_source("shop", "shop", "public", "customers", 7, lsn, lsn, 0, 1_000_000)
     row = {
         "id": i,
         "email": f"user{i}@example.com",

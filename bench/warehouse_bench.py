@@ -21,7 +21,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from log.sequence import Sequence
 from warehouse_loader.changes import COMMIT_TS, OP, SEQ
-from warehouse_loader.delta_writer import write_scd1, write_scd2
+from warehouse_loader.delta.writer import write_scd1, write_scd2
 from warehouse_loader.scd1 import plan_scd1
 
 KEYS = ["id"]

@@ -1,15 +1,15 @@
-"""Pending records and batches -> the log, then the acknowledgement to Postgres.
+"""Pending records and batches -> the log, then the acknowledgement to the source.
 
 Resume points and invariants:
 
 * Schemas are appended before the records of a flush: a reader never meets an event
   whose columns it cannot know.
-* The end LSN of the last complete transaction is acknowledged only after every append
-  of the flush returned (fsynced), so a restart resumes at or before it.
+* The end position of the last complete transaction (PostgreSQL: its end LSN) is acknowledged
+  only after every append of the flush returned (fsynced), so a restart resumes at or before it.
 * Records the log already holds (:class:`capture.position.ResumePoint`) are skipped, so
   a transaction re-sent after a crash between two appends is written once.
 * When the log cannot take an append (disk full, broker down) nothing is acknowledged:
-  the appender says so once, keeps the replication connection alive and retries.
+  the appender says so once, keeps the source's connection alive and retries.
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ from typing import Any, cast
 
 from capture.position import ResumePoint
 from capture.quarantine import append_or_quarantine
-from capture.records import OutRecord, SchemaRecord
-from capture.snapshot import PartitionBatch
+from capture.records import OutRecord, PartitionBatch, SchemaRecord
+from capture.source_kind import Acknowledgement
 from capture.source_topics import SourceTopics
 from capture.stats import CaptureStats
-from capture.stream import ReplicationStream
 from core.errors import one_line
-from log.base import AppendsEncodedBatches, Log, Record, TopicPartition, append_keyed
+from log.base import Log, Record, TopicPartition, append_keyed
+from log.encoded_batches import AppendsEncodedBatches
 from log.errors import LogUnavailableError
 from log.partitioner import partition_for
-from log.sequence import Lsn
+from log.position import Position
 from log.topics import SCHEMAS_TOPIC
 from native import speedups
 
@@ -70,7 +70,7 @@ class Appender:
         self.records: list[OutRecord] = []
         self.batches: list[tuple[str, PartitionBatch]] = []
         self.schemas: list[SchemaRecord] = []
-        self.end: Lsn | None = None
+        self.end: Position | None = None
         #: While a native snapshot runs: threads appending pending batches of distinct partitions together.
         self.batch_appenders: ThreadPoolExecutor | None = None
 
@@ -80,7 +80,7 @@ class Appender:
         self.schemas.clear()
         self.end = None
 
-    def flush(self, resume: ResumePoint, stream: ReplicationStream | None) -> None:
+    def flush(self, resume: ResumePoint, stream: Acknowledgement | None) -> None:
         """Append pending records (skipping those the log holds), then acknowledge.
 
         When the log cannot take them (disk full, broker down) nothing is acknowledged:
@@ -104,11 +104,11 @@ class Appender:
                 if self._stop.wait(self._retry_s):
                     msg = (
                         f"source {self.source}: stopped while the log could not be written ({one_line(exc)}); "
-                        f"nothing after LSN {self.stats.acked_lsn} was acknowledged, so the next run resumes there"
+                        f"nothing after {self.stats.acked} was acknowledged, so the next run resumes there"
                     )
                     raise LogUnavailableError(msg) from None
                 if stream is not None:
-                    stream.send_status(self.stats.acked_lsn)  # keeps wal_sender_timeout from ending the session
+                    stream.send_status(self.stats.acked)  # keeps the session alive (PostgreSQL: wal_sender_timeout)
         if paused_at is not None:
             logger.warning(
                 "source %s: log writable again; capture resumed after %.1fs",
@@ -118,9 +118,9 @@ class Appender:
         self._on_flushed()
         if self.end is not None and stream is not None:
             # Acknowledged only after the appends above returned (fsynced): a restart
-            # resumes at or before this LSN.
+            # resumes at or before this position.
             stream.send_status(self.end)
-            self.stats.acked_lsn = self.end
+            self.stats.acked = self.end
             self.end = None
 
     def _pause_message(self, exc: BaseException) -> str:

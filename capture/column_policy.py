@@ -16,7 +16,9 @@ no error can quote its value; a masked column's text is masked before anything e
 
 NULL stays NULL. Debezium masks character columns only and passes other types through
 unmasked; here any column is masked through its text form, and its schema record says
-``text`` (type oid 25), so readers decode the masked string.
+``string``, so readers decode the masked string. Source-neutral: a kind describes each column
+by name and declared character length (:class:`ColumnShape`) and hands over text values
+(:mod:`capture.tuples`).
 The native row encoder (``native/column_masks.c``) computes the SHA-256 masks, truncation and
 replacement itself, byte for byte as this module does; other hash algorithms run here.
 """
@@ -27,17 +29,14 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import orjson
 
-from capture.errors import BadRecordError
-from capture.pgoutput_messages import NonUtf8Text, Relation, TupleValue
+from capture.errors import BadRecordError, ColumnSettingError
+from capture.tuples import NonUtf8Text, TupleValue
 from core.source_config import ColumnsConfig, MaskConfig
 
-#: The type oid a masked column is recorded with (``text``): its values are strings.
-MASKED_TYPE_OID: Final = 25
-_VARCHAR, _BPCHAR = 1043, 1042
 # Native kinds of the masks (native/_speedups.c K_MASK_*; 0 is K_PYTHON: call the Python mask).
 _K_PYTHON, _K_REPLACE, _K_TRUNCATE, _K_SHA256 = 0, 11, 12, 13
 
@@ -101,8 +100,16 @@ class ColumnMask:
         return self.mask(value) if isinstance(value, str) else value
 
 
-def column_mask(config: MaskConfig, type_oid: int, typmod: int) -> ColumnMask:
-    """The mask of a column of ``type_oid``/``typmod`` (a hash is cut to a char(n)/varchar(n) column's length)."""
+@dataclass(frozen=True, slots=True)
+class ColumnShape:
+    """What masks need of a column: its name, and the declared length of a char(n)/varchar(n) column (else 0)."""
+
+    name: str
+    char_length: int = 0
+
+
+def column_mask(config: MaskConfig, char_length: int = 0) -> ColumnMask:
+    """The mask of a column (a hash is cut to a char(n)/varchar(n) column's ``char_length``)."""
     if config.kind == "replace":
         replacement = str(config.replace)
         return ColumnMask("replace", lambda _text: replacement, _K_REPLACE, 0, orjson.dumps(replacement))
@@ -112,7 +119,7 @@ def column_mask(config: MaskConfig, type_oid: int, typmod: int) -> ColumnMask:
     assert config.hash is not None and config.salt is not None
     salt = config.salt.get_secret_value().encode()
     version = config.version
-    length = typmod - 4 if type_oid in (_VARCHAR, _BPCHAR) and typmod > 4 else 0
+    length = char_length
     algorithm = config.hash
     to_bytes: Callable[[str], bytes] = _java_serialized if version == 1 else str.encode
 
@@ -141,6 +148,19 @@ class ColumnRules:
                 image[names[i]] = mask.conform(image[names[i]])
         return image
 
+    def check_masked_key(self, source: str, table: str, names: Sequence[str], key: Sequence[int]) -> None:
+        """Refuse a truncate or replace mask on a key column of ``table`` (it would merge rows; a hash keeps keys)."""
+        merged = [names[i] for i in key if i in self.masks and self.masks[i].kind != "hash"]
+        if merged:
+            mask = self.masks[names.index(merged[0])].kind
+            raise ColumnSettingError(
+                source,
+                "columns.mask",
+                f"{table}.{merged[0]} is part of the key of {table} and a {mask} mask would merge "
+                f"distinct keys; mask it with a hash, or give the table another key in sources.{source}.keys",
+                table=table,
+            )
+
     def raw_image(self, names: Sequence[str], row: Sequence[TupleValue]) -> list[tuple[str, TupleValue]]:
         """(name, value) of the kept columns of a tuple as received, masked ones masked."""
         masks = self.masks
@@ -154,19 +174,18 @@ class ColumnPolicy:
         self._columns = columns or ColumnsConfig()
         self._excluded = set(self._columns.exclude) | set(excluded)
 
-    def rules(self, relation: Relation) -> ColumnRules:
-        """The rules of a relation's columns."""
-        table = f"{relation.namespace}.{relation.name}"
+    def rules(self, table: str, columns: Sequence[ColumnShape]) -> ColumnRules:
+        """The rules of the columns of ``table`` (``schema.table``), in column order."""
         keep: list[int] = []
         masks: dict[int, ColumnMask] = {}
-        for i, column in enumerate(relation.columns):
+        for i, column in enumerate(columns):
             name = f"{table}.{column.name}"
             if name in self._excluded or not self._columns.captures(table, column.name):
                 continue
             keep.append(i)
             config = self._columns.mask.get(name)
             if config is not None:
-                masks[i] = column_mask(config, column.type_oid, column.atttypmod)
+                masks[i] = column_mask(config, column.char_length)
         return ColumnRules(keep, masks)
 
     def named_columns(self) -> dict[str, list[tuple[str, str]]]:

@@ -167,6 +167,10 @@ class ColumnSettingError(CaptureError, PermanentError):
         self.table = table
 
 
+class SchemaChangeError(CaptureError, PermanentError):
+    """A schema change capture cannot follow exactly: nothing after it was acknowledged; the message says what to do."""
+
+
 class TypeMappingError(PermanentError):
     """A column value could not be converted; the record belongs in quarantine, not in the log."""
 

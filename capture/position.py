@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 import orjson
 
+from capture.records import SEQUENCE_HEADER
 from log.base import Log, StoredRecord, TopicPartition
 from log.sequence import Sequence
 from log.shards import ShardMap, shard_map_of
@@ -29,7 +30,12 @@ from log.shards import ShardMap, shard_map_of
 _TAIL_WINDOW = 8
 
 
-def _sequence_of(value: bytes | None) -> Sequence | None:
+def _sequence_of(record: StoredRecord) -> Sequence | None:
+    for name, header in record.headers:
+        if name == SEQUENCE_HEADER:  # BEGIN/END records: no source block
+            commit_lsn, txn_index = header.split(b":")
+            return Sequence(int(commit_lsn), int(txn_index))
+    value = record.value
     if value is None:
         return None
     source = orjson.loads(value).get("source")
@@ -56,7 +62,7 @@ def last_sequence(log: Log, topic: str, partition: int) -> Sequence | None:
         first = max(start, end - window)
         records = read_between(log, topic, partition, first, end)
         for record in reversed(records):
-            sequence = _sequence_of(record.value)
+            sequence = _sequence_of(record)
             if sequence is not None:
                 return sequence
         end = first

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from capture.column_policy import ColumnRules
-from capture.pgoutput_messages import UNCHANGED_TOAST, TupleData
+from capture.tuples import UNCHANGED_TOAST, TupleData
 from log.base import Log
 from log.errors import BatchTooLargeError
 from log.partitioner import partition_for

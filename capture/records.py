@@ -1,4 +1,4 @@
-"""What capture writes to the log: change records and schema records."""
+"""What capture writes to the log: change records, schema records, and batches a log encoded."""
 
 from __future__ import annotations
 
@@ -7,7 +7,17 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from log.encoded_batches import EncodedRecords
 from log.sequence import Sequence as Seq
+
+#: Header carrying ``<commit_lsn>:<txn_index>`` on records whose value has no ``source`` block
+#: (BEGIN/END of ``<source>.transaction``), so a restart knows what the log holds of them.
+SEQUENCE_HEADER = "headwater.sequence"
+
+
+def sequence_headers(commit_lsn: int, txn_index: int) -> tuple[tuple[str, bytes], ...]:
+    """The :data:`SEQUENCE_HEADER` of a record at ``(commit_lsn, txn_index)``."""
+    return ((SEQUENCE_HEADER, b"%d:%d" % (commit_lsn, txn_index)),)
 
 
 class OutRecord(NamedTuple):
@@ -46,3 +56,13 @@ def dumps_kept(value: Any) -> bytes:
     100k cached row images of ~100 bytes held ~210 MB instead of ~25 MB.
     """
     return bytes(memoryview(orjson.dumps(value)))
+
+
+@dataclass(frozen=True)
+class PartitionBatch:
+    """A batch of one partition in the log's own format (a native snapshot pass); the sequence of its last record."""
+
+    partition: int
+    batch: EncodedRecords
+    commit_lsn: int
+    last_index: int

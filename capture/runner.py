@@ -2,27 +2,24 @@
 
 One process at a time captures a source: the runner holds each source's lease
 (:mod:`core.leases`) and waits until its slot is free before streaming, and names the
-holder when it is not (:mod:`capture.slot_holder`).
+holder when it is not (:mod:`capture.postgres.registration.slot_holder`).
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
 
-from capture.agent import CaptureAgent
-from capture.catalog import typemap_decoders
-from capture.errors import UnknownSourceError
-from capture.registration import connect
-from capture.resync import capture_state_dir
-from capture.slot_holder import application_name, slot_holder
-from capture.snapshot_plan import SnapshotProgress
+from capture.errors import SchemaChangeError, UnknownSourceError
+from capture.kinds import kind_of
+from capture.source_kind import Agent, SnapshotProgress
 from capture.stats import CaptureStats
+from core import stop_request
 from core.config import ProjectConfig
 from core.leases import Holder, LeaseWait, acquire, lease
+from core.stage_problems import clear_problem, record_problem
 from log.factory import open_log
 
 #: Makes the snapshot progress display of one source (None: no display).
@@ -55,14 +52,12 @@ def run_capture(
                 f"no source named {name!r}; known: {', '.join(config.sources) or 'none'} (see 'headwater source list')"
             )
             raise UnknownSourceError(msg, source=name)
-        # Fail fast with registration's one-line errors (login, TLS/sslmode, unreachable), password scrubbed.
-        connect(config.sources[name].dsn.get_secret_value(), source=name).close()
-    # Names this process in pg_stat_replication. A name inherited from a parent that captured
-    # (its pid, not ours) is replaced; a name the user set is kept.
-    if os.environ.get("PGAPPNAME", "headwater capture ").startswith("headwater capture "):
-        os.environ["PGAPPNAME"] = application_name()
+        # Fail fast with the kind's one-line errors (login, TLS/sslmode, unreachable), password scrubbed.
+        kind_of(config, name).check(config, name)
+    for kind in {kind_of(config, name).name: kind_of(config, name) for name in selected}.values():
+        kind.prepare_process()
     leases = [lease(config.home_dir, "capture", name) for name in selected]
-    acquire(leases, holder_wait, is_free=lambda: _slot_in_use(config, selected))
+    acquire(leases, holder_wait, is_free=lambda: _captured_elsewhere(config, selected))
     try:
         return _run_agents(config, selected, until_caught_up=until_caught_up, progress=progress, observe=observe)
     finally:
@@ -70,12 +65,10 @@ def run_capture(
             held.release()
 
 
-def _slot_in_use(config: ProjectConfig, names: tuple[str, ...]) -> Holder | None:
-    """The holder of the first of these sources' slots that a process elsewhere streams from."""
+def _captured_elsewhere(config: ProjectConfig, names: tuple[str, ...]) -> Holder | None:
+    """The first process elsewhere that captures one of these sources (e.g. streams from its slot)."""
     for name in names:
-        source = config.sources[name]
-        with connect(source.dsn.get_secret_value(), source=name) as conn:
-            holder = slot_holder(conn, source.slot or f"headwater_{name}")
+        holder = kind_of(config, name).holder(config, name)
         if holder is not None:
             return holder
     return None
@@ -91,15 +84,7 @@ def _run_agents(
 ) -> dict[str, CaptureStats]:
     log = open_log(config)
     agents = [
-        CaptureAgent(
-            name,
-            config.sources[name],
-            log,
-            config.log,
-            typemap_decoders(config.sources[name].types),
-            state_dir=capture_state_dir(config, name),
-            progress=progress(name) if progress is not None else None,
-        )
+        kind_of(config, name).agent(config, name, log, progress=progress(name) if progress is not None else None)
         for name in selected
     ]
     for agent in agents:
@@ -108,10 +93,13 @@ def _run_agents(
     errors: list[BaseException] = []
     results: dict[str, CaptureStats] = {}
 
-    def run(agent: CaptureAgent) -> None:
+    def run(agent: Agent) -> None:
         try:
+            clear_problem(config.home_dir, "capture", agent.name)
             results[agent.name] = agent.run(until_caught_up=until_caught_up)
         except BaseException as exc:  # re-raised in the main thread
+            if isinstance(exc, SchemaChangeError):  # waits for an operator: status shows why
+                record_problem(config.home_dir, "capture", agent.name, str(exc))
             errors.append(exc)
             for other in agents:
                 other.stop()
@@ -125,6 +113,8 @@ def _run_agents(
 
     in_main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, stop_all) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
+    if stop_request.requested.is_set():  # asked before the handlers above
+        stop_all(signal.SIGTERM, None)
     try:
         for thread in threads:
             thread.start()

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from log.sequence import Lsn
+from log.position import Position
 
 
 @dataclass
 class CaptureStats:
-    """Counters of one agent's run; ``acked_lsn`` is the last LSN acknowledged to Postgres."""
+    """Counters of one agent's run; ``acked`` is the last position acknowledged to the source (its kind's)."""
 
+    acked: Position
     transactions: int = 0
     events: int = 0
     records_written: int = 0
     records_skipped: int = 0
-    acked_lsn: Lsn = field(default_factory=lambda: Lsn(0))
     reconnects: int = 0

@@ -27,6 +27,7 @@ from core.config_model import ConfigModel
 from core.deployment import SparkConfig
 from core.errors import ConfigError
 from core.log_config import LogConfig
+from core.sink_config import SinkConfig
 from core.source_config import SourceConfig
 from core.warehouse_config import WarehouseConfig
 
@@ -77,11 +78,12 @@ class ProjectConfig(ConfigModel):
     warehouse: WarehouseConfig = WarehouseConfig()
     quality: dict[str, tuple[ExpectationConfig, ...]] = {}
     spark: SparkConfig = SparkConfig()
+    sinks: dict[str, SinkConfig] = {}
 
     #: The file this config was loaded from (set by :func:`load_config`).
     config_path: Path | None = Field(default=None, exclude=True)
 
-    @field_validator("sources", "feeds")
+    @field_validator("sources", "feeds", "sinks")
     @classmethod
     def _names_are_identifiers(cls, value: dict[str, Any]) -> dict[str, Any]:
         for name in value:

@@ -17,7 +17,8 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def _restore(cls: type[HeadwaterError], args: tuple[object, ...], state: dict[str, object]) -> HeadwaterError:
+def restore_error(cls: type[HeadwaterError], args: tuple[object, ...], state: dict[str, object]) -> HeadwaterError:
+    """An error of class ``cls`` with ``args`` and attributes ``state``, not built by ``__init__`` (as unpickled)."""
     error = cls.__new__(cls)
     Exception.__init__(error, *args)
     error.__dict__.update(state)
@@ -36,7 +37,7 @@ class HeadwaterError(Exception):
     transient: bool = False
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_restore, (type(self), self.args, dict(self.__dict__)))
+        return (restore_error, (type(self), self.args, dict(self.__dict__)))
 
 
 class TransientError(HeadwaterError):

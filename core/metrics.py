@@ -55,6 +55,29 @@ BATCH_DURATION = Histogram(
     buckets=_DURATION_BUCKETS,
 )
 
+SINK_RECORDS = Counter(
+    "headwater_sink_records_total",
+    "Records a sink's target accepted (after filter; repeats after a retry counted).",
+    ["sink"],
+)
+SINK_SKIPPED = Counter(
+    "headwater_sink_skipped_records_total", "Records a sink read but did not deliver (filter, tombstones).", ["sink"]
+)
+SINK_DEAD_LETTERS = Counter(
+    "headwater_sink_dead_letter_records_total",
+    "Records a sink's target refused for good (dead-letter topic).",
+    ["sink"],
+)
+SINK_RETRIES = Counter(
+    "headwater_sink_retries_total", "Deliveries a sink retried because its target was unavailable.", ["sink"]
+)
+SINK_BATCH_DURATION = Histogram(
+    "headwater_sink_batch_duration_seconds",
+    "Duration of one delivered batch of a sink (retries included).",
+    ["sink"],
+    buckets=_DURATION_BUCKETS,
+)
+
 CLEANER_PASSES = Counter(
     "headwater_cleaner_passes_total", "Cleaning passes over a topic that removed or rewrote something.", ["topic"]
 )
@@ -72,6 +95,19 @@ CLEANER_PASS_DURATION = Histogram(
     "Duration of one cleaning pass over a topic.",
     ["topic"],
     buckets=_DURATION_BUCKETS,
+)
+
+
+MAINTENANCE_TASKS = Counter(
+    "headwater_maintenance_tasks_total",
+    "Maintenance tasks run on a warehouse table (task: compaction, checkpoint, vacuum).",
+    ["table", "task"],
+)
+MAINTENANCE_REWRITTEN_BYTES = Counter(
+    "headwater_maintenance_rewritten_bytes_total", "Bytes compaction wrote into a warehouse table.", ["table"]
+)
+MAINTENANCE_FREED_BYTES = Counter(
+    "headwater_maintenance_freed_bytes_total", "Bytes vacuum removed from a warehouse table's storage.", ["table"]
 )
 
 

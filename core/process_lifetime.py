@@ -78,3 +78,14 @@ def _only(then: Callable[[], object]) -> Callable[[], None]:
         then()
 
     return preexec
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists on this host (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

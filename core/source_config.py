@@ -10,6 +10,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from core.config_model import ConfigModel
 
 HashAlgorithm = Literal["sha256", "sha512", "sha384", "sha1", "md5"]
+#: Default of ``sources.<name>.spill_threshold_bytes``.
+SPILL_THRESHOLD_BYTES = 64 << 20
 
 
 class TypesConfig(ConfigModel):
@@ -18,6 +20,8 @@ class TypesConfig(ConfigModel):
     decimal_handling_mode: Literal["string", "precise", "double"] = "string"
     time_precision_mode: Literal["adaptive", "connect"] = "adaptive"
     binary_handling_mode: Literal["base64", "hex"] = "base64"
+    #: kind mysql: unsigned BIGINT as a Java long (``long``, wrapping past 2^63-1) or a Decimal (``precise``).
+    bigint_unsigned_handling_mode: Literal["long", "precise"] = "long"
 
 
 def _column_path(name: str) -> str:
@@ -159,8 +163,10 @@ def redact_dsn(dsn: str) -> str:
 
 
 class SourceConfig(ConfigModel):
-    """One registered PostgreSQL database."""
+    """One registered source database; ``kind`` names its source kind (``capture.kinds``)."""
 
+    #: The source kind (``postgres``, the default); known kinds are checked where capture uses them.
+    kind: str = Field(default="postgres", pattern=r"^[a-z][a-z0-9_]*$")
     dsn: SecretStr
     tables: tuple[str, ...] | None = None
     schemas: tuple[str, ...] | None = None
@@ -168,6 +174,8 @@ class SourceConfig(ConfigModel):
     heartbeat_interval_s: float = Field(default=10.0, gt=0)
     slot: str | None = None
     publication: str | None = None
+    #: kind mysql: the replica id capture registers with (unique among the server's replicas).
+    server_id: int | None = Field(default=None, ge=1, le=2**32 - 1)
     types: TypesConfig = TypesConfig()
     columns: ColumnsConfig = ColumnsConfig()
     #: The record key of a table (``schema.table`` -> columns) instead of its primary key, as
@@ -184,6 +192,13 @@ class SourceConfig(ConfigModel):
     #: A table whose inserted rows (``id``, ``type``, ``data``) are signals to the agent, as
     #: Debezium's ``signal.data.collection``.
     signal_table: str | None = None
+    #: Memory the changes of open transactions may hold (estimated as decoded); past it a growing
+    #: transaction's further changes spill to ``capture/<source>/spill/`` (:mod:`capture.spill`).
+    spill_threshold_bytes: int = Field(default=SPILL_THRESHOLD_BYTES, ge=1 << 20)
+    #: kind mysql, no longer used: it bounded a transaction MySQL capture held whole in memory;
+    #: large transactions spill now (``spill_threshold_bytes``). Accepted so old configs load
+    #: (capture warns once that it is ignored).
+    max_transaction_bytes: int | None = None
 
     @field_validator("keys")
     @classmethod

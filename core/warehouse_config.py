@@ -1,4 +1,4 @@
-"""The ``warehouse:`` section of ``headwater.yaml``: where tables live, their AUTO CDC options and freshness."""
+"""The ``warehouse:`` section of ``headwater.yaml``: tables, where they live, AUTO CDC options, freshness, upkeep."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from core.config_model import ConfigModel
 from core.deployment import SettingsMap
+from core.iceberg_config import IcebergConfig
 
 
 def _exclusive(value: Any, info: ValidationInfo, *others: str) -> None:
@@ -39,6 +40,33 @@ class FreshnessConfig(ConfigModel):
         return self
 
 
+class MaintenanceConfig(ConfigModel):
+    """When a table is compacted, checkpointed and vacuumed, and how long old versions stay readable.
+
+    Semantics and defaults: :mod:`warehouse_loader.maintenance` (the policy; it is the same
+    for every table format). ``retention_s`` is how far back time travel reaches: files a
+    later version no longer uses and log entries older than that are removed, never younger
+    ones, and never less than the floor the policy keeps for readers in flight (``verify``,
+    backfills, ``query``).
+    """
+
+    #: ``run --follow`` runs maintenance as a stage of its own; ``headwater maintain`` works either way.
+    enabled: bool = True
+    #: How often the stage looks at each table (seconds).
+    interval_s: float = Field(default=60.0, gt=0)
+    #: Files compaction writes (bytes; delta-rs takes it as approximate).
+    target_file_size: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
+    #: Compact once this many files are below a sixteenth of the target size ...
+    compact_min_small_files: int = Field(default=8, ge=2)
+    #: ... or once small files hold this share of the table's bytes (with at least two of them), or this
+    #: share of the rows are removed by deletion vectors (files with that share are rewritten without them).
+    compact_dirty_ratio: float = Field(default=0.1, gt=0, le=1)
+    #: A log checkpoint after this many commits since the last one.
+    checkpoint_interval: int = Field(default=100, ge=1)
+    #: Versions stay readable (time travel) this long; older removed files and log entries go.
+    retention_s: float = Field(default=86400.0, ge=0)
+
+
 class TableConfig(ConfigModel):
     """A warehouse table materialised from a topic or feed, with Databricks AUTO CDC's options.
 
@@ -63,6 +91,12 @@ class TableConfig(ConfigModel):
     track_history_except_column_list: tuple[str, ...] | None = None
     #: Overrides ``warehouse.freshness`` for this table (Dagster's freshness policy).
     freshness: FreshnessConfig | None = None
+    #: Overrides ``warehouse.format`` for this table.
+    format: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]*$")
+    #: Overrides ``warehouse.maintenance`` for this table.
+    maintenance: MaintenanceConfig | None = None
+    #: Overrides ``warehouse.merge_on_read`` for this table (an Iceberg SCD2 table cannot be merge-on-read).
+    merge_on_read: bool | None = None
 
     @field_validator(
         "column_list",
@@ -128,8 +162,39 @@ class WarehouseConfig(ConfigModel):
     #: Handed to delta-rs and pyarrow's filesystem as they are (``AWS_REGION``, ``AWS_ENDPOINT_URL``,
     #: credentials via ``${VAR}``); never shown.
     storage_options: SettingsMap = {}
+    #: The table format of every table that names none (``delta``; known formats are checked where tables are used).
+    format: str = Field(default="delta", pattern=r"^[a-z][a-z0-9_]*$")
     tables: dict[str, TableConfig] = {}
     freshness: FreshnessConfig = FreshnessConfig()
+    #: Iceberg tables' catalog and namespace (:mod:`core.iceberg_config`).
+    iceberg: IcebergConfig = IcebergConfig()
+    maintenance: MaintenanceConfig = MaintenanceConfig()
+    #: Writes may mark replaced rows removed instead of rewriting the files holding them
+    #: (merge-on-read). Unset: each format's default: Delta yes (deletion vectors, on local tables
+    #: once they outgrow 1 MiB, :mod:`warehouse_loader.delta.merge_on_read`), Iceberg no
+    #: (copy-on-write; true: SCD1 tables write position deletes, :mod:`warehouse_loader.iceberg.writer`).
+    merge_on_read: bool | None = None
+
+    def merge_on_read_of(self, table: str) -> bool | None:
+        """Whether table ``table``'s writes may be merge-on-read (None: as its format does by default)."""
+        own = self.tables[table].merge_on_read
+        return own if own is not None else self.merge_on_read
+
+    @model_validator(mode="after")
+    def _merge_on_read_possible(self) -> WarehouseConfig:
+        for name, table in self.tables.items():
+            if table.merge_on_read and table.mode == "scd2" and (table.format or self.format) == "iceberg":
+                msg = (
+                    f"tables.{name}.merge_on_read: an Iceberg SCD2 table is always copy-on-write; "
+                    "remove merge_on_read: true there (or store the table as Delta)"
+                )
+                raise ValueError(msg)
+        return self
+
+    def maintenance_of(self, table: str) -> MaintenanceConfig:
+        """Table ``table``'s maintenance settings: its own, else the warehouse's."""
+        own = self.tables[table].maintenance
+        return own if own is not None else self.maintenance
 
     @field_validator("path")
     @classmethod

@@ -1,4 +1,4 @@
-"""Asset factories: capture per source, feeds, warehouse loads. Bodies only call library code.
+"""Asset factories: capture per source, feeds, warehouse loads, sinks. Bodies only call library code.
 
 Library modules are imported inside asset and check bodies: Dagster loads these definitions in
 every process (webserver, daemon, each run), most of which never run a given stage.
@@ -23,10 +23,13 @@ from core.config import ProjectConfig
 from dagster_project.history_days import history_start
 from dagster_project.lineage import (
     FEEDS_GROUP,
+    SINKS_GROUP,
     SOURCES_GROUP,
     WAREHOUSE_GROUP,
     feed_key,
     feed_upstream_keys,
+    sink_key,
+    sink_upstream_keys,
     source_topics,
     topic_key,
     upstream_key,
@@ -70,7 +73,7 @@ def capture_asset(source: str, topics: list[str]) -> AssetsDefinition:
                     asset_key=key,
                     metadata={
                         **topic_metadata(config, handle, topic),
-                        "capture/acked_lsn": str(stats.acked_lsn),
+                        "capture/acked_lsn": str(stats.acked),
                         "capture/records_written": stats.records_written,
                     },
                 )
@@ -159,6 +162,44 @@ def warehouse_asset(config: ProjectConfig, name: str, history_from: dt.date) -> 
     return load
 
 
+def sink_asset(config: ProjectConfig, name: str) -> AssetsDefinition:
+    """Sink ``name``: its consumer group delivering its topics until caught up (``headwater sinks run``)."""
+    sink = config.sinks[name]
+
+    @asset(
+        key=sink_key(name),
+        deps=sink_upstream_keys(config, name),
+        group_name=SINKS_GROUP,
+        kinds={sink.kind},
+        description=f"Sink {name!r} ({sink.kind}) delivering {', '.join(sink.from_)} as consumer group "
+        f"headwater.sink.{name}.",
+    )
+    def deliver(
+        context: AssetExecutionContext, project: HeadwaterProject, log: HeadwaterLog
+    ) -> MaterializeResult[None]:
+        from sinks.runner import run_sinks
+        from sinks.status import sink_rows
+        from spark_log.versions import resolve_topic
+
+        config = project.load(needs_sources=False)
+        resolve = lambda feed: resolve_topic(config, feed)  # noqa: E731
+        (stats,) = run_sinks(config, (name,), follow=False, resolve_name=resolve, say=context.log.info)
+        with log.open() as handle:
+            (row,) = [r for r in sink_rows(config, handle, resolve) if r["sink"] == name]
+        return MaterializeResult(
+            metadata={
+                "sink/kind": sink.kind,
+                "sink/topics": row["topics"],
+                "sink/lag": row["lag"],
+                "sink/delivered": stats.delivered,
+                "sink/skipped": stats.skipped,
+                "sink/dead_lettered": row["dead_lettered"],
+            }
+        )
+
+    return deliver
+
+
 def _history_from(config: ProjectConfig) -> dt.date:
     """The first day of the history partitions (today when the log cannot be opened now)."""
     if not any(table.mode == "scd2" for table in config.warehouse.tables.values()):
@@ -181,4 +222,5 @@ def build_assets(config: ProjectConfig) -> list[AssetsDefinition | AssetSpec]:
     assets += [feed_asset(config, name) for name in config.feeds]
     history_from = _history_from(config)
     assets += [warehouse_asset(config, name, history_from) for name in config.warehouse.tables]
+    assets += [sink_asset(config, name) for name in config.sinks]
     return assets

@@ -19,7 +19,7 @@ from core.config import ProjectConfig, load_config
 from dagster_project.assets import build_assets
 from dagster_project.automation import build_sensors, quality_job, quality_schedule, warehouse_job
 from dagster_project.checks import build_checks
-from dagster_project.jobs import OPERATOR_JOBS
+from dagster_project.jobs import OPERATOR_JOBS, maintain_schedule
 from dagster_project.resources import HeadwaterLog, HeadwaterProject, HeadwaterSpark
 
 
@@ -42,7 +42,7 @@ def build_definitions(config: ProjectConfig, *, resources: Mapping[str, Any] | N
         assets=build_assets(config),
         asset_checks=build_checks(config),
         jobs=[warehouse_job, quality_job, *OPERATOR_JOBS],
-        schedules=[quality_schedule],
+        schedules=[quality_schedule, maintain_schedule],
         sensors=build_sensors(),
         resources={**project_resources(config), **(resources or {})},
         executor=in_process_executor,

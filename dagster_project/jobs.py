@@ -1,4 +1,4 @@
-"""Op jobs for operator actions: re-snapshot source tables, reprocess a feed or table.
+"""Op jobs for operator actions: re-snapshot source tables, reprocess a feed or table, maintain tables.
 
 Each op calls one library function; its errors (a name not in ``headwater.yaml``, a
 table the source does not capture) fail the run with the library's one-line message
@@ -10,7 +10,7 @@ every process (webserver, daemon, each run), most of which never run a given sta
 
 from collections.abc import Iterator
 
-from dagster import AssetMaterialization, Config, Failure, OpExecutionContext, job, op
+from dagster import AssetMaterialization, Config, Failure, OpExecutionContext, ScheduleDefinition, job, op
 from pydantic import Field
 
 from core.errors import HeadwaterError
@@ -45,8 +45,8 @@ def _failure(exc: HeadwaterError) -> Failure:
 def incremental_snapshot_op(
     context: OpExecutionContext, config: ResnapshotConfig, project: HeadwaterProject, log: HeadwaterLog
 ) -> Iterator[AssetMaterialization]:
-    """Run :func:`capture.incremental_snapshot.run_incremental_snapshot`; report each topic it wrote."""
-    from capture.incremental_snapshot import run_incremental_snapshot
+    """Run :func:`capture.snapshots.run_incremental_snapshot`; report each topic it wrote."""
+    from capture.snapshots import run_incremental_snapshot
 
     try:
         settings = project.load(needs_sources=True)
@@ -54,7 +54,7 @@ def incremental_snapshot_op(
     except HeadwaterError as exc:
         raise _failure(exc) from None
     how = "by the running capture agent" if run.by_running_agent else "by a capture run until caught up"
-    context.log.info(f"snapshot {run.request_id} of {', '.join(map(str, run.tables))} done {how}")
+    context.log.info(f"snapshot {run.request_id} of {', '.join(run.tables)} done {how}")
     with log.open() as handle:
         for table in run.tables:
             topic = f"{config.source}.{table}"
@@ -116,5 +116,52 @@ def reprocess_job() -> None:
     reprocess_op()
 
 
+class MaintainConfig(Config):
+    """Which warehouse tables to maintain."""
+
+    tables: list[str] = Field(default=[], description="Warehouse tables of headwater.yaml; empty: every enabled one.")
+
+
+@op(
+    name="maintain_pass",
+    out={},
+    description="Compact small files, checkpoint the log, vacuum what no version inside the retention needs.",
+)
+def maintain_op(
+    context: OpExecutionContext, config: MaintainConfig, project: HeadwaterProject
+) -> Iterator[AssetMaterialization]:
+    """Run one pass of :func:`operations.maintain.maintain`; report each table's files, bytes and dirty ratio."""
+    from operations.maintain import maintain, maintenance_status
+    from warehouse_loader.maintenance import Done
+
+    settings = project.load(needs_sources=False)
+    unknown = [name for name in config.tables if name not in settings.warehouse.tables]
+    if unknown:
+        raise Failure(description=f"no warehouse table named {unknown[0]!r} in headwater.yaml", allow_retries=False)
+    done: list[Done] = []
+    try:
+        maintain(settings, config.tables, done.append)
+    except HeadwaterError as exc:
+        raise _failure(exc) from None
+    for item in done:
+        context.log.info(item.describe())
+    for name in sorted({item.table.split("/", 1)[0] for item in done}):
+        shape = maintenance_status(settings, name)
+        yield AssetMaterialization(
+            warehouse_key(name),
+            description="maintained",
+            metadata={f"maintenance/{k}": v for k, v in shape.items() if isinstance(v, (int, float, str))},
+        )
+
+
+@job(name="maintain_tables", description="Compaction, checkpoints and vacuum of warehouse tables (one pass).")
+def maintain_job() -> None:
+    """The maintenance job (also on the hourly schedule ``maintain_tables_hourly``)."""
+    maintain_op()
+
+
+#: Maintenance at minute 30 of every hour (UTC) once turned on (``run --follow`` maintains tables itself).
+maintain_schedule = ScheduleDefinition(name="maintain_tables_hourly", job=maintain_job, cron_schedule="30 * * * *")
+
 #: The operator jobs, for :func:`dagster_project.definitions.build_definitions`.
-OPERATOR_JOBS = [resnapshot_job, reprocess_job]
+OPERATOR_JOBS = [resnapshot_job, reprocess_job, maintain_job]

@@ -3,7 +3,9 @@
 * a captured table's raw topic ``<source>.<schema>.<table>`` -> key ``[source, schema, table]``
   (group ``sources``; one capture per source materialises all of its tables);
 * a feed -> ``["feeds", name]`` (group ``feeds``), upstream its ``from`` and lookups;
-* a warehouse table -> ``["warehouse", name]`` (group ``warehouse``), upstream its ``from``.
+* a warehouse table -> ``["warehouse", name]`` (group ``warehouse``), upstream its ``from``;
+* a sink -> ``["sinks", name]`` (group ``sinks``), upstream the topics and feeds its ``from``
+  names or globs match among those the config knows.
 
 Tables of a source configured by ``schemas:`` are known only once captured, so they
 come from the ``from:`` references of feeds and tables (a topic nothing reads needs no
@@ -12,18 +14,18 @@ asset for lineage).
 
 from __future__ import annotations
 
+import fnmatch
 import re
 
 from dagster import AssetKey
 
-from capture.errors import CaptureError
-from capture.identifiers import TableName
+from capture.kinds import kind_of
 from core.config import ProjectConfig
-from log.topics import table_topic
 
 SOURCES_GROUP = "sources"
 FEEDS_GROUP = "feeds"
 WAREHOUSE_GROUP = "warehouse"
+SINKS_GROUP = "sinks"
 
 
 def _part(text: str) -> str:
@@ -45,24 +47,19 @@ def warehouse_key(name: str) -> AssetKey:
     return AssetKey(["warehouse", _part(name)])
 
 
-def _table_topic(source: str, table: str) -> str:
-    """The raw topic capture writes for a configured table: quoted names parsed, as capture parses them."""
-    for text in (table, f"public.{table}"):
-        try:
-            parsed = TableName.parse(text)
-        except CaptureError:
-            continue
-        return table_topic(source, parsed.schema, parsed.name)
-    return f"{source}.{table}"
+def sink_key(name: str) -> AssetKey:
+    """The asset key of sink ``name``."""
+    return AssetKey(["sinks", _part(name)])
 
 
 def source_topics(config: ProjectConfig) -> dict[str, list[str]]:
     """Source name -> the raw topics it writes that the config knows of (sorted)."""
     references = {up for f in config.feeds.values() for up in (f.from_, *f.lookups.values())}
     references |= {t.from_ for t in config.warehouse.tables.values()}
+    references |= {name for sink in config.sinks.values() for name in sink.from_ if not any(c in name for c in "*?[")}
     topics: dict[str, list[str]] = {}
     for name, source in config.sources.items():
-        known = {_table_topic(name, t) for t in source.tables or ()}
+        known = set(kind_of(config, name).table_topics(name, source.tables or ()))
         known |= {ref for ref in references if ref.startswith(f"{name}.") and ref not in config.feeds}
         topics[name] = sorted(known)
     return topics
@@ -77,3 +74,17 @@ def feed_upstream_keys(config: ProjectConfig, name: str) -> list[AssetKey]:
     """The assets feed ``name`` reads: its ``from``, then its lookups (each once)."""
     feed = config.feeds[name]
     return [upstream_key(config, up) for up in dict.fromkeys((feed.from_, *feed.lookups.values()))]
+
+
+def sink_upstream_keys(config: ProjectConfig, name: str) -> list[AssetKey]:
+    """The assets sink ``name`` reads: the known raw topics and feeds its ``from`` names or globs match."""
+    known = [topic for topics in source_topics(config).values() for topic in topics] + list(config.feeds)
+    keys: dict[AssetKey, None] = {}
+    for pattern in config.sinks[name].from_:
+        if not any(char in pattern for char in "*?["):
+            keys[upstream_key(config, pattern)] = None
+            continue
+        for topic in known:
+            if fnmatch.fnmatchcase(topic, pattern):
+                keys[upstream_key(config, topic)] = None
+    return list(keys)

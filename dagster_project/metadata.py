@@ -57,19 +57,20 @@ def feed_metadata(config: ProjectConfig, log: Log, name: str, stats: Mapping[str
 
 def table_metadata(config: ProjectConfig, log: Log, name: str) -> dict[str, Any]:
     """Row count, last commit time, freshness and loader lag of warehouse table ``name``."""
-    from warehouse_loader.delta_scan import select_rows
+    from warehouse_loader.formats import format_of
     from warehouse_loader.load_job import table_path
 
     status = next(row for row in table_status(config, log) if row["table"] == name)
     path = table_path(config, name)  # a local path or an object store URL (never its credentials)
     metadata: dict[str, Any] = {"warehouse/state": status["state"], "warehouse/path": str(path)}
-    table = path.open()
+    fmt = format_of(config, name)
+    table = fmt.open(path)
     if table is not None:
         # Counted by DuckDB like every other read of a table (no pyarrow dataset scan: its
         # threads can abort the process at exit, arrow#34314).
-        counted = select_rows(path, table, "SELECT count(*) AS n FROM target")
+        counted = table.select("SELECT count(*) AS n FROM target")
         metadata["dagster/row_count"] = counted.column("n")[0].as_py()
-        metadata["delta/version"] = table.version()
+        metadata[f"{fmt.name}/version"] = table.version()
     if "last_commit" in status:
         metadata["warehouse/last_commit"] = status["last_commit"]
         metadata["warehouse/freshness_s"] = status["freshness_s"]

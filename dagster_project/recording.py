@@ -122,43 +122,54 @@ class AssetRecorder:
     def _history_days(self, name: str, metadata: Mapping[str, Any]) -> list[str]:
         """The commit days (UTC) of the history rows committed since this recorder last recorded ``name``."""
         from warehouse_loader.changes import COMMIT_TS
-        from warehouse_loader.delta_scan import select_rows
+        from warehouse_loader.formats import format_of
         from warehouse_loader.load_job import table_path
 
-        location = table_path(self._config, name)
-        delta = location.open()
-        if delta is None:
+        stored = format_of(self._config, name).open(table_path(self._config, name))
+        if stored is None:
             return []
         since = self._recorded.get(f"{name}/last_commit")
         where = f"WHERE {COMMIT_TS} > TIMESTAMPTZ '{since}'" if since else ""
-        rows = select_rows(
-            location, delta, f"SELECT DISTINCT CAST({COMMIT_TS} AS DATE) AS day FROM target {where} ORDER BY 1"
-        )
+        rows = stored.select(f"SELECT DISTINCT CAST({COMMIT_TS} AS DATE) AS day FROM target {where} ORDER BY 1")
         if metadata.get("warehouse/last_commit"):
             self._recorded[f"{name}/last_commit"] = str(metadata["warehouse/last_commit"])
         return [day.isoformat() for day in rows.column("day").to_pylist() if isinstance(day, dt.date)]
 
 
 class PeriodicRecording:
-    """Records every ``interval_s`` (in a daemon thread) and once more when stopped: for ``--follow`` stages."""
+    """Records at start, every ``interval_s`` (a daemon thread) and once more when stopped: for ``--follow`` stages.
 
-    def __init__(self, record: Callable[[], object], interval_s: float = FOLLOW_INTERVAL_S) -> None:
+    The first record (which pays for importing Dagster and opening its instance: 10-30 s on a
+    busy machine) runs at start, beside the stage's own start, not when the stage is stopped. A
+    stop waits at most ``stop_wait_s`` for a record in flight; if one still runs then, the last
+    record is left to the next run, so a stop stays prompt (``run --follow`` kills a stage that
+    takes 60 s).
+    """
+
+    def __init__(
+        self, record: Callable[[], object], interval_s: float = FOLLOW_INTERVAL_S, stop_wait_s: float = 20.0
+    ) -> None:
         self._record = record
         self._interval_s = interval_s
+        self._stop_wait_s = stop_wait_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dagster-recording", daemon=True)
 
     def _run(self) -> None:
+        self._record()
         while not self._stop.wait(self._interval_s):
             self._record()
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        """Record periodically while the block runs, then once more."""
+        """Record periodically while the block runs, then once more (see the class docstring)."""
         self._thread.start()
         try:
             yield
         finally:
             self._stop.set()
-            self._thread.join(timeout=60)
-            self._record()
+            self._thread.join(timeout=self._stop_wait_s)
+            if self._thread.is_alive():
+                logger.warning("recording in Dagster still running at the stop; the next run records the last state")
+            else:
+                self._record()

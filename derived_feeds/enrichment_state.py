@@ -33,7 +33,8 @@ The state keeps each row image as JSON text, not as a STRUCT of the topics' colu
 refuses to resume a state whose value schema changed, and a captured table gaining,
 losing or renaming a column changes the row type of the stream. The text is parsed back
 with the row type of the running query (a column added later is null in images written
-before it; a dropped column is ignored), so the feed goes on across schema changes.
+before it; a dropped column is ignored; a renamed column is read under its new name,
+:mod:`log.schema_history`), so the feed goes on across schema changes.
 Checkpoints written while the state kept STRUCT images are refused with one line naming
 ``headwater reprocess``.
 """
@@ -55,6 +56,7 @@ from derived_feeds.feed_schema import JSON_OPTIONS
 from derived_feeds.transform import IMAGE, SRC_KEY
 from log.envelope import Op
 from spark_log import source_schema as cols
+from spark_log.source_schema import RowSchema, renamed, with_hidden_fields
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -109,7 +111,7 @@ def _state_schemas(checkpoint: Path) -> list[Path]:
     return sorted((checkpoint / "state").glob("*/*/_metadata/schema"))
 
 
-def latest_per_key(rows: DataFrame) -> DataFrame:
+def latest_per_key(rows: DataFrame, schemas: Mapping[str, RowSchema] | None = None) -> DataFrame:
     """The streaming aggregation over ``headwater_log`` rows: per ``(topic, key)`` its latest change.
 
     ``rows`` may be read with ``latestPerKey`` (its ``__hw_first_op`` is not kept) or not: the result is the same
@@ -118,7 +120,8 @@ def latest_per_key(rows: DataFrame) -> DataFrame:
     Columns: ``topic``, ``__hw_src_key``, ``op``, ``__hw_image`` (``after``, ``before`` for a
     delete), META, ``__hw_changes``. Order is the source order ``(__hw_seq, partition, offset)``,
     as :func:`derived_feeds.transform.latest_changes`. A topic's latest truncate is the row
-    with key :data:`TRUNCATE_KEY` (op ``t``, null image).
+    with key :data:`TRUNCATE_KEY` (op ``t``, null image). ``schemas``: the topics' row schemas,
+    whose renames apply to images the state kept from before a rename.
     """
     image_type = rows.schema[cols.AFTER].dataType
     assert isinstance(image_type, StructType), "enriched topics are typed (checked by plan_feed)"
@@ -134,7 +137,7 @@ def latest_per_key(rows: DataFrame) -> DataFrame:
             cols.TOPIC,
             SRC_KEY,
             F.col(_LATEST)[cols.OP].alias(cols.OP),
-            _parsed(F.col(_LATEST)[_IMAGE_JSON], image_type),
+            _parsed(F.col(_LATEST)[_IMAGE_JSON], image_type, schemas, F.col(cols.TOPIC), F.col(_LATEST)[cols.SEQ]),
             *[F.col(_LATEST)[name].alias(name) for name in META],
             CHANGES,
         )
@@ -169,8 +172,18 @@ def without_truncated(state: DataFrame) -> DataFrame:
     return state.where((F.col(SRC_KEY) != TRUNCATE_KEY) & not_truncated(truncated_at))
 
 
-def _parsed(image_json: Column, image_type: StructType) -> Column:
-    return F.from_json(image_json, image_type, _STATE_JSON).alias(IMAGE)
+def _parsed(
+    image_json: Column,
+    image_type: StructType,
+    schemas: Mapping[str, RowSchema] | None = None,
+    topic: Column | None = None,
+    seq: Column | None = None,
+) -> Column:
+    """An image the state kept as JSON, read with the running query's row type (renamed columns moved)."""
+    if not schemas or topic is None or seq is None or not any(schema.renames for schema in schemas.values()):
+        return F.from_json(image_json, image_type, _STATE_JSON).alias(IMAGE)
+    parsed = F.from_json(image_json, with_hidden_fields(image_type, schemas), _STATE_JSON)
+    return renamed(parsed, image_type, schemas, topic, seq).alias(IMAGE)
 
 
 def start_stateful(spark: SparkSession, writer: DataStreamWriter) -> StreamingQuery:
@@ -198,7 +211,13 @@ def _session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[Non
                 spark.conf.set(name, old)
 
 
-def state_tables(spark: SparkSession, checkpoint: Path, batch_id: int, image_type: StructType) -> DataFrame:
+def state_tables(
+    spark: SparkSession,
+    checkpoint: Path,
+    batch_id: int,
+    image_type: StructType,
+    schemas: Mapping[str, RowSchema] | None = None,
+) -> DataFrame:
     """The state after committed micro-batch ``batch_id``, in :func:`latest_per_key`'s columns, truncates applied.
 
     ``image_type``: the running query's row type (the images are parsed with it). Rows a
@@ -217,7 +236,7 @@ def state_tables(spark: SparkSession, checkpoint: Path, batch_id: int, image_typ
         F.col("key")[keys[0]].alias(cols.TOPIC),
         F.col("key")[keys[1]].alias(SRC_KEY),
         latest[cols.OP].alias(cols.OP),
-        _parsed(latest[_IMAGE_JSON], image_type),
+        _parsed(latest[_IMAGE_JSON], image_type, schemas, F.col("key")[keys[0]], latest[cols.SEQ]),
         *[latest[name].alias(name) for name in META],
         count.alias(CHANGES),
     )

@@ -20,16 +20,19 @@ readers of the feed see typed STRUCTs exactly as for a raw table topic.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 from pyspark.sql.types import StringType, StructField, StructType
 
 from core.config import ProjectConfig
+from core.durable_files import replace_file
 from core.errors import HeadwaterError
+from core.stage_problems import clear_problem, record_problem
 from derived_feeds.catalyst import HIDDEN_PREFIX, Catalyst, analyzed
 from derived_feeds.enrichment_state import check_checkpoint, latest_per_key, start_stateful
 from derived_feeds.errors import FeedConfigError
@@ -54,13 +57,16 @@ from derived_feeds.transform import (
     reduced_changes,
 )
 from log.base import Log, Record, TopicSpec, append_keyed
+from log.schema_history import SchemaHistory
 from log.table_schemas import read_schema_records, schema_key
 from log.topics import SCHEMAS_TOPIC
 from spark_log import source_schema as cols
 from spark_log.checkpoint_leftovers import drop_first_batch_leftovers
-from spark_log.data_source import log_reader
+from spark_log.data_source import log_reader, plan_row_schemas
+from spark_log.errors import is_schema_changed
 from spark_log.job import wait_for_sources
 from spark_log.progress import commit_progress, track_progress
+from spark_log.source_schema import RowSchema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -102,6 +108,8 @@ class FeedPlan:
     #: How the SQL is maintained when it is not the one pass (``plan_class``), and what it keeps between batches.
     shape: ViewShape | None = None
     kept: KeptRows | None = None
+    #: The input topics' row schemas the feed was planned with (their renames apply to its state's images).
+    row_schemas: dict[str, RowSchema] | None = None
 
     @property
     def plan_class(self) -> PlanClass:
@@ -116,7 +124,7 @@ class FeedPlan:
 
 
 def _image_struct(spark: SparkSession, config: ProjectConfig, feed: str, field_name: str, topic: str) -> StructType:
-    schema = log_reader(spark, config, topic).load().schema
+    schema = log_reader(spark, config, topic).option("currentColumns", "true").load().schema
     image = schema[cols.AFTER].dataType
     if not isinstance(image, StructType):
         msg = f"topic {topic!r} has no schema record in {SCHEMAS_TOPIC}, so its rows are untyped; capture it first"
@@ -140,6 +148,11 @@ def plan_feed(spark: SparkSession, config: ProjectConfig, log: Log, spec: FeedSp
         output = apply_sql(spark, spark.createDataFrame([], source), spec.config.sql, empty).schema
     except Exception as exc:  # AnalysisException/ParseException: the user's SQL, one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        gone = _gone_column(log, spec, str(exc))
+        if gone is not None:
+            refusal = FeedConfigError(spec.name, "sql", gone)
+            record_problem(config.home_dir, "feed", spec.name, str(refusal))  # status shows it
+            raise refusal from None
         raise FeedConfigError(spec.name, "sql", f"{first}; the SQL reads view 'source' (and its lookups)") from None
     for name in spec.key:
         if name not in output.fieldNames():
@@ -150,10 +163,39 @@ def plan_feed(spark: SparkSession, config: ProjectConfig, log: Log, spec: FeedSp
     rows = shape is not None and shape.plan_class is PlanClass.REKEYED
     if rows and _unique_key(log, spec) and _one_pass_fits(spark, config, spec, output):
         one_pass, shape = OnePass(spec.config.sql, spec.key, output, checks, latest_of=_latest), None
+    clear_problem(config.home_dir, "feed", spec.name)
     _create_topics(config, log, spec)
     _write_schema(log, spec, output)
     spec.record_plan_class(PlanClass.PROJECTION if shape is None else shape.plan_class)
-    return FeedPlan(spec, source, lookups, output, checks, log, one_pass=one_pass, shape=shape)
+    schemas = plan_row_schemas(log, config, spec.input_topics, current_only=True)
+    return FeedPlan(spec, source, lookups, output, checks, log, one_pass=one_pass, shape=shape, row_schemas=schemas)
+
+
+_UNRESOLVED = re.compile(r"UNRESOLVED_COLUMN.*?name `(?:[^`]*`\.`)*([^`]+)` cannot be resolved")
+
+
+def _gone_column(log: Log, spec: FeedSpec, error: str) -> str | None:
+    """The one-line refusal when the SQL failed on a column its input renamed or dropped (None: another error)."""
+    found = _UNRESOLVED.search(error)
+    if found is None:
+        return None
+    column = found.group(1)
+    histories = read_schema_records(log, list(spec.input_topics))
+    for topic in spec.input_topics:
+        gone = SchemaHistory.of(histories.get(topic, [])).gone(column)
+        if gone is None:
+            continue
+        how, new = gone
+        if how == "renamed":
+            return (
+                f"the SQL reads column {column!r} of {topic}, which the source renamed to {new!r}; "
+                f"change the SQL to read {new!r} and start the feed again (its rows then come under the new name)"
+            )
+        return (
+            f"the SQL reads column {column!r} of {topic}, which the source dropped; remove it from the SQL "
+            "and start the feed again (no value of it arrives any more)"
+        )
+    return None
 
 
 def _shape(
@@ -171,7 +213,8 @@ def _shape(
 
 def _one_pass_fits(spark: SparkSession, config: ProjectConfig, spec: FeedSpec, output: StructType) -> bool:
     """Whether the one pass takes the SQL (``transform.paired_rows`` over an empty batch of the feed's input)."""
-    schema = log_reader(spark, config, spec.source_topic).option("latestPerKey", "true").load().schema
+    reader = log_reader(spark, config, spec.source_topic).option("currentColumns", "true")
+    schema = reader.option("latestPerKey", "true").load().schema
     latest = _latest(spark.createDataFrame([], schema))
     return paired_rows(spark, latest, spec.config.sql, spec.key, output, checks=[]) is not None
 
@@ -213,7 +256,62 @@ def _write_schema(log: Log, spec: FeedSpec, output: StructType) -> None:
         return
     version = int(latest.get("version", 0)) + 1 if latest is not None else 1
     value = schema_record(spec.topic, spec.name, output, spec.key, version)
+    if latest is not None:
+        renamed = _output_renames(log, spec, [str(c["name"]) for c in latest.get("columns", ())], output.fieldNames())
+        if renamed is not None:
+            value["change"] = renamed
     append_keyed(log, SCHEMAS_TOPIC, [Record(spec.topic.encode(), orjson.dumps(value))])
+
+
+def _check_key_renames(log: Log, spec: FeedSpec) -> None:
+    """Refuse a maintained view's state built before an input's key column was renamed (it keys rows by the old name).
+
+    The state groups each input's rows by record key; records before the rename carry the old
+    name in it (the reader renames them, but the state holds what it was given then), so a key
+    would be held twice. The key renames known when the state was started are kept beside it.
+    """
+    histories = read_schema_records(log, list(spec.input_topics))
+    renames = sorted(
+        f"{topic}:{rename.old}->{rename.new}@{rename.at.sortable()}"
+        for topic in spec.input_topics
+        for rename in SchemaHistory.of(histories.get(topic, [])).renames()
+        if any(rename.old in (record.get("key") or ()) for record in histories.get(topic, []))
+    )
+    known = spec.checkpoint / "key_renames.json"
+    recorded = orjson.loads(known.read_bytes()) if known.exists() else None
+    started = (spec.checkpoint / "spark" / "state").exists()
+    if started and renames and set(renames) - set(recorded or ()):
+        new = next(r for r in renames if r not in (recorded or ()))
+        msg = (
+            f"a key column of its input was renamed ({new.split('@')[0]}) after the feed's state was built, "
+            f"which keeps rows by the old key; run 'headwater reprocess {spec.name}' to rebuild it"
+        )
+        refusal = FeedConfigError(spec.name, "from", msg)
+        record_problem(spec.home, "feed", spec.name, str(refusal))
+        raise refusal
+    if recorded != renames:
+        replace_file(known, orjson.dumps(renames))
+
+
+def _output_renames(log: Log, spec: FeedSpec, before: Sequence[str], after: Sequence[str]) -> dict[str, Any] | None:
+    """The ``change`` of the feed's schema when output columns follow an input's renames (None: none do).
+
+    An output column that had an input column's old name and now has its new one is the same
+    column (the SQL passes it through, as ``SELECT *`` does): the feed's records before the
+    rename's position (they carry their source's position) hold the old name, and readers of the
+    feed's topic map it as they do for a source topic (:mod:`log.schema_history`).
+    """
+    histories = read_schema_records(log, list(spec.input_topics))
+    renamed: dict[str, str] = {}
+    at = None
+    for topic in spec.input_topics:
+        for rename in SchemaHistory.of(histories.get(topic, [])).renames():
+            if rename.old in before and rename.old not in after and rename.new in after and rename.new not in before:
+                renamed[rename.new] = rename.old
+                at = rename.at if at is None else max(at, rename.at)
+    if at is None:
+        return None
+    return {"at": [at.commit_lsn, at.txn_index], "renamed": renamed}
 
 
 def process_batch(plan: FeedPlan, log: Log, batch: DataFrame, marker: BatchMarker) -> None:
@@ -286,7 +384,8 @@ def start_feed(
     if max_records_per_batch is None:
         max_records_per_batch = MAINTAINED_MAX_RECORDS if maintained else DEFAULT_MAX_RECORDS
     reader = log_reader(spark, config, ",".join(spec.input_topics), streaming=True)
-    reader = reader.option("maxRecordsPerBatch", str(max_records_per_batch))
+    # The latest version's columns only: SQL naming a dropped or renamed column failed at planning.
+    reader = reader.option("currentColumns", "true").option("maxRecordsPerBatch", str(max_records_per_batch))
     # Each key's latest change of the micro-batch only, per log partition in the reader (no shuffle); a
     # maintained view then keeps it per key in its state store (fewer rows to encode and aggregate there).
     reader = reader.option("latestPerKey", "true")
@@ -317,7 +416,8 @@ def start_feed(
     stream = reader.load()
     if maintained:  # the latest change per (topic, key) in Spark's state store
         check_checkpoint(spec)
-        stream = latest_per_key(stream)
+        _check_key_renames(log, spec)
+        stream = latest_per_key(stream, plan.row_schemas)
     writer = stream.writeStream.queryName(query_name).foreachBatch(apply)
     drop_first_batch_leftovers(spec.checkpoint / "spark")  # a feed killed during its first start would never start
     writer = writer.option("checkpointLocation", str(spec.checkpoint / "spark"))
@@ -346,27 +446,38 @@ def run_feeds(
         query, plan = start_feed(
             spark, config, log, spec, available_now=available_now, max_records_per_batch=max_records_per_batch
         )
-        started.append((query, plan))
         if available_now:
-            await_query(query, plan)
-        else:
+            while not await_query(query, plan, restartable=True):
+                # Stopped before reading records of a new schema version: planned again with it.
+                query, plan = start_feed(
+                    spark, config, log, spec, available_now=True, max_records_per_batch=max_records_per_batch
+                )
+        started.append((query, plan))
+        if not available_now:
             wait_for_sources(query)  # one source start-up at a time (see wait_for_sources)
     return started
 
 
-def await_query(query: StreamingQuery, plan: FeedPlan, timeout_s: int | None = None) -> bool:
+def await_query(
+    query: StreamingQuery, plan: FeedPlan, timeout_s: int | None = None, *, restartable: bool = False
+) -> bool:
     """Wait for the query to end (or ``timeout_s``); a failed batch re-raises its original Headwater error.
 
-    Returns whether the query has ended.
+    Returns whether the query has ended; with ``restartable``, False when it stopped for a new
+    schema version of its input (:class:`spark_log.errors.SchemaChangedError`: start it again).
     """
     try:
         ended = (
             bool(query.awaitTermination(int(timeout_s))) if timeout_s is not None else query.awaitTermination() or True
         )
     except Exception:
+        if restartable and is_schema_changed(query.exception()):
+            return False
         if plan.error is not None:
             raise plan.error from None
         raise
+    if restartable and is_schema_changed(query.exception()):
+        return False
     if query.exception() is not None:
         if plan.error is not None:
             raise plan.error from None

@@ -23,9 +23,12 @@ import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from derived_feeds.expectations import Check
-from log.envelope import CONNECTOR, EVENT_VERSION, Op
+from log.envelope import EVENT_VERSION, Op
 from spark_log import source_schema as cols
 
+#: ``source.connector`` of a feed's events: feeds have always written PostgreSQL-shaped ``source``
+#: blocks (``txId``, ``lsn``, ``xmin`` null), so consumers of today's feed topics keep reading them.
+FEED_CONNECTOR: Final = "postgresql"
 #: The feed key as JSON text (both inputs), and the SQL row as JSON text (output rows).
 KEY_JSON: Final = "__hw_key"
 AFTER_JSON: Final = "__hw_after_json"
@@ -128,7 +131,7 @@ def encode_output(output: pa.Table, feed: str, checks: Sequence[Check] = ()) -> 
     ts_ms = pc.floor(pc.divide(ts_us.cast(pa.float64()), 1000.0)).cast(pa.int64())
     ts_ms_text, ts_us_text = _number_text(ts_ms), _number_text(ts_us)
     source = pc.binary_join_element_wise(
-        f'{{"version":{_json(EVENT_VERSION)},"connector":{_json(CONNECTOR)},"name":{_json(feed)},"ts_ms":',
+        f'{{"version":{_json(EVENT_VERSION)},"connector":{_json(FEED_CONNECTOR)},"name":{_json(feed)},"ts_ms":',
         ts_ms_text,
         ',"ts_us":',
         ts_us_text,

@@ -1,10 +1,11 @@
 """A feed's output schema in both directions: Spark types -> ``_headwater.schemas`` columns, rows -> JSON values.
 
 Feed topics are read back by the same ``headwater_log`` source as raw table topics, so a
-feed writes its column list as PG-like type descriptors (``type_oid``, ``typmod``) that
-:func:`log.row_types.logical_type` maps back to the same Spark type under the default
-type modes (a feed's topic belongs to no source, so readers use ``TypesConfig()``), and
-writes values in exactly the JSON form those modes produce:
+feed records each column's logical type (:mod:`log.table_schemas`), with the Spark type as its
+native name, and writes values in exactly the JSON form that type says. The logical types are
+those of PG-like type descriptors (``type_oid``, ``typmod``, also recorded, as in records
+written before logical types were) under the default type modes
+(:func:`log.pg_types.logical_type`; a feed's topic belongs to no source):
 
 =========================  =====================  ==========================================
 Spark type                 type_oid (typmod)      JSON value
@@ -53,7 +54,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from log.row_types import Oid
+from core.source_config import TypesConfig
+from log.pg_types import Oid, logical_type
+from log.row_types import connect_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -117,12 +120,25 @@ def type_descriptor(dtype: DataType) -> tuple[int, int]:
     return int(Oid.JSON), -1
 
 
+#: The type modes a feed topic is read with (it belongs to no source).
+_FEED_MODES = TypesConfig()
+
+
 def schema_columns(struct: StructType, key: Sequence[str]) -> list[dict[str, Any]]:
     """The ``columns`` of a feed's ``_headwater.schemas`` record."""
     columns = []
     for field in struct.fields:
         oid, typmod = type_descriptor(field.dataType)
-        columns.append({"name": field.name, "type_oid": oid, "typmod": typmod, "key": field.name in key})
+        columns.append(
+            {
+                "name": field.name,
+                "logical": connect_schema(logical_type(oid, typmod, _FEED_MODES)),
+                "native": field.dataType.simpleString(),
+                "type_oid": oid,
+                "typmod": typmod,
+                "key": field.name in key,
+            }
+        )
     return columns
 
 

@@ -12,7 +12,6 @@ partition holds all of a batch's records or none of them.
 from __future__ import annotations
 
 import datetime as dt
-import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -26,9 +25,10 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from derived_feeds.errors import FeedExpectationError
 from derived_feeds.expectations import EXPECTATION_HEADER, Check
-from log.base import AppendsEncodedBatches, Log, Record
+from log.base import Log, Record
+from log.column_records import ColumnRecords
+from log.encoded_batches import AppendsEncodedBatches
 from log.envelope import Op
-from log.file.column_records import BatchScratch, ColumnRecords
 from log.partitioner import partitions_for
 from log.shards import shard_map_of
 from log.topics import ERROR_HEADER
@@ -185,7 +185,7 @@ def append_once(
         encoded = None
     if encoded is not None and isinstance(records, ColumnRecords):
         now_ms = time.time_ns() // 1_000_000  # what the file log stamps a record without a timestamp with
-        batches = records.partition_batches(partitions, now_ms, _thread_scratch())
+        batches = encoded.column_batches(records, partitions, now_ms)
         by_partition = {partition: batch for partition, batch in enumerate(batches) if batch is not None}
     else:
         grouped: dict[int, list[Record]] = {}
@@ -207,17 +207,6 @@ def append_once(
             memo[(topic, partition)] = (result.last_offset + 1, marker)
         written += len(batch)
     return written
-
-
-_scratch = threading.local()
-
-
-def _thread_scratch() -> BatchScratch:
-    """This thread's batch buffers (``foreachBatch`` calls of one query come on one thread at a time)."""
-    scratch: BatchScratch | None = getattr(_scratch, "buffers", None)
-    if scratch is None:
-        scratch = _scratch.buffers = BatchScratch()
-    return scratch
 
 
 def _already_appended(log: Log, topic: str, partition: int, marker: BatchMarker, memo: AppendMemo | None) -> bool:

@@ -244,7 +244,7 @@ def _kept_rows(spark: SparkSession, plan: FeedPlan, batch_id: int, image_type: A
     if batch_id == 0:
         rows = spark.createDataFrame([], schema)
     else:
-        state = state_tables(spark, plan.spec.checkpoint / "spark", batch_id - 1, image_type)
+        state = state_tables(spark, plan.spec.checkpoint / "spark", batch_id - 1, image_type, plan.row_schemas)
         position = state.agg(F.max(F.struct(*META)).alias(_POSITION)).collect()[0][_POSITION]
         rows = state.where(F.col(cols.OP) != Op.DELETE.value).select(*ROW_COLUMNS).localCheckpoint()
     keys = None

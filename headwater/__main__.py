@@ -2,6 +2,13 @@
 
 import sys
 
+from core import stop_request
+
+if "--follow" in sys.argv[1:]:
+    # Before the imports below (a second or more): a stop asked meanwhile is kept, not lost, and
+    # the command stops cleanly once it can (core.stop_request).
+    stop_request.listen()
+
 from headwater.cli import main
 
 

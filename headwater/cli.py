@@ -18,6 +18,7 @@ from core.errors import EXIT_PERMANENT, HeadwaterError, PermanentError, one_line
 from headwater import __version__
 from headwater.cli_context import Context, config_option, pass_context, print_json, root_config_option
 from operations.scaffold import init_project
+from spark_log.task_errors import unwrap
 
 __all__ = ["Context", "cli", "config_option", "main", "pass_context", "print_json"]
 
@@ -43,6 +44,8 @@ _COMMAND_MODULES = {
     "feeds": "feeds",
     "reprocess": "feeds",
     "verify": "verify",
+    "maintain": "maintain",
+    "sinks": "sinks",
 }
 
 
@@ -87,10 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli.main(args=argv, prog_name="headwater", standalone_mode=False)
     except HeadwaterError as exc:
-        if debug:
-            traceback.print_exc()
-        click.echo(f"error: {one_line(str(exc))}", err=True)
-        return EXIT_PERMANENT if isinstance(exc, PermanentError) else EXIT_ERROR
+        return _failed(exc, debug=debug)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return EXIT_ERROR
@@ -107,12 +107,23 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("interrupted", err=True)
         return 130
     except Exception as exc:  # a bug, not bad input: still one line unless --debug
+        carried = unwrap(exc)  # a Headwater error raised inside Spark, come back as Spark's text
+        if carried is not None:
+            return _failed(carried, debug=debug)
         if debug:
             traceback.print_exc()
         detail = one_line(str(exc))
         click.echo(f"error: unexpected {type(exc).__name__}: {detail} (rerun with --debug for the traceback)", err=True)
         return EXIT_ERROR
     return 0
+
+
+def _failed(error: HeadwaterError, *, debug: bool) -> int:
+    """Print ``error`` as the one ``error:`` line (the traceback too with ``--debug``); its exit code."""
+    if debug:
+        traceback.print_exc()
+    click.echo(f"error: {one_line(str(error))}", err=True)
+    return EXIT_PERMANENT if isinstance(error, PermanentError) else EXIT_ERROR
 
 
 if __name__ == "__main__":

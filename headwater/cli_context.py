@@ -5,18 +5,25 @@ Command modules import from here, never from :mod:`headwater.cli` (which imports
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, TypeVar
 
 import click
 import orjson
 
+from core import stop_request
 from core.config import ProjectConfig, load_config
+from core.errors import HeadwaterError
 from core.leases import LeaseWait
 from core.log_format import LogFormat, configure_logging, json_line
+from spark_log.task_errors import unwrap
 
 
 @dataclass
@@ -136,6 +143,41 @@ class StageOptions:
         return LeaseWait(None if follow else self.holder_timeout_s, say=output.note)
 
 
+@contextlib.contextmanager
+def _last_error_kept() -> Iterator[None]:
+    """Keep the stage's Headwater error for ``headwater status`` (:mod:`operations.stage_errors`)."""
+    ctx = click.get_current_context()
+    stage = ctx.command_path.split(" ", 1)[-1]  # "feeds run", "load", ...
+    try:
+        yield
+    except Exception as exc:
+        error = exc if isinstance(exc, HeadwaterError) else unwrap(exc)
+        if error is None:
+            raise
+        config = _loaded(ctx)
+        if config is not None:
+            from operations.stage_errors import remember
+
+            remember(config, stage, error)
+        if error is exc:
+            raise
+        raise error from exc
+    config = _loaded(ctx)
+    if config is not None:
+        from operations.stage_errors import forget
+
+        forget(config, stage)
+
+
+def _loaded(ctx: click.Context) -> ProjectConfig | None:
+    """The project's config if it loads (an error about the config itself is kept nowhere)."""
+    context = ctx.find_object(Context)
+    try:
+        return load_config(context.config_path if context is not None else None, strict_env=False)
+    except (HeadwaterError, OSError):
+        return None
+
+
 #: Seconds a run that must finish waits for another process holding what it needs.
 DEFAULT_HOLDER_TIMEOUT_S = 60.0
 
@@ -159,7 +201,18 @@ def _with_stage_options(command: _Command, *, holders: bool) -> _Command:
             kwargs.pop("metrics_host"),
             kwargs.pop("holder_timeout") if holders else DEFAULT_HOLDER_TIMEOUT_S,
         )
-        return command(*args, **kwargs)
+        if not kwargs.get("follow"):
+            with _last_error_kept():
+                return command(*args, **kwargs)
+        # --follow: SIGINT/SIGTERM are a clean stop at any moment (core.stop_request).
+        try:
+            stop_request.stop_anywhere()
+            with _last_error_kept():
+                return command(*args, **kwargs)
+        except KeyboardInterrupt:
+            stop_request.listen()
+            click.echo("stopped", err=True)
+            return None
 
     options = [
         click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address of --metrics-port."),
@@ -191,3 +244,17 @@ def _with_stage_options(command: _Command, *, holders: bool) -> _Command:
     for option in options:
         decorated = option(decorated)
     return decorated  # type: ignore[no-any-return]
+
+
+def stop_on_signals() -> threading.Event:
+    """An event SIGINT and SIGTERM set: a follower finishes what it is doing (a batch, a pass) and leaves."""
+    stop = threading.Event()
+
+    def handle(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
+    if stop_request.requested.is_set():  # asked before the handlers above (core.stop_request)
+        stop.set()
+    return stop

@@ -213,16 +213,3 @@ def append_keyed(log: Log, topic: str, records: Iterable[Record]) -> list[Append
     for record in records:
         by_partition.setdefault(partition_for(record.key, partitions), []).append(record)
     return [log.append(topic, p, batch) for p, batch in sorted(by_partition.items())]
-
-
-@runtime_checkable
-class AppendsEncodedBatches(Protocol):
-    """A log that also stores batches a producer already encoded in its own format, byte for byte.
-
-    The file backend does: capture's snapshot and feeds build ``log.file.batch_codec.EncodedBatch``
-    natively (no ``Record`` per row); :meth:`append_encoded` has :meth:`Log.append`'s contract.
-    """
-
-    def append_encoded(self, topic: str, partition: int, batch: Sequence[Record]) -> AppendResult:
-        """Append one encoded batch to one partition atomically and durably; return its offsets."""
-        ...

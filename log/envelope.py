@@ -2,8 +2,9 @@
 
 A value is Debezium's envelope (``before``, ``after``, ``source``, ``op``, ``ts_ms``,
 ``ts_us``, ``ts_ns``, ``transaction``; a logical message has ``op``, ``ts_ms``, ``source``,
-``transaction`` and ``message`` only, as Debezium writes it) whose ``source`` block also
-carries ``commit_lsn`` and ``txn_index``, the event's :class:`~log.sequence.Sequence`. A
+``transaction`` and ``message`` only, as Debezium writes it) whose ``source`` block is the
+source kind's (:class:`SourceInfo`) and carries ``commit_lsn`` and ``txn_index``, the event's
+:class:`~log.sequence.Sequence`. A
 delete is followed by a tombstone (null value) with the same key. Every producer
 (capture, feeds) and consumer (Spark source, warehouse, CLI) goes through this module, so
 the wire format lives in one place. JSON is encoded with orjson; keys are JSON objects of
@@ -19,9 +20,8 @@ from typing import Any
 
 import orjson
 
-from log.sequence import Lsn, Sequence
+from log.sequence import Sequence
 
-CONNECTOR = "postgresql"
 #: Version string written to ``source.version``.
 EVENT_VERSION = "headwater-0.1"
 
@@ -70,29 +70,75 @@ class SnapshotMarker(enum.StrEnum):
         return cls.TRUE
 
 
-def _text(value: int | None) -> str | None:
-    return None if value is None else str(value)
+#: The ``source`` fields every source kind writes (its own follow or sit among them, in its order):
+#: readers take an event's table, time, snapshot marker and place in the log's order from these. A kind
+#: without schemas leaves ``schema`` out, and may write a streamed event's ``snapshot`` as null, as
+#: Debezium's MySQL connector does (:class:`SourceInfo` reads both as its PostgreSQL counterparts).
+SOURCE_FIELDS = (
+    "version", "connector", "name", "ts_ms", "ts_us", "ts_ns", "snapshot", "db", "schema", "table", "commit_lsn",
+    "txn_index",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class SourceInfo:
-    """The ``source`` block: where and when the change happened. Never holds credentials."""
+    """The ``source`` block as the event's source kind wrote it, fields in its order; never holds credentials.
 
-    name: str
-    db: str
-    schema: str
-    table: str
-    tx_id: int | None
-    lsn: int | None
-    commit_lsn: int
-    txn_index: int
-    ts_us: int
-    snapshot: SnapshotMarker = SnapshotMarker.FALSE
-    #: The end LSN of the transaction before (``sequence[0]``, as Debezium's "last commit LSN").
-    last_commit_lsn: int | None = None
-    #: The replication origin a replayed transaction came through, and its LSN there.
-    origin: str | None = None
-    origin_lsn: int | None = None
+    Every kind writes :data:`SOURCE_FIELDS`; ``commit_lsn`` and ``txn_index`` are the event's
+    :class:`~log.sequence.Sequence` (the kind's :meth:`~log.position.Position.ordinal` of its commit,
+    and its index there). Everything else is the kind's own (PostgreSQL: ``sequence``, ``txId``,
+    ``lsn``, ``xmin``, ``origin``, ``origin_lsn``; ``capture.postgres.events.source_block``) and is
+    kept as written.
+    """
+
+    fields: Mapping[str, Any]
+
+    @property
+    def connector(self) -> str:
+        """The source kind's connector name (Debezium's: ``postgresql``, ``mysql`` ...)."""
+        return str(self.fields.get("connector", ""))
+
+    @property
+    def name(self) -> str:
+        """The source's name (``sources.<name>``)."""
+        return str(self.fields["name"])
+
+    @property
+    def db(self) -> str:
+        """The database the change happened in."""
+        return str(self.fields["db"])
+
+    @property
+    def schema(self) -> str:
+        """The table's schema (empty for a logical message, and for a source without schemas: MySQL writes none)."""
+        schema = self.fields.get("schema")
+        return "" if schema is None else str(schema)
+
+    @property
+    def table(self) -> str:
+        """The table (empty for a logical message)."""
+        return str(self.fields["table"])
+
+    @property
+    def ts_us(self) -> int:
+        """When the change was committed (a snapshot row: read), microseconds since the epoch."""
+        return int(self.fields["ts_us"])
+
+    @property
+    def snapshot(self) -> SnapshotMarker:
+        """Where the event stands relative to a snapshot (null or absent, a MySQL streamed event's: ``false``)."""
+        marker = self.fields.get("snapshot")
+        return SnapshotMarker.FALSE if marker is None else SnapshotMarker(marker)
+
+    @property
+    def commit_lsn(self) -> int:
+        """The ordinal of the event's commit in the log's order (PostgreSQL: the commit LSN)."""
+        return int(self.fields["commit_lsn"])
+
+    @property
+    def txn_index(self) -> int:
+        """The event's index in its commit."""
+        return int(self.fields["txn_index"])
 
     @property
     def sequence(self) -> Sequence:
@@ -100,48 +146,13 @@ class SourceInfo:
         return Sequence(self.commit_lsn, self.txn_index)
 
     def to_json(self) -> dict[str, Any]:
-        """The Debezium ``source`` object plus ``commit_lsn`` and ``txn_index``."""
-        last = self.last_commit_lsn
-        return {
-            "version": EVENT_VERSION,
-            "connector": CONNECTOR,
-            "name": self.name,
-            "ts_ms": self.ts_us // 1000,
-            "ts_us": self.ts_us,
-            "ts_ns": self.ts_us * 1000,
-            "snapshot": self.snapshot.value,
-            "db": self.db,
-            "sequence": orjson.dumps([_text(last), _text(self.lsn)]).decode(),
-            "schema": self.schema,
-            "table": self.table,
-            "txId": self.tx_id,
-            "lsn": self.lsn,
-            "xmin": None,
-            "origin": self.origin,
-            "origin_lsn": self.origin_lsn,
-            "commit_lsn": self.commit_lsn,
-            "txn_index": self.txn_index,
-        }
+        """The ``source`` object, as written."""
+        return dict(self.fields)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SourceInfo:
         """Inverse of :meth:`to_json`."""
-        last, _ = orjson.loads(data["sequence"]) if data.get("sequence") else (None, None)
-        return cls(
-            name=data["name"],
-            db=data["db"],
-            schema=data["schema"],
-            table=data["table"],
-            tx_id=data.get("txId"),
-            lsn=data.get("lsn"),
-            commit_lsn=data["commit_lsn"],
-            txn_index=data["txn_index"],
-            ts_us=data["ts_us"],
-            snapshot=SnapshotMarker(data.get("snapshot", "false")),
-            last_commit_lsn=None if last is None else int(last),
-            origin=data.get("origin"),
-            origin_lsn=data.get("origin_lsn"),
-        )
+        return cls(dict(data))
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,15 +207,6 @@ class ChangeEvent:
             transaction=data.get("transaction"),
             message=data.get("message"),
         )
-
-
-def transaction_block(tx_id: int, commit_lsn: Lsn, total_order: int, data_collection_order: int) -> dict[str, Any]:
-    """Debezium's ``transaction`` object: id ``txid:lsn``, position overall and per table."""
-    return {
-        "id": f"{tx_id}:{commit_lsn.value}",
-        "total_order": total_order,
-        "data_collection_order": data_collection_order,
-    }
 
 
 def encode_value(event: ChangeEvent) -> bytes:

@@ -1,4 +1,8 @@
-"""Positions in a source's history: :class:`Lsn` and the total order :class:`Sequence`."""
+"""The log's total order of a source's events (:class:`Sequence`), and PostgreSQL's position (:class:`Lsn`).
+
+Positions are each source kind's own (:mod:`log.position`); :class:`Lsn` is the PostgreSQL kind's,
+kept here because every record written before kinds existed carries it.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +40,10 @@ class Lsn:
     def __int__(self) -> int:
         return self.value
 
+    def ordinal(self) -> int:
+        """The LSN itself: the log orders PostgreSQL events by their commit LSN (:mod:`log.position`)."""
+        return self.value
+
     def __lt__(self, other: object) -> bool:
         if not isinstance(other, Lsn):
             return NotImplemented
@@ -47,9 +55,11 @@ class Lsn:
 class Sequence:
     """The total order of a source's events: ``(commit_lsn, txn_index)``.
 
-    Snapshot rows carry the snapshot point's LSN and sort before every streamed
-    change committed after it. Everything downstream applies a change only when
-    its sequence is newer than what it already holds.
+    ``commit_lsn`` is the :meth:`~log.position.Position.ordinal` of the event's commit (for
+    PostgreSQL the commit LSN, hence the name, which the envelope keeps), ``txn_index`` its place
+    in the commit. Snapshot rows carry the snapshot point's ordinal and sort before every
+    streamed change committed after it. Everything downstream applies a change only when its
+    sequence is newer than what it already holds.
     """
 
     commit_lsn: int

@@ -4,7 +4,14 @@ Capture (for source tables) and each feed (for its output topic) append a record
 the topic whenever its shape changes. A record's value::
 
     {"topic", "schema", "table", "replica_identity", "key": [names], "key_source",
-     "columns": [{"name", "type_oid", "typmod", "key"}], "version"}
+     "columns": [{"name", "logical", "native", "key", ...}], "version"}
+
+Each column names its logical type in Debezium's schema vocabulary (``logical``:
+:func:`log.row_types.connect_schema`, e.g. ``{"type": "int64", "name":
+"io.debezium.time.MicroTimestamp"}``) and the source's own type name beside it (``native``,
+e.g. ``numeric(10,2)``); a kind may add fields of its own (PostgreSQL: ``type_oid``,
+``typmod``). Records written before logical types were recorded name only ``type_oid`` and
+``typmod``; :func:`column_type` reads them as readers always have (:mod:`log.pg_types`).
 
 ``key`` is the one place every consumer (loads, backfills, feeds, status, verify) takes a
 topic's key from: the fields of every record key of the topic, in their order; ``[]`` for
@@ -25,8 +32,11 @@ from typing import Any
 
 import orjson
 
+from core.source_config import TypesConfig
 from log.base import Log
+from log.pg_types import logical_type
 from log.reading import read_range
+from log.row_types import LogicalType, from_connect_schema
 from log.topics import SCHEMAS_TOPIC
 
 #: ``replica_identity`` of a record whose per-column flags are not the key (every column is flagged).
@@ -40,6 +50,17 @@ def schema_key(record: Mapping[str, Any]) -> tuple[str, ...] | None:
     if record.get("replica_identity") == _FULL_IDENTITY:
         return None
     return tuple(column["name"] for column in record.get("columns", ()) if column.get("key"))
+
+
+def column_type(column: Mapping[str, Any], modes: TypesConfig) -> LogicalType:
+    """The logical type of a schema record's column: its ``logical`` type, else (an older record) by its oid.
+
+    ``modes`` are the writing source's type modes; only a record without ``logical`` needs them.
+    """
+    recorded = column.get("logical")
+    if recorded is not None:
+        return from_connect_schema(recorded)
+    return logical_type(int(column["type_oid"]), int(column.get("typmod", -1)), modes)
 
 
 def _records(log: Log) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -61,6 +82,15 @@ def read_schema_records(log: Log, topics: Sequence[str]) -> dict[str, list[dict[
     found: dict[str, list[dict[str, Any]]] = {}
     for topic, value in _records(log):
         if topic in wanted:
+            found.setdefault(topic, []).append(value)
+    return found
+
+
+def schema_histories(log: Log, prefix: str = "") -> dict[str, list[dict[str, Any]]]:
+    """Every schema record of every topic whose name starts with ``prefix`` (all versions, in order)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for topic, value in _records(log):
+        if topic.startswith(prefix):
             found.setdefault(topic, []).append(value)
     return found
 

@@ -25,6 +25,9 @@ ERROR_HEADER = "headwater.error"
 #: Consumer group of a feed's job, and of the loader of a warehouse table (build) name.
 FEED_GROUP_PREFIX = "headwater.feed."
 LOAD_GROUP_PREFIX = "headwater.load."
+#: Consumer group of a sink (:mod:`sinks`); its dead-letter topic is ``<group>.dead_letter``.
+SINK_GROUP_PREFIX = "headwater.sink."
+DEAD_LETTER_SUFFIX = ".dead_letter"
 
 _LEGAL = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _TOPIC_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -76,3 +79,18 @@ def feed_group(feed: str) -> str:
 def load_group(build: str) -> str:
     """The consumer group the loader of warehouse table ``build`` (``<table>`` or ``<table>.v<N>``) commits to."""
     return LOAD_GROUP_PREFIX + build
+
+
+def sink_group(sink: str) -> str:
+    """The consumer group a sink reads as (its offsets, members and lag)."""
+    return SINK_GROUP_PREFIX + sink
+
+
+def dead_letter_topic(sink: str) -> str:
+    """``headwater.sink.<sink>.dead_letter``: records the sink's target refused for good (not compacted)."""
+    return sink_group(sink) + DEAD_LETTER_SUFFIX
+
+
+def is_dead_letter_topic(topic: str) -> bool:
+    """True for topics made by :func:`dead_letter_topic`."""
+    return topic.startswith(SINK_GROUP_PREFIX) and topic.endswith(DEAD_LETTER_SUFFIX)

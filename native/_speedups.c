@@ -5,6 +5,11 @@
  * input is outside what this file handles exactly, the function says so (returns None,
  * or a column falls back to its Python converter) and the Python twin decides. The
  * equivalence is pinned by tests/unit/native/test_native.py.
+ *
+ * (Over 500 lines: this unit creates the module, and capture's per-row codecs (pgoutput decode,
+ * the type map's conversions, the JSON writer, the RowEncoder type and the COPY-to-batch pass)
+ * share its static helpers and state; what stands alone is in its own file: log_columns.c,
+ * batch_columns.c, column_masks.c.)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -658,7 +663,7 @@ done:
 }
 
 /* ------------------------------------------------------------------------------------ */
-/* pgoutput TupleData (capture/pgoutput.py _read_tuple).                                  */
+/* pgoutput TupleData (capture/postgres/decoding/pgoutput.py _read_tuple).                                  */
 
 /* TupleData at *pos of d[0:n]: a new tuple and *pos after it; NULL without an error set when
  * malformed (the Python twin raises), NULL with an error set on memory errors. */
@@ -713,7 +718,7 @@ malformed:
 }
 
 /* ------------------------------------------------------------------------------------ */
-/* Row-change messages (capture/pgoutput.py _insert/_update/_delete).                      */
+/* Row-change messages (capture/postgres/decoding/pgoutput.py _insert/_update/_delete).                      */
 
 /* The message classes and the slot descriptors of their fields, set once by configure(). */
 enum { F_OID, F_NEW, F_OLD, F_OLD_IS_KEY, F_XID, F_COUNT };
@@ -888,7 +893,7 @@ static PyObject *py_read_tuple(PyObject *self, PyObject *args) {
 }
 
 /* ------------------------------------------------------------------------------------ */
-/* Row images as JSON (capture/typemap.py converters + orjson.dumps).                     */
+/* Row images as JSON (capture/postgres/types/typemap.py converters + orjson.dumps).                     */
 
 enum {
     K_PYTHON = 0,        /* the column's Python converter, then orjson */
@@ -1377,9 +1382,9 @@ static PyObject *RowEncoder_encode(RowEncoder *self, PyObject *values) {
 }
 
 
-/* The event value of the image in self->buf (key in self->key) into self->value: capture.events._CHANGE_VALUE
- * filled as capture.events._value fills it. op: 0 create, 1 update without old image, 2 delete (before = the
- * old tuple's image: the whole row, or the key with the other columns null). pieces: capture.events._Pieces.native. */
+/* The event value of the image in self->buf (key in self->key) into self->value: capture.postgres.events.builder._CHANGE_VALUE
+ * filled as capture.postgres.events.builder._value fills it. op: 0 create, 1 update without old image, 2 delete (before = the
+ * old tuple's image: the whole row, or the key with the other columns null). pieces: capture.postgres.events.builder._Pieces.native. */
 static int write_value(RowEncoder *self, int op, PyObject *pieces, long long lsn, long long index, long long order) {
     Buf *v = &self->value;
     v->len = 0;
@@ -1412,7 +1417,7 @@ static PyObject *get_field(PyObject *obj, int t, int f) {
     return Py_TYPE(descr)->tp_descr_get(descr, obj, (PyObject *)Py_TYPE(obj));
 }
 
-/* record_type(topic, key, value, commit, index, (), None) for a tuple subclass (capture.events.OutRecord),
+/* record_type(topic, key, value, commit, index, (), None) for a tuple subclass (capture.postgres.events.builder.OutRecord),
  * built as tuple's own __new__ builds subclass instances. Steals key, value and index. */
 static PyObject *make_record(PyTypeObject *rt, PyObject *topic, PyObject *key, PyObject *value, PyObject *commit,
                              PyObject *index) {
@@ -1636,7 +1641,7 @@ static int copy_fields(RowEncoder *self, const char *d, Py_ssize_t pos, Py_ssize
 
 /* copy_records(data, pos, head, pre, tail, index, lsn, topic, record_type, out) -> (pos, index)
  *
- * EventBuilder.snapshot_records' native loop over COPY text (capture/snapshot.py parse_copy_text):
+ * EventBuilder.snapshot_records' native loop over COPY text (capture/postgres/snapshot/native_pass.py parse_copy_text):
  * from byte pos, each line (empty lines skipped) is a row of tab-separated fields, \N is NULL,
  * backslash escapes as _unescape reads them. A row whose image encode_row answers becomes
  * record_type(topic, key, head + image + pre + index + tail, lsn, index); the loop stops at the
@@ -2056,7 +2061,7 @@ static void *conn_arg(PyObject *arg) {
  * messages of a COPY OUT, concatenated, read blocking (the GIL released) until at least max_bytes
  * are in hand (status 1), the copy ends (-1) or fails (-2; the data read before comes along).
  * A COPY TO text message is one row ending in a newline, so the reader knows what
- * capture.snapshot.copy_pieces and encodable would scan the block for: pieces is the block cut
+ * capture.postgres.snapshot.native_pass.copy_pieces and encodable would scan the block for: pieces is the block cut
  * after the first row ending at or past each piece_bytes, as [(start, end, rows), ...] (None
  * when piece_bytes is 0 or a message does not end in a newline), blank whether a row is an
  * empty line. */

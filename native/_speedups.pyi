@@ -164,4 +164,4 @@ def column_batches(
     scratch: list[bytearray] | None,
     /,
 ) -> list[tuple[Any, int] | None]:
-    """Per partition the encoded batch and its record count (None: no rows); see log/file/column_records.py."""
+    """Per partition the encoded batch and its record count (None: no rows); see log/file/column_batches.py."""

@@ -1,7 +1,7 @@
 /*
  * Arrow-ready columns -> file-log record batches (the write side of derived feeds).
  *
- * column_batches() is log/file/column_records.py's _column_batches_python in C: the same records
+ * column_batches() is log/file/column_batches.py's _column_batches_python in C: the same records
  * (a tombstone after each delete, the same headers on every record), routed by Kafka's murmur2
  * of the key, encoded as log/file/batch_codec.py's records behind a header placeholder that
  * EncodedBatch.seal fills at append time. The columns are read where Arrow keeps them (the
@@ -249,6 +249,6 @@ PyMethodDef hw_batch_columns_methods[] = {
     {"column_batches", py_column_batches, METH_VARARGS,
      "column_batches(n, keys, values, deletes, partitions, headers, now_ms, scratch) -> [(batch, count) | None per "
      "partition]\n\nkeys, values: (validity, offsets, data, offset, wide) of Arrow string/binary arrays; scratch: "
-     "None or a list of reusable bytearrays, one per partition. See log/file/column_records.py."},
+     "None or a list of reusable bytearrays, one per partition. See log/file/column_batches.py."},
     {NULL, NULL, 0, NULL},
 };

@@ -2,7 +2,7 @@
 
 Composition only: it starts :class:`~operations.embedded_postgres.EmbeddedPostgres`,
 creates the shop schema, registers it with a least-privilege role through
-:func:`capture.registration.add_source`, drives a workload and runs the stages that
+:func:`capture.postgres.registration.registry.add_source`, drives a workload and runs the stages that
 exist. Every run starts from a clean demo directory, so running it twice works.
 
 Stage libraries (psycopg, pyspark, deltalake behind them) are imported inside the functions
@@ -219,9 +219,11 @@ def run_demo(
             result.steps.append(_seed(conn, settings))
             say(result.steps[-1])
         capture_dsn = f"postgresql://capture:${{{PASSWORD_VAR}}}@{server.host}:{server.port}/shop"
-        from capture.registration import add_source
+        from capture.kinds import source_kind
+        from capture.source_kind import SourceRequest
 
-        add_source(config_path, "shop", capture_dsn, tables=TABLES, confirm=lambda _plan: True)
+        request = SourceRequest("shop", capture_dsn, tables=TABLES)
+        source_kind("postgres").add(config_path, request, confirm=lambda _plan: True)
         result.steps.append(f"registered source shop ({', '.join(TABLES)}) as least-privilege role 'capture'")
         say(result.steps[-1])
         if capture is not None:

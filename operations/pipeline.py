@@ -5,7 +5,8 @@ and every load with ``availableNow`` in one Spark session, in DAG order (feeds b
 the tables that read them), then return.
 
 ``follow``: each stage is its own supervised process (``headwater capture --follow``,
-``headwater feeds run --follow``, ``headwater load --follow``, and the log's cleaner
+``headwater feeds run --follow``, ``headwater load --follow``, ``headwater sinks run --follow``,
+the warehouse tables' maintenance ``headwater maintain --follow`` and the log's cleaner
 ``headwater log clean --follow``). A process that dies is restarted with exponential
 backoff and reported; SIGINT/SIGTERM stop every child (they get SIGINT and finish their
 current batch: capture acknowledges only what is durable, Spark jobs resume from their
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core import stop_request
 from core.config import ProjectConfig
 from core.errors import EXIT_PERMANENT
 from core.leases import LeaseWait
@@ -98,16 +100,16 @@ def run_until_caught_up(
     summary = RunSummary()
     if config.feeds or config.warehouse.tables:  # a cluster or object store that refuses fails before capture writes
         from spark_log.cluster import check_before_session
-        from warehouse_loader.location import check_warehouse
+        from warehouse_loader.formats import check_warehouse
 
         check_before_session(config)
         check_warehouse(config)
     if config.sources:
         for name, stats in run_capture(config, (), until_caught_up=True, holder_wait=wait, observe=on_capture).items():
-            summary.lines.append(f"capture {name}: {stats.events} events, acknowledged {stats.acked_lsn}")
+            summary.lines.append(f"capture {name}: {stats.events} events, acknowledged {stats.acked}")
             say(summary.lines[-1])
     if not config.feeds and not config.warehouse.tables:
-        return summary
+        return run_sinks_until_caught_up(config, say, summary)
     from spark_log.job import spark_job
 
     with (
@@ -132,6 +134,19 @@ def run_until_caught_up(
                     on_query("load", name, query, None)
             summary.lines.append(f"warehouse: {', '.join(config.warehouse.tables)} loaded")
             say(summary.lines[-1])
+    return run_sinks_until_caught_up(config, say, summary)
+
+
+def run_sinks_until_caught_up(config: ProjectConfig, say: Callable[[str], None], summary: RunSummary) -> RunSummary:
+    """Every sink until caught up (a feed read by its current topic), after the stages that write their topics."""
+    if not config.sinks:
+        return summary
+    from sinks.runner import run_sinks
+    from spark_log.versions import resolve_topic
+
+    for stats in run_sinks(config, (), follow=False, resolve_name=lambda name: resolve_topic(config, name), say=say):
+        summary.lines.append(f"sink {stats.sink}: {stats.delivered} delivered, {stats.dead_lettered} dead-lettered")
+        say(summary.lines[-1])
     return summary
 
 
@@ -183,7 +198,7 @@ def cleaner_stage(config_path: Path, options: Sequence[str] = ()) -> Stage:
 
 
 def follow_stages(config: ProjectConfig, config_path: Path, options: Sequence[str] = ()) -> list[Stage]:
-    """The child processes of ``run --follow``, upstream first, the cleaner last.
+    """The child processes of ``run --follow``, upstream first, table maintenance and the cleaner last.
 
     ``options`` (``--log-format``) are passed to each, the cleaner included.
     """
@@ -195,6 +210,10 @@ def follow_stages(config: ProjectConfig, config_path: Path, options: Sequence[st
         stages.append(Stage("feeds", [*base, "feeds", "run", "--follow", *options]))
     if config.warehouse.tables:
         stages.append(Stage("load", [*base, "load", "--follow", *options]))
+    if any(config.warehouse.maintenance_of(name).enabled for name in config.warehouse.tables):
+        stages.append(Stage("maintain", [*base, "maintain", "--follow", *options]))
+    if config.sinks:
+        stages.append(Stage("sinks", [*base, "sinks", "run", "--follow", *options]))
     stages.append(cleaner_stage(config_path, options))
     return stages
 
@@ -271,6 +290,8 @@ class Supervisor:
 
     def _supervise(self) -> None:
         for stage in self.stages:
+            if self._stop.is_set():  # a stop asked while the stages start: start no more
+                return
             self._start(stage)
         next_start: dict[str, float] = {}
         while not self._stop.wait(self._poll_s):
@@ -311,7 +332,9 @@ class Supervisor:
         # resumes from what is durable), and each child's Spark JVM dies with it.
         # A prctl call only, safe between fork and exec (core.process_lifetime). Armed from any
         # thread: the thread running :meth:`run` ends only after every child it started.
-        preexec = parent_death_preexec(thread_outlives_child=True)
+        # SIGINT sent while a child's interpreter is still starting stays pending until its first
+        # line listens (core.stop_request): a stop at any moment is a clean exit 0.
+        preexec = parent_death_preexec(thread_outlives_child=True, then=stop_request.held_until_listening)
         stage.process = subprocess.Popen(stage.argv, start_new_session=True, preexec_fn=preexec)  # noqa: PLW1509
         stage.started_at = time.monotonic()
         self._say(f"started {stage.name} (pid {stage.process.pid})")

@@ -16,6 +16,7 @@ Stage libraries (psycopg, deltalake) are imported inside the functions that need
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -31,12 +32,13 @@ from core.errors import HeadwaterError
 from log.base import Log, end_offsets
 from log.cleaner import CleanedTopic, ReportsUsage
 from log.factory import open_log
-from log.topics import is_quarantine_topic, load_group
+from log.topics import is_quarantine_topic, load_group, sink_group
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from capture.stats import CaptureStats
+    from warehouse_loader.maintenance import Done
 
 #: Seconds a scrape waits for a source's server.
 _CONNECT_TIMEOUT_S = 3
@@ -49,13 +51,14 @@ class Scope:
     sources: tuple[str, ...] = ()
     feeds: tuple[str, ...] = ()
     tables: tuple[str, ...] = ()
+    sinks: tuple[str, ...] = ()
     #: Sizes of every topic, not only those of ``sources`` and ``feeds`` (the log's cleaner).
     every_topic: bool = False
 
     @classmethod
     def everything(cls, config: ProjectConfig) -> Scope:
         """Every source, feed and table of the project (``headwater run``)."""
-        return cls(tuple(config.sources), tuple(config.feeds), tuple(config.warehouse.tables))
+        return cls(tuple(config.sources), tuple(config.feeds), tuple(config.warehouse.tables), tuple(config.sinks))
 
 
 class PipelineCollector(Collector):
@@ -118,7 +121,7 @@ class PipelineCollector(Collector):
         for name in self._scope.sources:
             row = source_gauges(self._config, name)
             up.add_metric([name], 1.0 if row is not None else 0.0)
-            if row is None:
+            if row is None or "slot" not in row:  # down, or a kind without a slot (MySQL: up alone)
                 continue
             lag_bytes.add_metric([name], row["lag_bytes"])
             lag_seconds.add_metric([name], row["lag_seconds"])
@@ -149,6 +152,7 @@ class PipelineCollector(Collector):
             records, seconds = consumer_lag(log, load_group(build), topic) if topic in topics else (0, 0.0)
             lag_records.add_metric(["load", name], records)
             lag_seconds.add_metric(["load", name], seconds)
+        yield from self._sink_metrics(log, lag_records, lag_seconds)
         yield lag_records
         yield lag_seconds
         quarantined = CounterMetricFamily(
@@ -173,14 +177,28 @@ class PipelineCollector(Collector):
         yield quarantined
         yield sizes
         yield dirty
-        tables = GaugeMetricFamily(
-            "headwater_warehouse_table_size_bytes", "Bytes of a warehouse table's current files.", labels=["table"]
+        yield from table_gauges(self._config, self._scope.tables)
+
+    def _sink_metrics(
+        self, log: Log, lag_records: GaugeMetricFamily, lag_seconds: GaugeMetricFamily
+    ) -> Iterator[Metric]:
+        """Each sink's lag (stage ``sink``) and whether it is blocked on its target."""
+        if not self._scope.sinks:
+            return
+        from sinks.state import BLOCKED, read_state
+        from sinks.status import sink_topics
+        from spark_log.versions import resolve_topic
+
+        blocked = GaugeMetricFamily(
+            "headwater_sink_blocked", "1 while a sink retries a target that is down or refusing.", labels=["sink"]
         )
-        for name in self._scope.tables:
-            size = table_size(self._config, name)
-            if size is not None:
-                tables.add_metric([name], size)
-        yield tables
+        for name in self._scope.sinks:
+            topics = sink_topics(self._config, log, name, lambda feed: resolve_topic(self._config, feed))
+            behind = [consumer_lag(log, sink_group(name), topic) for topic in topics]
+            lag_records.add_metric(["sink", name], sum(b[0] for b in behind))
+            lag_seconds.add_metric(["sink", name], max((b[1] for b in behind), default=0.0))
+            blocked.add_metric([name], 1.0 if read_state(self._config, name)["state"] == BLOCKED else 0.0)
+        yield blocked
 
     def _in_scope(self, topic: str) -> bool:
         if self._scope.every_topic:
@@ -192,13 +210,19 @@ class PipelineCollector(Collector):
 
 
 def source_gauges(config: ProjectConfig, name: str) -> dict[str, Any] | None:
-    """Slot lag, activity and retained WAL of source ``name``; None when it cannot be reached now."""
+    """Slot lag, activity and retained WAL of source ``name``; None when it cannot be reached now.
+
+    Only PostgreSQL sources have these gauges; another kind's source gives ``{}`` when its server
+    answers (the kind's own login check), so it shows as up without PostgreSQL's slot gauges.
+    """
     import psycopg
 
     source = config.sources[name]
     dsn = source.dsn.get_secret_value()
     if unset_variables(dsn):
         return None
+    if source.kind != "postgres":
+        return {} if _answers(config, name) else None
     slot = source.slot or f"headwater_{name}"
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S) as conn:
@@ -224,6 +248,17 @@ def source_gauges(config: ProjectConfig, name: str) -> dict[str, Any] | None:
         "wal_retained_bytes": row[2],
         "lag_seconds": lag_seconds,
     }
+
+
+def _answers(config: ProjectConfig, name: str) -> bool:
+    """True when source ``name``'s server lets its kind log in now."""
+    from capture.kinds import kind_of
+
+    try:
+        kind_of(config, name).check(config, name)
+    except HeadwaterError:
+        return False
+    return True
 
 
 def consumer_lag(log: Log, group: str, topic: str, now_s: float | None = None) -> tuple[int, float]:
@@ -252,17 +287,55 @@ def topic_size(log: Log, topic: str) -> int | None:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file()) if directory.is_dir() else 0
 
 
-def table_size(config: ProjectConfig, name: str) -> int | None:
-    """Bytes of the files in warehouse table ``name``'s current version (None: not loaded yet)."""
-    from deltalake import DeltaTable
+def table_gauges(config: ProjectConfig, names: Sequence[str]) -> Iterator[Metric]:
+    """Size and shape of tables ``names``: bytes, files, dirty ratio, log since checkpoint, last compaction."""
+    from operations.maintain import maintenance_status
 
-    from warehouse_loader.load_job import table_path
+    families = {
+        "bytes": GaugeMetricFamily(
+            "headwater_warehouse_table_size_bytes", "Bytes of a warehouse table's current files.", labels=["table"]
+        ),
+        "files": GaugeMetricFamily(
+            "headwater_warehouse_table_files", "Data files of a warehouse table's current version.", labels=["table"]
+        ),
+        "dirty_ratio": GaugeMetricFamily(
+            "headwater_warehouse_table_dirty_ratio",
+            "Share of a warehouse table's bytes in small files (what compaction would rewrite).",
+            labels=["table"],
+        ),
+        "commits_since_checkpoint": GaugeMetricFamily(
+            "headwater_warehouse_table_commits_since_checkpoint",
+            "Log entries a reader replays after the newest checkpoint (Iceberg: manifests a rewrite would remove).",
+            labels=["table"],
+        ),
+        "last_compaction": GaugeMetricFamily(
+            "headwater_warehouse_table_last_compaction_timestamp_seconds",
+            "When maintenance last compacted a warehouse table (Unix time).",
+            labels=["table"],
+        ),
+    }
+    for name in names:
+        shape = maintenance_status(config, name)
+        for key, family in families.items():
+            value = shape.get(key)
+            if key == "last_compaction" and isinstance(value, str):
+                value = dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            if value is not None:
+                family.add_metric([name], float(value))
+    yield from families.values()
 
-    path = table_path(config, name)
-    if not DeltaTable.is_deltatable(str(path)):
-        return None
-    actions = DeltaTable(str(path)).get_add_actions(flatten=True)
-    return int(sum(actions.column("size_bytes").to_pylist()))
+
+def record_maintenance(done: Done) -> None:
+    """Count what one maintenance pass did to a table (``headwater_maintenance_*``)."""
+    table = done.table
+    if done.compacted_files:
+        metrics.MAINTENANCE_TASKS.labels(table, "compaction").inc()
+        metrics.MAINTENANCE_REWRITTEN_BYTES.labels(table).inc(done.rewritten_bytes)
+    if done.checkpointed:
+        metrics.MAINTENANCE_TASKS.labels(table, "checkpoint").inc()
+    if done.vacuumed_files or done.expired_log_entries:
+        metrics.MAINTENANCE_TASKS.labels(table, "vacuum").inc()
+        metrics.MAINTENANCE_FREED_BYTES.labels(table).inc(done.vacuumed_bytes)
 
 
 class _Poller:

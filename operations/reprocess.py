@@ -153,16 +153,18 @@ def _rebuild_feed(
 def table_build_config(config: ProjectConfig, new: Version) -> tuple[ProjectConfig, str]:
     """A config whose extra table ``<name>.v<N>`` is version N of ``name``, reading its input's current version.
 
-    The load job keys its Delta path, checkpoint and consumer group by table name, so
+    The load job keys its table's location, checkpoint and consumer group by table name, so
     the new version gets all three of its own without touching the current one.
     """
     from spark_log.versions import resolve_topic
+    from warehouse_loader.formats import format_of
 
     table = config.warehouse.tables[new.name]
     build_name = Path(new.target).name
     source = resolve_topic(config, table.from_)
     data = table.model_dump(by_alias=True)
     data["from"] = source
+    data["format"] = format_of(config, new.name).name  # version N+1 is written in the table's format
     build = TableConfig.model_validate(data)
     tables = {**config.warehouse.tables, build_name: build}
     return config.model_copy(update={"warehouse": WarehouseConfig(tables=tables)}), build_name
@@ -171,11 +173,12 @@ def table_build_config(config: ProjectConfig, new: Version) -> tuple[ProjectConf
 def _rebuild_table(
     spark: SparkSession, config: ProjectConfig, log: Log, new: Version, *, progress: Progress | None, limit: int
 ) -> None:
+    from warehouse_loader.formats import format_of
     from warehouse_loader.load_job import checkpoint_path, start_load
     from warehouse_loader.location import location_in
 
     build_config, build_name = table_build_config(config, new)
-    location_in(config, new.target).remove()
+    format_of(config, new.name).remove(location_in(config, new.target))
     shutil.rmtree(checkpoint_path(build_config, build_name), ignore_errors=True)
     source = build_config.warehouse.tables[build_name].from_
     total = sum(end_offsets(log, source).values())
@@ -201,10 +204,11 @@ def drop_old(config: ProjectConfig, log: Log, name: str) -> list[str]:
                     log.delete_topic(topic)
             shutil.rmtree(config.checkpoint_dir / "feeds" / name / target, ignore_errors=True)
         else:
+            from warehouse_loader.formats import format_of
             from warehouse_loader.location import location_in
 
             table = location_in(config, target)
-            table.remove()
+            format_of(config, name).remove(table)
             shutil.rmtree(config.checkpoint_dir / "load" / table.name, ignore_errors=True)
         forget_previous(config, name, number)
         dropped.append(target)

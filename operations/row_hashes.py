@@ -3,7 +3,7 @@ r"""One canonical text per value, as PostgreSQL SQL and as DuckDB SQL, so both s
 ``headwater verify`` hashes the source table in Postgres and the Delta table in DuckDB.
 
 A column's warehouse form follows from its Postgres type and the source's type modes
-(:func:`log.row_types.logical_type`) and shows in the Delta table's Arrow type; the
+(:func:`log.pg_types.logical_type`) and shows in the Delta table's Arrow type; the
 canonical text is the one both engines can produce exactly:
 
 * integers, booleans (``true``/``false``), text-like types (``char(n)`` padded as its
@@ -32,7 +32,8 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 
 from core.source_config import TypesConfig
-from log.row_types import LogicalKind, Oid, logical_type, numeric_typmod
+from log.pg_types import Oid, logical_type, numeric_typmod
+from log.row_types import LogicalKind
 from warehouse_loader.sql_text import quote
 
 _TEXT_KINDS = (LogicalKind.STRING, LogicalKind.JSON, LogicalKind.UUID, LogicalKind.ENUM)

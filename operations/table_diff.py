@@ -1,7 +1,7 @@
 """One source table against its warehouse table inside one snapshot: per-bucket hashes, then the differing rows.
 
 Level 1 hashes every row's canonical text (:mod:`operations.row_hashes`) on both sides, in
-Postgres and in DuckDB over the Delta table's files, and sums the hashes per key bucket
+Postgres and in DuckDB over the table's files, and sums the hashes per key bucket
 with a row count; level 2 reads the rows of the buckets that differ, on both sides, and
 compares them per key and column. :func:`changed_since` tells which differing keys the
 warehouse changed at or after a sequence (they are compared again later, not reported).
@@ -19,13 +19,13 @@ from typing import Any
 import duckdb
 import psycopg
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
-from deltalake import DeltaTable
 
 from operations.row_hashes import Canonical, bucket_sql, hash60, range_bucket_sql, text_sql
 from warehouse_loader.changes import DELETE_OP, OP, SEQ, TRUNCATE_OP
-from warehouse_loader.delta_scan import duckdb_connection, register_delta
+from warehouse_loader.duckdb_connection import duckdb_connection
 from warehouse_loader.location import TableLocation
 from warehouse_loader.sql_text import quote
+from warehouse_loader.table_format import StoredTable
 
 #: Rows per key-hash bucket the first level aims at.
 ROWS_PER_BUCKET = 64
@@ -136,15 +136,15 @@ def _indexed(conn: psycopg.Connection[Any], target: DiffTarget) -> bool:
 def compare_all(
     conn: psycopg.Connection[Any],
     where: TableLocation,
-    delta: DeltaTable,
+    stored: StoredTable,
     target: DiffTarget,
     timings: dict[str, float],
 ) -> tuple[tuple[int, int, int, int], dict[str, Difference]]:
     """Level 1 over every row, level 2 over the differing buckets; ``(counts, differences)``.
 
-    ``delta`` is the table at ``where``; ``timings`` gets the seconds of the level-1 scans.
+    ``stored`` is the table at ``where``; ``timings`` gets the seconds of the level-1 scans.
     """
-    with _duck(where, delta) as duck:
+    with _duck(where, stored) as duck:
         single = len(target.keys) == 1 and target.key_text[0].integer
         column = quote(target.keys[0])
         stats = f"count(*), min({column}), max({column})" if single else "count(*), NULL, NULL"
@@ -178,11 +178,11 @@ def compare_all(
 
 
 def compare_keys(
-    conn: psycopg.Connection[Any], where: TableLocation, delta: DeltaTable, target: DiffTarget, keys: Iterable[str]
+    conn: psycopg.Connection[Any], where: TableLocation, stored: StoredTable, target: DiffTarget, keys: Iterable[str]
 ) -> dict[str, Difference]:
     """The given keys (key texts) compared again, by key on both sides."""
     wanted = sorted(keys)
-    with _duck(where, delta) as duck:
+    with _duck(where, stored) as duck:
         duck.register("wanted", pa.table({"k": pa.array(wanted, pa.string())}))
         key_duck = text_sql(target.key_text, "duck")
         wh = _warehouse_rows(duck, target, f"{key_duck} IN (SELECT k FROM wanted)")
@@ -248,8 +248,8 @@ def _diff(target: DiffTarget, src: _Rows, wh: _Rows, only: set[str] | None = Non
 
 def changed_since(  # noqa: PLR0917  (the table, its tombstones, the target, what to re-check, from when)
     where: TableLocation,
-    delta: DeltaTable,
-    side: DeltaTable | None,
+    stored: StoredTable,
+    side: StoredTable | None,
     target: DiffTarget,
     found: Mapping[str, Difference],
     threshold: str,
@@ -260,7 +260,7 @@ def changed_since(  # noqa: PLR0917  (the table, its tombstones, the target, wha
     keys = pa.table({"k": pa.array(sorted(found), pa.string())})
     key_duck = text_sql(target.key_text, "duck")
     newer: set[str] = set()
-    with _duck(where, delta) as duck:
+    with _duck(where, stored) as duck:
         duck.register("wanted", keys)
         for (key,) in duck.sql(
             f"SELECT {key_duck} FROM target WHERE \"{SEQ}\" >= '{threshold}' AND {key_duck} IN (SELECT k FROM wanted)"
@@ -284,11 +284,11 @@ def changed_since(  # noqa: PLR0917  (the table, its tombstones, the target, wha
 
 
 @contextmanager
-def _duck(where: TableLocation, delta: DeltaTable) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A DuckDB connection (UTC) with ``target`` bound to a Delta table's current version (stored at ``where``)."""
+def _duck(where: TableLocation, table: StoredTable) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A DuckDB connection (UTC) with ``target`` bound to one version of a table (stored at ``where``)."""
     con = duckdb_connection([where])
     try:
-        register_delta(con, "target", delta)
+        table.register(con, "target")
         yield con
     finally:
         con.close()

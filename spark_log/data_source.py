@@ -25,6 +25,8 @@ Options (all strings, as Spark passes them):
 * ``includeTombstones``: ``true`` keeps the null-value records that follow deletes
   (``op`` and images null); default ``false``.
 * ``unconstrainedNumeric``: ``string`` (default, exact) | ``decimal`` (Decimal(38,10)).
+* ``currentColumns``: ``true``: images with the latest version's columns only (no dropped ones;
+  feeds read so: SQL naming a dropped or renamed column fails when planned).
 * ``latestPerKey``: ``true`` gives, per ``(topic, key)``, only the latest row change of the
   read (micro-batch), plus column ``__hw_first_op`` (the key's first op in it); rows
   without a key stay, messages go. Ranges are then never split: the rule is applied per
@@ -42,6 +44,10 @@ Reading: a file log's ranges are read as Arrow columns straight from the segment
 ``StoredRecord`` chunks to :meth:`~spark_log.source_batches.SourceBatchBuilder.build`. Both
 give the same rows.
 
+Errors: a Headwater error raised in any method Spark calls in a Python worker (the planner
+process, executors) leaves it as :class:`spark_log.task_errors.CarriedError`, so the driver
+rebuilds it (:func:`spark_log.task_errors.unwrap`) and the CLI prints its own line.
+
 Offsets: one position per partition, ``{"<topic>": {"<partition>": next offset}}``; a
 micro-batch ends at the partitions' ``end_offset`` seen when Spark asks for the latest
 offset, so records appended later go to a later batch, never twice.
@@ -52,6 +58,9 @@ where it is until then), so each key's records reach the query batch after batch
 order they were written. A batch read (``spark.read``) reads every partition at once,
 parents and children alike: its rows have no order, as with any DataFrame; order them
 by ``sequence`` (capture topics) or by the parent-first partition numbers.
+
+(Over 500 lines by a few: the Spark source's offsets, partition planning across splits and
+merges, and its schema checks share the offset format and must be read together.)
 """
 
 from __future__ import annotations
@@ -82,6 +91,7 @@ from log.table_schemas import read_schema_records
 from spark_log.errors import LogSourceOptionError
 from spark_log.latest_per_key import latest_per_key
 from spark_log.offsets import LogPosition, OffsetRange, OffsetsSpec, admit, offset_ranges
+from spark_log.schema_guard import check_schema_versions
 from spark_log.source_batches import SourceBatchBuilder, arrow_schema
 from spark_log.source_schema import (
     FIRST_OP,
@@ -91,6 +101,7 @@ from spark_log.source_schema import (
     output_schema,
     row_schema,
 )
+from spark_log.task_errors import carried_errors, carried_iteration
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrameReader, SparkSession
@@ -118,6 +129,7 @@ class LogSourceOptions:
     include_tombstones: bool
     unconstrained_numeric: UnconstrainedNumeric
     latest_per_key: bool = False
+    current_columns: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> LogSourceOptions:
@@ -145,6 +157,7 @@ class LogSourceOptions:
             include_tombstones=_flag(lowered, "includeTombstones"),
             unconstrained_numeric=cast(Literal["string", "decimal"], numeric),
             latest_per_key=_flag(lowered, "latestPerKey"),
+            current_columns=_flag(lowered, "currentColumns"),
         )
 
     @property
@@ -209,12 +222,17 @@ def topic_modes(config: ProjectConfig, topic: str) -> TypesConfig:
     return source.types if source is not None else TypesConfig()
 
 
-def plan_row_schemas(log: Log, config: ProjectConfig, topics: Sequence[str]) -> dict[str, RowSchema] | None:
+def plan_row_schemas(
+    log: Log, config: ProjectConfig, topics: Sequence[str], *, current_only: bool = False
+) -> dict[str, RowSchema] | None:
     """Row schemas of all ``topics``, or ``None`` when any lacks a schema record (JSON images)."""
     records = read_schema_records(log, topics)
     if any(topic not in records for topic in topics):
         return None
-    return {topic: row_schema(topic, records[topic], topic_modes(config, topic)) for topic in topics}
+    return {
+        topic: row_schema(topic, records[topic], topic_modes(config, topic), current_only=current_only)
+        for topic in topics
+    }
 
 
 def current_ends(log: Log, topics: Sequence[str]) -> LogPosition:
@@ -314,6 +332,7 @@ class _RangeReading:
 class HeadwaterLogDataSource(DataSource):
     """The ``headwater_log`` data source (see the module docstring for options and schema)."""
 
+    @carried_errors
     def __init__(self, options: Mapping[str, str]) -> None:
         super().__init__(options)  # type: ignore[arg-type]  # Spark passes a CaseInsensitiveDict
         self.parsed = LogSourceOptions.parse(options)
@@ -326,6 +345,7 @@ class HeadwaterLogDataSource(DataSource):
         """The format name."""
         return SOURCE_NAME
 
+    @carried_errors
     def schema(self) -> StructType:
         """Read ``_headwater.schemas`` and build the output schema."""
         if self._schema is None:
@@ -335,7 +355,9 @@ class HeadwaterLogDataSource(DataSource):
                 missing = [t for t in self.parsed.topics if t not in log.list_topics()]
                 if missing:
                     raise UnknownTopicError(missing[0])
-                self._row_schemas = plan_row_schemas(log, config, self.parsed.topics)
+                self._row_schemas = plan_row_schemas(
+                    log, config, self.parsed.topics, current_only=self.parsed.current_columns
+                )
             finally:
                 log.close()
             row = None
@@ -350,12 +372,19 @@ class HeadwaterLogDataSource(DataSource):
         self.schema()
         if self.parsed.latest_per_key:  # the builder makes the rows, the reader adds the first op
             schema = StructType([field for field in schema.fields if field.name != FIRST_OP])
-        return SourceBatchBuilder(schema, self._row_schemas, include_tombstones=self.parsed.include_tombstones)
+        return SourceBatchBuilder(
+            schema,
+            self._row_schemas,
+            include_tombstones=self.parsed.include_tombstones,
+            unconstrained=self.parsed.unconstrained_numeric,
+        )
 
+    @carried_errors
     def reader(self, schema: StructType) -> DataSourceReader:
         """The batch reader."""
         return LogBatchReader(self.parsed, self._builder(schema))
 
+    @carried_errors
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         """The micro-batch reader."""
         return LogStreamReader(self.parsed, self._builder(schema))
@@ -368,6 +397,7 @@ class LogBatchReader(_RangeReading, DataSourceReader):
         self.options = options
         self.builder = builder
 
+    @carried_errors
     def partitions(self) -> Sequence[InputPartition]:
         """One input partition per log partition range (split when long)."""
         log = open_log(self.options.load_config())
@@ -391,7 +421,7 @@ class LogBatchReader(_RangeReading, DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Record batches of one range (runs in an executor's Python worker)."""
-        return self._read_ranges(partition)
+        return carried_iteration(self._read_ranges(partition))
 
 
 class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -406,6 +436,7 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
         self.builder = builder
         self._log: Log | None = None  # opened on first use: this object is pickled to executors first
         self._target: LogPosition | None = None
+        self._schemas_seen_at: LogPosition | None = None
 
     def _driver_log(self) -> Log:
         if self._log is None:
@@ -417,6 +448,7 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
         state["_log"] = None
         return state
 
+    @carried_errors
     def initialOffset(self) -> dict[str, Any]:
         """Where a query without checkpoint starts (``startingOffsets``)."""
         topics = self.options.topics
@@ -428,13 +460,21 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
         limit = self.options.max_records_per_batch
         return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
 
+    @carried_errors
     def prepareForTriggerAvailableNow(self) -> None:
         """Freeze the target: an ``availableNow`` run reads up to today's ends and stops."""
         self._target = current_ends(self._driver_log(), self.options.topics)
 
+    @carried_errors
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        """The end of the next micro-batch: the partitions' ends, capped by the target and the limit."""
+        """The end of the next micro-batch: the partitions' ends, capped by the target and the limit.
+
+        Raises :class:`SchemaChangedError` when a topic has a schema version the query was not
+        planned with: capture appends a version before any record written with it, so every
+        record below the ends taken here has a version the check below sees.
+        """
         available = self._target or current_ends(self._driver_log(), self.options.topics)
+        self._check_schemas()
         begin = LogPosition.from_json(start)
         # Never move backwards (a partition of the target the start already passed).
         floor = begin.as_dict()
@@ -445,10 +485,18 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
             return admit(begin, available, limit.max_rows).to_json()
         return available.to_json()
 
+    def _check_schemas(self) -> None:
+        """Raise :class:`SchemaChangedError` when a topic has a schema version the query was not planned with."""
+        self._schemas_seen_at = check_schema_versions(
+            self._driver_log(), self.options.topics, self.builder.row_schemas, self._schemas_seen_at
+        )
+
+    @carried_errors
     def reportLatestOffset(self) -> dict[str, Any] | None:
         """The log's current ends, for the query progress."""
         return current_ends(self._driver_log(), self.options.topics).to_json()
 
+    @carried_errors
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """One input partition per partition range of the micro-batch."""
         ranges = offset_ranges(
@@ -458,7 +506,7 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Record batches of one range (runs in an executor's Python worker)."""
-        return self._read_ranges(partition)
+        return carried_iteration(self._read_ranges(partition))
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: Spark's checkpoint holds the position, the log keeps the records."""

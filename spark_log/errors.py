@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from core.errors import HeadwaterError, PermanentError, TransientError
 
@@ -63,3 +63,36 @@ class SparkClusterError(SparkLogError, PermanentError):
 
 class SparkMasterUnreachableError(SparkLogError, TransientError):
     """Nothing answers at the configured Spark master: it may be starting or down (retrying may help)."""
+
+
+#: How a :class:`SchemaChangedError` starts, so its text is recognised when Spark hands it back wrapped.
+SCHEMA_CHANGED: Final = "the schema of topic"
+
+
+class SchemaChangedError(SparkLogError, TransientError):
+    """A topic read by a running query got a new schema version: the query stops before reading it, to be started again.
+
+    Raised when a micro-batch is planned, before any record of the new version is read, so
+    the restarted query (planned with the new version) reads them all.
+    """
+
+    def __init__(self, topic: str, planned: int | None, latest: int) -> None:
+        was = "no schema" if planned is None else f"version {planned}"
+        super().__init__(
+            f"{SCHEMA_CHANGED} {topic!r} changed ({was} -> version {latest}) while the query ran; "
+            "it stops before reading records of the new version and is started again with it"
+        )
+        self.topic = topic
+
+
+def is_schema_changed(error: BaseException | str | None) -> bool:
+    """True when ``error`` (or Spark's wrapped text of it) is a :class:`SchemaChangedError`."""
+    if error is None:
+        return False
+    if isinstance(error, SchemaChangedError):
+        return True
+    try:
+        text = error if isinstance(error, str) else str(error)
+    except Exception:  # a py4j error whose JVM is gone
+        return False
+    return "SchemaChangedError" in text and SCHEMA_CHANGED in text

@@ -13,17 +13,20 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core import stop_request
 from core.config import ProjectConfig
 from core.errors import HeadwaterError, PermanentError
 from log.base import Log
 from log.factory import open_log
 from spark_log.cluster import check_before_session, cluster_ready, is_loopback
+from spark_log.errors import is_schema_changed
 from spark_log.session import spark_session, stop_spark
+from spark_log.task_errors import unwrap
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -45,6 +48,11 @@ def spark_job(config: ProjectConfig, app_name: str) -> Iterator[tuple[SparkSessi
     except HeadwaterError:
         raise
     except Exception as exc:
+        # A Headwater error raised inside Spark (an executor, the source's planner, a micro-batch)
+        # reaches here as Spark's text: rebuilt whole, the CLI prints its own line.
+        carried = unwrap(exc)
+        if carried is not None:
+            raise carried from exc
         # Spark's exceptions need the JVM to render their text, and it stops below: take it now.
         raise SparkJobError(_spark_failure(exc, spark_log)) from exc
     finally:
@@ -67,6 +75,11 @@ def open_session(config: ProjectConfig, app_name: str) -> SparkSession:
     check_before_session(config)
     settings = config.spark
     spark_log = spark_log_path(config)
+    in_main = threading.current_thread() is threading.main_thread()
+    # pyspark replaces SIGINT's handler with one that calls the JVM from inside the handler: landing
+    # while the main thread waits in a py4j call, it reads that call's socket reentrantly (py4j then
+    # logs tracebacks). The handler in place before (Python's, or core.stop_request's) is put back.
+    before = signal.getsignal(signal.SIGINT) if in_main else None
     try:
         with _jvm_stderr_to(spark_log):
             spark = spark_session(
@@ -79,6 +92,9 @@ def open_session(config: ProjectConfig, app_name: str) -> SparkSession:
             )
     except Exception as exc:  # a JVM that would not start, a setting Spark refuses
         raise SparkJobError(_spark_failure(exc, spark_log)) from exc
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
     _pyspark_loggers_to(spark_log)
     try:
         cluster_ready(spark, config)
@@ -107,11 +123,26 @@ def _spark_failure(exc: Exception, spark_log: Path) -> str:
 
 
 def _pyspark_loggers_to(path: Path) -> None:
-    """Send the JSON line pyspark logs on stderr for each SQL error to the log file instead."""
+    """Send the JSON line pyspark logs on stderr for each SQL error to the log file instead.
+
+    Also keeps py4j's traceback for a stop (SIGINT/SIGTERM raised as KeyboardInterrupt while a
+    py4j call waits: ``KeyboardInterrupt while sending command.``) off the terminal: a stop is
+    not an error, and the CLI's output stays one line per event.
+    """
     from pyspark.logger import PySparkLogger
 
     for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
         PySparkLogger.getLogger(name).handlers = [logging.FileHandler(path)]
+    root = logging.getLogger()
+    if not any(isinstance(f, _StopNotError) for f in root.filters):
+        root.addFilter(_StopNotError())
+
+
+class _StopNotError(logging.Filter):
+    """Drops py4j's record of a KeyboardInterrupt during a JVM call (py4j logs it on the root logger)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and record.exc_info[0] is KeyboardInterrupt)
 
 
 @contextmanager
@@ -135,30 +166,63 @@ def _jvm_stderr_to(path: Path) -> Iterator[None]:
         os.close(target)
 
 
-def follow(spark: SparkSession, queries: Sequence[StreamingQuery], *, poll_s: float = 0.5) -> None:
-    """Wait while the streaming ``queries`` run; Ctrl-C / SIGINT stops them (each finishes its micro-batch).
+#: Starts the ``index``-th query of a :func:`follow` again (after it stopped for a schema change).
+Restart = Callable[[int], "StreamingQuery"]
 
-    Returns when a query ends (raising its error if it failed). While waiting, SIGINT only
+
+def follow(
+    spark: SparkSession, queries: Sequence[StreamingQuery], *, poll_s: float = 0.5, restart: Restart | None = None
+) -> None:
+    """Wait while the streaming ``queries`` run; SIGINT / SIGTERM stop them (an unfinished micro-batch is redone).
+
+    Returns when a query ends (raising its error if it failed). A query that stopped because
+    a topic it reads got a new schema version (:class:`spark_log.errors.SchemaChangedError`)
+    is started again with ``restart`` when given. While waiting, SIGINT only
     sets a flag: pyspark's own handler calls the JVM from inside the signal handler, which,
     landing while this thread waits in a py4j call, reads the same socket reentrantly (py4j
     then logs a traceback per call, seen when ``run --follow`` stopped its stages).
     """
+    running = list(queries)
     if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's
         try:
-            spark.streams.awaitAnyTermination()
+            while True:
+                try:
+                    spark.streams.awaitAnyTermination()
+                except KeyboardInterrupt:
+                    raise
+                except Exception:
+                    if _restarted(spark, running, restart):
+                        continue
+                    raise
+                return
         except KeyboardInterrupt:
-            _stop(queries)
+            _stop(running)
         return
     stop = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
+    previous = {number: signal.signal(number, lambda _signum, _frame: stop.set()) for number in stop_request.SIGNALS}
+    if stop_request.requested.is_set():  # asked while the queries started
+        stop.set()
     try:
         while not stop.wait(poll_s):
-            if not all(query.isActive for query in queries):
+            if not all(query.isActive for query in running) and not _restarted(spark, running, restart):
                 spark.streams.awaitAnyTermination()  # returns at once; raises a failed query's error
                 return
     finally:
-        signal.signal(signal.SIGINT, previous)
-    _stop(queries)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    _stop(running)
+
+
+def _restarted(spark: SparkSession, running: list[StreamingQuery], restart: Restart | None) -> bool:
+    """Start again every query that stopped for a schema change; False when another one ended."""
+    ended = [i for i, query in enumerate(running) if not query.isActive]
+    if restart is None or not ended or not all(is_schema_changed(running[i].exception()) for i in ended):
+        return False
+    spark.streams.resetTerminated()
+    for i in ended:
+        logging.getLogger(__name__).info("%s: %s", running[i].name, "schema changed; starting it again")
+        running[i] = restart(i)
+    return True
 
 
 def _stop(queries: Sequence[StreamingQuery]) -> None:

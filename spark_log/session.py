@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.process_lifetime import process_alive
 from spark_log import jvm_lifetime
 
 if TYPE_CHECKING:
@@ -116,18 +117,8 @@ def _drop_abandoned_recordings(archive: Path) -> None:
     """Delete recordings whose process is gone: they were never confirmed complete."""
     for recording in archive.parent.glob(f"{archive.name}.*{_RECORDING_SUFFIX}"):
         pid_text = recording.name.removeprefix(f"{archive.name}.").removesuffix(_RECORDING_SUFFIX)
-        if not (pid_text.isdigit() and _alive(int(pid_text))):
+        if not (pid_text.isdigit() and process_alive(int(pid_text))):
             recording.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _cds_java_options() -> str:

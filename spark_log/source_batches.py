@@ -40,7 +40,8 @@ from log.sequence import Sequence as Seq
 from spark_log import source_schema as cols
 from spark_log.envelope_scanner import scan_envelopes
 from spark_log.errors import UndecodableValueError
-from spark_log.source_schema import RowSchema
+from spark_log.renamed_images import renamed_batch, with_hidden
+from spark_log.source_schema import RowSchema, UnconstrainedNumeric
 from spark_log.value_decoder import BadValue, decode_values, decode_wire, wire_type
 
 _ENVELOPE_KEYS = ("op", "before", "after")
@@ -65,14 +66,21 @@ class SourceBatchBuilder:
         row_schemas: Mapping[str, RowSchema] | None,
         *,
         include_tombstones: bool = False,
+        unconstrained: UnconstrainedNumeric = "string",
     ) -> None:
         self.schema = schema
         self.row_schemas = dict(row_schemas) if row_schemas is not None else None
         self.include_tombstones = include_tombstones
+        # Records may hold a renamed column under its old name: decoded with it, then moved (_renamed).
+        self._decode_as = with_hidden(schema, self.row_schemas, unconstrained)
+        self._renames = any(row.renames for row in (self.row_schemas or {}).values())
 
     def build(self, records: Sequence[StoredRecord]) -> pa.RecordBatch:
         """One record batch of ``records`` (tombstones dropped unless asked for)."""
-        target = arrow_schema(self.schema)
+        return self._renamed(self._build(records))
+
+    def _build(self, records: Sequence[StoredRecord]) -> pa.RecordBatch:
+        target = arrow_schema(self._decode_as)
         kept = list(records) if self.include_tombstones else [r for r in records if r.value is not None]
         bulk = self._build_bulk(kept, target)
         if bulk is not None:
@@ -108,7 +116,7 @@ class SourceBatchBuilder:
 
     def build_columns(self, columns: RecordColumns) -> pa.RecordBatch:
         """The batch :meth:`build` makes of the same records, from a columnar read (no object per record)."""
-        target = arrow_schema(self.schema)
+        target = arrow_schema(self._decode_as)
         if not self.include_tombstones and columns.values.null_count:
             columns = columns.filter(columns.values.is_valid())
         if len(columns):
@@ -118,8 +126,14 @@ class SourceBatchBuilder:
             arrays = (topic, partition, columns.offsets, columns.timestamps_ms, columns.keys, columns.values)
             bulk = self._build_bulk_arrays(columns.topic, arrays, target)
             if bulk is not None:
-                return bulk
+                return self._renamed(bulk)
         return self.build(columns.to_records())
+
+    def _renamed(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` with every renamed column under its new name, as the declared schema has it."""
+        if not self._renames or self.row_schemas is None:
+            return batch
+        return renamed_batch(batch, self.row_schemas, arrow_schema(self.schema))
 
     def _build_bulk(self, records: Sequence[StoredRecord], target: pa.Schema) -> pa.RecordBatch | None:
         """The batch by the bulk path, or ``None`` when the per-value path must build it (module docstring)."""

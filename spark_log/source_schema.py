@@ -1,7 +1,7 @@
 """The Spark schema of the ``headwater_log`` source, built from ``_headwater.schemas`` and the type map.
 
 A table topic's ``before``/``after`` become typed STRUCTs: each column's logical type
-(:func:`log.row_types.logical_type` under the source's type modes) is decoded back
+(the record's logical type, :func:`log.table_schemas.column_type`) is decoded back
 into the Spark type below:
 
 =====================================  ===================================================
@@ -38,7 +38,10 @@ kept as its JSON text rather than dropped.
 
 Schema evolution: a topic is read with its latest schema version; columns of older
 versions that were dropped later are kept after the latest columns (null in rows of newer
-versions), and a column that changed type takes its latest type.
+versions), and a column that changed type takes its latest type. A renamed column
+(:mod:`log.schema_history`) is read under its new name in every record, those written before
+the rename included; its old name is not a column of the source (unless a later version has
+a column of that name again).
 """
 
 from __future__ import annotations
@@ -69,7 +72,9 @@ from pyspark.sql.types import (
 
 from core.source_config import TypesConfig
 from log.envelope import Op
-from log.row_types import LogicalKind, LogicalType, logical_type
+from log.row_types import LogicalKind, LogicalType
+from log.schema_history import Rename, SchemaHistory
+from log.table_schemas import column_type
 from spark_log.errors import SchemaConflictError
 
 if TYPE_CHECKING:
@@ -172,23 +177,47 @@ class ColumnSpec:
 
 @dataclass(frozen=True, slots=True)
 class RowSchema:
-    """The row image of one table topic: its columns (latest version first, then dropped ones)."""
+    """The row image of one table topic: its columns (latest version first, then dropped ones).
+
+    ``hidden``: names records may hold that are read under another name (``renames``, oldest
+    first: records below a rename's position hold the old name); they are decoded, moved to
+    their new name and left out of :meth:`struct`.
+    """
 
     topic: str
     columns: tuple[ColumnSpec, ...]
     version: int
+    hidden: frozenset[str] = frozenset()
+    renames: tuple[Rename, ...] = ()
+    #: Names the topic's record keys had in some version: a renamed one is renamed in keys too.
+    key_names: frozenset[str] = frozenset()
 
     def struct(self, unconstrained: UnconstrainedNumeric = "string") -> StructType:
         """The STRUCT type of ``before``/``after`` (every field nullable: deletes carry only keys)."""
-        return StructType([StructField(c.name, spark_type(c.logical, unconstrained)) for c in self.columns])
+        return StructType(
+            [
+                StructField(c.name, spark_type(c.logical, unconstrained))
+                for c in self.columns
+                if c.name not in self.hidden
+            ]
+        )
+
+    def hidden_fields(self, unconstrained: UnconstrainedNumeric = "string") -> list[StructField]:
+        """The fields records may hold under a name the struct does not have (see ``hidden``)."""
+        return [
+            StructField(c.name, spark_type(c.logical, unconstrained)) for c in self.columns if c.name in self.hidden
+        ]
 
 
-def row_schema(topic: str, versions: Sequence[Mapping[str, Any]], modes: TypesConfig) -> RowSchema:
+def row_schema(
+    topic: str, versions: Sequence[Mapping[str, Any]], modes: TypesConfig, *, current_only: bool = False
+) -> RowSchema:
     """Merge a topic's schema records (any order) into the row schema it is read with.
 
     ``versions`` are the values of ``_headwater.schemas`` records keyed by ``topic``
-    (``{"columns": [{"name", "type_oid", "typmod", "key"}], "version"}``). Type oids
-    the type map does not know without the source's ``pg_type`` become strings.
+    (``{"columns": [{"name", "logical", "native", "key"}], "version"}``, :mod:`log.table_schemas`);
+    a column of an older record is typed by its oid (:func:`log.table_schemas.column_type`).
+    ``current_only``: only the latest version's columns (no dropped ones), as feeds read.
     """
     if not versions:
         msg = f"no schema record for topic {topic!r}"
@@ -198,14 +227,60 @@ def row_schema(topic: str, versions: Sequence[Mapping[str, Any]], modes: TypesCo
     columns: dict[str, ColumnSpec] = {}
     for column in latest["columns"]:
         columns[column["name"]] = _column(column, modes)
+    history = SchemaHistory.of(ordered)
+    hidden = history.renamed_away()
     for record in reversed(ordered[:-1]):
         for column in record["columns"]:
-            columns.setdefault(column["name"], _column(column, modes))
-    return RowSchema(topic, tuple(columns.values()), int(latest.get("version", 0)))
+            if not current_only or column["name"] in hidden:
+                columns.setdefault(column["name"], _column(column, modes))
+    return RowSchema(
+        topic,
+        tuple(columns.values()),
+        int(latest.get("version", 0)),
+        hidden=hidden,
+        renames=history.renames(),
+        key_names=frozenset(str(name) for record in ordered for name in record.get("key") or ()),
+    )
 
 
 def _column(column: Mapping[str, Any], modes: TypesConfig) -> ColumnSpec:
-    return ColumnSpec(str(column["name"]), logical_type(int(column["type_oid"]), int(column["typmod"]), modes))
+    return ColumnSpec(str(column["name"]), column_type(column, modes))
+
+
+def with_hidden_fields(
+    image: StructType, schemas: Mapping[str, RowSchema], unconstrained: UnconstrainedNumeric = "string"
+) -> StructType:
+    """``image`` with the fields records may hold under a renamed-away name (decode with it, then :func:`renamed`)."""
+    names = set(image.fieldNames())
+    extra: dict[str, StructField] = {}
+    for schema in schemas.values():
+        for field in schema.hidden_fields(unconstrained):
+            if field.name not in names:
+                extra.setdefault(field.name, field)
+    return image if not extra else StructType([*image.fields, *extra.values()])
+
+
+def renamed(parsed: Column, image: StructType, schemas: Mapping[str, RowSchema], topic: Column, seq: Column) -> Column:
+    """A row image decoded with :func:`with_hidden_fields`, as ``image``: renamed columns under their new name.
+
+    Records of a topic below a rename's position hold the old name (:mod:`log.schema_history`);
+    an image of such a record kept by a query that already read it under the new name (a feed's
+    state) holds the new one: the old name's value is taken only where it is set.
+    """
+    fields = {name: parsed[name] for name in (f.name for f in image.fields)}
+    types = {f.name: f.dataType for f in image.fields}
+    for name, schema in schemas.items():
+        for rename in schema.renames:
+            if rename.new not in types:
+                continue
+            before = (topic == F.lit(name)) & (seq < F.lit(rename.at.sortable()))
+            old = fields.get(rename.old, parsed[rename.old])
+            moved = before & old.isNotNull()
+            fields[rename.new] = F.when(moved, old.cast(types[rename.new])).otherwise(fields[rename.new])
+            if rename.old in fields:
+                fields[rename.old] = F.when(before, F.lit(None).cast(types[rename.old])).otherwise(fields[rename.old])
+    rebuilt = F.struct(*[fields[f.name].alias(f.name) for f in image.fields])
+    return F.when(parsed.isNull(), F.lit(None).cast(image)).otherwise(rebuilt)
 
 
 def merged_struct(schemas: Sequence[RowSchema], unconstrained: UnconstrainedNumeric = "string") -> StructType:

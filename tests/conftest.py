@@ -9,6 +9,10 @@ started here is stopped at session end, also when the session fails or gets SIGT
 * ``pg_database`` (function): a fresh database on it, :class:`harness.postgres.PgDatabase`
   (``.name``, ``.dsn``, ``.execute()``, ``.connect()``); dropped after the test, its
   replication slots first.
+* ``mariadb_server`` (session): :class:`~operations.embedded_mariadb.EmbeddedMariaDB`, a binlog
+  source (ROW, FULL images and metadata, GTIDs), time zone ``Pacific/Chatham``.
+* ``mariadb_database`` (function): a fresh database on it, :class:`harness.mariadb.MariaDatabase`
+  (``.name``, ``.dsn``, ``.execute()``, ``.script()``, ``.connect()``); dropped after the test.
 * ``kafka_broker`` (session): :class:`harness.broker.TansuBroker` (``.bootstrap_servers``,
   ``.consumer_settings`` for fast group joins).
 * ``spark`` (session): the lean session of :func:`spark_log.session.spark_session`.
@@ -21,6 +25,7 @@ started here is stopped at session end, also when the session fails or gets SIGT
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,10 +48,60 @@ os.environ.setdefault("HEADWATER_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--module-times-out",
+        type=Path,
+        default=None,
+        help="write each test module's seconds (setup+call+teardown) as JSON, e.g. tests/module_times.json",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        # A pytest-xdist worker dies with its controller (SIGTERM, which stops its services):
+        # without this a SIGKILLed controller left its workers running their tests.
+        from harness.processes import die_with_parent
+
+        die_with_parent()
+        # The worker's main module is a ``python -c`` program: no __file__, no __spec__. pyspark
+        # takes exactly that for a doctest run and calls sys.exit(0) when pyspark.sql.connect is
+        # imported (Great Expectations imports it; warehouse_loader.quality.import_gx works around it
+        # for the product's own processes), so a test importing GX failed with SystemExit on a
+        # worker. A spec named "__main__" says what the module is; multiprocessing's
+        # spawn ignores that name (it re-imports no main module), as it did without a spec.
+        import importlib.machinery
+
+        main = sys.modules["__main__"]
+        if getattr(main, "__spec__", None) is None and not hasattr(main, "__file__"):
+            main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)
+    out = config.getoption("--module-times-out")
+    if out is not None and not hasattr(config, "workerinput"):  # the xdist controller, or a run without workers
+        from harness.suite_order import ModuleTimes
+
+        config.pluginmanager.register(ModuleTimes(out), "headwater-module-times")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    # Blocks tests kept with the ``report`` fixture (tests/integration/capture/conftest.py), from
+    # whichever process ran them: pytest-xdist sends user_properties back with each report.
+    for report in terminalreporter.getreports("passed") + terminalreporter.getreports("failed"):
+        for name, text in getattr(report, "user_properties", ()):
+            if name == "report" and report.when == "call":
+                terminalreporter.write_sep("-", report.nodeid)
+                for line in str(text).splitlines():
+                    terminalreporter.write_line(line)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from harness.suite_order import load_times, longest_first
+
     for item in items:
         if _INTEGRATION_DIR in Path(item.path).parents:
             item.add_marker(pytest.mark.integration)
+    # Every xdist worker collects and sorts alike; with --dist loadfile --no-loadscope-reorder
+    # the longest modules are handed out first (harness.suite_order).
+    longest_first(items, load_times())
 
 
 @pytest.fixture(scope="session")
@@ -66,6 +121,28 @@ def pg_database(pg_server: Any, unique_name: NameFactory) -> Iterator[Any]:
 
     database = PgDatabase(pg_server, unique_name("db"))
     pg_server.create_database(database.name)
+    try:
+        yield database
+    finally:
+        database.drop()
+
+
+@pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[Any]:
+    from harness.mariadb import start_mariadb_server
+
+    server, stop = start_mariadb_server()
+    try:
+        yield server
+    finally:
+        stop()
+
+
+@pytest.fixture
+def mariadb_database(mariadb_server: Any, unique_name: NameFactory) -> Iterator[Any]:
+    from harness.mariadb import create_database
+
+    database = create_database(mariadb_server, unique_name("db"))
     try:
         yield database
     finally:
@@ -133,3 +210,19 @@ def kafka_container() -> Iterator[Any]:
         yield service
     finally:
         stop()
+
+
+@pytest.fixture(params=["delta", "iceberg"])
+def table_format(request: pytest.FixtureRequest) -> Any:
+    """Each warehouse table format in turn (:mod:`harness.table_formats`): the SCD suites run on both."""
+    from harness.table_formats import table_format
+
+    return table_format(request.param)
+
+
+@pytest.fixture(params=["delta", "iceberg", "iceberg-mor"])
+def table_write_mode(request: pytest.FixtureRequest) -> Any:
+    """``table_format`` plus Iceberg's merge-on-read SCD1 writes: for the table writer's own suite."""
+    from harness.table_formats import table_format
+
+    return table_format(request.param)

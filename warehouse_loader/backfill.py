@@ -21,7 +21,7 @@ A day is a UTC calendar date of ``__hw_commit_ts``. For the chosen days:
    ``__END_AT`` that no surviving version starts at and no rebuilt change carries (a
    delete on a day not rebuilt) is planned as that delete, so it is not lost.
 3. **Commit once.** The affected keys' final versions replace their existing ones in
-   one MERGE (:func:`warehouse_loader.delta_writer.commit_scd2`): a concurrent reader
+   one commit (:meth:`warehouse_loader.table_format.TableFormat.commit_scd2`): a concurrent reader
    sees the table before or after the backfill, never the days emptied.
 
 Snapshot rows: capture stamps ``op: r`` rows with the time they were read (as Debezium
@@ -47,14 +47,17 @@ import duckdb
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
-from deltalake import DeltaTable
 
 from core.config import ProjectConfig
 from core.errors import PermanentError
+from core.table_leases import committing, reading
+from core.warehouse_config import TableConfig
 from log.base import Log
 from log.envelope import ChangeEvent, decode_value
 from log.history import require_full_history
 from log.reading import read_range
+from log.schema_history import SchemaHistory
+from log.table_schemas import read_schema_records
 from warehouse_loader.cdc_options import PlanOptions, prepare_changes
 from warehouse_loader.changes import (
     COMMIT_TS,
@@ -63,24 +66,19 @@ from warehouse_loader.changes import (
     END_AT,
     INHERITED,
     OP,
+    SEQ,
     START_AT,
     changes_from_events,
 )
-from warehouse_loader.delta_scan import select_rows
-from warehouse_loader.delta_writer import (
-    WriteResult,
-    commit_scd2,
-    open_table,
-    plan_with_remembered,
-    spanning_versions,
-    table_schema,
-    write_scd2,
-)
 from warehouse_loader.errors import WarehouseError
+from warehouse_loader.formats import format_of
 from warehouse_loader.load_job import load_identity, table_keys, table_path
 from warehouse_loader.location import TableLocation
 from warehouse_loader.scd2 import Scd2Actions, Scd2State, apply_scd2, scd2_window
+from warehouse_loader.scd2_slices import plan_with_remembered, spanning_versions
+from warehouse_loader.schema_evolution import renamed_columns
 from warehouse_loader.sql_text import column_list, key_match, quote
+from warehouse_loader.table_format import StoredTable, TableFormat, WriteResult
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -203,12 +201,13 @@ class _Rebuild:
 
 
 def _plan_rebuild(
+    fmt: TableFormat,
     path: TableLocation,
-    target: DeltaTable,
+    target: StoredTable,
+    *,
     days: Sequence[dt.date],
     keys: Sequence[str],
     changes: pa.Table,
-    *,
     options: PlanOptions,
 ) -> _Rebuild:
     """Plan the whole rebuild of ``days`` in memory, as the final versions of every key it touches.
@@ -222,13 +221,11 @@ def _plan_rebuild(
     sa, ea, seq = quote(START_AT), quote(END_AT), quote(sequence_by)
     on = partial(key_match, keys)
     in_days = partial(_days_predicate, days)
-    removed = select_rows(path, target, f"SELECT {k}, t.{sa} FROM target t WHERE {in_days('t')}")
-    spanning = spanning_versions(path, target, changes, keys, sequence_by)
+    removed = target.select(f"SELECT {k}, t.{sa} FROM target t WHERE {in_days('t')}")
+    spanning = spanning_versions(target, changes, keys, sequence_by)
     window = scd2_window(changes, keys, sequence_by, spanning)
     key_list = column_list(keys)
-    existing = select_rows(
-        path,
-        target,
+    existing = target.select(
         f"WITH affected AS (SELECT DISTINCT {key_list} FROM (SELECT {key_list} FROM win UNION ALL "
         f"SELECT {key_list} FROM removed)) SELECT t.* FROM target t SEMI JOIN affected a ON {on('t', 'a')}",
         win=window.select(list(keys)),
@@ -258,7 +255,7 @@ def _plan_rebuild(
     if deletes.num_rows:
         changes = pa.concat_tables([changes, deletes])
         window = scd2_window(changes, keys, sequence_by, spanning)
-    actions = plan_with_remembered(path, changes, keys, cleared, window, options=options)
+    actions = plan_with_remembered(fmt.tombstones(path), changes, keys, cleared, window, options=options)
     # Only the versions are wanted here: the tombstones and truncates go to the commit as planned.
     final = apply_scd2(Scd2State(cleared, actions.tombstones.schema.empty_table()), actions, keys).rows
     with duckdb.connect(":memory:") as con:
@@ -306,12 +303,33 @@ def rebuild_days(
         return BackfillResult(table, chosen, 0, 0, None)
     keys = table_keys(config, log, table)
     build, topic = load_identity(config, table)
+    # Read, plan and commit as one writer: a loader micro-batch or a compaction committing in
+    # between would make the plan stale; no vacuum removes the files the plan reads.
+    with reading(config.home_dir, build), committing(config.home_dir, build):
+        return _rebuild_held(spark, config, log, table, chosen, keys=keys, build=build, topic=topic, settings=settings)
+
+
+def _rebuild_held(
+    spark: SparkSession | None,
+    config: ProjectConfig,
+    log: Log,
+    table: str,
+    chosen: tuple[dt.date, ...],
+    *,
+    keys: tuple[str, ...],
+    build: str,
+    topic: str,
+    settings: TableConfig,
+) -> BackfillResult:
     path = table_path(config, table)
-    target = open_table(path)
+    fmt = format_of(config, table)
+    target = fmt.open(path)
     ranges = offset_ranges(log, topic, chosen)
+    history = SchemaHistory.of(read_schema_records(log, [topic]).get(topic, []))
     if spark is None:
-        schema = None if target is None else table_schema(target)
+        schema = None if target is None else target.schema()
         changes = _changes_on_driver(log, topic, ranges, keys, schema)
+        changes = renamed_columns(changes, history.renames(), sequence=SEQ)
     else:
         changes = _changes_with_spark(spark, config, topic, ranges, keys)
     if changes.num_rows:
@@ -320,25 +338,22 @@ def rebuild_days(
         if target is None:
             return BackfillResult(table, chosen, 0, 0, None)
         # No change on these days: clearing them still needs the change batch's columns.
-        stored = table_schema(target)
+        stored = target.schema()
         changes = pa.schema([f for f in stored if f.name not in (START_AT, END_AT, INHERITED)]).empty_table()
     read = changes.num_rows
-    changes, options = prepare_changes(changes, keys, settings)
+    points = [point.sortable() for point in history.reread_points()]
+    changes, options = prepare_changes(changes, keys, settings, reread_points=points)
     metadata = {"headwater.backfill": ",".join(map(str, chosen))}
     # Its own app id, so the streaming load's batch ids are untouched; the table version only grows.
     app_id = f"{build}.backfill"
     if target is None:
-        write = write_scd2(path, changes, table=app_id, batch_id=0, keys=keys, options=options)
+        # As a first micro-batch would: every change planned against no versions, remembered deletes included.
+        window = scd2_window(changes, keys, options.sequence_by, None)
+        first = plan_with_remembered(fmt.tombstones(path), changes, keys, None, window, options=options)
+        write = fmt.commit_scd2(path, None, first, keys=keys, table=app_id, batch_id=0)
         return BackfillResult(table, chosen, read, 0, write)
-    rebuild = _plan_rebuild(
-        path,
-        target,
-        chosen,
-        keys,
-        changes,
-        options=options,
-    )
-    write = commit_scd2(
+    rebuild = _plan_rebuild(fmt, path, target, days=chosen, keys=keys, changes=changes, options=options)
+    write = fmt.commit_scd2(
         path, target, rebuild.actions, keys=keys, table=app_id, batch_id=target.version() + 1, metadata=metadata
     )
     return BackfillResult(table, chosen, read, rebuild.removed, write)

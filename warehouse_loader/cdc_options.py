@@ -52,10 +52,19 @@ class PlanOptions:
     ignore_null_columns: tuple[str, ...] = ()
     track_history_columns: tuple[str, ...] | None = None
     track_history_except_columns: tuple[str, ...] | None = None
+    #: Sequences (``__hw_seq``) where schema changes that read the table again start (SCD2 places
+    #: a value such a re-read finds changed there: :func:`warehouse_loader.scd2.plan_scd2`).
+    reread_points: tuple[str, ...] = ()
 
 
-def prepare_changes(changes: pa.Table, keys: Sequence[str], config: TableConfig) -> tuple[pa.Table, PlanOptions]:
-    """``changes`` with the table's options applied (deletes marked, truncates, columns), and the planner options."""
+def prepare_changes(
+    changes: pa.Table, keys: Sequence[str], config: TableConfig, *, reread_points: Sequence[str] = ()
+) -> tuple[pa.Table, PlanOptions]:
+    """``changes`` with the table's options applied (deletes marked, truncates, columns), and the planner options.
+
+    ``reread_points``: where the input topic's schema changes that read the table again start
+    (``Sequence.sortable()``); used only when changes are ordered by the source's sequence.
+    """
     sequence_by = config.sequence_by or SEQ
     if not config.apply_as_truncates and changes.num_rows:
         changes = changes.filter(pc.not_equal(changes.column(OP), TRUNCATE_OP))
@@ -84,6 +93,7 @@ def prepare_changes(changes: pa.Table, keys: Sequence[str], config: TableConfig)
         ignore_null_columns=tuple(ignored),
         track_history_columns=config.track_history_columns,
         track_history_except_columns=config.track_history_except_column_list,
+        reread_points=tuple(reread_points) if sequence_by == SEQ else (),
     )
 
 

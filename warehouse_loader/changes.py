@@ -40,6 +40,8 @@ COMMIT_TS_TYPE = pa.timestamp("us", tz="UTC")
 #: Ops whose row image becomes (a version of) the row.
 UPSERT_OPS = (Op.CREATE.value, Op.UPDATE.value, Op.READ.value)
 DELETE_OP = Op.DELETE.value
+#: A snapshot read: an upsert whose row may equal the key's current one (a re-read after a schema change).
+READ_OP = Op.READ.value
 TRUNCATE_OP = Op.TRUNCATE.value
 _KNOWN_OPS = frozenset((*UPSERT_OPS, DELETE_OP, TRUNCATE_OP))
 

@@ -1,7 +1,7 @@
 """A micro-batch of the ``headwater_log`` source -> the warehouse change batch (``warehouse_loader.changes``).
 
 Spark does the flattening (one projection, no Python per row) and hands the result over
-as Arrow (``DataFrame.toArrow``), ready for :func:`warehouse_loader.delta_writer.write_batch`:
+as Arrow (``DataFrame.toArrow``), ready for :func:`warehouse_loader.delta.writer.write_batch`:
 
 * key columns first, then ``__hw_seq``, ``__hw_op``, ``__hw_commit_ts`` (timestamp[us, UTC]),
   then the other row-image columns;

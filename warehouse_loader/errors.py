@@ -31,6 +31,20 @@ class SchemaMismatchError(WarehouseError, PermanentError):
         self.column = column
 
 
+class TypeChangeRefusedError(SchemaMismatchError):
+    """The source changed a column's type in a way the table's format cannot follow in place: nothing was written."""
+
+    def __init__(self, table: str, column: str, table_type: str, source_type: str, fmt: str) -> None:
+        WarehouseError.__init__(
+            self,
+            f"table {table!r}: the source changed column {column!r} from {table_type} to {source_type}, "
+            f"which {fmt} cannot change in place; nothing was written. Rebuild the table with "
+            f"'headwater reprocess {table}'",
+        )
+        self.table = table
+        self.column = column
+
+
 class WarehouseWriteError(WarehouseError, TransientError):
     """A Delta commit failed (conflict, I/O); the batch was not recorded and can be retried as a whole."""
 

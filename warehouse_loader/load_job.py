@@ -1,11 +1,11 @@
 """The Spark job that keeps one warehouse table up to date from the log.
 
-``headwater_log`` (streaming) → ``foreachBatch`` on the driver → the change batch →
-:func:`warehouse_loader.delta_writer.write_batch` (one MERGE, Delta app transaction
-``(table, batch_id)``). Spark keeps the source offsets in its checkpoint
-(``<spark.checkpoint_path>/load/<table>``, a POSIX path only the driver writes); a batch
-replayed after a crash between the Delta commit and the checkpoint is skipped by the
-writer, so the table is exact.
+``headwater_log`` (streaming) → ``foreachBatch`` on the driver → the change batch → the
+table's format (:meth:`warehouse_loader.table_format.TableFormat.write_batch`: one atomic commit
+carrying ``(table, batch_id)``; Delta: one MERGE with the app transaction). Spark keeps the
+source offsets in its checkpoint (``<spark.checkpoint_path>/load/<table>``, a POSIX path only
+the driver writes); a batch replayed after a crash between the table's commit and the
+checkpoint is skipped by the writer, so the table is exact.
 
 The loader commits its position (Spark's end offsets) to consumer group
 ``headwater.load.<table>``, so ``headwater status`` can show its lag on any backend.
@@ -13,25 +13,36 @@ The loader commits its position (Spark's end offsets) to consumer group
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.config import ProjectConfig
 from core.errors import HeadwaterError, PermanentError
+from core.stage_problems import clear_problem, record_problem
+from core.table_leases import committing
+from core.warehouse_config import TableConfig
 from log.base import Log
+from log.schema_history import SchemaHistory
+from log.sequence import Sequence as Seq
 from log.table_schemas import read_schema_records, schema_key
 from log.topics import load_group
 from spark_log.checkpoint_leftovers import drop_first_batch_leftovers
+from spark_log.errors import is_schema_changed
 from spark_log.versions import resolve_table_target, resolve_topic
-from warehouse_loader import delta_writer
-from warehouse_loader.errors import WarehouseError
+from warehouse_loader.errors import SchemaMismatchError, WarehouseError
+from warehouse_loader.formats import format_of
+from warehouse_loader.formats import merge_on_read as merge_on_read_of
 from warehouse_loader.location import TableLocation, location_in
+from warehouse_loader.table_format import TableFormat
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+
+logger = logging.getLogger(__name__)
 
 #: The Headwater error that stopped a load's micro-batch, by query name (Spark only keeps its text).
 _FAILURES: dict[str, HeadwaterError] = {}
@@ -46,7 +57,7 @@ class TableKeyError(WarehouseError, PermanentError):
 
 
 def table_path(config: ProjectConfig, name: str) -> TableLocation:
-    """Where the current version of Delta table ``name`` lives (``headwater reprocess`` moves it)."""
+    """Where the current version of warehouse table ``name`` lives (``headwater reprocess`` moves it)."""
     return location_in(config, resolve_table_target(config, name))
 
 
@@ -54,7 +65,7 @@ def load_identity(config: ProjectConfig, name: str) -> tuple[str, str]:
     """``(build name, source topic)`` of the current version of table ``name``.
 
     The build name (``<name>`` for version 1, ``<name>.v<N>`` after a reprocess) keys the
-    Delta app transaction, the checkpoint and the consumer group, so versions never share
+    table's commits (Delta: the app transaction), the checkpoint and the consumer group, so versions never share
     state; the source topic is the current version of the table's input.
     """
     return table_path(config, name).name, resolve_topic(config, config.warehouse.tables[name].from_)
@@ -105,14 +116,19 @@ def table_keys(config: ProjectConfig, log: Log, name: str) -> tuple[str, ...]:
 
 def _check_loaded_key(config: ProjectConfig, name: str, keys: tuple[str, ...], versions: list[dict[str, Any]]) -> None:
     path = table_path(config, name)
-    merged_on = delta_writer.loaded_key(path)
+    fmt = format_of(config, name)
+    merged_on = fmt.loaded_key(path)
+    if merged_on is not None and versions:
+        # A key column the source renamed is the same key: the load renames it in the table.
+        history = SchemaHistory.of(versions)
+        merged_on = tuple(history.current_name(column, Seq(0, 0)) for column in merged_on)
     if merged_on is not None and merged_on != keys:
         msg = (
             f"warehouse table {name!r} was merged on key ({', '.join(merged_on)}) but its input is now keyed by "
             f"({', '.join(keys)}); rebuild it with 'headwater reprocess {name}'"
         )
         raise TableKeyError(msg)
-    if merged_on is None and any(schema_key(v) is None for v in versions) and path.exists():
+    if merged_on is None and any(schema_key(v) is None for v in versions) and fmt.exists(path):
         msg = (
             f"warehouse table {name!r} was loaded before Headwater recorded the key of REPLICA IDENTITY FULL "
             f"tables, so its rows were merged on every column; rebuild it with 'headwater reprocess {name}'"
@@ -153,18 +169,40 @@ def start_load(
     keys = table_keys(config, log, name)
     path = table_path(config, name)
     build, source_topic = load_identity(config, name)
+    fmt = format_of(config, name)
     reader = log_reader(spark, config, source_topic, streaming=True)
     rows = reader.option("maxRecordsPerBatch", str(max_records_per_batch)).load()
+    try:
+        with committing(config.home_dir, build):  # a rename or widening commits too: never beside maintenance
+            points = follow_schema_changes(log, fmt, path, source_topic, rows, keys=keys, config=table)
+    except SchemaMismatchError as exc:  # a change the table's format cannot follow: status shows why
+        record_problem(config.home_dir, "load", name, str(exc))
+        raise
+    clear_problem(config.home_dir, "load", name)
 
     query_name = f"load_{build}"
+    merge_on_read = merge_on_read_of(config, name)
 
     def apply(batch: DataFrame, batch_id: int) -> None:
         changes = change_batch(batch, keys)
         if changes.num_rows:
             try:
-                delta_writer.write_batch(path, changes, table=build, batch_id=batch_id, keys=keys, config=table)
+                # The commit lease: maintenance (compaction, vacuum) never commits in between.
+                with committing(config.home_dir, build):
+                    fmt.write_batch(
+                        path,
+                        changes,
+                        table=build,
+                        batch_id=batch_id,
+                        keys=keys,
+                        config=table,
+                        reread_points=points,
+                        merge_on_read=merge_on_read,
+                    )
             except HeadwaterError as exc:
                 _FAILURES[query_name] = exc  # Spark wraps it in a Java exception: keep it to re-raise as is
+                if isinstance(exc, SchemaMismatchError):  # waits for an operator: status shows why
+                    record_problem(config.home_dir, "load", name, str(exc))
                 raise
 
     if not available_now:
@@ -176,6 +214,53 @@ def start_load(
     writer = writer.option("checkpointLocation", location.as_uri())
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_interval)
     return writer.start()
+
+
+def follow_schema_changes(
+    log: Log,
+    fmt: TableFormat,
+    path: TableLocation,
+    topic: str,
+    rows: DataFrame,
+    *,
+    keys: Sequence[str],
+    config: TableConfig,
+) -> tuple[str, ...]:
+    """Bring the table at ``path`` to its input's schema before loading; where the input's re-reads start.
+
+    Columns the source renamed, widened or added change in the table now (:mod:`warehouse_loader.schema_evolution`
+    decides for every format, the table's format does it): an added column is there, null,
+    before any row brings a value, except one the table's ``column_list`` /
+    ``except_column_list`` leaves out. The returned sequences let SCD2 place the values a
+    re-read finds changed at the DDL's position.
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema  # pyspark, as in start_load
+    from pyspark.sql.types import StructType
+
+    from spark_log.source_schema import AFTER
+    from warehouse_loader.schema_evolution import table_changes
+
+    history = SchemaHistory.of(read_schema_records(log, [topic]).get(topic, []))
+    image = rows.schema[AFTER].dataType
+    target = fmt.open(path)
+    if target is not None and isinstance(image, StructType):
+        # As the change batch's columns come (toArrow): timestamps in UTC.
+        reading = {
+            field.name: field.type
+            for field in to_arrow_schema(image, timezone="UTC")
+            if field.name in keys or _kept(field.name, config)
+        }
+        changes = table_changes(target.schema(), history.renames(), reading)
+        if changes and fmt.evolve(path, changes, keys=keys):
+            logger.info("warehouse table at %s: %s", path, changes.describe())
+    return tuple(point.sortable() for point in history.reread_points())
+
+
+def _kept(column: str, config: TableConfig) -> bool:
+    """Whether the table's ``column_list`` / ``except_column_list`` keep a row-image column."""
+    if config.column_list is not None:
+        return column in config.column_list
+    return column not in (config.except_column_list or ())
 
 
 def run_loads(
@@ -192,8 +277,13 @@ def run_loads(
     if available_now:
         from spark_log.progress import commit_progress  # pyspark, as in start_load
 
-        for name, query in zip(selected, queries, strict=True):
+        for at, name in enumerate(selected):
+            query = queries[at]
             query.awaitTermination()
+            while is_schema_changed(query.exception()):
+                # Stopped before reading records of a new schema version: planned again with it.
+                query = queries[at] = start_load(spark, config, log, name, available_now=True)
+                query.awaitTermination()
             error = query.exception()
             if error is not None:
                 raise _FAILURES.pop(query.name, None) or error

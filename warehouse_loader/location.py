@@ -1,16 +1,12 @@
-"""Where a warehouse table lives: one type for a local directory and an object store prefix.
+"""Where a warehouse table lives: one type for a local directory and an object store prefix, for every format.
 
 :class:`TableLocation` is what every reader and writer of a table takes: its URL (an
 absolute local path, or ``s3://bucket/prefix/<table>``, ``gs://...``, ``az://...``) and the
-warehouse's storage options. ``str(location)`` is the URL (never a credential); delta-rs
-gets :attr:`~TableLocation.storage_options`, DuckDB and pyarrow a filesystem built from the
-same options (:mod:`warehouse_loader.object_store`).
-
-Concurrent commits on S3 are safe without a lock service: delta-rs 1.x writes each commit
-as one ``PUT _delta_log/<version>.json`` with ``If-None-Match: *`` (S3 conditional writes),
-so of two writers racing for a version exactly one succeeds and the other gets a conflict
-(:mod:`warehouse_loader.delta_writer` re-plans and retries it). A store without
-conditional writes fails every commit instead of risking a lost one.
+warehouse's storage options. ``str(location)`` is the URL (never a credential); a format's
+own client gets :attr:`~TableLocation.storage_options` (delta-rs: as they are), DuckDB and
+pyarrow a filesystem built from the same options (:mod:`warehouse_loader.object_store`).
+Whether a table is there, and of which format, is the format's to say
+(:meth:`warehouse_loader.table_format.TableFormat.exists`).
 
 Object store errors become one line saying what to fix (:func:`storage_error`).
 """
@@ -32,7 +28,6 @@ from warehouse_loader.object_store import arrow_filesystem, split_uri
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs  # type: ignore[import-untyped]
-    from deltalake import DeltaTable
 
 #: object_store's defaults retry a silent endpoint for minutes (30 s per request, 10 retries,
 #: 180 s in all); a loader should fail in seconds and let its supervisor retry. Given options win.
@@ -41,7 +36,7 @@ FAIL_FAST_OPTIONS = {"connect_timeout": "5s", "max_retries": "3", "retry_timeout
 
 @dataclass(frozen=True, slots=True)
 class TableLocation:
-    """A Delta table's place: ``uri`` (local absolute path or store URL) and the store's options."""
+    """A table's place: ``uri`` (local absolute path or store URL) and the store's options."""
 
     uri: str
     options: tuple[tuple[str, str], ...] = field(default=(), repr=False, compare=False)
@@ -77,7 +72,7 @@ class TableLocation:
 
     @property
     def storage_options(self) -> dict[str, str] | None:
-        """What delta-rs takes: None locally; the store's options with fail-fast retry settings."""
+        """What a format's store client takes: None locally; the store's options with fail-fast retry settings."""
         if not self.is_remote:
             return None
         given = dict(self.options)
@@ -92,26 +87,6 @@ class TableLocation:
             return pafs.LocalFileSystem(), self.uri
         scheme, inside = split_uri(self.uri)
         return arrow_filesystem(scheme, self.storage_options or {}, self.uri.partition("://")[2].split("/")[0]), inside
-
-    def exists(self) -> bool:
-        """True when a Delta table is there."""
-        from deltalake import DeltaTable
-
-        try:
-            return bool(DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options))
-        except OSError as exc:
-            raise storage_error(exc, self) from None
-
-    def open(self) -> DeltaTable | None:
-        """The Delta table here at its latest version, or None when there is none (yet)."""
-        from deltalake import DeltaTable
-
-        if not self.exists():
-            return None
-        try:
-            return DeltaTable(self.uri, storage_options=self.storage_options)
-        except OSError as exc:
-            raise storage_error(exc, self) from None
 
     def remove(self) -> None:
         """Delete the table and everything under its location (a no-op when nothing is there)."""
@@ -145,22 +120,6 @@ def location_in(config: ProjectConfig, target: str) -> TableLocation:
 def warehouse_location(config: ProjectConfig) -> TableLocation:
     """The warehouse's root (``warehouse.path``, default ``<home>/warehouse``)."""
     return location_in(config, config.warehouse_root)
-
-
-def check_warehouse(config: ProjectConfig) -> None:
-    """Fail in one line when the warehouse's object store refuses or cannot be reached; writes nothing.
-
-    A local warehouse is always fine (its directories are created on first write).
-    """
-    from deltalake import DeltaTable
-
-    root = warehouse_location(config)
-    if not root.is_remote:
-        return
-    try:  # a LIST under the root: the bucket and the credentials are both checked
-        DeltaTable.is_deltatable(f"{root.uri}/_headwater_probe", storage_options=root.storage_options)
-    except OSError as exc:
-        raise storage_error(exc, root) from None
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

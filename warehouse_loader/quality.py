@@ -4,8 +4,8 @@
 
 Each warehouse table named under ``quality:`` gets one GX ``ExpectationSuite`` built from
 its entries (``expect`` = a GX 1.x expectation name, the other keys its arguments) and is
-validated in an ephemeral GX context against the table's current Delta version, read into
-pandas. ``dagster-ge`` only supports GX 0.x, so GX is driven directly here and
+validated in an ephemeral GX context against the table's current version, read through its
+table format into pandas. ``dagster-ge`` only supports GX 0.x, so GX is driven directly here and
 both ``headwater quality`` and the Dagster asset checks call :func:`run_quality`.
 
 Results keep, per expectation, success, unexpected count and a few sample unexpected
@@ -31,12 +31,12 @@ import orjson
 
 from core.config import ExpectationConfig, ProjectConfig
 from core.errors import ConfigError
-from warehouse_loader.delta_scan import select_rows
-from warehouse_loader.delta_writer import recorded_key
 from warehouse_loader.errors import WarehouseError
+from warehouse_loader.formats import DEFAULT_FORMAT, format_of, table_format
 from warehouse_loader.load_job import table_path
 from warehouse_loader.location import TableLocation, as_location
 from warehouse_loader.scd2_invariants import invariant_checks, invariant_rows
+from warehouse_loader.table_format import TableFormat
 
 if TYPE_CHECKING:
     import pandas as pd  # type: ignore[import-untyped]
@@ -368,23 +368,24 @@ def outcome_from_result(entry: ExpectationConfig, name: str, result: Mapping[str
     )
 
 
-def read_table(path: TableLocation | Path, *, invariants: bool = False) -> pd.DataFrame:
-    """The current version of the Delta table at ``path`` as pandas (its ``_delta_log`` must exist).
+def read_table(path: TableLocation | Path, *, invariants: bool = False, fmt: TableFormat | None = None) -> pd.DataFrame:
+    """The current version of the table at ``path`` (of format ``fmt``, default Delta) as pandas.
 
     ``invariants``: an SCD2 table, with the invariant columns its built-in checks read
     (keyed on the key its last commit records).
     """
     path = as_location(path)
-    keys = recorded_key(path) if invariants else None
+    fmt = fmt or table_format(DEFAULT_FORMAT)
+    keys = fmt.recorded_key(path) if invariants else None
     if keys:
-        return invariant_rows(path, keys).to_pandas()
+        return invariant_rows(path, keys, fmt).to_pandas()
     # Read through DuckDB: DeltaTable.to_pandas() scans a pyarrow dataset whose threads can
     # outlive the call and abort the process at exit (arrow#34314).
-    table = path.open()
+    table = fmt.open(path)
     if table is None:
-        msg = f"no Delta table at {path}"
+        msg = f"no {fmt.name} table at {path}"
         raise FileNotFoundError(msg)
-    frame: pd.DataFrame = select_rows(path, table, "SELECT * FROM target").to_pandas()
+    frame: pd.DataFrame = table.select("SELECT * FROM target").to_pandas()
     return frame
 
 
@@ -470,7 +471,8 @@ def run_quality(
     for table, expectations in suites.items():
         names, entries = (list(column) for column in zip(*table_checks(config, table), strict=True))
         path = table_path(config, table)
-        if not path.exists():
+        fmt = format_of(config, table)
+        if not fmt.exists(path):
             reason = f"table {table!r} is not loaded yet; run 'headwater load {table} --available-now'"
             failed = [
                 ExpectationOutcome(
@@ -480,7 +482,7 @@ def run_quality(
             ]
             outcomes.append(TableOutcome(table=table, rows=None, expectations=failed, error=reason))
             continue
-        frame = read_table(path, invariants=bool(builtin_checks(config, table)))
+        frame = read_table(path, invariants=bool(builtin_checks(config, table)), fmt=fmt)
         results = validator.validate(table, expectations, frame)
         outcomes.append(
             TableOutcome(

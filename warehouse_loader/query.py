@@ -1,8 +1,9 @@
-"""Read-only SQL over warehouse tables: DuckDB over each Delta table's current files.
+"""Read-only SQL over warehouse tables: DuckDB over each table's current version, in any format.
 
-Each table is registered under its warehouse name as a view over the Parquet files of
-its current Delta version (nothing is copied up front; DuckDB pushes projections and
-filters into the scan), local or on an object store (:mod:`warehouse_loader.delta_scan`).
+Each table is registered under its warehouse name by its format
+(:meth:`warehouse_loader.table_format.StoredTable.register`; Delta: a view over the Parquet
+files of its current version, nothing copied up front, projections and filters pushed into
+the scan), local or on an object store.
 After registration the connection may read only the tables' folders (or prefixes), drops
 external access and locks its configuration, so a query cannot write files, attach
 databases or load extensions.
@@ -23,32 +24,38 @@ import duckdb
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from warehouse_loader.delta_scan import duckdb_connection, register_delta
+from core.config import ProjectConfig
+from warehouse_loader.duckdb_connection import duckdb_connection
 from warehouse_loader.errors import QueryError, UnknownTableError
+from warehouse_loader.formats import DEFAULT_FORMAT, format_of, table_format
 from warehouse_loader.location import TableLocation, as_location, storage_error
 from warehouse_loader.sql_text import sql_list
+from warehouse_loader.table_format import TableFormat
 
 OutputFormat = Literal["table", "json", "csv"]
 
 _MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist", re.IGNORECASE)
 
 
-def run_query(sql: str, tables: Mapping[str, TableLocation | Path]) -> pa.Table:
-    """Run ``sql`` over the Delta tables in ``tables`` (name → location) and return the result.
+def run_query(
+    sql: str, tables: Mapping[str, TableLocation | Path], *, formats: Mapping[str, TableFormat] | None = None
+) -> pa.Table:
+    """Run ``sql`` over the tables in ``tables`` (name → location) and return the result.
 
-    A name whose location holds no Delta table yet (never loaded) is not registered; a query
-    naming it, or any unknown name, raises :class:`UnknownTableError` listing the tables
-    that can be queried.
+    ``formats`` gives a table's format by name (default: Delta). A name whose location holds
+    no table yet (never loaded) is not registered; a query naming it, or any unknown name,
+    raises :class:`UnknownTableError` listing the tables that can be queried.
     """
+    default = table_format(DEFAULT_FORMAT)
     locations = {name: as_location(where) for name, where in tables.items()}
-    con = duckdb_connection(locations.values())
+    con = duckdb_connection(locations.values(), private=True)  # it locks external access
     try:
         loaded: list[str] = []
         allowed: list[str] = []
         for name, location in locations.items():
-            table = location.open()
+            table = (formats or {}).get(name, default).open(location)
             if table is not None:
-                register_delta(con, name, table)
+                table.register(con, name)
                 loaded.append(name)
                 allowed.append(f"{location.uri}/" if location.is_remote else str(location.path.resolve()))
         # Only the tables' own folders stay readable once external access is off.
@@ -95,6 +102,18 @@ def _text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.hex()
     return str(value)
+
+
+def query_warehouse(config: ProjectConfig, sql: str) -> pa.Table:
+    """Run ``sql`` over every configured table's current version (follows ``headwater reprocess``)."""
+    from warehouse_loader.load_job import table_path
+
+    names = list(config.warehouse.tables)
+    return run_query(
+        sql,
+        {name: table_path(config, name) for name in names},
+        formats={name: format_of(config, name) for name in names},
+    )
 
 
 def to_json(result: pa.Table) -> str:

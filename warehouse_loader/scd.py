@@ -15,7 +15,9 @@ https://docs.databricks.com/aws/en/ldp/cdc):
   version has ``__END_AT`` null; a delete closes the current version. An out-of-order
   change is placed at its sequence position: it splits the enclosing version. With
   ``track_history_columns`` (Databricks ``track_history_column_list``), a change that
-  alters only untracked columns updates the version in place instead of opening one.
+  alters only untracked columns updates the version in place instead of opening one;
+  the version keeps only its latest values, so a late change that would split it (a
+  tracked change, delete or truncate at or before the last change it absorbed) is refused.
   Without it every change opens a version (even one repeating the values), which keeps
   every boundary so late changes are placed exactly. A delete that closes no version (it
   arrived before the key's older changes, or a late delete now precedes it) is kept as a

@@ -20,6 +20,7 @@ from warehouse_loader.changes import (
     INHERITED,
     METADATA_COLUMNS,
     OP,
+    READ_OP,
     SEQ,
     START_AT,
     TRUNCATE_OP,
@@ -132,6 +133,7 @@ def plan_scd2(
     sequence_by: str = SEQ,
     track_history_except_columns: Sequence[str] | None = None,
     ignore_null_columns: Sequence[str] = (),
+    reread_points: Sequence[Any] = (),
 ) -> Scd2Actions:
     """Recompute the versions of the affected keys from their existing versions, tombstones and the batch.
 
@@ -145,13 +147,22 @@ def plan_scd2(
     version starts at), merged with the batch, the tombstones and a delete per key at
     each truncate, deduplicated on (key, sequence) and folded into versions again. So a
     remembered delete bounds the version a late older change opens, and a late event
-    older than a truncate opens a version closed at it. Rebuilding a version that
-    absorbed untracked-only changes keeps only its latest values, so a late *tracked*
-    change inside such a version splits it with those values.
+    older than a truncate opens a version closed at it. A version that absorbed
+    untracked-only changes (``track_history_columns``) stores only its latest values, so
+    a batch that would split it (a late tracked change, delete or truncate at or before
+    the last change it absorbed) is refused with :class:`ChangeBatchError`: the earlier
+    part's values are unknown. In-order delivery and replays never split one.
 
     ``track_history_except_columns``: every value column but these is tracked.
     ``ignore_null_columns``: nulls in these columns inherit the key's earlier value
     (:mod:`warehouse_loader.inheritance`); each version records what it inherited.
+
+    Re-reads (``op: r`` after the first version of a key, e.g. a table read again after a
+    schema change): one that finds the key's values unchanged opens no version (it is folded
+    into the current one); one that finds them changed, with the key's previous change before
+    one of ``reread_points`` (where a schema change that read the table again starts) and at
+    or after which the re-read lies, opens its version at that point: no change of the key
+    came between, so its values have been these since the DDL.
     """
     check_changes(changes, keys, sequence_by)
     live = changes.filter(pc.not_equal(changes.column(OP), TRUNCATE_OP))
@@ -234,8 +245,36 @@ def plan_scd2(
     a_start = "".join(f", {authored(c, 'o', f'o.{sa}', seq_type, remembered=has_inherited)}" for c in ignored)
     a_last = "".join(f", {authored(c, 'o', f'o.{s}', seq_type, remembered=has_inherited)}" for c in ignored)
     a_none = ", NULL" * len(ignored)
+    # A re-read (op r) compared with the key's event before it, on every value column.
+    compared = [v for v in values if v not in (*METADATA_COLUMNS, INHERITED)]
+    same_lags = "".join(f", lag({quote(v)}) OVER w AS __q{i}" for i, v in enumerate(compared))
+    same = " AND ".join(f"{quote(v)} IS NOT DISTINCT FROM __q{i}" for i, v in enumerate(compared)) or "true"
+    # A re-read says nothing of columns its rows lack (dropped from the source): it keeps the key's
+    # earlier values there, so a dropped column alone opens no version.
+    present = [(i, v) for i, v in enumerate(compared) if v in live.column_names]
+    same_present = " AND ".join(f"{quote(v)} IS NOT DISTINCT FROM __q{i}" for i, v in present) or "true"
+    carried = "".join(
+        f", CASE WHEN __op = '{READ_OP}' AND __lag_op IS NOT NULL AND __lag_op <> '{DELETE_OP}' "
+        f"THEN __q{i} ELSE {quote(v)} END AS {quote(v)}"
+        for i, v in enumerate(compared)
+        if v not in live.column_names
+    )
+    point = "NULL"
+    if reread_points:
+        point = f"(SELECT max(p.{s}) FROM points p WHERE p.{s} <= d.__seq)"
+    lagged = f"""
+        SELECT d.*, lag(__seq) OVER w AS __lag_seq, lag(__op) OVER w AS __lag_op{same_lags}, {point} AS __point
+        FROM dedup d WINDOW w AS (PARTITION BY {k} ORDER BY __seq)
+    """
+    dropped = ", ".join(["__lag_seq", "__lag_op", "__same", "__point", *(f"__q{i}" for i in range(len(compared)))])
+    placed = f"""(
+        SELECT * EXCLUDE ({dropped}) REPLACE (
+            CASE WHEN __op = '{READ_OP}' AND __lag_op IS NOT NULL AND __lag_op <> '{DELETE_OP}' AND NOT __same
+                      AND __point IS NOT NULL AND __lag_seq < __point THEN __point ELSE __seq END AS __seq{carried})
+        FROM (SELECT *, ({same_present}) AS __same FROM ({lagged}))
+    )"""
     # Ignored-null columns take the value authored latest since the key's last delete.
-    filled = "dedup"
+    filled = placed
     if ignored:
         # A stored version's inherited value keeps the sequence it was authored at: a delete
         # that arrived later between the two ends its inheritance.
@@ -250,7 +289,7 @@ def plan_scd2(
                     OVER (PARTITION BY {k} ORDER BY __seq ROWS UNBOUNDED PRECEDING) AS __seg,
                     max(CASE WHEN __op = '{DELETE_OP}' THEN __seq END)
                     OVER (PARTITION BY {k} ORDER BY __seq ROWS UNBOUNDED PRECEDING) AS __since
-                FROM dedup
+                FROM {placed}
             ) WINDOW seg AS (PARTITION BY {k}, __seg ORDER BY __seq ROWS UNBOUNDED PRECEDING)
         )"""
     # Ties on a custom sequence: the later change in the source's order wins (scd1.source_order).
@@ -274,11 +313,13 @@ def plan_scd2(
             QUALIFY row_number() OVER (PARTITION BY {k}, __seq ORDER BY __prio, {tie}__op DESC) = 1
         ),
         ordered AS (
-            SELECT *, lag(__op) OVER w AS __prev_op, lead(__seq) OVER w AS __next {lags}
+            SELECT *, lag(__op) OVER w AS __prev_op, lead(__seq) OVER w AS __next {lags} {same_lags}
             FROM {filled} WINDOW w AS (PARTITION BY {k} ORDER BY __seq)
         ),
         flagged AS (
             SELECT *, sum(CASE WHEN __op = '{DELETE_OP}' THEN 0
+                               WHEN __op = '{READ_OP}' AND __prev_op IS NOT NULL
+                                    AND __prev_op <> '{DELETE_OP}' AND ({same}) THEN 0
                                WHEN __prev_op IS NULL OR __prev_op = '{DELETE_OP}' OR ({differs}) THEN 1
                                ELSE 0 END) OVER (PARTITION BY {k} ORDER BY __seq ROWS UNBOUNDED PRECEDING) AS __vid
             FROM ordered
@@ -316,14 +357,32 @@ def plan_scd2(
           AND NOT EXISTS (SELECT 1 FROM truncs t WHERE t.{s} = d.{s})
           AND NOT EXISTS (SELECT 1 FROM tomb b WHERE {key_match(keys, "b", "d")} AND b.{s} = d.{s})
     """
+    # A stored version that absorbed changes (its last change is after its start) keeps only
+    # its latest values: a rebuilt boundary in (start, last change] would need the values
+    # it held before the boundary, which nothing remembers.
+    split_sql = f"""
+        SELECT min(b.__at) FROM old o
+        JOIN (SELECT {k}, {sa} AS __at FROM rebuilt UNION ALL SELECT {k}, {ea} FROM rebuilt) b
+          ON {key_match(keys, "b", "o")} AND b.__at > o.{sa} AND b.__at <= o.{s}
+        HAVING count(*) > 0
+    """
     truncs = pa.table({sequence_by: pa.array(all_truncates, seq_type)})
-    with duckdb_tables(existing=existing, win=window, live=live, truncs=truncs, tomb=tomb) as con:
+    points = pa.table({sequence_by: pa.array(list(reread_points), seq_type)})
+    with duckdb_tables(existing=existing, win=window, live=live, truncs=truncs, tomb=tomb, points=points) as con:
         con.execute(
             f"""CREATE TEMP TABLE old AS SELECT o.* FROM existing o JOIN win w ON {key_match(keys, "o", "w")}
                 WHERE o.{ea} IS NULL OR o.{ea} >= w.__min_seq"""
         )
         con.execute(f"CREATE TEMP TABLE stored_deletes AS {stored_deletes_sql}")
         con.execute(f"CREATE TEMP TABLE rebuilt AS {versions_sql}")
+        split = con.execute(split_sql).fetchall()
+        if split:
+            msg = (
+                f"a change at {sequence_by} {split[0][0]} arrived after later untracked-only changes were folded "
+                "into its version, whose values before it are no longer known; reload the table from the "
+                "log in order, or track every column"
+            )
+            raise ChangeBatchError(msg)
         versions = con.sql("SELECT * EXCLUDE (__changed) FROM rebuilt WHERE __changed").to_arrow_table()
         removed = con.sql(
             f"""SELECT {column_list(keys, "o")}, o.{sa} FROM old o

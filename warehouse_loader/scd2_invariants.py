@@ -5,8 +5,8 @@ Per key, the versions ``[__START_AT, __END_AT)`` (``__END_AT`` null: open, the c
 * ``overlapping_versions``: no two versions overlap (nor start at the same sequence);
 * ``open_versions``: at most one version is open;
 * ``open_after_delete``: no version is open after a delete of the key or a truncate: a
-  remembered delete (``_hw_tombstones``) or truncate with a higher sequence than the open
-  version's start means the key is gone.
+  remembered delete (the format's tombstones, Delta's ``_hw_tombstones``) or truncate with a
+  higher sequence than the open version's start means the key is gone.
 
 :func:`invariant_rows` returns the table's rows with one column per invariant, null where
 the row keeps it and the row's key (as text) where it breaks it, so the built-in
@@ -19,14 +19,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
-from deltalake import DeltaTable
 
 from core.config import ExpectationConfig
 from warehouse_loader.changes import DELETE_OP, END_AT, OP, START_AT, TRUNCATE_OP
-from warehouse_loader.delta_scan import duckdb_connection, register_delta
-from warehouse_loader.delta_writer import TOMBSTONES_DIR, open_table
+from warehouse_loader.duckdb_connection import duckdb_connection
+from warehouse_loader.formats import DEFAULT_FORMAT, table_format
 from warehouse_loader.location import TableLocation
 from warehouse_loader.sql_text import column_list, key_match, quote
+from warehouse_loader.table_format import StoredTable, TableFormat
 
 #: Check name -> (the column holding the breaking keys, what the invariant says).
 INVARIANTS = {
@@ -56,13 +56,14 @@ def invariant_checks() -> list[tuple[str, ExpectationConfig]]:
     ]
 
 
-def invariant_rows(path: TableLocation, keys: Sequence[str]) -> pa.Table:
-    """The SCD2 table at ``path`` with the :data:`CHECK_COLUMNS` added (see module doc)."""
-    target = open_table(path)
+def invariant_rows(path: TableLocation, keys: Sequence[str], fmt: TableFormat | None = None) -> pa.Table:
+    """The SCD2 table at ``path`` (of format ``fmt``, default Delta) with the :data:`CHECK_COLUMNS` added."""
+    fmt = fmt or table_format(DEFAULT_FORMAT)
+    target = fmt.open(path)
     if target is None:
-        msg = f"no Delta table at {path}"
+        msg = f"no {fmt.name} table at {path}"
         raise FileNotFoundError(msg)
-    side = open_table(path / TOMBSTONES_DIR)
+    side = fmt.tombstones(path)
     sa, ea, op = quote(START_AT), quote(END_AT), quote(OP)
     k = column_list(keys)
     key_text = " || ', ' || ".join(f"'{name}=' || coalesce(CAST(t.{quote(name)} AS VARCHAR), 'NULL')" for name in keys)
@@ -88,15 +89,15 @@ def invariant_rows(path: TableLocation, keys: Sequence[str]) -> pa.Table:
     """
     con = duckdb_connection([path])
     try:
-        register_delta(con, "target", target)
+        target.register(con, "target")
         if side is not None:
-            register_delta(con, "side", side)
+            side.register(con, "side")
         return con.sql(sql).to_arrow_table()
     finally:
         con.close()
 
 
-def _sequence_column(side: DeltaTable, keys: Sequence[str]) -> str:
+def _sequence_column(side: StoredTable, keys: Sequence[str]) -> str:
     """The tombstone table's sequence column: the one that is neither a key nor the op."""
-    names = [str(f.name) for f in side.schema().fields if f.name not in (*keys, OP)]
+    names = [str(f.name) for f in side.schema() if f.name not in (*keys, OP)]
     return names[0]

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from capture.runner import ProgressFactory, run_capture
-from capture.snapshot_plan import SnapshotProgress
+from capture.source_kind import SnapshotProgress
 from core.config import ProjectConfig
 from headwater.cli_context import (
     Context,
@@ -107,9 +107,9 @@ def capture_command(
         output.info(
             f"{name}: {stats.transactions} transactions, {stats.events} events, "
             f"{stats.records_written} records written, {stats.records_skipped} already in the log, "
-            f"acknowledged {stats.acked_lsn}",
+            f"acknowledged {stats.acked}",
             source=name,
-            lsn=stats.acked_lsn,
+            lsn=stats.acked,
         )
 
 

@@ -28,15 +28,12 @@ def _pipeline_stage(config_path: Path) -> list[str]:
     from log.factory import open_log
     from operations.pipeline import run_until_caught_up
     from warehouse_loader.quality_report import run_and_report
-    from warehouse_loader.query import format_result, run_query
+    from warehouse_loader.query import format_result, query_warehouse
 
     config = load_config(config_path)
     lines = run_until_caught_up(config, say=lambda _line: None).lines
-    from warehouse_loader.load_job import table_path
-
-    tables = {name: table_path(config, name) for name in config.warehouse.tables}
     for title, sql in DEMO_QUERIES:
-        lines.append(f"{title}:\n{format_result(run_query(sql, tables), 'table')}")
+        lines.append(f"{title}:\n{format_result(query_warehouse(config, sql), 'table')}")
     log = open_log(config)
     try:
         run, report = run_and_report(config, log)

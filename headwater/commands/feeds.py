@@ -28,7 +28,7 @@ def feeds_group() -> None:
 @pass_context
 def run_command(context: Context, feeds: tuple[str, ...], follow: bool, options: StageOptions) -> None:
     """Run FEEDS (all by default) in DAG order."""
-    from derived_feeds.feed_job import run_feeds
+    from derived_feeds.feed_job import run_feeds, start_feed
     from headwater.stage_runtime import StageRuntime
     from operations.holders import holding
     from operations.pipeline import feed_records_written, wait_for_captured_inputs
@@ -57,7 +57,12 @@ def run_command(context: Context, feeds: tuple[str, ...], follow: bool, options:
         if follow:
             running = ", ".join(f"{plan.spec.name} ({plan.plan_class})" for _, plan in started)
             output.note(f"running {running}; Ctrl-C to stop")
-            follow_queries(spark, [query for query, _ in started])
+            specs = [plan.spec for _, plan in started]
+            follow_queries(
+                spark,
+                [query for query, _ in started],
+                restart=lambda at: start_feed(spark, config, log, specs[at], available_now=False)[0],
+            )
             for _, plan in started:
                 if plan.error is not None:
                     raise plan.error

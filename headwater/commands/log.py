@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from types import FrameType
 from typing import Any, BinaryIO
 
 import click
@@ -25,6 +23,7 @@ from headwater.cli_context import (
     config_option,
     pass_context,
     print_json,
+    stop_on_signals,
 )
 from headwater.commands.log_shards import attach as attach_shard_commands
 from log.base import Log, StoredRecord, TopicPartition, end_offsets
@@ -132,18 +131,6 @@ def _write(out: BinaryIO, record: StoredRecord, *, as_json: bool) -> None:
         out.write(f"{record.partition}:{record.offset} key={key} value={value}\n".encode())
 
 
-def _stop_on_signals() -> threading.Event:
-    """An event SIGINT and SIGTERM set: the follower finishes the batch it prints, commits it, and leaves."""
-    stop = threading.Event()
-
-    def handle(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, handle)
-    signal.signal(signal.SIGTERM, handle)
-    return stop
-
-
 def follow_records(
     consumer: Consumer, out: BinaryIO, stop: threading.Event, *, as_json: bool, limit: int | None
 ) -> None:
@@ -206,7 +193,7 @@ def tail_command(
             out.flush()
             log.close()
         return
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     settings = ConsumerSettings(auto_offset_reset="earliest" if from_beginning else "latest")
     with consumer_of(log, group, settings, owns_log=True) as consumer:
         if group is not None:
@@ -318,7 +305,7 @@ def clean_command(context: Context, topics: tuple[str, ...], follow: bool, optio
             log.describe_topic(topic)  # an unknown topic: one line
         cleaner = Cleaner(log, holds=history_holds(config, log))
         if follow:
-            stop = _stop_on_signals()
+            stop = stop_on_signals()
             cleaner.run(stop, config.log.cleaner_interval_s, report=report)
             return
         cleaned = cleaner.run_once(topics or None)

@@ -30,7 +30,7 @@ def reprocess_command(context: Context, name: str, drop_old: bool, accept_incomp
     config = context.config(needs_sources=False)
     target = next_version(config, name)  # fails fast on an unknown name, before Spark starts
     if target.kind == "table":
-        from warehouse_loader.location import check_warehouse
+        from warehouse_loader.formats import check_warehouse
 
         check_warehouse(config)  # a refused or missing bucket fails here, before Spark starts
     log = open_log(config)

@@ -42,6 +42,8 @@ def run_command(context: Context, follow: bool, options: StageOptions) -> None:
             )
         return
     assert config.config_path is not None
+    from core import stop_request
+
     with contextlib.ExitStack() as stack:
         if options.metrics_port is not None:
             from headwater.stage_runtime import children_record_metrics
@@ -62,6 +64,8 @@ def run_command(context: Context, follow: bool, options: StageOptions) -> None:
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
+        if stop_request.requested.is_set():  # asked before the handlers above: start nothing
+            supervisor.stop()
         code = supervisor.run()
     raise SystemExit(code)
 

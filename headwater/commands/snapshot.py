@@ -14,19 +14,13 @@ from headwater.cli_context import Context, config_option, pass_context
 @pass_context
 def snapshot_command(context: Context, name: str, tables: str) -> None:
     """Re-read TABLES of source NAME as incremental snapshot events; a running capture picks it up."""
-    from capture.errors import UnknownSourceError
-    from capture.identifiers import split_list
-    from capture.incremental_snapshot import request_incremental_snapshot
+    from capture.kinds import kind_of
 
     config = context.config(needs_sources=False)
-    if name not in config.sources:
-        msg = f"no source named {name!r}; known: {', '.join(config.sources) or 'none'} (see 'headwater source list')"
-        raise UnknownSourceError(msg, source=name)
-    request_id, names = request_incremental_snapshot(
-        config.home_dir / "capture" / name, split_list(tables, what="--tables")
-    )
+    kind = kind_of(config, name)
+    request = kind.request_snapshot(config, name, kind.split_tables(tables, what="--tables"))
     click.echo(
-        f"requested incremental snapshot {request_id} of {', '.join(map(str, names))}: a running "
+        f"requested incremental snapshot {request.request_id} of {', '.join(request.tables)}: a running "
         f"'headwater capture' for {name} picks it up within a second, otherwise the next one does"
     )
 

@@ -1,6 +1,7 @@
 """``headwater source ...``: register, inspect and remove source databases.
 
-Each command parses its options, loads the config and calls :mod:`capture.registration`.
+Each command parses its options, loads the config and calls the source's kind
+(:class:`capture.source_kind.SourceKind`, found by :mod:`capture.kinds`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from capture.errors import ConfirmationRequiredError
-from capture.identifiers import split_list
-from capture.registration import add_source, removal_text, remove_source, show_source
-from capture.resync import resync_source
+from capture.kinds import DEFAULT_KIND, kind_of, source_kind
+from capture.source_kind import Outcome, SourceRequest
 from core.config import find_config_path
 from headwater.cli_context import Context, config_option, pass_context, print_json
 
@@ -73,9 +73,26 @@ def _warn(message: str) -> None:
     click.echo(f"warning: {message}", err=True)
 
 
+def _report(outcome: Outcome) -> None:
+    """Warnings and notes on stderr, then what was done and what to run next."""
+    for warning in outcome.warnings:
+        _warn(warning)
+    for note in outcome.notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(outcome.summary)
+    if outcome.next_step is not None:
+        click.echo(f"next: {outcome.next_step}")
+
+
 @source_group.command("add")
 @config_option
 @click.argument("name")
+@click.option(
+    "--kind",
+    default=DEFAULT_KIND,
+    show_default=True,
+    help="The source's kind: postgres, or one a plug-in adds (see docs/architecture.md, plug-in points).",
+)
 @click.option("--dsn", required=True, help="postgresql://user:${PW_VAR}@host:port/db (stored as given).")
 @click.option("--tables", default=None, help="Comma-separated schema.table names (quote odd names: '\"My T\"').")
 @click.option("--schemas", default=None, help="Comma-separated schemas: capture every table in them (PG 15+).")
@@ -94,6 +111,7 @@ def source_add(
     context: Context,
     *,
     name: str,
+    kind: str,
     dsn: str,
     tables: str | None,
     schemas: str | None,
@@ -103,37 +121,20 @@ def source_add(
     yes: bool,
 ) -> None:
     """Check prerequisites, create publication and slot, and add source NAME to the config."""
-    result = add_source(
-        find_config_path(context.config_path),
+    source = source_kind(kind, where="--kind")
+    request = SourceRequest(
         name,
         dsn,
-        tables=split_list(tables, what="--tables") if tables is not None else None,
-        schemas=split_list(schemas, what="--schemas") if schemas is not None else None,
+        tables=source.split_tables(tables, what="--tables") if tables is not None else None,
+        schemas=source.split_tables(schemas, what="--schemas") if schemas is not None else None,
         snapshot=snapshot,
-        slot=slot,
-        publication=publication,
-        confirm=_confirmer(yes, "creating a replication slot"),
+        options={"slot": slot, "publication": publication},
     )
-    for warning in result.warnings:
-        _warn(warning)
-    for note in result.notes:
-        click.echo(f"note: {note}", err=True)
-    click.echo(
-        f"registered source {result.name}: publication {result.publication} ({result.publication_action}), "
-        f"slot {result.slot} at {result.consistent_lsn}; config {result.config_path}"
+    _report(
+        source.add(
+            find_config_path(context.config_path), request, confirm=_confirmer(yes, "creating a replication slot")
+        )
     )
-    click.echo(f"next: headwater capture {result.name} --until-caught-up")
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
 
 
 @source_group.command("show")
@@ -143,33 +144,14 @@ def _size(n: int | None) -> str:
 @pass_context
 def source_show(context: Context, name: str, as_json: bool) -> None:
     """Show source NAME's settings and its live slot (DSN password masked)."""
-    view = show_source(context.config(), name)
+    config = context.config()
+    view = kind_of(config, name).show(config, name)
     if as_json:
-        print_json(view.as_dict())
+        print_json(dict(view.data))
         return
     table = Table(show_header=False, box=None)
-    table.add_row("source", view.name)
-    table.add_row("dsn", view.dsn)
-    if view.tables is not None:
-        table.add_row("tables", ", ".join(view.tables))
-    else:
-        table.add_row("schemas", ", ".join(view.schemas or ()))
-    table.add_row("snapshot", view.snapshot)
-    table.add_row("publication", view.publication + ("" if view.publication_info or view.error else " (missing)"))
-    status = view.slot_status
-    if view.error:
-        table.add_row("slot", f"{view.slot} (status unknown: {view.error})")
-    elif status is None:
-        table.add_row("slot", f"{view.slot} (missing: run headwater source resync {view.name})")
-    else:
-        table.add_row(
-            "slot", f"{view.slot} ({'active, pid ' + str(status.active_pid) if status.active else 'inactive'})"
-        )
-        table.add_row("confirmed flush lsn", str(status.confirmed_flush_lsn or "-"))
-        table.add_row("restart lsn", str(status.restart_lsn or "-"))
-        table.add_row("wal retained", _size(status.wal_retained_bytes))
-        lost = f" (invalidated: run headwater source resync {view.name})" if status.wal_status == "lost" else ""
-        table.add_row("wal status", (status.wal_status or "-") + lost)
+    for label, value in view.rows:
+        table.add_row(label, value)
     Console(markup=False, highlight=False).print(table)
 
 
@@ -180,19 +162,12 @@ def source_show(context: Context, name: str, as_json: bool) -> None:
 @pass_context
 def source_remove(context: Context, name: str, yes: bool) -> None:
     """Drop source NAME's slot and publication and remove it from the config."""
-    question = removal_text(context.config(), name)
-    if not _confirmer(yes, "dropping the replication slot")(question):
+    config = context.config()
+    kind = kind_of(config, name)
+    if not _confirmer(yes, "dropping the replication slot")(kind.removal_question(config, name)):
         click.echo("cancelled; nothing changed", err=True)
         raise SystemExit(1)
-    result = remove_source(find_config_path(context.config_path), name)
-    for note in result.notes:
-        click.echo(f"note: {note}", err=True)
-    dropped = [
-        f"slot {result.slot}" if result.slot_dropped else None,
-        f"publication {result.publication}" if result.publication_dropped else None,
-    ]
-    what = " and ".join(d for d in dropped if d) or "nothing in the database"
-    click.echo(f"removed source {result.name}; dropped {what}")
+    _report(kind.remove(find_config_path(context.config_path), name))
 
 
 @source_group.command("resync")
@@ -206,14 +181,8 @@ def source_resync(context: Context, name: str, yes: bool) -> None:
     The next 'headwater capture' re-reads every table and writes deletes for rows
     removed meanwhile, so the log converges to the source.
     """
-    result = resync_source(context.config(), name, confirm=_confirmer(yes, "replacing the replication slot"))
-    lost = f", changes after {result.lost_from} were not streamed" if result.lost_from is not None else ""
-    click.echo(
-        f"source {result.name}: slot {result.slot} was {result.previous}{lost}; created it again at "
-        f"{result.new_slot_lsn}. The next capture re-snapshots {result.targets} of publication "
-        f"{result.publication} and writes deletes for rows removed meanwhile"
-    )
-    click.echo(f"next: headwater capture {result.name} --until-caught-up")
+    config = context.config()
+    _report(kind_of(config, name).resync(config, name, confirm=_confirmer(yes, "replacing the replication slot")))
 
 
 def register(cli: click.Group) -> None:

@@ -34,7 +34,8 @@ def status_command(context: Context, as_json: bool) -> None:
         retained = row.get("wal_retained_bytes")
         sources.add_row(
             row["source"],
-            row["slot"],
+            # A PostgreSQL source's slot; a MySQL source's saved binlog position.
+            row.get("slot") or row.get("position") or "-",
             str(row.get("active", "-")),
             row.get("confirmed_flush_lsn") or "-",
             f"{retained:,} B" if isinstance(retained, int) else "-",
@@ -44,13 +45,21 @@ def status_command(context: Context, as_json: bool) -> None:
     for row in status["sources"]:
         if "error" in row:  # in full, not cut to the table's width
             click.echo(f"source {row['source']}: {row['error']}")
+        if "problem" in row:
+            click.echo(f"source {row['source']}: stopped: {row['problem']}")
+        if row.get("rereading"):
+            click.echo(f"source {row['source']}: reading again after a schema change: {', '.join(row['rereading'])}")
     topics = Table("topic", "records", "end offsets", "size", "dirty", title="topics")
     for row in status["topics"]:
         size = f"{row['bytes']:,} B" if "bytes" in row else "-"
         dirty = f"{row['dirty_ratio']:.0%}" if "dirty_ratio" in row else "-"
-        ends = " ".join(f"{p}:{o}" for p, o in row["end_offsets"].items())
-        topics.add_row(row["topic"], f"{row['records']:,}", ends, size, dirty)
+        ends = " ".join(f"{p}:{o}" for p, o in row.get("end_offsets", {}).items()) or "see below"
+        records = f"{row['records']:,}" if "records" in row else "-"
+        topics.add_row(row["topic"], records, ends, size, dirty)
     console.print(topics)
+    for row in status["topics"]:
+        if "error" in row:
+            click.echo(f"topic {row['topic']}: {row['error']}")
     feeds = Table("feed", "topic", "version", "plan class", "lag", "quarantined", title="feeds")
     for row in status["feeds"]:
         feeds.add_row(
@@ -63,7 +72,11 @@ def status_command(context: Context, as_json: bool) -> None:
         )
     if status["feeds"]:
         console.print(feeds)
+    for row in status["feeds"]:
+        if "problem" in row:
+            console.print(f"[yellow]warning:[/] {row['problem']}")
     tables = Table("table", "from", "mode", "state", "last commit", "freshness", "lag", title="warehouse")
+    upkeep = Table("table", "files", "size", "dirty", "last compaction", "last vacuum", title="warehouse files")
     for row in status["tables"]:
         freshness = row.get("freshness_s")
         tables.add_row(
@@ -75,10 +88,33 @@ def status_command(context: Context, as_json: bool) -> None:
             f"{freshness:.1f} s" if freshness is not None else "-",
             str(row.get("lag", "-")),
         )
+        if "files" in row:
+            upkeep.add_row(
+                row["table"],
+                str(row["files"]),
+                f"{row['bytes']:,} B",
+                f"{row['dirty_ratio']:.0%}",
+                row.get("last_compaction", "never"),
+                row.get("last_vacuum", "never"),
+            )
     console.print(tables)
+    if upkeep.row_count:
+        console.print(upkeep)
+    sinks = Table("sink", "kind", "state", "lag", "dead-lettered", "topics", title="sinks")
+    for row in status["sinks"]:
+        sinks.add_row(
+            row["sink"], row["kind"], row["state"], str(row["lag"]), str(row["dead_lettered"]), ", ".join(row["topics"])
+        )
+    if status["sinks"]:
+        console.print(sinks)
+    for row in status["sinks"]:
+        if "error" in row:
+            click.echo(f"sink {row['sink']} {row['state']}: {row['error']}")
     for row in status["tables"]:
         if "problem" in row:
             console.print(f"[yellow]warning:[/] {row['problem']}")
+    for row in status["errors"]:  # in full, not cut to a table's width
+        click.echo(f"{row['stage']}: last stopped at {row['at']} (exit {row['exit_code']}): {row['error']}")
 
 
 def register(cli: click.Group) -> None:

@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
-from core.config import ProjectConfig
 from headwater.cli_context import Context, StageOptions, config_option, once_or_follow, pass_context, stage_options
-from warehouse_loader.query import OutputFormat, format_result, run_query
-
-if TYPE_CHECKING:
-    from warehouse_loader.location import TableLocation
-
-
-def warehouse_paths(config: ProjectConfig) -> dict[str, TableLocation]:
-    """Every configured warehouse table's current Delta location (follows ``headwater reprocess``)."""
-    from warehouse_loader.load_job import table_path
-
-    return {name: table_path(config, name) for name in config.warehouse.tables}
+from warehouse_loader.query import OutputFormat, format_result, query_warehouse
 
 
 @click.command("query")
@@ -36,7 +25,7 @@ def warehouse_paths(config: ProjectConfig) -> dict[str, TableLocation]:
 @pass_context
 def query_command(context: Context, sql: str, fmt: OutputFormat) -> None:
     """Run read-only SQL over warehouse tables (DuckDB; tables by their warehouse name)."""
-    result = run_query(sql, warehouse_paths(context.config(needs_sources=False)))
+    result = query_warehouse(context.config(needs_sources=False), sql)
     text = format_result(result, fmt)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
@@ -58,7 +47,7 @@ def load_command(context: Context, tables: tuple[str, ...], follow: bool, option
     from operations.pipeline_metrics import Scope
     from spark_log.job import follow as follow_queries
     from spark_log.job import spark_job
-    from warehouse_loader.load_job import run_loads
+    from warehouse_loader.load_job import run_loads, start_load
 
     output = options.output("load")
     config = context.config(needs_sources=False)
@@ -69,7 +58,7 @@ def load_command(context: Context, tables: tuple[str, ...], follow: bool, option
         known = ", ".join(config.warehouse.tables) or "none"
         msg = f"no warehouse table named {unknown[0]!r}; known: {known} (see warehouse.tables in headwater.yaml)"
         raise UnknownWarehouseTableError(msg)
-    from warehouse_loader.location import check_warehouse
+    from warehouse_loader.formats import check_warehouse
 
     check_warehouse(config)  # a refused or missing bucket fails here, before Spark starts
     selected = tables or tuple(config.warehouse.tables)
@@ -87,7 +76,9 @@ def load_command(context: Context, tables: tuple[str, ...], follow: bool, option
             runtime.follow_query("load", name, query)
         if follow:
             output.note(f"loading {', '.join(q.name or '?' for q in queries)}; Ctrl-C to stop")
-            follow_queries(spark, queries)
+            follow_queries(
+                spark, queries, restart=lambda at: start_load(spark, config, log, selected[at], available_now=False)
+            )
         for name, query in zip(selected, queries, strict=True):
             progress: dict[str, Any] = dict(query.lastProgress or {})
             output.info(

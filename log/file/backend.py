@@ -50,6 +50,7 @@ from log.consumer_groups import ConsumerOffsets
 from log.errors import TopicExistsError, UnknownGroupError, UnknownPartitionError, UnknownTopicError
 from log.file.batch_codec import Compression, EncodedBatch, decode_records, encode_batch, parse_header
 from log.file.compaction import CleanerCheckpoint, clean_partition, cleaning_due, partition_usage
+from log.file.encoded_appends import EncodedAppends
 from log.file.group_coordinator import GroupCoordinator, list_group_names
 from log.file.partition import Partition
 from log.file.shard_store import TopicShards
@@ -129,7 +130,7 @@ class _OpenTopic:
             self.shards.close()
 
 
-class FileLog:
+class FileLog(EncodedAppends):
     """A :class:`~log.base.Log` stored in files under ``root`` (see the module docstring)."""
 
     #: The conformance suite's compaction tests run against this backend.
@@ -281,13 +282,6 @@ class FileLog:
             parts.setdefault(target, []).append(record)
         results = [self._partition(topic, target, opened).append(part) for target, part in sorted(parts.items())]
         return next((r for r in results if r.partition == named), results[0])
-
-    def append_encoded(self, topic: str, partition: int, batch: Sequence[Record]) -> AppendResult:
-        """Append a batch encoded by ``log.file.batch_codec`` (an ``EncodedBatch``) as it is.
-
-        :meth:`append` takes such a batch too; this is the same call under the capability's name.
-        """
-        return self.append(topic, partition, batch)
 
     def read(
         self,

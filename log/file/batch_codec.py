@@ -35,10 +35,11 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal, NamedTuple, overload
+from typing import TYPE_CHECKING, NamedTuple, overload
 
 import native
 from log.base import Record, StoredRecord
+from log.encoded_batches import BatchCompression, EncodedRecords
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -53,7 +54,7 @@ CODEC_ZSTD = 4
 _KNOWN_ATTRIBUTES = ATTR_CRC32C | ATTR_CODEC
 _KNOWN_CODECS = (0, CODEC_ZSTD)
 #: What ``log.file.compression`` may say.
-Compression = Literal["none", "zstd"]
+Compression = BatchCompression
 #: zstd level: -1 compresses snapshot batches ~3 GB/s on one core here (-2: ~5% faster, ~5% larger).
 ZSTD_LEVEL = -1
 _RAW_LENGTH = struct.Struct("<I")
@@ -160,7 +161,7 @@ def batch_crc(batch: bytes | bytearray | memoryview, length: int, attributes: in
     return checksum(view[8:length], checksum(view[:4], 0))
 
 
-class EncodedBatch(Sequence[Record]):
+class EncodedBatch(EncodedRecords):
     """Records already encoded (``capture`` builds them from COPY text in one native pass).
 
     ``buffer`` is a ``HEADER_SIZE`` placeholder followed by ``record_count`` records with offset

@@ -3,6 +3,7 @@ and the change tables built from rows of its shape (userId, name, city, operatio
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pyarrow as pa
@@ -51,3 +52,44 @@ def scd2_table(rows: pa.Table) -> list[tuple[Any, ...]]:
 
     versions = [(r["userId"], r["name"], r["city"], num(r[START_AT]), num(r[END_AT])) for r in rows.to_pylist()]
     return sorted(versions, key=lambda v: (v[0], v[3]))
+
+
+def stream(seed: int, count: int = 400, keys: int = 60) -> list[tuple[Any, ...]]:
+    """Changes (userId, name, city, op, sequence) in arrival order: shuffled, some duplicated, one truncate."""
+    rng = random.Random(seed)
+    out: list[tuple[Any, ...]] = []
+    live: set[int] = set()
+    for n in range(1, count + 1):
+        key = rng.randrange(keys)
+        if n == count // 2:
+            out.append((None, None, None, "TRUNCATE", n))
+            live.clear()
+        elif key in live and rng.random() < 0.2:
+            out.append((key, None, None, "DELETE", n))
+            live.discard(key)
+        else:
+            out.append(
+                (key, f"n{n}", rng.choice(["Oaxaca", "Lima", "Quito", None]), "UPDATE" if key in live else "INSERT", n)
+            )
+            live.add(key)
+    arrival = out[:]
+    for i in range(0, len(arrival) - 3, 7):  # late changes: swap neighbours
+        arrival[i], arrival[i + 2] = arrival[i + 2], arrival[i]
+    return arrival + rng.sample(out, 20)  # duplicate deliveries
+
+
+def expected_scd1(events: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    ordered = sorted(set(events), key=lambda e: e[4])
+    state: dict[int, tuple[Any, ...]] = {}
+    for key, name, city, op, _ in ordered:
+        if op == "TRUNCATE":
+            state.clear()
+        elif op == "DELETE":
+            state.pop(key, None)
+        else:
+            state[key] = (key, name, city)
+    return sorted(state.values())
+
+
+def batches(events: list[tuple[Any, ...]], size: int = 60) -> list[pa.Table]:
+    return [changes(events[i : i + size]) for i in range(0, len(events), size)]

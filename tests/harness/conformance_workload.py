@@ -1,6 +1,6 @@
 """The database and the changes both Debezium and Headwater capture in the conformance suite.
 
-Covers every type the type map converts (capture/typemap.py; the columns of
+Covers every type the type map converts (capture/postgres/types/typemap.py; the columns of
 tests/unit/capture/record_pgoutput.py), in snapshot rows and streamed changes, plus the
 shapes of change that differ between connectors: a table without a key under REPLICA
 IDENTITY FULL, a FULL table with a key, a partitioned table (published via its root, a

@@ -13,7 +13,7 @@ from harness.conformance_workload import REPLICA_IDENTITY_FULL
 from harness.event_comparison import MISSING, Deliberate, Difference
 
 UNAVAILABLE = "__debezium_unavailable_value"
-#: What Headwater writes for date 'infinity' / '-infinity' (capture/typemap.py), and for 0001-01-01 BC.
+#: What Headwater writes for date 'infinity' / '-infinity' (capture/postgres/types/typemap.py), and for 0001-01-01 BC.
 _DATE_SPECIALS = {2**31 - 1, -(2**31), -719528}
 
 

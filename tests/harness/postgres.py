@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -14,6 +13,8 @@ import psycopg
 from psycopg import sql
 
 from harness.processes import stop_at_exit
+from harness.reaper import reap_when_gone
+from harness.workers import service_dir
 from operations.embedded_postgres import EmbeddedPostgres
 
 #: Unusual offsets (+12:45 / +13:45 with DST) so code that leaks the server's time zone fails.
@@ -30,10 +31,10 @@ def start_pg_server(
 
     The stop also runs at interpreter exit or SIGTERM if nobody called it.
 
-    The directory is not under pytest's basetemp: pytest resets
-    ``/tmp/pytest-of-<user>`` to 0700 at each session, and the server runs as ``nobody``.
+    The directory is :func:`harness.workers.service_dir`'s (one per server, named after the
+    xdist worker), not under pytest's basetemp, which the server running as ``nobody`` may not reach.
     """
-    directory = Path(tempfile.mkdtemp(prefix="hw-pg-"))
+    directory = service_dir("pg")
     server = EmbeddedPostgres(
         directory / "data",
         timezone=timezone,
@@ -63,6 +64,7 @@ def start_pg_server(
     except BaseException:
         stopper()
         raise
+    reap_when_gone(directory, [server.data_dir])  # pg_ctl daemonises: a SIGKILLed worker cannot stop it
     return server, stopper
 
 

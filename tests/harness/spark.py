@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from harness.processes import stop_at_exit
+from harness.workers import service_dir
 
 
 def start_spark() -> tuple[Any, Callable[[], None]]:
@@ -18,7 +17,7 @@ def start_spark() -> tuple[Any, Callable[[], None]]:
     """
     from spark_log.session import spark_session, stop_spark
 
-    directory = Path(tempfile.mkdtemp(prefix="hw-spark-"))
+    directory = service_dir("spark")
     session = spark_session("headwater-tests", local_dir=directory)
 
     def stop() -> None:

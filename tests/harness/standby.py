@@ -31,6 +31,7 @@ from typing import Any
 
 from harness.postgres import TEST_TIMEZONE
 from harness.processes import stop_at_exit
+from harness.reaper import reap_when_gone
 from operations.embedded_postgres import EmbeddedPostgres
 
 PHYSICAL_SLOT = "standby_slot"
@@ -152,6 +153,7 @@ def start_standby_pair(
     except BaseException:
         stopper()
         raise
+    reap_when_gone(root, [primary.data_dir, data])  # pg_ctl daemonises: a SIGKILLed worker cannot stop them
     return StandbyPair(primary, standby, bin_dir, root), stopper
 
 

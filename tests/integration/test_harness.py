@@ -7,8 +7,11 @@ where no Docker engine answers.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -154,3 +157,79 @@ def test_pgoutput_slot_in_a_postgres_container(pg_container, unique_name) -> Non
 
 def test_keyed_message_round_trips_through_a_kafka_container(kafka_container, unique_name) -> None:
     kafka_round_trip(kafka_container.bootstrap_servers, unique_name, {})
+
+
+# -- MariaDB ---------------------------------------------------------------------------------
+
+
+def test_mariadb_server_is_a_binlog_source_in_an_unusual_timezone(mariadb_database) -> None:
+    (row,) = mariadb_database.execute(
+        "SELECT @@log_bin, @@binlog_format, @@binlog_row_image, @@binlog_row_metadata, @@server_id, "
+        "@@gtid_strict_mode, @@time_zone, TIMESTAMPDIFF(MINUTE, UTC_TIMESTAMP(), NOW()) IN (765, 825)"
+    )
+    assert row == (1, "ROW", "FULL", "FULL", 1, 1, "Pacific/Chatham", 1)
+
+
+def test_mariadb_runs_unprivileged_and_writes_row_events(mariadb_database) -> None:
+    import pwd
+
+    server = mariadb_database.server
+    owner = pwd.getpwuid(os.stat(f"/proc/{server.pid}").st_uid).pw_name
+    assert owner == ("nobody" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name)
+    (before,) = mariadb_database.execute("SHOW MASTER STATUS")
+    mariadb_database.script("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))", "INSERT INTO t VALUES (1, 'x')")
+    events = mariadb_database.execute(f"SHOW BINLOG EVENTS IN '{before[0]}' FROM {before[1]}")
+    kinds = [event[2] for event in events]
+    assert "Gtid" in kinds and "Table_map" in kinds and "Write_rows_v1" in kinds, kinds
+
+
+def test_mariadb_dies_with_the_process_that_started_it(tmp_path) -> None:
+    # The starter is SIGKILLed: no cleanup code of it runs, the kernel's parent-death signal must.
+    script = (
+        "import sys, tempfile, pathlib\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from operations.embedded_mariadb import EmbeddedMariaDB\n"
+        "s = EmbeddedMariaDB(pathlib.Path(tempfile.mkdtemp(prefix='hw-mariadb-kill-'))).start()\n"
+        "print(s.pid, s.base_dir, flush=True)\n"
+        "import time; time.sleep(600)\n"
+    )
+    starter = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2]
+    )
+    pid_text, base_dir = starter.stdout.readline().split()
+    pid = int(pid_text)
+    assert Path(f"/proc/{pid}").exists()
+    starter.kill()
+    starter.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gone = not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    shutil.rmtree(base_dir, ignore_errors=True)
+    assert gone, f"mariadbd {pid} outlived its parent"
+
+
+def test_a_sigkilled_worker_leaves_no_postgres_running(tmp_path) -> None:
+    # pg_ctl daemonises the server, so no parent-death signal reaches it: the harness's reaper must.
+    script = (
+        "import sys\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from harness.postgres import start_pg_server\n"
+        "server, _ = start_pg_server()\n"
+        "pid = int((server.data_dir / 'postmaster.pid').read_text().split()[0])\n"
+        "print(pid, server.data_dir, flush=True)\n"
+        "import time; time.sleep(600)\n"
+    )
+    starter = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2]
+    )
+    pid_text, data_dir = starter.stdout.readline().split()
+    pid = int(pid_text)
+    assert Path(f"/proc/{pid}").exists()
+    starter.kill()
+    starter.wait()
+    deadline = time.monotonic() + 30
+    while (Path(f"/proc/{pid}").exists() or Path(data_dir).exists()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists(), f"postgres {pid} outlived the process that started it"
+    assert not Path(data_dir).exists(), f"{data_dir} was left behind"

@@ -24,9 +24,10 @@ from harness.process_tree import descendants, kill_all, wait_all_gone
 from harness.processes import stop_at_exit
 from harness.topics import topic_values
 
+from capture.postgres.events.source_block import postgres_source
 from core.config import load_config
 from log.base import Record, TopicSpec, append_keyed
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
+from log.envelope import ChangeEvent, Op, encode_key, encode_value
 from log.factory import open_log
 from log.topics import SCHEMAS_TOPIC
 from warehouse_loader.errors import UnknownTableError
@@ -175,7 +176,7 @@ def change_records(keys: range, label: str) -> list[Record]:
     for key in keys:
         ts_us = int(dt.datetime.now(dt.UTC).timestamp() * 1_000_000)
         lsn = 1000 + key * 10 + (1 if label == "second" else 0) * 100_000
-        source = SourceInfo("src", "db", "public", "t", lsn, lsn, lsn, 0, ts_us)
+        source = postgres_source("src", "db", "public", "t", lsn, lsn, lsn, 0, ts_us)
         event = ChangeEvent(Op.CREATE, source, None, {"id": key, "label": f"{label}-{key}"}, ts_us)
         records.append(Record(encode_key({"id": key}), encode_value(event)))
     return records

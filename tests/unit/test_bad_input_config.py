@@ -206,6 +206,38 @@ CASES = [
         ),
         id="warehouse-table-without-from",
     ),
+    pytest.param(
+        Case(
+            "project: p\nsinks:\n  hook: {kind: webhook, from: a.b.c, options: {url: 'ftp://x'}}\n",
+            ("sinks", "run", "--until-caught-up"),
+            ("sinks.hook.options.url", "does not match"),
+        ),
+        id="sink-bad-url",
+    ),
+    pytest.param(
+        Case(
+            "project: p\nsinks:\n  r: {kind: redis, from: a.b.c, options: {strem: x}}\n",
+            ("sinks", "run", "--until-caught-up"),
+            ("sinks.r.options.strem", "unknown key"),
+        ),
+        id="sink-unknown-option",
+    ),
+    pytest.param(
+        Case(
+            "project: p\nsinks:\n  r: {kind: redis, from: a.b.c}\n",
+            ("sinks", "run", "nosuch", "--until-caught-up"),
+            ("sink nosuch", "no such sink", "sinks: r"),
+        ),
+        id="sink-unknown-name",
+    ),
+    pytest.param(
+        Case(
+            "project: p\nsinks:\n  r: {kind: redis, from: a.b.c, filter: 'op = = 1'}\n",
+            ("sinks", "run", "--until-caught-up"),
+            ("sinks.r.filter", "cannot be evaluated"),
+        ),
+        id="sink-bad-filter",
+    ),
 ]
 
 

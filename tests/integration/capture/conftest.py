@@ -6,13 +6,12 @@
 * ``pg_version`` (module, parametrized 14 ... 18): ``(major, server)``, a server of that
   PostgreSQL version (binaries from ``harness.tool_cache``; 15 is the session server), one at a
   time: each is stopped before the next starts.
-* ``report`` (function): writes a block of text to the terminal even while pytest captures
-  output (the conformance summary).
+* ``report`` (function): a block of text (the conformance summary) printed in the run's summary,
+  from any xdist worker.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -52,15 +51,13 @@ def pg_version(request: pytest.FixtureRequest) -> Iterator[tuple[int, Any]]:
 
 @pytest.fixture
 def report(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Keep a block of text for the end of the run: ``tests/conftest.py`` prints it in the summary.
+
+    Passed with the test's report (``user_properties``), so it also reaches the terminal from
+    a pytest-xdist worker, whose own output nobody sees.
+    """
+
     def write(text: str) -> None:
-        capture = request.config.pluginmanager.getplugin("capturemanager")
-        reporter = request.config.pluginmanager.getplugin("terminalreporter")
-        if reporter is None:
-            print(text)
-            return
-        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-            reporter.write_line("")
-            for line in text.splitlines():
-                reporter.write_line(line)
+        request.node.user_properties.append(("report", text))
 
     return write

@@ -16,8 +16,8 @@ import psycopg
 import pytest
 from harness.topics import read_topic, topic_values
 
-from capture.agent import CaptureAgent
-from capture.catalog import typemap_decoders
+from capture.postgres.agent import CaptureAgent
+from capture.postgres.catalog import typemap_decoders
 from core.log_config import LogConfig
 from core.source_config import SourceConfig
 from log.base import Record, TopicSpec, append_keyed
@@ -116,8 +116,8 @@ def test_restart_writes_nothing_twice(pg_server, unique_name, tmp_path):
 WORKER = """
 import sys
 from pathlib import Path
-from capture.agent import CaptureAgent
-from capture.catalog import typemap_decoders
+from capture.postgres.agent import CaptureAgent
+from capture.postgres.catalog import typemap_decoders
 from core.log_config import LogConfig
 from core.source_config import SourceConfig
 from log.file.backend import FileLog

@@ -21,11 +21,11 @@ import pytest
 import yaml
 from harness.topics import read_topic, topic_values
 
-from capture.agent import CaptureAgent
-from capture.catalog import typemap_decoders
 from capture.errors import ColumnSettingError, ConfiguredKeyError, PublicationError
-from capture.markers import MARKER_PREFIX
-from capture.resync import ResyncRequest
+from capture.postgres.agent import CaptureAgent
+from capture.postgres.catalog import typemap_decoders
+from capture.postgres.snapshot.resync import ResyncRequest
+from capture.postgres.streaming.markers import MARKER_PREFIX
 from core.log_config import LogConfig
 from core.source_config import ColumnsConfig, MaskConfig, SourceConfig
 from log.file.backend import FileLog
@@ -322,7 +322,7 @@ def test_signals_while_capture_streams(pg_server, unique_name, tmp_path, caplog)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("INSERT INTO signals VALUES (%s, %s, %s)", (ident, kind, data))
 
-    caplog.set_level(logging.INFO, logger="capture.signals")
+    caplog.set_level(logging.INFO, logger="capture.postgres.streaming.signals")
     run = agent(dsn, name, log, tmp_path, **settings)
     with following(run):
         signal("s1", "log", '{"message": "hello from SQL"}')

@@ -13,7 +13,6 @@ The capture runs as a real ``headwater capture --follow`` subprocess against rea
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
@@ -21,11 +20,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
-import pytest
+from harness.tmpfs import tmpfs
 from harness.topics import topic_values
 
 from log.file.backend import FileLog
@@ -48,25 +47,6 @@ def fill(directory: Path) -> Path:
                     assert exc.errno == errno.ENOSPC
                     break
     return filler
-
-
-@contextlib.contextmanager
-def tmpfs(directory: Path, size: str) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root; the injected-ENOSPC variant covers this case")
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"this machine does not allow mounting a tmpfs: {mounted.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", "-l", str(directory)], capture_output=True, check=False)
 
 
 def ids_in_log(log_dir: Path, topic: str) -> list[int]:

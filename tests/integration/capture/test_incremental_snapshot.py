@@ -13,11 +13,11 @@ import orjson
 import psycopg
 from harness.topics import read_topic
 
-from capture.agent import CaptureAgent
-from capture.catalog import typemap_decoders
-from capture.incremental_snapshot import request_incremental_snapshot
-from capture.incremental_snapshotter import IncrementalSnapshotter
-from capture.markers import WINDOW_CLOSE
+from capture.postgres.agent import CaptureAgent
+from capture.postgres.catalog import typemap_decoders
+from capture.postgres.snapshot.incremental import IncrementalSnapshotter
+from capture.postgres.snapshot.incremental_request import request_incremental_snapshot
+from capture.postgres.streaming.markers import WINDOW_CLOSE
 from core.log_config import LogConfig
 from core.source_config import SourceConfig
 from headwater.cli import main

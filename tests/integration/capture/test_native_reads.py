@@ -13,12 +13,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-import capture.copy_reader as copy_reader_module
-import capture.stream as stream_module
-from capture.copy_reader import copy_out, read_chunk
+import capture.postgres.snapshot.copy_reader as copy_reader_module
+import capture.postgres.streaming.connection as stream_module
+from capture.postgres.snapshot.copy_reader import copy_out, read_chunk
+from capture.postgres.snapshot.plan import Chunk
+from capture.postgres.streaming.connection import ReplicationStream, StreamOptions, WalMessage, libpq_speedups
 from capture.read_ahead import ReadAhead
-from capture.snapshot_plan import Chunk
-from capture.stream import ReplicationStream, StreamOptions, WalMessage, libpq_speedups
 from log.sequence import Lsn
 from native import speedups
 

@@ -22,9 +22,9 @@ import psycopg
 import pytest
 from harness.topics import read_topic
 
-from capture.agent import CaptureAgent
-from capture.catalog import typemap_decoders
 from capture.key_set import KEY_SET_FILE, KeySet
+from capture.postgres.agent import CaptureAgent
+from capture.postgres.catalog import typemap_decoders
 from core.log_config import LogConfig
 from core.source_config import SourceConfig
 from log.file.backend import FileLog

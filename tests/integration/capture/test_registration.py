@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from capture.prerequisites import CaptureRequest, SourceFacts, find_problems
+from capture.postgres.registration.prerequisites import CaptureRequest, SourceFacts, find_problems
 from core.config import load_config
 from operations.embedded_postgres import EmbeddedPostgres, free_port
 from operations.scaffold import init_project

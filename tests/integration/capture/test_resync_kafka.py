@@ -23,9 +23,9 @@ import psycopg
 import yaml
 from harness.topics import topic_records
 
-from capture.agent import AgentSettings, CaptureAgent
-from capture.catalog import typemap_decoders
 from capture.key_set import KEY_SET_FILE, Candidates, KeySet
+from capture.postgres.agent import AgentSettings, CaptureAgent
+from capture.postgres.catalog import typemap_decoders
 from core.config import load_config
 from core.log_config import KafkaConfig, LogConfig
 from core.source_config import SourceConfig

@@ -15,9 +15,10 @@ import psycopg
 import pytest
 from harness.topics import topic_values
 
-from capture import copy_text, snapshot_plan
-from capture.agent import AgentSettings, CaptureAgent
-from capture.catalog import typemap_decoders
+from capture.postgres.agent import AgentSettings, CaptureAgent
+from capture.postgres.catalog import typemap_decoders
+from capture.postgres.snapshot import copy_text
+from capture.postgres.snapshot import plan as snapshot_plan
 from core.log_config import LogConfig
 from core.source_config import SourceConfig
 from log.file.backend import FileLog
@@ -33,7 +34,7 @@ ROWS = 15_000
 WORKER = """
 import json, os, signal, sys
 from pathlib import Path
-from capture import copy_text, snapshot_plan
+from capture.postgres.snapshot import copy_text, plan as snapshot_plan
 from log.file.backend import FileLog
 snapshot_plan.CHUNK_PAGES = 16
 copy_text.PIECE_BYTES = 8192

@@ -9,10 +9,11 @@ import yaml
 from dagster import AssetKey, DagsterInstance, materialize
 from deltalake import DeltaTable
 
+from capture.postgres.events.source_block import postgres_source
 from core.config import load_config
 from dagster_project.definitions import build_definitions
 from log.base import Record, TopicSpec, append_keyed
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
+from log.envelope import ChangeEvent, Op, encode_key, encode_value
 from log.factory import open_log
 from log.topics import SCHEMAS_TOPIC
 from warehouse_loader.changes import COMMIT_TS
@@ -36,7 +37,7 @@ def history_events(days: list[dt.date]) -> list[ChangeEvent]:
         for hour, key in ((2, 1), (9, 2), (23, 3)):
             lsn += 10
             ts_us = int(dt.datetime.combine(day, dt.time(hour, 30), tzinfo=dt.UTC).timestamp() * 1_000_000)
-            source = SourceInfo("src", "db", "public", "t", lsn, lsn, lsn, 0, ts_us)
+            source = postgres_source("src", "db", "public", "t", lsn, lsn, lsn, 0, ts_us)
             if (key, number) == (3, 2):
                 events.append(ChangeEvent(Op.DELETE, source, {"id": key, "label": None}, None, ts_us))
                 continue

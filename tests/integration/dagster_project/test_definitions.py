@@ -87,7 +87,7 @@ def test_definitions_list_assets_checks_and_automation(tmp_path):
         **dict.fromkeys(invariants, True),
     }
     assert {s.name for s in defs.sensors} == {"pipeline_on_new_data"}
-    assert {s.name for s in defs.schedules} == {"quality_checks_hourly"}
+    assert {s.name for s in defs.schedules} == {"quality_checks_hourly", "maintain_tables_hourly"}
     jobs = {j.name for j in defs.resolve_all_job_defs()}
     assert {"warehouse_loads", "quality_checks", "resnapshot_source", "reprocess"} <= jobs
 

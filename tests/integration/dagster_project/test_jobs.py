@@ -8,17 +8,19 @@ import time
 
 import orjson
 import psycopg
+import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance, materialize
 from harness.topics import read_topic
 
-from capture.agent import CaptureAgent
-from capture.catalog import typemap_decoders
+from capture.postgres.agent import CaptureAgent
+from capture.postgres.catalog import typemap_decoders
+from capture.postgres.events.source_block import postgres_source
 from capture.runner import run_capture
 from core.config import load_config
 from dagster_project.definitions import build_definitions
 from log.base import Record, TopicSpec, append_keyed
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
+from log.envelope import ChangeEvent, Op, encode_key, encode_value
 from log.factory import open_log
 from log.topics import SCHEMAS_TOPIC
 
@@ -191,33 +193,33 @@ def raw_topic(config, topic: str, ids: range) -> None:
         log.append(SCHEMAS_TOPIC, 0, [Record(topic.encode(), orjson.dumps(schema))])
         records = []
         for i in ids:
-            source = SourceInfo("src", "db", "public", "t", i, 1000 + i, 10_000 + i, 0, 1_700_000_000_000_000 + i)
+            source = postgres_source("src", "db", "public", "t", i, 1000 + i, 10_000 + i, 0, 1_700_000_000_000_000 + i)
             event = ChangeEvent(Op.CREATE, source, None, {"id": i, "label": f"n{i}"}, 0)
             records.append(Record(encode_key({"id": i}), encode_value(event)))
         append_keyed(log, topic, records)
 
 
-def write_feed_config(tmp_path, topic: str, sql: str):
+def write_feed_config(tmp_path, topic: str, sql: str, fmt: str = "delta"):
     path = tmp_path / "headwater.yaml"
     document = {
         "project": "rp",
         "home": ".headwater",
         "log": {"partitions": 2, "file": {"fsync": "never"}},
         "feeds": {"labels": {"from": topic, "sql": sql, "key": ["id"]}},
-        "warehouse": {"tables": {"labels_now": {"from": "labels", "mode": "scd1"}}},
+        "warehouse": {"format": fmt, "tables": {"labels_now": {"from": "labels", "mode": "scd1"}}},
     }
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return load_config(path)
 
 
-def test_reprocess_job_switches_the_version_and_readers_see_the_new_result(spark, unique_name, tmp_path):
-    from deltalake import DeltaTable
-
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_reprocess_job_switches_the_version_and_readers_see_the_new_result(spark, unique_name, tmp_path, table_format):
     from spark_log.versions import resolve_topic
+    from warehouse_loader.formats import format_of
     from warehouse_loader.load_job import table_path
 
     topic = unique_name("raw")
-    config = write_feed_config(tmp_path, topic, "SELECT id, upper(label) AS label FROM source")
+    config = write_feed_config(tmp_path, topic, "SELECT id, upper(label) AS label FROM source", table_format)
     raw_topic(config, topic, range(30))
     defs = build_definitions(config)
     instance = DagsterInstance.ephemeral()
@@ -225,13 +227,16 @@ def test_reprocess_job_switches_the_version_and_readers_see_the_new_result(spark
     assert materialize(list(defs.assets), resources=defs.resources, instance=instance, selection=[feed, table]).success
 
     def table_rows(config) -> dict[int, str]:
-        rows = DeltaTable(str(table_path(config, "labels_now"))).to_pyarrow_table().to_pylist()
-        return {r["id"]: r["label"] for r in rows}
+        stored = format_of(config, "labels_now").open(table_path(config, "labels_now"))
+        assert stored is not None
+        return {r["id"]: r["label"] for r in stored.select("SELECT id, label FROM target").to_pylist()}
 
     assert table_rows(config) == {i: f"N{i}" for i in range(30)}
 
     # The feed's SQL changes: reprocess the feed (dropping v1), then the table reading it.
-    config = write_feed_config(tmp_path, topic, "SELECT id, concat(label, '!') AS label FROM source WHERE id < 20")
+    config = write_feed_config(
+        tmp_path, topic, "SELECT id, concat(label, '!') AS label FROM source WHERE id < 20", table_format
+    )
     job = build_definitions(config).resolve_job_def("reprocess")
     fed = job.execute_in_process(
         run_config={"ops": {"reprocess_version": {"config": {"name": "labels", "drop_old": True}}}}, instance=instance

@@ -18,12 +18,13 @@ import yaml
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter, build_sensor_context
 from deltalake import DeltaTable
 
+from capture.postgres.events.source_block import postgres_source
 from core.config import load_config
 from dagster_project.automation import new_data_sensor
 from dagster_project.definitions import build_definitions
 from dagster_project.ui import _dagster_command, prepare_dagster_home, ui_environment
 from log.base import Record, TopicSpec, append_keyed
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
+from log.envelope import ChangeEvent, Op, encode_key, encode_value
 from log.factory import open_log
 from log.topics import SCHEMAS_TOPIC
 from warehouse_loader.load_job import table_path
@@ -50,7 +51,7 @@ def append_inserts(config, topic: str, ids: range, days_ago: int = 0) -> None:
     now_us = time.time_ns() // 1000 - days_ago * 86_400_000_000
     records = []
     for i in ids:
-        source = SourceInfo("src", "db", "public", "t", i, 1000 + i, 10_000 + i, 0, now_us + i)
+        source = postgres_source("src", "db", "public", "t", i, 1000 + i, 10_000 + i, 0, now_us + i)
         event = ChangeEvent(Op.CREATE, source, None, {"id": i, "label": f"n{i}"}, now_us + i)
         records.append(Record(encode_key({"id": i}), encode_value(event)))
     with open_log(config) as log:

@@ -11,7 +11,7 @@ import orjson
 from test_enrichment_state import COLUMNS, Shop
 
 from log.base import Record
-from log.row_types import Oid
+from log.pg_types import Oid
 from log.topics import SCHEMAS_TOPIC
 
 

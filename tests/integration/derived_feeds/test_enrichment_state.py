@@ -19,13 +19,14 @@ import yaml
 from harness.fault_injection import CliProcess
 from harness.topics import partition_records
 
+from capture.postgres.events.source_block import postgres_source
 from core.config import load_config
 from derived_feeds.feed_job import await_query, start_feed
 from derived_feeds.feed_spec import feed_spec
 from log.base import Record, TopicSpec, append_keyed, end_offsets
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
+from log.envelope import ChangeEvent, Op, encode_key, encode_value
 from log.factory import open_log
-from log.row_types import Oid
+from log.pg_types import Oid
 from log.topics import SCHEMAS_TOPIC
 
 SQL = "SELECT o.id, o.amount, c.country FROM source o LEFT JOIN customers c ON o.customer_id = c.id WHERE o.amount > 0"
@@ -73,7 +74,7 @@ class Shop:
         records = []
         for op, row in changes:
             lsn = self.last_lsn = next(self.lsn)
-            source = SourceInfo(self.name, "db", "public", table, lsn, lsn, lsn, 0, 1_700_000_000_000_000 + lsn)
+            source = postgres_source(self.name, "db", "public", table, lsn, lsn, lsn, 0, 1_700_000_000_000_000 + lsn)
             before, after = (row, None) if op is Op.DELETE else (None, row)
             key = encode_key({"id": row["id"]})
             records.append(Record(key, encode_value(ChangeEvent(op, source, before, after, 0))))

@@ -14,11 +14,12 @@ import yaml
 from harness.topics import partition_records
 from test_enrichment_state import Shop
 
+from capture.postgres.events.source_block import postgres_source
 from core.config import load_config
 from derived_feeds.feed_job import await_query, start_feed
 from derived_feeds.feed_spec import feed_spec
 from log.base import Record, append_keyed, end_offsets
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_value
+from log.envelope import ChangeEvent, Op, encode_value
 from log.factory import open_log
 
 JOIN = "SELECT o.id, o.amount, c.country FROM source o {} JOIN customers c ON o.customer_id = c.id WHERE o.amount > 0"
@@ -42,7 +43,7 @@ class TruncatingShop(Shop):
 
     def truncate(self, table: str) -> None:
         lsn = self.last_lsn = next(self.lsn)
-        source = SourceInfo(self.name, "db", "public", table, lsn, lsn, lsn, 0, 1_700_000_000_000_000 + lsn)
+        source = postgres_source(self.name, "db", "public", table, lsn, lsn, lsn, 0, 1_700_000_000_000_000 + lsn)
         with self.log() as log:
             append_keyed(log, self.topics[table], [Record(None, encode_value(ChangeEvent(Op.TRUNCATE, source)))])
         self.tables[table].clear()

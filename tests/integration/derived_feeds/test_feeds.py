@@ -10,14 +10,15 @@ import orjson
 import yaml
 from harness.topics import partition_records
 
-from capture.agent import CaptureAgent
-from capture.catalog import typemap_decoders
+from capture.postgres.agent import CaptureAgent
+from capture.postgres.catalog import typemap_decoders
+from capture.postgres.events.source_block import postgres_source
 from core.config import load_config
 from core.log_config import LogConfig
 from derived_feeds.feed_job import await_query, run_feeds, start_feed
 from derived_feeds.feed_spec import feed_spec
 from log.base import Record, TopicSpec, append_keyed, end_offsets
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
+from log.envelope import ChangeEvent, Op, encode_key, encode_value
 from log.factory import open_log
 from log.topics import SCHEMAS_TOPIC
 from spark_log.data_source import register_log_source
@@ -294,7 +295,7 @@ def append_rows(config_path: Path, topic: str, ids: range, op: Op = Op.CREATE, l
     try:
         out = []
         for i in ids:
-            source = SourceInfo("src", "db", "public", "t", i, 1000 + i, 10_000 + i, 0, 1_700_000_000_000_000 + i)
+            source = postgres_source("src", "db", "public", "t", i, 1000 + i, 10_000 + i, 0, 1_700_000_000_000_000 + i)
             after = None if op is Op.DELETE else {"id": i, "label": f"{label}{i}"}
             before = {"id": i} if op is Op.DELETE else None
             out.append(Record(encode_key({"id": i}), encode_value(ChangeEvent(op, source, before, after, 0))))

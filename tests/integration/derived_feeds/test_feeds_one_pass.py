@@ -18,6 +18,7 @@ import yaml
 from harness.topics import topic_records
 from pyspark.sql.types import StructType
 
+from capture.postgres.events.source_block import postgres_source
 from core.config import ExpectationConfig, load_config
 from derived_feeds import transform
 from derived_feeds.expectations import compile_checks
@@ -25,7 +26,7 @@ from derived_feeds.feed_job import _unique_key, run_feeds
 from derived_feeds.feed_output import encode_output, pair_changes, paired_output
 from derived_feeds.feed_spec import feed_spec
 from log.base import Record, TopicSpec, append_keyed
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
+from log.envelope import ChangeEvent, Op, encode_key, encode_value
 from log.factory import open_log
 from log.topics import SCHEMAS_TOPIC
 
@@ -218,7 +219,7 @@ def write_changes(log) -> None:
     changes = []
     for i in range(120):
         key = (i * 7) % 30
-        source = SourceInfo("s", "s", "public", "customers", i, i, 1_000 + i, 0, 1_700_000_000_000_000 + i)
+        source = postgres_source("s", "s", "public", "customers", i, i, 1_000 + i, 0, 1_700_000_000_000_000 + i)
         if i % 11 == 10:
             event = ChangeEvent(Op.DELETE, source, {"id": key}, None, 0)
         else:
@@ -320,7 +321,7 @@ def test_a_source_column_added_mid_stream_reaches_the_feed_from_the_next_query_o
         append_keyed(log, SCHEMAS_TOPIC, [Record(TOPIC.encode(), orjson.dumps(schema))])
         changes = []
         for i in range(120, 150):  # one change per key: each is its key's latest however the batches split
-            source = SourceInfo("s", "s", "public", "customers", i, i, 1_000 + i, 0, 1_700_000_000_000_000 + i)
+            source = postgres_source("s", "s", "public", "customers", i, i, 1_000 + i, 0, 1_700_000_000_000_000 + i)
             after = {"id": i % 30, "name": f"N{i}", "country": "PT", "balance": f"{(i % 5) - 1}.00", "tier": i}
             event = ChangeEvent(Op.UPDATE, source, None, after, 0)
             changes.append(Record(encode_key({"id": i % 30}), encode_value(event)))

@@ -29,12 +29,13 @@ from harness.topics import partition_records
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+from capture.postgres.events.source_block import postgres_source
 from core.config import load_config
 from derived_feeds.feed_job import run_feeds
 from log.base import Record, TopicSpec, append_keyed
 from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
 from log.factory import open_log
-from log.row_types import Oid
+from log.pg_types import Oid
 from log.topics import SCHEMAS_TOPIC
 
 COLUMNS = {
@@ -107,7 +108,7 @@ class Shop:
 
     def _source(self, table: str) -> SourceInfo:
         lsn = next(self.lsn)
-        return SourceInfo("shop", "db", "public", table, lsn, lsn, lsn, 0, 1_700_000_000_000_000 + lsn)
+        return postgres_source("shop", "db", "public", table, lsn, lsn, lsn, 0, 1_700_000_000_000_000 + lsn)
 
     def apply(self, change: tuple[Any, ...]) -> None:
         """One change as capture writes it (a key change: delete of the old key, create of the new)."""

@@ -11,14 +11,15 @@ from pathlib import Path
 import orjson
 import yaml
 
-from capture.agent import CaptureAgent
-from capture.catalog import typemap_decoders
+from capture.postgres.agent import CaptureAgent
+from capture.postgres.catalog import typemap_decoders
+from capture.postgres.events.source_block import postgres_source
 from core.config import load_config
 from core.log_config import LogConfig
 from core.source_config import SourceConfig
 from core.warehouse_config import TableConfig
 from log.base import Record, TopicSpec, append_keyed
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
+from log.envelope import ChangeEvent, Op, encode_key, encode_value
 from log.factory import open_log
 from log.topics import SCHEMAS_TOPIC
 from spark_log.data_source import register_log_source
@@ -47,7 +48,9 @@ def schema_value(topic: str, columns: list[tuple[str, int]], version: int = 1) -
 def events(topic: str, ids: range, lsn_base: int = 1000) -> list[Record]:
     out = []
     for i in ids:
-        source = SourceInfo("src", "db", "public", "t", i, lsn_base + i, lsn_base + i, 0, 1_700_000_000_000_000 + i)
+        source = postgres_source(
+            "src", "db", "public", "t", i, lsn_base + i, lsn_base + i, 0, 1_700_000_000_000_000 + i
+        )
         event = ChangeEvent(Op.CREATE, source, None, {"id": i, "label": f"n{i}"}, 0)
         out.append(Record(encode_key({"id": i}), encode_value(event)))
     return out
@@ -184,7 +187,7 @@ def test_batch_read_of_a_captured_table_is_typed(spark, pg_database, unique_name
     by_op = {(row["__hw_op"], row["id"]): row for row in changes.to_pylist()}
     assert by_op[("d", 2)]["price"] is None and by_op[("u", 1)]["price"] == Decimal("99.99")
 
-    from warehouse_loader.delta_writer import write_batch
+    from warehouse_loader.delta.writer import write_batch
 
     loadable = changes.drop_columns(["at"])  # delta-rs has no TIME type (see report)
     result = write_batch(
@@ -317,13 +320,13 @@ def test_latest_per_key_read_equals_sparks_aggregation(spark, unique_name, tmp_p
         key = (step * 7) % 23
         op = [Op.CREATE, Op.UPDATE, Op.UPDATE, Op.DELETE][step % 4]
         lsn = 1000 + step // 3  # several changes share a transaction
-        source = SourceInfo("src", "db", "public", "t", step, lsn, lsn, step % 3, 1_700_000_000_000_000 + step)
+        source = postgres_source("src", "db", "public", "t", step, lsn, lsn, step % 3, 1_700_000_000_000_000 + step)
         image = {"id": key, "label": f"v{step}"}
         event = ChangeEvent(op, source, image if op == Op.DELETE else None, None if op == Op.DELETE else image, 0)
         records.append(Record(encode_key({"id": key}), encode_value(event)))
         if op == Op.DELETE:
             records.append(Record(encode_key({"id": key}), None))
-    truncate = SourceInfo("src", "db", "public", "t", 999, 5000, 5000, 0, 1_700_000_000_000_000)
+    truncate = postgres_source("src", "db", "public", "t", 999, 5000, 5000, 0, 1_700_000_000_000_000)
     records.append(Record(None, encode_value(ChangeEvent(Op.TRUNCATE, truncate, None, None, 0))))
     log = open_log(load_config(config))
     try:
@@ -348,7 +351,7 @@ def keyed_events(ids: range, keys: int) -> list[Record]:
     """Changes of ``keys`` keys; the label is the sequence number written."""
     out = []
     for i in ids:
-        source = SourceInfo("src", "db", "public", "t", i, 1000 + i, 1000 + i, 0, 1_700_000_000_000_000 + i)
+        source = postgres_source("src", "db", "public", "t", i, 1000 + i, 1000 + i, 0, 1_700_000_000_000_000 + i)
         event = ChangeEvent(Op.UPDATE, source, None, {"id": i % keys, "label": str(i)}, 0)
         out.append(Record(encode_key({"id": i % keys}), encode_value(event)))
     return out

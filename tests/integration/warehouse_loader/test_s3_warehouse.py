@@ -1,7 +1,7 @@
 """Warehouse tables on S3 (``moto_server``): written by the Delta writer, read by every reader.
 
 ``warehouse.path: s3://...`` with credentials in ``warehouse.storage_options`` (``${VAR}``):
-SCD1 and SCD2 tables are written through :func:`warehouse_loader.delta_writer.write_batch`
+SCD1 and SCD2 tables are written through :func:`warehouse_loader.delta.writer.write_batch`
 and read back by ``headwater query`` (DuckDB over pyarrow's S3 filesystem, no extension),
 ``status``, ``quality`` (incl. the SCD2 invariants) and Dagster's table metadata. Two
 processes merging into one table at the same moment both land every batch (conditional
@@ -28,10 +28,12 @@ from harness.auto_cdc_examples import KEYS, changes
 from core.config import ProjectConfig, load_config
 from log.factory import open_log
 from operations.embedded_postgres import free_port
-from warehouse_loader.delta_writer import committed_batch, write_batch
+from warehouse_loader.delta.table import delta_exists, open_delta
+from warehouse_loader.delta.writer import committed_batch, write_batch
 from warehouse_loader.errors import WarehouseStorageError, WarehouseUnreachableError
+from warehouse_loader.formats import check_warehouse, format_of
 from warehouse_loader.load_job import table_path
-from warehouse_loader.location import check_warehouse, location_in
+from warehouse_loader.location import location_in
 from warehouse_loader.query import run_query
 
 pytestmark = pytest.mark.integration
@@ -56,7 +58,9 @@ def s3() -> Iterator[Any]:
         server.stop()
 
 
-def project(tmp_path: Path, s3: Any, monkeypatch: pytest.MonkeyPatch, prefix: str, **options: str) -> ProjectConfig:
+def project(
+    tmp_path: Path, s3: Any, monkeypatch: pytest.MonkeyPatch, prefix: str, fmt: str = "delta", **options: str
+) -> ProjectConfig:
     from harness.moto import warehouse_options
 
     monkeypatch.setenv("HW_S3_SECRET", SECRET)
@@ -66,6 +70,7 @@ def project(tmp_path: Path, s3: Any, monkeypatch: pytest.MonkeyPatch, prefix: st
         "home": str(tmp_path / "home"),
         "feeds": {FEED: {"from": "src.public.users", "sql": "SELECT * FROM source", "key": list(KEYS)}},
         "warehouse": {
+            "format": fmt,
             "path": f"s3://warehouse/{prefix}",
             "storage_options": storage,
             "tables": {"users": {"from": FEED, "mode": "scd1"}, "users_hist": {"from": FEED, "mode": "scd2"}},
@@ -81,7 +86,7 @@ def project(tmp_path: Path, s3: Any, monkeypatch: pytest.MonkeyPatch, prefix: st
 def load_doc_example(config: ProjectConfig) -> None:
     for table in config.warehouse.tables:
         for batch_id, (start, end) in enumerate(((0, 4), (4, 6), (6, 8))):
-            write_batch(
+            format_of(config, table).write_batch(
                 table_path(config, table),
                 changes(DOC_INPUT[start:end]),
                 table=table,
@@ -91,34 +96,38 @@ def load_doc_example(config: ProjectConfig) -> None:
             )
 
 
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
 def test_tables_on_s3_are_read_by_query_status_quality_and_dagster(
-    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique_name: Any
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique_name: Any, table_format: str
 ) -> None:
     from dagster_project.metadata import table_metadata
     from operations.status import table_status
     from warehouse_loader.quality import run_quality
 
     prefix = unique_name("wh")
-    config = project(tmp_path, s3, monkeypatch, prefix)
+    config = project(tmp_path, s3, monkeypatch, prefix, table_format)
     assert SECRET not in repr(config) and SECRET not in str(config.warehouse)
     location = table_path(config, "users")
     assert str(location) == f"s3://warehouse/{prefix}/users" and SECRET not in repr(location)
     check_warehouse(config)
     load_doc_example(config)
 
-    assert committed_batch(location, "users") == 2
+    assert format_of(config, "users").committed_batch(location, "users") == 2
     tables = {name: table_path(config, name) for name in config.warehouse.tables}
-    now = run_query('SELECT "userId", name, city FROM users ORDER BY 1', tables).to_pylist()
+    formats = {name: format_of(config, name) for name in config.warehouse.tables}
+    now = run_query('SELECT "userId", name, city FROM users ORDER BY 1', tables, formats=formats).to_pylist()
     assert [(r["userId"], r["city"]) for r in now] == [
         (124, "Oaxaca"),
         (125, "Guadalajara"),
         (126, "Cancun"),
     ]
     # A string filter over files a MERGE rewrote (string_view) and files written plainly (string).
-    hist = run_query("SELECT count(*) AS n FROM users_hist WHERE city = 'Guadalajara' OR name = 'Raul'", tables)
+    hist = run_query(
+        "SELECT count(*) AS n FROM users_hist WHERE city = 'Guadalajara' OR name = 'Raul'", tables, formats=formats
+    )
     assert hist.column("n")[0].as_py() == 2
     with pytest.raises(Exception, match="file system operations are disabled"):
-        run_query("SELECT * FROM read_parquet('s3://warehouse/elsewhere/x.parquet')", tables)
+        run_query("SELECT * FROM read_parquet('s3://warehouse/elsewhere/x.parquet')", tables, formats=formats)
 
     log = open_log(config)
     try:
@@ -145,7 +154,7 @@ def test_a_merge_that_loses_its_version_to_another_writer_is_replanned_and_lands
     (Writers of disjoint keys do not conflict: delta-rs narrows a MERGE's read to the batch's
     keys, ``predicate: "userId" = 2`` in the commit, and both commits stand.)
     """
-    from warehouse_loader import delta_writer
+    from warehouse_loader.delta import writer as delta_writer
     from warehouse_loader.errors import CommitConflictError
 
     config = project(tmp_path, s3, monkeypatch, unique_name("conflict"))
@@ -182,7 +191,7 @@ def test_a_merge_that_loses_its_version_to_another_writer_is_replanned_and_lands
     rows = run_query('SELECT "userId", name FROM users ORDER BY 1', {"users": location}).to_pylist()
     assert rows == [{"userId": 1, "name": "seed"}, {"userId": 2, "name": "mine"}]  # one row per key, newest wins
     assert committed_batch(location, "mine") == committed_batch(location, "other") == 0
-    assert location.open().version() == 2  # seed, other, mine: no version written twice
+    assert open_delta(location).version() == 2  # seed, other, mine: no version written twice
 
 
 def test_two_writers_racing_on_one_s3_table_both_land_every_batch(
@@ -195,7 +204,7 @@ def test_two_writers_racing_on_one_s3_table_both_land_every_batch(
         f"""
         import json, sys, time
         from core.config import load_config
-        from warehouse_loader import delta_writer
+        from warehouse_loader.delta import writer as delta_writer
         from warehouse_loader.errors import CommitConflictError
         from warehouse_loader.load_job import table_path
         sys.path.insert(0, {str(Path(__file__).parents[2])!r})
@@ -278,6 +287,6 @@ def test_storage_problems_are_one_line_and_fail_fast(
     config = project(tmp_path / "d", s3, monkeypatch, unique_name("rm"))
     load_doc_example(config)
     old = location_in(config, str(table_path(config, "users")))
-    assert old.exists()
+    assert delta_exists(old)
     old.remove()  # what reprocess --drop-old does to a previous version
-    assert not old.exists() and table_path(config, "users_hist").exists()
+    assert not delta_exists(old) and delta_exists(table_path(config, "users_hist"))

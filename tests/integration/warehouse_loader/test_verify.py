@@ -19,16 +19,20 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
+import pytest
 import yaml
-from deltalake import DeltaTable
+from harness.table_formats import overwrite_rows
 
 from capture.runner import run_capture
 from core.config import load_config
 from log.factory import open_log
 from operations.verify import verify_table
+from warehouse_loader.delta.table import open_delta
+from warehouse_loader.formats import format_of
 from warehouse_loader.load_job import run_loads, table_path
 from warehouse_loader.quality_report import run_and_report
-from warehouse_loader.query import run_query
+from warehouse_loader.query import query_warehouse
 
 ITEMS = """
 CREATE TABLE items (
@@ -44,7 +48,9 @@ ALTER TABLE accounts REPLICA IDENTITY FULL;
 """
 
 
-def project(tmp_path: Path, pg_database, unique_name, tables: dict, sql: str, source_tables: list[str]):
+def project(
+    tmp_path: Path, pg_database, unique_name, tables: dict, sql: str, source_tables: list[str], fmt: str = "delta"
+):
     name = unique_name("src")
     with pg_database.connect() as conn:
         conn.execute(sql)
@@ -54,7 +60,10 @@ def project(tmp_path: Path, pg_database, unique_name, tables: dict, sql: str, so
         "home": str(tmp_path / "home"),
         "log": {"partitions": 2, "file": {"fsync": "never"}},
         "sources": {name: {"dsn": pg_database.dsn, "tables": source_tables, "heartbeat_interval_s": 1}},
-        "warehouse": {"tables": {t: {**spec, "from": f"{name}.{spec['from']}"} for t, spec in tables.items()}},
+        "warehouse": {
+            "format": fmt,
+            "tables": {t: {**spec, "from": f"{name}.{spec['from']}"} for t, spec in tables.items()},
+        },
     }
     path = tmp_path / "headwater.yaml"
     path.write_text(yaml.safe_dump(document))
@@ -96,10 +105,12 @@ def fill_items(pg_database, count: int) -> None:
         )
 
 
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
 def test_verify_finds_what_no_slot_saw_and_re_verifies_what_changed_after_its_snapshot(
-    tmp_path, pg_database, unique_name, spark
+    tmp_path, pg_database, unique_name, spark, table_format
 ):
-    config, _ = project(tmp_path, pg_database, unique_name, {"cur": {"from": "public.items"}}, ITEMS, ["public.items"])
+    tables = {"cur": {"from": "public.items"}}
+    config, _ = project(tmp_path, pg_database, unique_name, tables, ITEMS, ["public.items"], table_format)
     fill_items(pg_database, 300)
     run_pipeline(spark, config)
 
@@ -119,8 +130,13 @@ def test_verify_finds_what_no_slot_saw_and_re_verifies_what_changed_after_its_sn
     settled = verify_table(config, "cur", spark=spark, load=True, timeout_s=120, say=change_after_snapshot)
     assert changed and settled.equal and settled.rounds == 2, settled.lines()
 
-    # Behind Headwater's back: one row written straight into the Delta table ...
-    DeltaTable(str(table_path(config, "cur"))).update(updates={"email": "'tampered'"}, predicate='"id" = 7')
+    # Behind Headwater's back: one row written straight into the table ...
+    stored = format_of(config, "cur").open(table_path(config, "cur"))
+    assert stored is not None
+    rows = stored.select("SELECT * FROM target")
+    at = rows.schema.get_field_index("email")
+    emails = ["tampered" if r["id"] == 7 else r["email"] for r in rows.select(["id", "email"]).to_pylist()]
+    overwrite_rows(config, "cur", rows.set_column(at, rows.schema.field(at), pa.array(emails, pa.string())))
     # ... and one deleted in the source while its table was out of the publication.
     publication = f"headwater_{next(iter(config.sources))}"
     pg_database.execute(f"ALTER PUBLICATION {publication} DROP TABLE items")
@@ -155,7 +171,8 @@ def test_verify_finds_what_no_slot_saw_and_re_verifies_what_changed_after_its_sn
     assert "Verified against the source" in html and "2 keys differ" in html and "id=9" in html
 
 
-def test_auto_cdc_options_through_the_real_loader(tmp_path, pg_database, unique_name, spark):
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_auto_cdc_options_through_the_real_loader(tmp_path, pg_database, unique_name, spark, table_format):
     tables = {
         # soft deletes, a dropped flag column, nulls that keep the note
         "accounts_cur": {
@@ -173,7 +190,7 @@ def test_auto_cdc_options_through_the_real_loader(tmp_path, pg_database, unique_
             "track_history_except_column_list": ["note"],
         },
     }
-    config, _ = project(tmp_path, pg_database, unique_name, tables, ACCOUNTS, ["public.accounts"])
+    config, _ = project(tmp_path, pg_database, unique_name, tables, ACCOUNTS, ["public.accounts"], table_format)
     pg_database.execute(
         "INSERT INTO accounts (id, owner, note, version) VALUES (1, 'ann', 'vip', 1), (2, 'bob', 'new', 1), "
         "(3, 'cy', NULL, 1)"
@@ -185,12 +202,11 @@ def test_auto_cdc_options_through_the_real_loader(tmp_path, pg_database, unique_
     pg_database.execute("DELETE FROM accounts WHERE id = 2")
     run_pipeline(spark, config)
 
-    paths = {name: table_path(config, name) for name in tables}
-    current = run_query("SELECT * FROM accounts_cur ORDER BY id", paths).to_pylist()
+    current = query_warehouse(config, "SELECT * FROM accounts_cur ORDER BY id").to_pylist()
     assert [(r["id"], r["owner"], r["note"]) for r in current] == [(1, "ann2", "vip")]  # 2 deleted, 3 soft-deleted
     assert "is_deleted" not in current[0]
-    history = run_query(
-        'SELECT id, owner, note, "__START_AT" AS s, "__END_AT" AS e FROM accounts_hist ORDER BY id, s', paths
+    history = query_warehouse(
+        config, 'SELECT id, owner, note, "__START_AT" AS s, "__END_AT" AS e FROM accounts_hist ORDER BY id, s'
     ).to_pylist()
     assert [tuple(r.values()) for r in history] == [
         (1, "ann", "vip", 1, 2),
@@ -228,7 +244,7 @@ def test_verify_while_the_pipeline_runs_and_the_source_keeps_changing(tmp_path, 
     try:
         deadline = time.monotonic() + 300
         location = table_path(config, "cur")
-        while (table := location.open()) is None or table.to_pyarrow_table().num_rows != 2000:
+        while (table := open_delta(location)) is None or table.to_pyarrow_table().num_rows != 2000:
             assert pipeline.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "run --follow did not load the snapshot in 300 s"
             time.sleep(1)

@@ -1,10 +1,11 @@
-"""The warehouse is exact: real Postgres -> capture agent -> file log -> Spark load -> Delta.
+"""The warehouse is exact: real Postgres -> capture agent -> file log -> Spark load -> Delta or Iceberg.
 
 A seeded random workload (so a failure reproduces) runs against a table with a composite
 key and typed columns; capture and load alternate over several rounds, each load in several
 micro-batches restarting from its checkpoint. SCD1 must equal the source row for row over
 every column; SCD2 must hold exactly the versions the log's changes define. A crash between
 the Delta commit and Spark's checkpoint must replay the batch without applying it twice.
+The random workload and the CLI case run on both table formats (``warehouse.format``).
 """
 
 from __future__ import annotations
@@ -16,25 +17,29 @@ import uuid
 from pathlib import Path
 
 import orjson
+import pytest
 import yaml
 from harness.items_workload import COLUMNS, SCHEMA, Workload, canonical, source_rows
 from harness.topics import read_topic
 
-from capture.agent import CaptureAgent
-from capture.catalog import typemap_decoders
+from capture.postgres.agent import CaptureAgent
+from capture.postgres.catalog import typemap_decoders
 from core.config import load_config
 from log.factory import open_log
 from log.sequence import Sequence
 from operations.scaffold import init_project
-from warehouse_loader import delta_writer
-from warehouse_loader.delta_writer import TOMBSTONES_DIR, committed_batch
+from warehouse_loader.delta import writer as delta_writer
+from warehouse_loader.delta.writer import TOMBSTONES_DIR, committed_batch
 from warehouse_loader.load_job import checkpoint_path, load_identity, start_load, table_path
-from warehouse_loader.query import run_query
+from warehouse_loader.query import query_warehouse
+
+#: The table formats the format-dependent cases run on.
+FORMATS = ["delta", "iceberg"]
 
 SCD1, SCD2 = "cur", "hist"
 
 
-def make_project(pg_database, unique_name, tmp_path: Path, initial_rows: int, seed: int):
+def make_project(pg_database, unique_name, tmp_path: Path, initial_rows: int, seed: int, table_format: str = "delta"):
     """Source table with ``initial_rows`` (captured by the snapshot), publication, config; returns config, workload."""
     name = unique_name("src")
     conn = pg_database.connect()
@@ -51,7 +56,10 @@ def make_project(pg_database, unique_name, tmp_path: Path, initial_rows: int, se
         "home": str(tmp_path / "home"),
         "log": {"partitions": 3, "file": {"fsync": "never"}},
         "sources": {name: {"dsn": pg_database.dsn, "tables": ["public.items"], "heartbeat_interval_s": 1}},
-        "warehouse": {"tables": {SCD1: {"from": topic, "mode": "scd1"}, SCD2: {"from": topic, "mode": "scd2"}}},
+        "warehouse": {
+            "format": table_format,
+            "tables": {SCD1: {"from": topic, "mode": "scd1"}, SCD2: {"from": topic, "mode": "scd2"}},
+        },
     }
     path.write_text(yaml.safe_dump(document))
     return load_config(path), workload
@@ -106,8 +114,7 @@ def batches(config, name: str, kind: str) -> set[int]:
 
 
 def warehouse_rows(config, sql: str) -> list[str]:
-    tables = {name: table_path(config, name) for name in config.warehouse.tables}
-    result = run_query(sql, tables)
+    result = query_warehouse(config, sql)
     return sorted(canonical(tuple(row.values())) for row in result.to_pylist())
 
 
@@ -153,8 +160,7 @@ def expected_versions(config) -> set[tuple]:
 
 
 def assert_scd2_exact(config, pg_database) -> None:
-    tables = {SCD2: table_path(config, SCD2)}
-    rows = run_query(f'SELECT region, id, "__START_AT", "__END_AT", "__hw_seq" FROM {SCD2}', tables).to_pylist()
+    rows = query_warehouse(config, f'SELECT region, id, "__START_AT", "__END_AT", "__hw_seq" FROM {SCD2}').to_pylist()
     actual = {(r["region"], r["id"], r["__START_AT"], r["__END_AT"]) for r in rows}
     assert len(actual) == len(rows), "two versions of one key start at the same sequence"
     assert all(r["__hw_seq"] == r["__START_AT"] for r in rows), "a version absorbed a later change"
@@ -167,8 +173,9 @@ def assert_scd2_exact(config, pg_database) -> None:
 # ----------------------------------------------------------------------------- tests
 
 
-def test_random_workload_loads_exactly(spark, pg_database, unique_name, tmp_path):
-    config, workload = make_project(pg_database, unique_name, tmp_path, initial_rows=120, seed=20240611)
+@pytest.mark.parametrize("table_format", FORMATS)
+def test_random_workload_loads_exactly(spark, pg_database, unique_name, tmp_path, table_format):
+    config, workload = make_project(pg_database, unique_name, tmp_path, 120, 20240611, table_format)
     done = {SCD1: 0, SCD2: 0}
     for round_no in range(3):
         if round_no == 1:
@@ -193,53 +200,81 @@ class InjectedCrash(RuntimeError):
     """Raised by a test hook inside ``foreachBatch``: the process dies before Spark's checkpoint."""
 
 
-def test_crash_after_delta_commit_replays_the_batch_once(spark, pg_database, unique_name, tmp_path, monkeypatch):
-    config, workload = make_project(pg_database, unique_name, tmp_path, initial_rows=60, seed=77)
+def crash_points(table_format: str):
+    """Where the format's writer commits: (module, its write_batch name, module, its tombstone writer name),
+    and how to read the batch its tombstone table recorded."""
+    if table_format == "delta":
+
+        def side_batch(config, name):
+            return committed_batch(table_path(config, name) / TOMBSTONES_DIR, name)
+
+        return delta_writer, "write_batch", delta_writer, "_write_tombstones", side_batch
+    from warehouse_loader.formats import format_of
+    from warehouse_loader.iceberg import tombstones, writer
+    from warehouse_loader.iceberg.commit import committed_batch as iceberg_batch
+
+    def iceberg_side_batch(config, name):
+        return iceberg_batch(format_of(config, name).ref(table_path(config, name)).tombstones.load(), name)
+
+    return writer, "write_batch", tombstones, "write_scd1", iceberg_side_batch
+
+
+@pytest.mark.parametrize("table_format", FORMATS)
+def test_crash_after_the_commit_replays_the_batch_once(
+    spark, pg_database, unique_name, tmp_path, monkeypatch, table_format
+):
+    from warehouse_loader.formats import format_of
+
+    config, workload = make_project(pg_database, unique_name, tmp_path, 60, 77, table_format)
     workload.transactions(60)
     capture(config)
     workload.transactions(60)
     capture(config)
-    real_write, real_tombstones = delta_writer.write_batch, delta_writer._write_tombstones
+    writes_in, write_name, sides_in, side_name, side_batch = crash_points(table_format)
+    real_write, real_tombstones = getattr(writes_in, write_name), getattr(sides_in, side_name)
     writes: list[tuple[str, int, bool]] = []
+
+    def main_batch(name):
+        return format_of(config, name).committed_batch(table_path(config, name), name)
 
     def write_batch(path, changes, *, table, batch_id, **kwargs):
         result = real_write(path, changes, table=table, batch_id=batch_id, **kwargs)
         writes.append((table, batch_id, result.skipped))
         if batch_id == 1 and crash_after_commit:
-            raise InjectedCrash(f"after the Delta commit of batch {batch_id}")
+            raise InjectedCrash(f"after the commit of batch {batch_id}")
         return result
 
-    # 1. Both tables die right after batch 1 is committed to Delta, before Spark's checkpoint.
+    # 1. Both tables die right after batch 1 is committed to the table, before Spark's checkpoint.
     crash_after_commit = True
-    monkeypatch.setattr(delta_writer, "write_batch", write_batch)  # load_job looks it up per batch
+    monkeypatch.setattr(writes_in, write_name, write_batch)  # the format looks it up per batch
     errors = load(spark, config, max_records=60)
     assert all(errors.values()), errors
     for name in (SCD1, SCD2):
-        assert committed_batch(table_path(config, name), name) == 1
+        assert main_batch(name) == 1
         assert 1 in batches(config, name, "offsets") and 1 not in batches(config, name, "commits")
 
     # 2. Restart: batch 1 is replayed and skipped. SCD1 then dies between its tombstone commit
-    #    and its main MERGE (the first later batch with deletes).
+    #    and its table commit (the first later batch with deletes).
     crash_after_commit = False
     between: list[int] = []
 
-    def write_tombstones(side_path, side, actions, *, keys, table, batch_id):
-        real_tombstones(side_path, side, actions, keys=keys, table=table, batch_id=batch_id)
+    def write_tombstones(*args, batch_id, **kwargs):
+        real_tombstones(*args, batch_id=batch_id, **kwargs)
         if batch_id >= 2 and not between:
             between.append(batch_id)
-            raise InjectedCrash(f"between the tombstone commit and the MERGE of batch {batch_id}")
+            raise InjectedCrash(f"between the tombstone commit and the table commit of batch {batch_id}")
 
-    monkeypatch.setattr(delta_writer, "_write_tombstones", write_tombstones)
+    monkeypatch.setattr(sides_in, side_name, write_tombstones)
     errors = load(spark, config, max_records=60)
     assert errors[SCD2] is None and errors[SCD1] is not None
     assert (SCD1, 1, True) in writes and (SCD2, 1, True) in writes, "batch 1 was not replayed, or applied twice"
     [crashed] = between
-    assert committed_batch(table_path(config, SCD1) / TOMBSTONES_DIR, SCD1) == crashed
-    assert committed_batch(table_path(config, SCD1), SCD1) == crashed - 1
+    assert side_batch(config, SCD1) == crashed
+    assert main_batch(SCD1) == crashed - 1
     assert crashed not in batches(config, SCD1, "commits")
 
     # 3. Restart again: the half-written batch is replayed and completed.
-    monkeypatch.setattr(delta_writer, "_write_tombstones", real_tombstones)
+    monkeypatch.setattr(sides_in, side_name, real_tombstones)
     assert load(spark, config, names=(SCD1,), max_records=60) == {SCD1: None}
     assert (SCD1, crashed, False) in writes
     assert len(batches(config, SCD1, "commits")) > crashed
@@ -260,7 +295,8 @@ def headwater(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def test_cli_load_and_query(pg_database, unique_name, tmp_path):
+@pytest.mark.parametrize("table_format", FORMATS)
+def test_cli_load_and_query(pg_database, unique_name, tmp_path, table_format):
     pg_database.execute(
         "CREATE TABLE t (id int PRIMARY KEY, name text, amount numeric(8,2));"
         "INSERT INTO t VALUES (1, 'one', 1.10), (2, 'two', 2.20), (3, 'three', 3.30)"
@@ -271,7 +307,10 @@ def test_cli_load_and_query(pg_database, unique_name, tmp_path):
     headwater(project, "source", "add", name, "--dsn", pg_database.dsn, "--tables", "public.t", "--yes")
     document = yaml.safe_load(config_file.read_text())
     topic = f"{name}.public.t"
-    document["warehouse"] = {"tables": {"t_cur": {"from": topic}, "t_hist": {"from": topic, "mode": "scd2"}}}
+    document["warehouse"] = {
+        "format": table_format,
+        "tables": {"t_cur": {"from": topic}, "t_hist": {"from": topic, "mode": "scd2"}},
+    }
     config_file.write_text(yaml.safe_dump(document))
     headwater(project, "capture", name, "--until-caught-up")  # the snapshot
     pg_database.execute("UPDATE t SET amount = 2.25 WHERE id = 2")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from log.row_types import PgType, TypeRegistry
+from log.pg_types import PgType, TypeRegistry
 
 DATA = Path(__file__).resolve().parent / "data"
 

@@ -14,7 +14,7 @@ below, and peeks the slot (never consuming it) with ``pg_logical_slot_peek_binar
 * ``data/types.json``: the non-built-in types (``load_type_registry``), for the type mapper.
 
 Each line is ``{"lsn": "0/16B3748", "xid": 731, "data": "<hex>"}``. The peek session is
-pinned as the capture agent pins its replication session (capture/stream.py), so text
+pinned as the capture agent pins its replication session (capture/postgres/streaming/connection.py), so text
 values are printed in UTC / ISO / hex. Re-recording changes xids, oids and LSNs: tests
 must look them up in the recording, not hard-code them.
 """
@@ -32,7 +32,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from capture.catalog import load_type_registry  # noqa: E402
+from capture.postgres.catalog import load_type_registry  # noqa: E402
 from operations.embedded_postgres import EmbeddedPostgres  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"

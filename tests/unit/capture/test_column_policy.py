@@ -7,15 +7,17 @@ import hashlib
 import orjson
 import pytest
 
-import capture.pgoutput  # noqa: F401  (registers the change types with the native encoder, as the agent does)
+import capture.postgres.decoding.pgoutput  # noqa: F401  (registers the change types with the native encoder, as the agent does)
 from capture.column_policy import ColumnPolicy, column_mask
 from capture.errors import ColumnSettingError, KeyColumnExcludedError
-from capture.events import EventBuilder
-from capture.pgoutput_messages import UNCHANGED_TOAST, Insert, Relation, RelationColumn, ReplicaIdentity, Update
-from capture.rows import RowConverter, TextRowDecoder
-from capture.transactions import Transaction
+from capture.postgres.decoding.pgoutput_messages import Insert, Relation, RelationColumn, ReplicaIdentity, Update
+from capture.postgres.events.builder import EventBuilder
+from capture.postgres.events.relations import column_shapes
+from capture.postgres.events.rows import RowConverter, TextRowDecoder
+from capture.postgres.streaming.transactions import Transaction
+from capture.tuples import UNCHANGED_TOAST
 from core.source_config import ColumnsConfig, MaskConfig, TypesConfig
-from log.row_types import Oid
+from log.pg_types import Oid
 from log.sequence import Lsn
 from log.topics import ERROR_HEADER
 
@@ -108,7 +110,15 @@ def test_masked_and_left_out_values_appear_nowhere(use_native: bool) -> None:
     assert values[2]["after"]["email"] == hashed
     schema = orjson.loads(schemas[0].value)
     assert [c["name"] for c in schema["columns"]] == ["id", "email", "balance"]
-    assert schema["columns"][1] | {} == {"name": "email", "type_oid": 25, "typmod": -1, "key": False, "masked": "hash"}
+    assert schema["columns"][1] | {} == {
+        "name": "email",
+        "logical": {"type": "string"},  # masked values are strings whatever the column's type
+        "native": "character varying(20)",
+        "type_oid": 25,
+        "typmod": -1,
+        "key": False,
+        "masked": "hash",
+    }
 
 
 def test_an_include_list_keeps_only_its_columns_of_its_table() -> None:
@@ -151,25 +161,26 @@ def test_the_hash_masks_reproduce_debezium() -> None:
     """Values Debezium 3.6.3 wrote for salt 'salt' (and its MaskStringsTest vectors)."""
     v1 = MaskConfig(hash="sha256", salt="salt", version=1)
     v2 = MaskConfig(hash="sha256", salt="salt", version=2)
-    assert (
-        column_mask(v1, Oid.TEXT, -1).mask("hello")
-        == "af5843a0f0e728ab0332c8888b6e1190bfb79e584f0d40538de8f10df6ef29c6"
-    )
-    assert (
-        column_mask(v2, Oid.TEXT, -1).mask("hello")
-        == "cd31b3b98ece60cb739c0bf770b2de892ae0ad133f645513c3d83f08757a843a"
-    )
-    assert column_mask(MaskConfig(hash="md5", salt="salt", version=1), Oid.TEXT, -1).mask("hello") == (
+    assert column_mask(v1).mask("hello") == "af5843a0f0e728ab0332c8888b6e1190bfb79e584f0d40538de8f10df6ef29c6"
+    assert column_mask(v2).mask("hello") == "cd31b3b98ece60cb739c0bf770b2de892ae0ad133f645513c3d83f08757a843a"
+    assert column_mask(MaskConfig(hash="md5", salt="salt", version=1)).mask("hello") == (
         "46f48a7a5ea32efba87cbff49d46d35a"
     )
-    assert (
-        column_mask(MaskConfig(hash="md5", salt="salt"), Oid.TEXT, -1).mask("world")
-        == "172c8e95398cc72ab5358ead6981e7e5"
-    )
+    assert column_mask(MaskConfig(hash="md5", salt="salt")).mask("world") == "172c8e95398cc72ab5358ead6981e7e5"
     # Cut to the column's length: varchar(10) and char(5) (whose text keeps its padding).
-    assert column_mask(v1, Oid.VARCHAR, 10 + 4).mask("hello") == "af5843a0f0"
-    assert column_mask(v1, Oid.BPCHAR, 5 + 4).mask("ab   ") == "33b44"
-    assert column_mask(MaskConfig(truncate=3), Oid.TEXT, -1).mask("😀😀😀😀") == "😀😀😀"
+    varchar, bpchar = column_shapes(
+        Relation(
+            1,
+            "public",
+            "t",
+            ReplicaIdentity.DEFAULT,
+            (RelationColumn(False, "v", Oid.VARCHAR, 10 + 4), RelationColumn(False, "c", Oid.BPCHAR, 5 + 4)),
+        )
+    )
+    assert (varchar.char_length, bpchar.char_length) == (10, 5)
+    assert column_mask(v1, varchar.char_length).mask("hello") == "af5843a0f0"
+    assert column_mask(v1, bpchar.char_length).mask("ab   ") == "33b44"
+    assert column_mask(MaskConfig(truncate=3)).mask("😀😀😀😀") == "😀😀😀"
 
 
 def test_named_columns_per_table() -> None:

@@ -9,13 +9,20 @@ import orjson
 import pytest
 
 from capture.errors import ColumnSettingError
-from capture.markers import MARKER_PREFIX, is_marker, marker_content, marker_of
-from capture.pgoutput_messages import Insert, LogicalMessage, Relation, RelationColumn, ReplicaIdentity, Update
+from capture.postgres.decoding.pgoutput_messages import (
+    Insert,
+    LogicalMessage,
+    Relation,
+    RelationColumn,
+    ReplicaIdentity,
+    Update,
+)
+from capture.postgres.registration.row_filters import condition_problem, sync_publication_filters
+from capture.postgres.streaming.markers import MARKER_PREFIX, is_marker, marker_content, marker_of
+from capture.postgres.streaming.signals import SignalTable
+from capture.postgres.streaming.transactions import Transaction
 from capture.records import OutRecord
-from capture.row_filters import condition_problem, sync_publication_filters
-from capture.signals import SignalTable
 from capture.transaction_records import TransactionBoundaries, transaction_topic
-from capture.transactions import Transaction
 from core.config import parse_config
 from core.errors import ConfigError
 from log.sequence import Lsn

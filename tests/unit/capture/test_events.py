@@ -8,9 +8,7 @@ import orjson
 import pytest
 
 from capture.errors import ConfiguredKeyError, KeyColumnExcludedError, UnrepresentableValueError
-from capture.events import EventBuilder
-from capture.pgoutput_messages import (
-    UNCHANGED_TOAST,
+from capture.postgres.decoding.pgoutput_messages import (
     Delete,
     Insert,
     LogicalMessage,
@@ -19,12 +17,14 @@ from capture.pgoutput_messages import (
     ReplicaIdentity,
     Truncate,
     TruncateOption,
-    TupleData,
     Update,
 )
+from capture.postgres.events.builder import EventBuilder
+from capture.postgres.events.source_block import postgres_source, transaction_block
+from capture.postgres.streaming.transactions import Transaction
 from capture.records import OutRecord
-from capture.transactions import Transaction
-from log.envelope import ChangeEvent, Op, SnapshotMarker, SourceInfo, encode_value, transaction_block
+from capture.tuples import UNCHANGED_TOAST, TupleData
+from log.envelope import ChangeEvent, Op, SnapshotMarker, encode_value
 from log.sequence import Lsn
 from log.sequence import Sequence as Seq
 from log.topics import ERROR_HEADER, message_topic
@@ -76,7 +76,7 @@ def txn(changes: list, xid: int = 42, commit: int = 0x1_0000_0100) -> Transactio
 def value_of(
     op: Op, t: Transaction, *, index: int, lsn: int, before, after, last=None, order=1, total=None, origin=None
 ) -> bytes:
-    source = SourceInfo(
+    source = postgres_source(
         name="s\\rc",
         db='d"b',
         schema='sch"ema',
@@ -179,7 +179,7 @@ def test_snapshot_values_equal_the_envelope_encoding() -> None:
     b = builder()
     b.relation(relation())
     records = b.snapshot_records(7, [("1", "a", "1"), ("2", None, "NaN")], Seq(0x300, 10))
-    source = SourceInfo("s\\rc", 'd"b', 'sch"ema', "tåble", None, 0x300, 0x300, 10, 0, SnapshotMarker.TRUE)
+    source = postgres_source("s\\rc", 'd"b', 'sch"ema', "tåble", None, 0x300, 0x300, 10, 0, SnapshotMarker.TRUE)
     event = ChangeEvent(Op.READ, source, None, {"id": 1, 'la"bel': "a", "prïce": "1"}, 0)
     assert records[0] == OutRecord("s_rc.sch_ema.t_ble", b'{"id":1}', encode_value(event), 0x300, 10)
     quarantined = records[1]

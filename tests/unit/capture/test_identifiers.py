@@ -2,7 +2,7 @@ import pytest
 from psycopg import sql
 
 from capture.errors import InvalidIdentifierError
-from capture.identifiers import (
+from capture.postgres.identifiers import (
     TableName,
     parse_schema,
     parse_schemas,

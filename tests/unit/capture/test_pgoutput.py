@@ -8,9 +8,8 @@ import time
 import pytest
 from pgoutput_recordings import recording
 
-from capture.pgoutput import PG_EPOCH_OFFSET_US, MessageType, PgoutputDecodeError, PgoutputDecoder
-from capture.pgoutput_messages import (
-    UNCHANGED_TOAST,
+from capture.postgres.decoding.pgoutput import PG_EPOCH_OFFSET_US, MessageType, PgoutputDecodeError, PgoutputDecoder
+from capture.postgres.decoding.pgoutput_messages import (
     Begin,
     Commit,
     Delete,
@@ -30,13 +29,14 @@ from capture.pgoutput_messages import (
     Type,
     Update,
 )
-from capture.replication_protocol import (
+from capture.postgres.decoding.replication_protocol import (
     FrameType,
     PrimaryKeepalive,
     XLogData,
     decode_copy_data,
     encode_standby_status,
 )
+from capture.tuples import UNCHANGED_TOAST
 from log.sequence import Lsn
 
 V1 = "pgoutput_v1.jsonl"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from capture.previous_images import LogImages
+from capture.postgres.events.previous_images import LogImages
 from log.base import Record, TopicSpec
 from log.file.backend import FileLog
 from log.partitioner import partition_for

@@ -8,7 +8,7 @@ from capture.position import ResumePoint
 from log.base import Record, TopicPartition, TopicSpec
 from log.file.backend import FileLog
 from log.partitioner import partition_for
-from log.sequence import Sequence
+from log.sequence import Lsn, Sequence
 
 TOPIC = "src.public.items"
 
@@ -53,7 +53,8 @@ def test_capture_re_sent_after_a_restart_on_a_split_topic_writes_each_event_once
 
     def appender(log):
         topics = SourceTopics(log, LogConfig(partitions=2), "src")
-        return Appender("src", log, topics, CaptureStats(), threading.Event(), retry_s=0.1, on_flushed=lambda: None)
+        stats = CaptureStats(Lsn(0))
+        return Appender("src", log, topics, stats, threading.Event(), retry_s=0.1, on_flushed=lambda: None)
 
     log = FileLog(tmp_path / "log", fsync="never")
     first = appender(log)

@@ -12,11 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from capture.key_set import KEY_SET_FILE, Candidates, KeySet
-from capture.resync import DELETE_INDEX_BASE, ResyncRequest, snapshot_keys, vanished_key_deletes
+from capture.postgres.events.source_block import postgres_source
+from capture.postgres.registration.slot import SlotStatus, is_gone, slot_gone_error
+from capture.postgres.snapshot.resync import DELETE_INDEX_BASE, ResyncRequest, snapshot_keys, vanished_key_deletes
 from capture.retry_report import RetryReport
-from capture.slot import SlotStatus, is_gone, slot_gone_error
 from log.base import Record, TopicSpec
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_value
+from log.envelope import ChangeEvent, Op, encode_value
 from log.file.backend import FileLog
 from log.partitioner import partition_for
 from log.sequence import Lsn
@@ -36,7 +37,7 @@ def keys_of(tmp_path, *ids: int, spill_at: int = KeySet.SPILL_AT) -> KeySet:
 
 
 def write(log: FileLog, op: Op, i: int | None, lsn: int, *, label: str = "x") -> None:
-    source = SourceInfo("shop", "db", "public", "t", 7, lsn, lsn, 0, 1_000_000)
+    source = postgres_source("shop", "db", "public", "t", 7, lsn, lsn, 0, 1_000_000)
     row = {"id": i, "label": label} if i is not None else None
     after = row if op in (Op.CREATE, Op.UPDATE, Op.READ) else None
     before = row if op == Op.DELETE else None

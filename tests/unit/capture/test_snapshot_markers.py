@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from capture.copy_text import CopyRows
-from capture.snapshot_reader import MarkedRows
+from capture.postgres.snapshot.copy_text import CopyRows
+from capture.postgres.snapshot.reader import MarkedRows
 from log.envelope import SnapshotMarker as M
 
 

@@ -2,7 +2,7 @@
 
 Every expected value here is written out by hand from the Debezium PostgreSQL connector's
 "Data type mappings" section (and, where the doc is silent, from the decision documented
-in capture/typemap.py); none is computed by the code under test.
+in capture/postgres/types/typemap.py); none is computed by the code under test.
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ import pytest
 from pgoutput_recordings import recording, registry
 
 from capture.errors import TypeMappingError, UnrepresentableValueError
-from capture.pgoutput import PgoutputDecoder
-from capture.pgoutput_messages import UNCHANGED_TOAST, Insert, Relation, Update
-from capture.rows import RowConverter
-from capture.typemap import column_converter
+from capture.postgres.decoding.pgoutput import PgoutputDecoder
+from capture.postgres.decoding.pgoutput_messages import Insert, Relation, Update
+from capture.postgres.events.rows import RowConverter
+from capture.postgres.types.typemap import column_converter
+from capture.tuples import UNCHANGED_TOAST
 from core.source_config import TypesConfig
-from log.row_types import LogicalKind, LogicalType, Oid, PgType, TypeKind, TypeRegistry, logical_type
+from log.pg_types import Oid, PgType, TypeKind, TypeRegistry, logical_type
+from log.row_types import LogicalKind, LogicalType
 
 STRING = TypesConfig()  # decimal string, time adaptive, binary base64 (our defaults)
 PRECISE = TypesConfig(decimal_handling_mode="precise", time_precision_mode="connect", binary_handling_mode="hex")

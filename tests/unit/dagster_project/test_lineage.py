@@ -45,3 +45,27 @@ def test_keys_and_upstreams(tmp_path):
     assert upstream_key(cfg, "customers_clean") == feed_key("customers_clean") == AssetKey(["feeds", "customers_clean"])
     assert upstream_key(cfg, "crm.sales.accounts") == AssetKey(["crm", "sales", "accounts"])
     assert warehouse_key("customers") == AssetKey(["warehouse", "customers"])
+
+
+def test_a_sink_is_an_asset_downstream_of_the_topics_its_globs_match(tmp_path):
+    from dagster_project.assets import build_assets
+    from dagster_project.lineage import sink_key, sink_upstream_keys
+
+    raw = config(tmp_path).model_dump(by_alias=True, exclude={"config_path"})
+    raw["sinks"] = {
+        "cache": {"kind": "redis", "from": ["shop.public.*", "vip"]},
+        "hook": {"kind": "webhook", "from": "crm.sales.accounts", "options": {"url": "http://h/x"}},
+    }
+    raw["sources"]["shop"]["dsn"] = "postgresql://u@h/db"
+    raw["sources"]["crm"]["dsn"] = "postgresql://u@h/crm"
+    cfg = parse_config(raw, tmp_path / "headwater.yaml")
+    assert sink_upstream_keys(cfg, "cache") == [
+        AssetKey(["shop", "public", "customers"]),
+        AssetKey(["shop", "public", "orders"]),
+        feed_key("vip"),
+    ]
+    assert sink_upstream_keys(cfg, "hook") == [AssetKey(["crm", "sales", "accounts"])]
+    assets = {key: a for a in build_assets(cfg) for key in getattr(a, "keys", ())}
+    assert sink_key("cache") in assets and sink_key("hook") in assets
+    cache = assets[sink_key("cache")]
+    assert set(cache.asset_deps[sink_key("cache")]) == set(sink_upstream_keys(cfg, "cache"))

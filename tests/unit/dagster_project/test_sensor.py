@@ -9,11 +9,12 @@ import yaml
 from dagster import DagsterInstance, DagsterRunStatus, RunRequest, SkipReason, build_sensor_context
 from dagster._core.test_utils import create_run_for_test
 
+from capture.postgres.events.source_block import postgres_source
 from core.config import load_config
 from dagster_project.automation import RANGE_END_TAG, RANGE_START_TAG, new_data_sensor
 from dagster_project.definitions import build_definitions
 from log.base import Record, TopicPartition, TopicSpec, append_keyed
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
+from log.envelope import ChangeEvent, Op, encode_key, encode_value
 from log.factory import open_log
 
 
@@ -46,7 +47,7 @@ def _inserts(log, topic: str, ids: range, committed: dt.datetime) -> None:
     ts_us = int(committed.timestamp() * 1_000_000)
     records = []
     for i in ids:
-        source = SourceInfo("src", "db", "public", "t", i, 1000 + i, 10_000 + i, 0, ts_us + i)
+        source = postgres_source("src", "db", "public", "t", i, 1000 + i, 10_000 + i, 0, ts_us + i)
         event = ChangeEvent(Op.CREATE, source, None, {"id": i}, ts_us + i)
         records.append(Record(encode_key({"id": i}), encode_value(event)))
     append_keyed(log, topic, records)

@@ -9,7 +9,8 @@ import pyarrow as pa
 
 from derived_feeds.expectations import Check
 from derived_feeds.feed_output import AFTER_JSON, KEY_JSON, diff_rows, encode_output, pair_changes, paired_output
-from log.envelope import CONNECTOR, EVENT_VERSION
+from derived_feeds.feed_output import FEED_CONNECTOR as CONNECTOR
+from log.envelope import EVENT_VERSION
 
 UTC = dt.UTC
 TS = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)

@@ -3,7 +3,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from log.envelope import ChangeEvent, Op, SnapshotMarker, SourceInfo, decode_key, decode_value, encode_key, encode_value
+from capture.postgres.events.source_block import postgres_source
+from log.envelope import ChangeEvent, Op, SnapshotMarker, decode_key, decode_value, encode_key, encode_value
 from log.sequence import Lsn, Sequence
 
 
@@ -24,7 +25,7 @@ def test_sequence_sortable_orders_like_sequence(a_lsn, b_lsn, a_idx, b_idx):
 
 
 def test_event_round_trip_and_debezium_shape():
-    source = SourceInfo(
+    source = postgres_source(
         name="shop",
         db="shop",
         schema="public",
@@ -54,7 +55,7 @@ def test_event_round_trip_and_debezium_shape():
 
 
 def test_message_envelope_is_debeziums():
-    source = SourceInfo("shop", "shop", "", "", 9, 100, 120, 0, 1_700_000_000_123_456, origin="up", origin_lsn=7)
+    source = postgres_source("shop", "shop", "", "", 9, 100, 120, 0, 1_700_000_000_123_456, origin="up", origin_lsn=7)
     event = ChangeEvent(op=Op.MESSAGE, source=source, ts_us=source.ts_us, message={"prefix": "p", "content": "AA=="})
     value = orjson.loads(encode_value(event))
     assert list(value) == ["op", "ts_ms", "source", "transaction", "message"]
@@ -85,7 +86,7 @@ def test_snapshot_markers_follow_debezium(first_in_table, last_in_table, first_t
 
 
 def test_snapshot_marker_and_key_codec():
-    source = SourceInfo(
+    source = postgres_source(
         name="s",
         db="d",
         schema="p",

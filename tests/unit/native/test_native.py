@@ -22,30 +22,32 @@ from hypothesis import strategies as st
 
 import native
 from capture.column_policy import ColumnPolicy, ColumnRules, column_mask
-from capture.copy_text import CopyRows, copy_pieces, encodable, parse_copy_text
 from capture.errors import TypeMappingError
-from capture.events import EventBuilder, OutRecord
-from capture.pgoutput import PgoutputDecodeError, PgoutputDecoder, _read_tuple_python
-from capture.pgoutput_messages import (
-    UNCHANGED_TOAST,
+from capture.postgres.decoding.pgoutput import PgoutputDecodeError, PgoutputDecoder, _read_tuple_python
+from capture.postgres.decoding.pgoutput_messages import (
     Delete,
     Insert,
-    NonUtf8Text,
     Relation,
     RelationColumn,
     ReplicaIdentity,
     Update,
 )
-from capture.rows import RowConverter, TextRowDecoder
-from capture.snapshot import PartitionBatch, encode_piece
-from capture.stream import WalMessage
-from capture.transactions import Transaction, TransactionAssembler
-from capture.typemap import native_kind as _native_kind
+from capture.postgres.events.builder import EventBuilder, OutRecord
+from capture.postgres.events.relations import policy_rules
+from capture.postgres.events.rows import RowConverter, TextRowDecoder
+from capture.postgres.snapshot.copy_text import CopyRows, copy_pieces, encodable, parse_copy_text
+from capture.postgres.snapshot.native_pass import encode_piece
+from capture.postgres.streaming.connection import WalMessage
+from capture.postgres.streaming.transactions import Transaction, TransactionAssembler
+from capture.postgres.types.typemap import native_kind as _native_kind
+from capture.records import PartitionBatch
+from capture.tuples import UNCHANGED_TOAST, NonUtf8Text
 from core.source_config import ColumnsConfig, MaskConfig, TypesConfig
 from log import partitioner
 from log.base import Record
 from log.file import batch_codec
-from log.row_types import Oid
+from log.file.encoded_appends import EncodedAppends
+from log.pg_types import Oid
 from log.sequence import Lsn
 from log.sequence import Sequence as Seq
 
@@ -78,6 +80,13 @@ float_text = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False).map(repr),
     st.sampled_from(["NaN", "Infinity", "-Infinity", "1e+20", "-0", "1.5e-07"]),
 )
+
+
+def file_batches(compression):
+    """The file log's encoded-batch capability (what FileLog mixes in) storing batches as ``compression`` says."""
+    appends = EncodedAppends()
+    appends.compression = compression
+    return appends
 
 
 def _ts_text(year: int, month: int, day: int, hms: tuple[int, int, int], micros: int) -> str:
@@ -225,7 +234,7 @@ def draw_columns(data: st.DataObject, table: str, columns, keep: list[int], keys
 def test_masked_row_images_and_keys_are_byte_identical(case, mode, data) -> None:
     columns, rows, keep, keys = case
     relation = Relation(9, "public", "t", ReplicaIdentity.DEFAULT, tuple(columns))
-    rules = ColumnPolicy(draw_columns(data, "public.t", columns, keep, keys)).rules(relation)
+    rules = policy_rules(ColumnPolicy(draw_columns(data, "public.t", columns, keep, keys)), relation)
     converter = RowConverter(columns, mode).restricted(rules)
     encoder = converter.native_encoder(keep, keys)
     assert encoder is not None
@@ -238,7 +247,7 @@ def test_masked_row_images_and_keys_are_byte_identical(case, mode, data) -> None
 def test_the_native_sha256_mask_equals_hashlib_with_and_without_the_cpus_sha_extensions(salt, value, version) -> None:
     assert native.speedups is not None
     wanted = column_mask(
-        MaskConfig(hash="sha256", salt=salt.decode("latin-1"), version=version), Oid.TEXT, -1
+        MaskConfig(hash="sha256", salt=salt.decode("latin-1"), version=version)
     ).mask  # the salt's UTF-8 bytes: latin-1 text round-trips any byte string only through this decode
     expected = hashlib.sha256(salt.decode("latin-1").encode() + (value.encode() if version == 2 else b"")).hexdigest()
     if version == 2:
@@ -271,7 +280,7 @@ def test_masks_are_computed_natively_and_match_debezium() -> None:
             "public.a.n": MaskConfig(replace="****"),
         }
     )
-    rules = ColumnPolicy(config).rules(relation)
+    rules = policy_rules(ColumnPolicy(config), relation)
     converter = RowConverter(columns, TypesConfig()).restricted(rules)
     keep = list(range(len(columns)))
     expected = {
@@ -592,7 +601,7 @@ def _probe(code: str, **env: str) -> str:
 
 def test_headwater_native_0_forces_the_python_path() -> None:
     code = (
-        "import native as n, log.partitioner as p, capture.pgoutput as g;"
+        "import native as n, log.partitioner as p, capture.postgres.decoding.pgoutput as g;"
         "print(n.speedups, p._native, g._native_read_tuple, p.partition_for(b'21', 3))"
     )
     assert _probe(code, HEADWATER_NATIVE="0") == "None None None 0"
@@ -713,7 +722,7 @@ def test_snapshot_batches_from_copy_text_are_byte_identical(case, mode, data) ->
     now_ms = None
     for piece in copy_pieces(raw, data.draw(st.integers(1, 64))):
         pieces = encode_piece(
-            fast, 9, raw, piece, Seq(5, index), partitions=partitions, ts_us=ts_us, compression=compression
+            fast, 9, raw, piece, Seq(5, index), partitions=partitions, ts_us=ts_us, log=file_batches(compression)
         )
         for part in pieces:
             if isinstance(part[0], PartitionBatch):
@@ -841,9 +850,11 @@ def test_without_native_zstd_the_batches_come_back_plain_and_python_compresses_t
     for native_zstd in (True, False):
         if native_zstd and not NATIVE_ZSTD:
             continue
-        monkeypatch.setattr("capture.snapshot._native_zstd", lambda native_zstd=native_zstd: native_zstd)
+        monkeypatch.setattr(
+            "capture.postgres.snapshot.native_pass._native_zstd", lambda native_zstd=native_zstd: native_zstd
+        )
         piece = encode_piece(
-            builder, 9, data, (0, len(data), 2000), Seq(5, 0), partitions=3, ts_us=1, compression="zstd"
+            builder, 9, data, (0, len(data), 2000), Seq(5, 0), partitions=3, ts_us=1, log=file_batches("zstd")
         )
         batches = [batch for part in piece for batch in part if isinstance(batch, PartitionBatch)]
         assert batches and all(batch.batch.codec == batch_codec.CODEC_ZSTD for batch in batches)
@@ -886,7 +897,7 @@ def test_row_messages_decode_identically(message, cut, junk) -> None:
     data, in_stream = message
 
     def decode(payload: bytes, use_native: bool) -> object:
-        import capture.pgoutput as pgoutput
+        import capture.postgres.decoding.pgoutput as pgoutput
 
         saved = pgoutput._native_decode_change, pgoutput._native_read_tuple
         if not use_native:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import orjson
 import yaml
 
+from capture.postgres.events.source_block import postgres_source
 from core.config import load_config
 from log.base import Record, TopicSpec, append_keyed
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
+from log.envelope import ChangeEvent, Op, encode_key, encode_value
 from log.factory import open_log
 from log.topics import SCHEMAS_TOPIC
 from spark_log.data_source import HeadwaterLogDataSource, LogRangePartition
@@ -30,7 +31,9 @@ def test_latest_per_key_reads_twice_in_one_worker(tmp_path):
         log.append(SCHEMAS_TOPIC, 0, [Record(TOPIC.encode(), orjson.dumps(schema))])
         changes = []
         for step in range(6):  # keys 0..2, each created then updated
-            source = SourceInfo("shop", "shop", "public", "items", step, step, 100 + step, 0, 1_700_000_000_000_000)
+            source = postgres_source(
+                "shop", "shop", "public", "items", step, step, 100 + step, 0, 1_700_000_000_000_000
+            )
             op = Op.CREATE if step < 3 else Op.UPDATE
             changes.append(
                 Record(encode_key({"id": step % 3}), encode_value(ChangeEvent(op, source, None, {"id": step % 3}, 0)))

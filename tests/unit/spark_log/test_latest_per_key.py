@@ -6,9 +6,10 @@ import random
 
 import pyarrow as pa
 
+from capture.postgres.events.source_block import postgres_source
 from core.source_config import TypesConfig
 from log.base import StoredRecord
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
+from log.envelope import ChangeEvent, Op, encode_key, encode_value
 from spark_log.latest_per_key import latest_per_key
 from spark_log.source_batches import SourceBatchBuilder
 from spark_log.source_schema import output_schema, row_schema
@@ -24,7 +25,7 @@ def records(seed: int, count: int = 300) -> list[StoredRecord]:
         key = rng.randrange(20)
         op = rng.choice([Op.CREATE, Op.UPDATE, Op.DELETE, Op.READ, Op.TRUNCATE, Op.MESSAGE])
         lsn = rng.randrange(5)  # ties and out-of-order sequences on purpose
-        source = SourceInfo("shop", "db", "public", "items", 1, lsn, lsn, rng.randrange(3), 0)
+        source = postgres_source("shop", "db", "public", "items", 1, lsn, lsn, rng.randrange(3), 0)
         image = {"id": key}
         event = ChangeEvent(op, source, image if op == Op.DELETE else None, None if op == Op.DELETE else image, 0)
         keyless = op == Op.TRUNCATE or rng.random() < 0.05

@@ -7,9 +7,10 @@ from decimal import Decimal
 import orjson
 import pytest
 
+from capture.postgres.events.source_block import postgres_source
 from core.source_config import TypesConfig
 from log.base import StoredRecord
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
+from log.envelope import ChangeEvent, Op, encode_key, encode_value
 from log.sequence import Sequence
 from spark_log.errors import UndecodableValueError
 from spark_log.source_batches import SourceBatchBuilder, arrow_schema
@@ -27,7 +28,7 @@ V2 = {"version": 2, "columns": [*V1["columns"], {"name": "note", "type_oid": 25,
 
 
 def event(offset, op, before=None, after=None, lsn=1000, index=0):
-    source = SourceInfo("shop", "db", "public", "items", 7, lsn, lsn, index, 1_700_000_000_000_000)
+    source = postgres_source("shop", "db", "public", "items", 7, lsn, lsn, index, 1_700_000_000_000_000)
     return ChangeEvent(op, source, before, after, 0)
 
 

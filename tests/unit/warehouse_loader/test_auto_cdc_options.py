@@ -23,15 +23,14 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
 from harness.auto_cdc_examples import DOC_FEED
+from harness.table_formats import TableFormat
 
 from core.config import parse_config
 from core.errors import ConfigError
 from core.warehouse_config import TableConfig
 from log.sequence import Sequence
 from warehouse_loader.changes import COMMIT_TS, END_AT, INHERITED, OP, SEQ, START_AT
-from warehouse_loader.delta_writer import write_batch
 from warehouse_loader.errors import ChangeBatchError
 
 KEYS = ["userId"]
@@ -88,10 +87,12 @@ def log_changes(rows: list[tuple[Any, ...]]) -> pa.Table:
     )
 
 
-def load(path: Path, config: TableConfig, batches: list[pa.Table]) -> pa.Table:
+def load(fmt: TableFormat, path: Path, config: TableConfig, batches: list[pa.Table]) -> pa.Table:
+    """Write ``batches`` in order to the table at ``path`` in format ``fmt``; its rows after the last."""
+    where = fmt.where(path)
     for batch_id, batch in enumerate(batches):
-        write_batch(path, batch, table="users", batch_id=batch_id, keys=KEYS, config=config)
-    return DeltaTable(str(path)).to_pyarrow_table()
+        fmt.write_batch(where, batch, table="users", batch_id=batch_id, keys=KEYS, config=config)
+    return fmt.rows(where)
 
 
 def current(rows: pa.Table) -> list[tuple[Any, ...]]:
@@ -120,26 +121,30 @@ def shuffled_batches(rows: list[tuple[Any, ...]], make: Any, seed: int, count: i
 
 
 @pytest.mark.parametrize("seed", [None, 1, 2, 3])
-def test_doc_feed_scd1_soft_deletes_custom_sequence_excluded_column(tmp_path: Path, seed: int | None) -> None:
+def test_doc_feed_scd1_soft_deletes_custom_sequence_excluded_column(
+    table_format: TableFormat, tmp_path: Path, seed: int | None
+) -> None:
     batches = [feed(DOC_FEED)] if seed is None else shuffled_batches(DOC_FEED, feed, seed)
-    rows = load(tmp_path / "t", table_config(**FEED_OPTIONS), batches)
+    rows = load(table_format, tmp_path / "t", table_config(**FEED_OPTIONS), batches)
     assert current(rows) == DOC_SCD1
     assert "operation" not in rows.column_names  # except_column_list
     assert "sequenceNum" in rows.column_names  # the sequence is always kept: the MERGE compares it
 
 
 @pytest.mark.parametrize("seed", [None, 4, 5])
-def test_doc_feed_scd2_out_of_order(tmp_path: Path, seed: int | None) -> None:
+def test_doc_feed_scd2_out_of_order(table_format: TableFormat, tmp_path: Path, seed: int | None) -> None:
     batches = [feed(DOC_FEED)] if seed is None else shuffled_batches(DOC_FEED, feed, seed)
-    rows = load(tmp_path / "t", table_config(mode="scd2", **FEED_OPTIONS), batches)
+    rows = load(table_format, tmp_path / "t", table_config(mode="scd2", **FEED_OPTIONS), batches)
     assert versions(rows) == DOC_SCD2
     assert rows.schema.field(START_AT).type == pa.int64()  # __START_AT/__END_AT take sequence_by's type
 
 
 @pytest.mark.parametrize("option", ["track_history_except_column_list", "track_history_columns"])
-def test_doc_feed_scd2_history_not_tracked_on_city(tmp_path: Path, option: str) -> None:
+def test_doc_feed_scd2_history_not_tracked_on_city(table_format: TableFormat, tmp_path: Path, option: str) -> None:
     listed = ["city"] if option == "track_history_except_column_list" else ["name"]
-    rows = load(tmp_path / "t", table_config(mode="scd2", **FEED_OPTIONS, **{option: listed}), [feed(DOC_FEED)])
+    rows = load(
+        table_format, tmp_path / "t", table_config(mode="scd2", **FEED_OPTIONS, **{option: listed}), [feed(DOC_FEED)]
+    )
     assert versions(rows) == [
         (123, "Isabel", "Chihuahua", 1, 6),
         (124, "Raul", "Oaxaca", 1, None),
@@ -148,21 +153,22 @@ def test_doc_feed_scd2_history_not_tracked_on_city(tmp_path: Path, option: str) 
     ]
 
 
-def test_doc_truncate_scd1_and_truncates_off(tmp_path: Path) -> None:
+def test_doc_truncate_scd1_and_truncates_off(table_format: TableFormat, tmp_path: Path) -> None:
     truncated = [*DOC_FEED[:4], (None, None, None, "TRUNCATE", 3), *DOC_FEED[4:]]
-    assert current(load(tmp_path / "on", table_config(), [log_changes(truncated)])) == [
+    assert current(load(table_format, tmp_path / "on", table_config(), [log_changes(truncated)])) == [
         (125, "Mercedes", "Guadalajara")
     ]
-    off = load(tmp_path / "off", table_config(apply_as_truncates=False), [log_changes(truncated)])
+    off = load(table_format, tmp_path / "off", table_config(apply_as_truncates=False), [log_changes(truncated)])
     assert current(off) == DOC_SCD1
 
 
 # ------------------------------------------------------------------ late deletes, re-inserts
 
 
-def test_late_delete_older_than_the_row_is_stale_newer_one_holds(tmp_path: Path) -> None:
+def test_late_delete_older_than_the_row_is_stale_newer_one_holds(table_format: TableFormat, tmp_path: Path) -> None:
     config = table_config()
     rows = load(
+        table_format,
         tmp_path / "a",
         config,
         [
@@ -172,6 +178,7 @@ def test_late_delete_older_than_the_row_is_stale_newer_one_holds(tmp_path: Path)
     )
     assert current(rows) == [(1, "b", "x")]
     rows = load(
+        table_format,
         tmp_path / "b",
         config,
         [
@@ -182,8 +189,9 @@ def test_late_delete_older_than_the_row_is_stale_newer_one_holds(tmp_path: Path)
     assert current(rows) == []
 
 
-def test_late_delete_splits_scd2_history(tmp_path: Path) -> None:
+def test_late_delete_splits_scd2_history(table_format: TableFormat, tmp_path: Path) -> None:
     rows = load(
+        table_format,
         tmp_path / "t",
         table_config(mode="scd2"),
         [
@@ -196,10 +204,10 @@ def test_late_delete_splits_scd2_history(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["scd1", "scd2"])
 @pytest.mark.parametrize("seed", [None, 7, 8])
-def test_delete_then_reinsert(tmp_path: Path, mode: str, seed: int | None) -> None:
+def test_delete_then_reinsert(table_format: TableFormat, tmp_path: Path, mode: str, seed: int | None) -> None:
     stream = [(1, "a", "x", "INSERT", 1), (1, None, None, "DELETE", 2), (1, "b", "y", "INSERT", 3)]
     batches = [log_changes(stream)] if seed is None else shuffled_batches(stream, log_changes, seed)
-    rows = load(tmp_path / "t", table_config(mode=mode), batches)
+    rows = load(table_format, tmp_path / "t", table_config(mode=mode), batches)
     if mode == "scd1":
         assert current(rows) == [(1, "b", "y")]
     else:
@@ -210,13 +218,19 @@ def test_delete_then_reinsert(tmp_path: Path, mode: str, seed: int | None) -> No
 
 
 @pytest.mark.parametrize("mode", ["scd1", "scd2"])
-def test_ignore_null_updates_keep_values(tmp_path: Path, mode: str) -> None:
+def test_ignore_null_updates_keep_values(table_format: TableFormat, tmp_path: Path, mode: str) -> None:
     stream = [(1, "a", "x", "INSERT", 1), (1, None, "y", "UPDATE", 2), (1, None, None, "UPDATE", 3)]
-    rows = load(tmp_path / "all", table_config(mode=mode, ignore_null_updates=True), [log_changes(stream)])
+    rows = load(
+        table_format, tmp_path / "all", table_config(mode=mode, ignore_null_updates=True), [log_changes(stream)]
+    )
     only_name = load(
-        tmp_path / "name", table_config(mode=mode, ignore_null_updates_column_list=["name"]), [log_changes(stream)]
+        table_format,
+        tmp_path / "name",
+        table_config(mode=mode, ignore_null_updates_column_list=["name"]),
+        [log_changes(stream)],
     )
     all_but_city = load(
+        table_format,
         tmp_path / "except",
         table_config(mode=mode, ignore_null_updates_except_column_list=["city"]),
         [log_changes(stream)],
@@ -230,11 +244,11 @@ def test_ignore_null_updates_keep_values(tmp_path: Path, mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", ["scd1", "scd2"])
-def test_late_authored_value_replaces_an_inherited_one(tmp_path: Path, mode: str) -> None:
+def test_late_authored_value_replaces_an_inherited_one(table_format: TableFormat, tmp_path: Path, mode: str) -> None:
     # Spark: "an authored value restarts inheritance" / late preceding rows replace inherited values.
     first = log_changes([(1, "old", "x", "INSERT", 10), (1, None, "z", "UPDATE", 30)])
     late = log_changes([(1, "new", None, "UPDATE", 20)])
-    rows = load(tmp_path / "t", table_config(mode=mode, ignore_null_updates=True), [first, late])
+    rows = load(table_format, tmp_path / "t", table_config(mode=mode, ignore_null_updates=True), [first, late])
     if mode == "scd1":
         assert current(rows) == [(1, "new", "z")]
         assert rows.column(INHERITED).to_pylist() == ['{"name":' + f'"{Sequence(20, 0).sortable()}"' + "}"]
@@ -243,9 +257,9 @@ def test_late_authored_value_replaces_an_inherited_one(tmp_path: Path, mode: str
 
 
 @pytest.mark.parametrize("mode", ["scd1", "scd2"])
-def test_a_delete_resets_inheritance(tmp_path: Path, mode: str) -> None:
+def test_a_delete_resets_inheritance(table_format: TableFormat, tmp_path: Path, mode: str) -> None:
     stream = [(1, "a", "x", "INSERT", 1), (1, None, None, "DELETE", 2), (1, None, "y", "INSERT", 3)]
-    rows = load(tmp_path / "t", table_config(mode=mode, ignore_null_updates=True), [log_changes(stream)])
+    rows = load(table_format, tmp_path / "t", table_config(mode=mode, ignore_null_updates=True), [log_changes(stream)])
     if mode == "scd1":
         assert current(rows) == [(1, None, "y")]
     else:
@@ -277,12 +291,14 @@ def feed_with_flag(rows: list[tuple[Any, ...]]) -> pa.Table:
 @pytest.mark.parametrize("ignore_nulls", [False, True])
 @pytest.mark.parametrize("seed", range(4))
 def test_shuffled_batches_converge_to_the_sorted_batch(
-    tmp_path: Path, mode: str, ignore_nulls: bool, seed: int
+    table_format: TableFormat, tmp_path: Path, mode: str, ignore_nulls: bool, seed: int
 ) -> None:
     stream = random_stream(random.Random(seed))
     config = table_config(mode=mode, ignore_null_updates=ignore_nulls, **FEED_OPTIONS)
-    in_order = load(tmp_path / "sorted", config, [feed_with_flag(sorted(stream, key=lambda e: e[4]))])
-    shuffled = load(tmp_path / "shuffled", config, shuffled_batches(stream, feed_with_flag, seed + 100, count=5))
+    in_order = load(table_format, tmp_path / "sorted", config, [feed_with_flag(sorted(stream, key=lambda e: e[4]))])
+    shuffled = load(
+        table_format, tmp_path / "shuffled", config, shuffled_batches(stream, feed_with_flag, seed + 100, count=5)
+    )
     view = current if mode == "scd1" else versions
     assert view(shuffled) == view(in_order)
 
@@ -290,8 +306,8 @@ def test_shuffled_batches_converge_to_the_sorted_batch(
 # ------------------------------------------------------------------ column selection, errors
 
 
-def test_column_list_keeps_keys_sequence_and_the_listed(tmp_path: Path) -> None:
-    rows = load(tmp_path / "t", table_config(column_list=["name"]), [log_changes(DOC_FEED[:4])])
+def test_column_list_keeps_keys_sequence_and_the_listed(table_format: TableFormat, tmp_path: Path) -> None:
+    rows = load(table_format, tmp_path / "t", table_config(column_list=["name"]), [log_changes(DOC_FEED[:4])])
     assert [n for n in rows.column_names if not n.startswith("__")] == ["userId", "name"]
 
 
@@ -304,17 +320,33 @@ def test_column_list_keeps_keys_sequence_and_the_listed(tmp_path: Path) -> None:
         ({"mode": "scd2", "track_history_except_column_list": ["zip"]}, "track_history_except_column_list names zip"),
     ],
 )
-def test_bad_column_names_fail_the_batch_in_one_line(tmp_path: Path, options: dict[str, Any], message: str) -> None:
+def test_bad_column_names_fail_the_batch_in_one_line(
+    table_format: TableFormat, tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
     with pytest.raises(ChangeBatchError, match=message) as caught:
-        load(tmp_path / "t", table_config(**options), [log_changes(DOC_FEED[:4])])
+        load(table_format, tmp_path / "t", table_config(**options), [log_changes(DOC_FEED[:4])])
     assert "\n" not in str(caught.value)
 
 
-def test_custom_sequence_needs_it_on_deletes(tmp_path: Path) -> None:
+def test_custom_sequence_needs_it_on_deletes(table_format: TableFormat, tmp_path: Path) -> None:
     batch = log_changes([(1, "a", "x", "INSERT", 1), (1, None, None, "DELETE", 2)])
     batch = batch.append_column("version", pa.array([1, None], pa.int64()))
     with pytest.raises(ChangeBatchError, match="REPLICA IDENTITY FULL"):
-        load(tmp_path / "t", table_config(sequence_by="version", apply_as_truncates=False), [batch])
+        load(table_format, tmp_path / "t", table_config(sequence_by="version", apply_as_truncates=False), [batch])
+
+
+def test_a_tie_on_a_custom_sequence_goes_to_the_later_change_across_batches(
+    table_format: TableFormat, tmp_path: Path
+) -> None:
+    # Under REPLICA IDENTITY FULL a delete's image carries the row's last sequence value: it ties
+    # with the update before it, in a later batch; the source's order says the delete came last.
+    def versioned(rows: list[tuple[Any, ...]], version: int) -> pa.Table:
+        return log_changes(rows).append_column("version", pa.array([version] * len(rows), pa.int64()))
+
+    config = table_config(sequence_by="version", apply_as_truncates=False)
+    first = versioned([(1, "a", "x", "INSERT", 1), (2, "b", "y", "INSERT", 1)], 5)
+    later = versioned([(1, None, None, "DELETE", 2), (2, "b2", "y2", "UPDATE", 2)], 5)
+    assert current(load(table_format, tmp_path / "t", config, [first, later])) == [(2, "b2", "y2")]
 
 
 @pytest.mark.parametrize(

@@ -7,18 +7,21 @@ import threading
 from pathlib import Path
 
 import orjson
+import pyarrow as pa
 import pytest
 import yaml
 from deltalake import DeltaTable
+from harness.table_formats import TableFormat, overwrite_rows
 
+from capture.postgres.events.source_block import postgres_source
 from core.config import load_config
 from log.base import Record, TopicSpec, append_keyed
-from log.envelope import ChangeEvent, Op, SourceInfo, encode_key, encode_value
+from log.envelope import ChangeEvent, Op, encode_key, encode_value
 from log.factory import open_log
 from log.topics import SCHEMAS_TOPIC
 from warehouse_loader.backfill import BackfillError, offset_ranges, rebuild_days
 from warehouse_loader.changes import COMMIT_TS, END_AT, START_AT, changes_from_events
-from warehouse_loader.delta_writer import write_scd2
+from warehouse_loader.formats import format_of
 from warehouse_loader.load_job import table_path
 
 TOPIC = "src.public.t"
@@ -34,7 +37,7 @@ def make_events() -> list[ChangeEvent]:
         for hour, key in ((2, 1), (9, 2), (23, 3)):
             lsn += 10
             ts_us = int(dt.datetime.combine(day, dt.time(hour, 30), tzinfo=dt.UTC).timestamp() * 1_000_000)
-            source = SourceInfo("src", "db", "public", "t", lsn, lsn, lsn, 0, ts_us)
+            source = postgres_source("src", "db", "public", "t", lsn, lsn, lsn, 0, ts_us)
             if (key, number) in ((3, 2), (2, 4)):
                 events.append(ChangeEvent(Op.DELETE, source, {"id": key, "label": None}, None, ts_us))
                 continue
@@ -68,12 +71,22 @@ def day_of(event: ChangeEvent) -> dt.date:
 
 @pytest.fixture
 def project(tmp_path: Path):
+    yield from make_project(tmp_path, "delta")
+
+
+@pytest.fixture
+def each_format(tmp_path: Path, table_format: TableFormat):
+    """The project on each table format (the cases whose reads and writes go through the format)."""
+    yield from make_project(tmp_path, table_format.name)
+
+
+def make_project(tmp_path: Path, fmt: str):
     path = tmp_path / "headwater.yaml"
     document = {
         "project": "t",
         "home": str(tmp_path / "home"),
         "log": {"partitions": 2, "file": {"fsync": "never"}},
-        "warehouse": {"tables": {"hist": {"from": TOPIC, "mode": "scd2"}}},
+        "warehouse": {"format": fmt, "tables": {"hist": {"from": TOPIC, "mode": "scd2"}}},
     }
     path.write_text(yaml.safe_dump(document))
     config = load_config(path)
@@ -102,18 +115,31 @@ def project(tmp_path: Path):
 
 def load(config, events: list[ChangeEvent]) -> None:
     """What the streaming load would have written from ``events``."""
-    write_scd2(table_path(config, "hist"), changes_from_events(events, ["id"]), table="hist", batch_id=0, keys=["id"])
+    format_of(config, "hist").write_batch(
+        table_path(config, "hist"),
+        changes_from_events(events, ["id"]),
+        table="hist",
+        batch_id=0,
+        keys=["id"],
+        config=config.warehouse.tables["hist"],
+    )
+
+
+def stored(config) -> pa.Table:
+    table = format_of(config, "hist").open(table_path(config, "hist"))
+    assert table is not None
+    return table.select("SELECT * FROM target")
 
 
 def versions(config, days: list[dt.date] | None = None) -> list[tuple[int, str, str, str | None]]:
-    rows = DeltaTable(str(table_path(config, "hist"))).to_pyarrow_table().to_pylist()
+    rows = stored(config).to_pylist()
     if days is not None:
         rows = [r for r in rows if r[COMMIT_TS].date() in days]
     return sorted((r["id"], r["label"], r[START_AT], r[END_AT]) for r in rows)
 
 
-def test_backfill_of_three_missing_days_yields_exactly_their_changes_and_stitches_neighbours(project):
-    config, log, events = project
+def test_backfill_of_three_missing_days_yields_exactly_their_changes_and_stitches_neighbours(each_format):
+    config, log, events = each_format
     load(config, [e for e in events if day_of(e) in (DAYS[0], DAYS[4])])  # days 1-3 never loaded
     before_edges = {day: versions(config, [day]) for day in (DAYS[0], DAYS[4])}
 
@@ -133,13 +159,15 @@ def test_backfill_of_three_missing_days_yields_exactly_their_changes_and_stitche
     assert [v[:3] for v in versions(config, [DAYS[0]])] == [v[:3] for v in before_edges[DAYS[0]]]
 
 
-def test_backfill_replaces_wrong_versions_of_the_days_and_keeps_a_delete_on_a_later_day(project):
-    config, log, events = project
+def test_backfill_replaces_wrong_versions_of_the_days_and_keeps_a_delete_on_a_later_day(each_format):
+    config, log, events = each_format
     load(config, events)
     assert versions(config) == expected_versions(events)
-    table = DeltaTable(str(table_path(config, "hist")))
-    day2 = dt.datetime.combine(DAYS[2], dt.time(), tzinfo=dt.UTC).isoformat()
-    table.update({"label": "'corrupt'"}, predicate=f"{COMMIT_TS} >= '{day2}'")  # days 2-4 damaged
+    rows = stored(config)
+    day2 = dt.datetime.combine(DAYS[2], dt.time(), tzinfo=dt.UTC)
+    damaged = [r["label"] if r[COMMIT_TS] < day2 else "corrupt" for r in rows.to_pylist()]  # days 2-4
+    at = rows.schema.get_field_index("label")
+    overwrite_rows(config, "hist", rows.set_column(at, rows.schema.field(at), pa.array(damaged, pa.string())))
 
     result = rebuild_days(None, config, log, "hist", DAYS[2:4])
 

@@ -9,6 +9,7 @@ import pytest
 from deltalake import write_deltalake
 
 from core.config import parse_config
+from warehouse_loader.delta.table import delta_exists, open_delta
 from warehouse_loader.errors import WarehouseStorageError, WarehouseUnreachableError
 from warehouse_loader.location import FAIL_FAST_OPTIONS, TableLocation, as_location, location_in, storage_error
 from warehouse_loader.object_store import _seconds, arrow_filesystem, split_uri
@@ -20,9 +21,9 @@ def test_local_location_behaves_like_the_path_it_was(tmp_path: Path) -> None:
     assert not location.is_remote and location.storage_options is None and location.path == tmp_path / "orders.v2"
     side = location / "_hw_tombstones"
     assert side.path == tmp_path / "orders.v2" / "_hw_tombstones"
-    assert not location.exists() and location.open() is None
+    assert not delta_exists(location) and open_delta(location) is None
     write_deltalake(location.uri, pa.table({"a": [1]}))
-    assert location.exists() and location.open().version() == 0
+    assert delta_exists(location) and open_delta(location).version() == 0
     location.remove()
     assert not location.path.exists()
 

@@ -13,7 +13,7 @@ from log.base import Record, TopicSpec, append_keyed
 from log.factory import open_log
 from log.topics import SCHEMAS_TOPIC
 from warehouse_loader.changes import OP, SEQ
-from warehouse_loader.delta_writer import loaded_key, write_scd1
+from warehouse_loader.delta.writer import loaded_key, write_scd1
 from warehouse_loader.load_job import TableKeyError, table_key_problem, table_keys, table_path
 
 TOPIC = "src.public.people"

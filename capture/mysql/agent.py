@@ -1,0 +1,348 @@
+"""The MySQL capture agent: binlog -> whole transactions -> change records in the log.
+
+Resume points and invariants:
+
+* A transaction's records are appended only when it is complete (its XID or COMMIT read), in
+  binlog order, with the schema records of changed shapes before them.
+* The resume position (:mod:`capture.mysql.state`) is saved only after the appends of every
+  transaction before it returned, so it is at or before what the log holds; records the log
+  already holds are skipped after a restart (:class:`capture.position.ResumePoint`).
+* MySQL has nothing to acknowledge: the server keeps binlogs by time. A binlog purged before
+  capture read it stops capture in one line naming ``headwater source resync``.
+* A lost replication connection is reopened from the last saved position; what was pending is
+  dropped and read again.
+
+Large transactions: past ``spill_threshold_bytes`` the assembler spills a transaction's row
+events to ``capture/<source>/spill/`` (:mod:`capture.spill`), and a committed transaction's
+events are built and appended ``PIECE_RECORDS`` at a time, pending records flushed between
+pieces once ``FLUSH_RECORDS`` wait. A flush in the middle of a transaction saves no position
+(the resume position moves past a transaction only once its last piece is durable), so a
+crash between pieces reads the whole transaction again and :class:`capture.position.ResumePoint`
+skips the records the log holds; a stop between pieces ends the session there the same way.
+Every spill file is removed once its transaction is built, when a session ends, and at every
+session start (what a killed run left is read again from the binlog).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from capture.appender import Appender
+from capture.mysql.binlog.client import BinlogStream, BinlogStreamError
+from capture.mysql.binlog.event_types import EventType
+from capture.mysql.binlog.position import BinlogPosition, GtidPosition
+from capture.mysql.binlog.rows import RowDecoder
+from capture.mysql.binlog.table_map import TableShape
+from capture.mysql.events import EventBuilder
+from capture.mysql.schema_records import schema_record
+from capture.mysql.settings import MySqlSource
+from capture.mysql.snapshot import Snapshot
+from capture.mysql.source_checks import check_source_settings
+from capture.mysql.state import StreamState, load_state, save_state
+from capture.mysql.streaming.transactions import Transaction, TransactionAssembler
+from capture.mysql.table_plan import TablePlan, TablePlanner
+from capture.mysql.types.charsets import Charsets
+from capture.position import ResumePoint
+from capture.records import SchemaRecord
+from capture.source_topics import SourceTopics
+from capture.spill import SPILL_DIRECTORY, PausingFullDisk, SpillBudget, SpillDirectory
+from capture.stats import CaptureStats
+from capture.transaction_records import TransactionBoundaries
+from core.log_config import LogConfig
+from log.base import Log
+from log.table_schemas import latest_schemas
+
+logger = logging.getLogger(__name__)
+
+#: Append when the server has sent nothing more, when this many records are pending ...
+FLUSH_RECORDS = 50_000
+#: ... or when the oldest pending record has waited this long (a long busy stream).
+FLUSH_AFTER_S = 1.0
+#: A transaction's records are built this many at a time (a large one is appended in pieces).
+PIECE_RECORDS = 20_000
+_RECONNECTS = 5
+#: How often a spill write is retried while its disk is full.
+SPILL_RETRY_S = 1.0
+
+
+class _StoppedWhileFull(Exception):
+    """Capture was asked to stop while a spill write waited for room (the session ends, nothing is lost)."""
+
+
+@dataclass
+class _Boundary:
+    """A transaction as :class:`capture.transaction_records.TransactionBoundaries` reads it."""
+
+    #: The id every event's ``transaction`` block has: the MariaDB GTID (``file:offset`` without one).
+    transaction_id: str
+    commit_ordinal: int
+    commit_ts_us: int
+
+    @classmethod
+    def of(cls, transaction: Transaction) -> _Boundary:
+        assert transaction.commit is not None
+        ident = str(transaction.gtid) if transaction.gtid is not None else str(transaction.commit)
+        return cls(ident, transaction.commit.ordinal(), transaction.timestamp * 1_000_000)
+
+
+class MySqlAgent:
+    """Captures one MySQL/MariaDB source (see the module docstring)."""
+
+    def __init__(self, source: MySqlSource, log: Log, log_config: LogConfig, state_dir: Path) -> None:
+        self.name = source.name
+        self.source = source
+        self.log = log
+        self.state_dir = state_dir
+        #: ``acked``: the binlog position saved after the last durable append (nothing is acknowledged to MySQL).
+        self.stats = CaptureStats(acked=BinlogPosition("none.000000", 0))
+        self._stop = threading.Event()
+        self.topics = SourceTopics(log, log_config, source.name)
+        self._charsets: Charsets | None = None
+        self.planner = TablePlanner(
+            source.name,
+            source.modes,
+            columns=source.columns,
+            keys=source.keys,
+            filters=source.filters,
+            skipped_operations=source.skipped_operations,
+            collation_name=lambda c: self._known_charsets().collation_name(c),
+            max_bytes=lambda c: self._known_charsets().max_bytes(c),
+        )
+        self.builder = EventBuilder(
+            source.name,
+            self.planner.plan,
+            source.wants,
+            skipped_operations=frozenset(source.skipped_operations),
+        )
+        self._schemas: dict[str, tuple[bytes, int]] = {}
+        #: Shapes whose schema record is known to be written (by identity, kept alive here).
+        self._checked: dict[int, TableShape] = {}
+        self._state: StreamState | None = None
+        #: ``transactions: true``: BEGIN/END records in ``<source>.transaction``.
+        self._boundaries = TransactionBoundaries(source.name) if source.transactions else None
+
+    def stop(self) -> None:
+        """Finish the transaction in hand, append it, then let :meth:`run` return."""
+        self._stop.set()
+
+    # -- start --------------------------------------------------------------------------------
+
+    def _server_charsets(self) -> Charsets:
+        with self.source.address.connect() as conn, conn.cursor() as cur:
+            cur.execute("SELECT ID, CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLLATIONS")
+            return Charsets(cur.fetchall())
+
+    def _known_charsets(self) -> Charsets:
+        assert self._charsets is not None, "charsets are read when run() starts"
+        return self._charsets
+
+    def current_position(self) -> StreamState:
+        """The server's binlog end now (and its GTID position on MariaDB)."""
+        with self.source.address.connect() as conn, conn.cursor() as cur:
+            cur.execute("SHOW MASTER STATUS")
+            row = cur.fetchone()
+            if row is None:
+                msg = f"source {self.name}: the server's binary log is off: capture needs log_bin"
+                raise BinlogStreamError(msg)
+            position = BinlogPosition(str(row[0]), int(row[1]))
+            gtids = GtidPosition()
+            try:
+                cur.execute("SELECT @@global.gtid_binlog_pos")
+                gtid_row = cur.fetchone()
+                gtids = GtidPosition.parse(str(gtid_row[0] or "")) if gtid_row else GtidPosition()
+            except Exception:  # MySQL has no gtid_binlog_pos: file positions only
+                gtids = GtidPosition()
+        return StreamState(position, gtids)
+
+    def _load_schemas(self) -> None:
+        for topic, record in latest_schemas(self.log, f"{self.name}.").items():
+            if "columns" in record and "version" in record:
+                self._schemas[topic] = (_fingerprint(record), int(record["version"]))
+
+    def _decoder(self, shape: TableShape) -> RowDecoder:
+        return RowDecoder(shape, self.source.modes, self._known_charsets(), skip=self.planner.plan(shape).skip)
+
+    # -- streaming ----------------------------------------------------------------------------
+
+    def run(self, *, until_caught_up: bool) -> CaptureStats:
+        """Snapshot on the first run (``snapshot: initial``), then stream; see the module docstring."""
+        self._charsets = self._server_charsets()
+        # Settings naming what the database lacks, or a filter capture cannot evaluate: refused before reading.
+        check_source_settings(self.source, self.planner)
+        self._load_schemas()
+        resume = ResumePoint.load(self.log, self.topics.of_source())
+        appender = Appender(
+            self.name, self.log, self.topics, self.stats, self._stop, retry_s=1.0, on_flushed=lambda: None
+        )
+        state = load_state(self.state_dir)
+        if state is None:
+            if self.source.snapshot == "initial":
+                snapshot = Snapshot(self.source, self.builder, self.state_dir, self._schema_record)
+                state = snapshot.run(appender, resume)
+                self.stats.events += snapshot.rows
+            else:
+                state = self.current_position()
+            # Saved once the snapshot is durable: from here on a restart streams.
+            save_state(self.state_dir, state)
+        self._state = state
+        self.stats.acked = state.position
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                caught_up = self._stream(appender, resume, blocking=not until_caught_up)
+                failures = 0
+                if caught_up:
+                    break
+            except BinlogStreamError as exc:
+                failures += 1
+                appender.clear()
+                resume = ResumePoint.load(self.log, self.topics.of_source())
+                if failures > _RECONNECTS:
+                    raise
+                logger.warning("source %s: %s; reconnecting from %s", self.name, exc, self._state.position)
+                self.stats.reconnects += 1
+                self._stop.wait(min(2.0**failures, 30.0))
+        return self.stats
+
+    def _stream(self, appender: Appender, resume: ResumePoint, *, blocking: bool) -> bool:
+        """Read from the saved state; True when a non-blocking read reached the binlog's end."""
+        assert self._state is not None
+        state = self._state
+        assembler = TransactionAssembler(self.source.wants, self._decoder, spill=self._spill_directory())
+        assembler.file = state.position.file
+        gtids = state.gtids
+        pending_since: float | None = None
+        stream = BinlogStream(
+            self.source.address,
+            server_id=self.source.server_id,
+            start=state.position,
+            blocking=blocking,
+            heartbeat_s=self.source.heartbeat_s,
+        )
+        with stream:
+            try:
+                for raw in stream.events():
+                    transaction = assembler.feed(raw)
+                    if transaction is not None:
+                        if transaction.gtid is not None:
+                            gtids = gtids.advanced(transaction.gtid)
+                        try:
+                            complete = self._add(appender, resume, transaction)
+                        except _StoppedWhileFull:  # its last spill batch waited for room
+                            complete = False
+                        finally:
+                            transaction.release()
+                        if not complete:
+                            # Stopped inside it: what is pending is appended but no position saved (the
+                            # assembler's is past it), so a restart reads it again and skips what the log holds.
+                            appender.flush(resume, None)
+                            return True
+                        pending_since = pending_since or time.monotonic()
+                    if not assembler.idle:
+                        continue
+                    if self._stop.is_set():
+                        self._flush(appender, resume, assembler.position, gtids)
+                        return True
+                    if pending_since is not None:
+                        # Between transactions: append when the server has nothing more for now (lowest
+                        # latency), else in big batches (fewer fsyncs while reading a backlog).
+                        waited = time.monotonic() - pending_since > FLUSH_AFTER_S
+                        if len(appender.records) >= FLUSH_RECORDS or waited or stream.idle():
+                            self._flush(appender, resume, assembler.position, gtids)
+                            pending_since = None
+                    elif raw.header.type == EventType.HEARTBEAT:
+                        # Idle: save how far the binlog was read (events of other tables need no rereading).
+                        self._flush(appender, resume, assembler.position, gtids)
+            except _StoppedWhileFull:
+                # Stopped while a spill write of an open transaction waited for room: it is dropped (read
+                # again next time); the complete ones pending are appended and their position saved.
+                self._flush(appender, resume, assembler.position, gtids)
+                return True
+            finally:
+                assembler.discard()
+        self._flush(appender, resume, assembler.position, gtids)
+        return True
+
+    def _spill_directory(self) -> SpillDirectory:
+        """This session's spill directory, emptied (what a killed run left is read again from the binlog)."""
+        full_disk = PausingFullDisk(
+            say=lambda line: logger.warning("source %s: %s", self.name, line),
+            keep_alive=lambda: None,  # the binlog dump needs no status; a connection lost meanwhile is reopened
+            stopped=self._stop.wait,
+            stop_error=_StoppedWhileFull,
+            retry_s=SPILL_RETRY_S,
+        )
+        budget = SpillBudget(self.source.spill_threshold_bytes)
+        spill = SpillDirectory(self.state_dir / SPILL_DIRECTORY, full_disk, budget)
+        spill.clear()
+        return spill
+
+    def _schema_record(self, plan: TablePlan) -> SchemaRecord | None:
+        """The schema record of ``plan`` when its topic has not had this shape (columns and key) yet."""
+        version = self._schemas.get(plan.topic, (b"", 0))[1] + 1
+        record = schema_record(plan, version, self.source.modes)
+        fingerprint = _fingerprint(orjson.loads(record.value))
+        known = self._schemas.get(plan.topic)
+        if known is not None and known[0] == fingerprint:
+            return None
+        self._schemas[plan.topic] = (fingerprint, version)
+        return record
+
+    def _add(self, appender: Appender, resume: ResumePoint, transaction: Transaction) -> bool:
+        """Build ``transaction``'s records into the pending ones, ``PIECE_RECORDS`` at a time.
+
+        Returns whether it was added whole (False: stopped between pieces). Pending records are
+        appended between pieces once ``FLUSH_RECORDS`` wait, with no position saved (see the
+        module docstring).
+        """
+        self.stats.transactions += 1
+        # Changes of one table shape share its shape object: each distinct one is checked once per run.
+        for shape in transaction.shapes():
+            if self._checked.get(id(shape)) is shape:
+                continue
+            record = self._schema_record(self.planner.plan(shape))
+            if record is not None:
+                appender.schemas.append(record)
+            self._checked[id(shape)] = shape
+        built = self.builder.records(transaction)
+        counting = self._boundaries.start(_Boundary.of(transaction)) if self._boundaries is not None else None
+        pending = appender.records
+        piece = list(islice(built, PIECE_RECORDS))
+        while piece:
+            self.stats.events += len(piece)
+            begin = counting.add(piece) if counting is not None else None
+            if begin is not None:
+                pending.append(begin)
+            pending.extend(piece)
+            piece = list(islice(built, PIECE_RECORDS))
+            if piece and len(pending) >= FLUSH_RECORDS:
+                appender.flush(resume, None)  # saves no position: this transaction is not whole in the log yet
+                if self._stop.is_set():
+                    return False
+        if counting is not None and (end := counting.end()) is not None:
+            pending.append(end)
+        return True
+
+    def _flush(
+        self, appender: Appender, resume: ResumePoint, position: BinlogPosition | None, gtids: GtidPosition
+    ) -> None:
+        appender.flush(resume, None)
+        if position is not None and self._state is not None and position != self._state.position:
+            # Saved only now: every transaction before ``position`` is durable in the log.
+            self._state = StreamState(position, gtids)
+            save_state(self.state_dir, self._state)
+            self.stats.acked = position
+
+
+def _fingerprint(record: Mapping[str, Any]) -> bytes:
+    """What makes a schema record's shape: its columns and key (its version aside)."""
+    return orjson.dumps([record.get("columns"), record.get("key"), record.get("key_source")])

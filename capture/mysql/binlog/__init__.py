@@ -1,0 +1,1 @@
+"""The MySQL/MariaDB binlog: positions, event parsing, table maps, row images, the replication client."""

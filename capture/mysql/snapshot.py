@@ -1,0 +1,207 @@
+"""The initial snapshot: every captured table read at one binlog point, without a lock, table by table.
+
+MariaDB: ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` then the status variables
+``binlog_snapshot_file``/``binlog_snapshot_position``, the binlog point that transaction's view
+holds exactly (every transaction committed before it, none after): no lock at all. MySQL has no
+such status: there ``FLUSH TABLES WITH READ LOCK`` is held only while the transaction starts and
+``SHOW MASTER STATUS`` is read (needs RELOAD; not tested here, no MySQL server can run here).
+
+Rows are read with an unbuffered cursor and appended in chunks of :data:`CHUNK_ROWS`; each row's
+sequence is the snapshot point's, so every change streamed after the point sorts after it.
+
+Resume (``<state>/snapshot.json``): a table is done once all its rows are durable. After a crash the
+tables not done are read again, whole, at a new consistent point; streaming starts at the first
+point. A table read again at a later point holds that point in its partitions, so the changes
+between the two points, which its new rows already show, are skipped there
+(:class:`capture.position.ResumePoint`), while tables done at the first point get them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pymysql.converters
+import pymysql.cursors
+
+from capture.appender import Appender
+from capture.mysql.binlog.position import BinlogPosition, GtidPosition
+from capture.mysql.catalog import describe
+from capture.mysql.events import EventBuilder
+from capture.mysql.settings import MySqlSource
+from capture.mysql.state import StreamState
+from capture.mysql.types.text_values import text_converter
+from capture.position import ResumePoint
+from capture.records import SchemaRecord
+from core.durable_files import replace_json
+from core.errors import PermanentError
+from log.envelope import SnapshotMarker
+
+SNAPSHOT_FILE = "snapshot.json"
+#: PyMySQL's parameter encoders without its result decoders: values arrive as the server's text.
+_ENCODERS_ONLY = {k: v for k, v in pymysql.converters.conversions.items() if not isinstance(k, int)}
+CHUNK_ROWS = 10_000
+
+
+class SnapshotError(PermanentError):
+    """The snapshot cannot be taken (no binlog point, a table that cannot be read)."""
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+class Snapshot:
+    """Reads the tables of ``source`` not yet done into the log (see the module docstring)."""
+
+    def __init__(
+        self,
+        source: MySqlSource,
+        builder: EventBuilder,
+        state_dir: Path,
+        schema_record: Callable[[Any], SchemaRecord | None],
+    ) -> None:
+        self.source = source
+        self.builder = builder
+        self.path = state_dir / SNAPSHOT_FILE
+        self._schema_record = schema_record
+        self.rows = 0
+
+    def _load(self) -> dict[str, Any]:
+        if self.path.exists():
+            state: dict[str, Any] = json.loads(self.path.read_text())
+            return state
+        return {"stream_from": None, "done": []}
+
+    def _save(self, state: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        replace_json(self.path, state)
+
+    def started(self) -> bool:
+        """True once a snapshot point was chosen (the snapshot may not be done yet)."""
+        return self._load()["stream_from"] is not None
+
+    def run(self, appender: Appender, resume: ResumePoint) -> StreamState:
+        """Read every table not done; returns where streaming starts."""
+        state = self._load()
+        if state.get("complete") and state["stream_from"] is not None:
+            return _point(state["stream_from"])
+        with self.source.address.connect(cursorclass=pymysql.cursors.SSCursor, conv=_ENCODERS_ONLY) as conn:
+            point = self._begin(conn)
+            # Listed inside the snapshot's transaction: a table created before its point is listed
+            # (its rows are read), one created after it is streamed from its CREATE on.
+            pending = [t for t in self._tables(conn) if t not in state["done"]]
+            if state["stream_from"] is None:
+                state["stream_from"] = _json(point)
+                self._save(state)
+            for position, table in enumerate(pending):
+                self._table(
+                    conn, table, point, appender, resume, first=position == 0, last=position == len(pending) - 1
+                )
+                state["done"].append(table)
+                self._save(state)
+            conn.commit()
+        state["complete"] = True
+        self._save(state)
+        return _point(state["stream_from"])
+
+    def _tables(self, conn: Any) -> list[str]:
+        """The configured tables, then every table of the databases captured whole (by name)."""
+        tables = list(self.source.tables)
+        if self.source.databases:
+            with conn.cursor(pymysql.cursors.Cursor) as cur:
+                cur.execute(
+                    "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE' "
+                    f"AND TABLE_SCHEMA IN ({', '.join(['%s'] * len(self.source.databases))}) "
+                    "ORDER BY TABLE_SCHEMA, TABLE_NAME",
+                    self.source.databases,
+                )
+                found = [f"{db}.{name}" for db, name in cur.fetchall()]
+            tables += [t for t in found if t not in tables]
+        return tables
+
+    def _begin(self, conn: Any) -> StreamState:
+        with conn.cursor(pymysql.cursors.Cursor) as cur:
+            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cur.execute("SELECT VERSION()")
+            mariadb = "mariadb" in str(cur.fetchone()[0]).lower()
+            if mariadb:
+                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+                cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+                status = {str(k).lower(): str(v) for k, v in cur.fetchall()}
+                position = BinlogPosition(status["binlog_snapshot_file"], int(status["binlog_snapshot_position"]))
+                cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (position.file, position.offset))
+                gtid = cur.fetchone()[0]
+                return StreamState(position, GtidPosition.parse(str(gtid or "")))
+            cur.execute("FLUSH TABLES WITH READ LOCK")
+            try:
+                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+                cur.execute("SHOW MASTER STATUS")
+                row = cur.fetchone()
+            finally:
+                cur.execute("UNLOCK TABLES")
+            if row is None:
+                msg = f"source {self.source.name}: the server's binary log is off: capture needs log_bin"
+                raise SnapshotError(msg)
+            return StreamState(BinlogPosition(str(row[0]), int(row[1])))
+
+    def _table(
+        self,
+        conn: Any,
+        table: str,
+        point: StreamState,
+        appender: Appender,
+        resume: ResumePoint,
+        *,
+        first: bool,
+        last: bool,
+    ) -> None:
+        database, _, name = table.partition(".")
+        with conn.cursor(pymysql.cursors.Cursor) as cur:
+            shape = describe(cur, database, name)
+        plan = self.builder.plan_of(shape)
+        record = self._schema_record(plan)
+        if record is not None:
+            appender.schemas.append(record)
+        kept = [shape.columns[i] for i in plan.kept]
+        converters = [text_converter(c, self.source.modes, f"{table}.{c.name}") for c in kept]
+        columns = ", ".join(_quote(c.name) for c in kept) or "1"
+        # The row filter as the server evaluates it (capture evaluates streamed rows alike: row_filter).
+        where = f" WHERE {plan.row_filter.condition}" if plan.row_filter is not None else ""
+        ts_us = time.time_ns() // 1000
+        index = 0
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {columns} FROM {_quote(database)}.{_quote(name)}{where}")
+            chunk = cur.fetchmany(CHUNK_ROWS)
+            while chunk:
+                following = cur.fetchmany(CHUNK_ROWS)
+                for at, row in enumerate(chunk):
+                    image = plan.kept_image(
+                        [None if v is None else convert(v) for v, convert in zip(row, converters, strict=True)]
+                    )
+                    marker = SnapshotMarker.of_row(
+                        first_in_table=index == 0,
+                        last_in_table=not following and at == len(chunk) - 1,
+                        first_table=first,
+                        last_table=last,
+                    )
+                    appender.records.append(
+                        self.builder.snapshot_record(
+                            plan, image, point=point, index=index, marker=marker.value, ts_us=ts_us
+                        )
+                    )
+                    index += 1
+                self.rows += len(chunk)
+                appender.flush(resume, None)
+                chunk = following
+
+
+def _json(point: StreamState) -> dict[str, Any]:
+    return point.to_json()
+
+
+def _point(data: dict[str, Any]) -> StreamState:
+    return StreamState.from_json(data)

@@ -1,0 +1,53 @@
+"""Where MySQL capture resumes: the binlog position after the last transaction the log holds.
+
+``<home>/capture/<source>/binlog.json``: ``{"file", "offset", "gtid", "server_uuid"}``, replaced
+whole (``core.durable_files``) only after the appends of the transactions before it returned, so
+it is at or before what the log holds. A restart reads the binlog from there, and records the log
+already holds are skipped (:class:`capture.position.ResumePoint`): nothing is lost or doubled
+whichever of the two a crash came between.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from capture.mysql.binlog.position import BinlogPosition, GtidPosition
+from core.durable_files import replace_json
+
+STATE_FILE = "binlog.json"
+_NO_GTIDS = GtidPosition()
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """The resume position: a file position, and the GTID position (MariaDB) at the same point."""
+
+    position: BinlogPosition
+    gtids: GtidPosition = _NO_GTIDS
+
+    def to_json(self) -> dict[str, object]:
+        """The file's content."""
+        return {"file": self.position.file, "offset": self.position.offset, "gtid": str(self.gtids)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> StreamState:
+        """Inverse of :meth:`to_json`."""
+        return cls(
+            BinlogPosition(str(data["file"]), int(str(data["offset"]))), GtidPosition.parse(str(data.get("gtid", "")))
+        )
+
+
+def load_state(directory: Path) -> StreamState | None:
+    """The saved state, or None before the first save."""
+    path = directory / STATE_FILE
+    if not path.exists():
+        return None
+    return StreamState.from_json(json.loads(path.read_text()))
+
+
+def save_state(directory: Path, state: StreamState) -> None:
+    """Replace the saved state (durably)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    replace_json(directory / STATE_FILE, state.to_json())

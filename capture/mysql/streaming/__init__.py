@@ -1,0 +1,1 @@
+"""Streaming from the binlog: row events assembled into whole transactions."""

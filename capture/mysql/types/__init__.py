@@ -1,0 +1,1 @@
+"""MySQL/MariaDB column types and their values as Debezium's MySQL connector writes them."""

@@ -1,0 +1,1 @@
+"""The PostgreSQL source kind: registration, snapshot, streaming and pgoutput decoding, events, types."""

@@ -1,0 +1,1 @@
+"""The replication protocol's frames and pgoutput messages decoded into value objects."""

@@ -1,0 +1,1 @@
+"""Change events and schema records from a PostgreSQL source's rows and relations."""

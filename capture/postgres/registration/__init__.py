@@ -1,0 +1,1 @@
+"""Registering a PostgreSQL source: prerequisites, publication, slot, row filters, settings."""

@@ -1,0 +1,1 @@
+"""Snapshots of a PostgreSQL source: initial (COPY), incremental (watermarks) and resync."""

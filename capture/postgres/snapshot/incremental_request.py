@@ -1,0 +1,73 @@
+"""Requesting an incremental snapshot (``headwater snapshot``, Dagster) and knowing when it is done.
+
+A request is a file the source's capture agent picks up (:mod:`capture.postgres.snapshot.incremental`
+reads the tables between watermarks while streaming goes on); :mod:`capture.snapshots` runs one
+to completion for any source kind.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from capture.errors import UnknownSourceError
+from capture.postgres.identifiers import TableName, parse_tables
+from capture.postgres.snapshot.incremental import (
+    REQUESTS_DIR,
+    STATE_FILE,
+    IncrementalSnapshotError,
+    IncrementalState,
+)
+from core.config import ProjectConfig
+from core.durable_files import replace_json
+
+
+def request_incremental_snapshot(state_dir: Path, tables: Sequence[str]) -> tuple[str, tuple[TableName, ...]]:
+    """Record a request to re-snapshot ``tables`` (``schema.table``); return its id and the parsed names.
+
+    The source's capture agent picks it up within :data:`REQUEST_POLL_S` when it runs,
+    else at its next start.
+    """
+    names = parse_tables(list(tables))
+    if not names:
+        msg = "give at least one table, e.g. --tables public.orders"
+        raise IncrementalSnapshotError(msg)
+    request_id = f"{time.time_ns():020d}-{secrets.token_hex(4)}"
+    replace_json(state_dir / REQUESTS_DIR / f"{request_id}.json", {"id": request_id, "tables": [str(t) for t in names]})
+    return request_id, names
+
+
+def snapshot_tables(config: ProjectConfig, source: str, tables: Sequence[str]) -> tuple[TableName, ...]:
+    """``tables`` as names, refused unless ``source`` is configured and captures every one of them."""
+    if source not in config.sources:
+        where = config.config_path or "headwater.yaml"
+        msg = f"no source named {source!r} in {where}; known: {', '.join(config.sources) or 'none'}"
+        raise UnknownSourceError(msg, source=source)
+    names = parse_tables(list(tables))
+    if not names:
+        msg = f"give at least one table of source {source!r} to snapshot, e.g. public.orders"
+        raise IncrementalSnapshotError(msg, source=source)
+    settings = config.sources[source]
+    if settings.tables is not None:
+        captured = {TableName.parse(t) for t in settings.tables}
+        missing = [t for t in names if t not in captured]
+        scope = "tables " + ", ".join(sorted(map(str, captured)))
+    else:
+        missing = [t for t in names if t.schema not in (settings.schemas or ())]
+        scope = "schemas " + ", ".join(settings.schemas or ())
+    if missing:
+        msg = (
+            f"source {source!r} does not capture {', '.join(map(str, missing))} (it captures {scope}); "
+            f"snapshot only tables it captures, or add them with 'headwater source add'"
+        )
+        raise IncrementalSnapshotError(msg, source=source, table=str(missing[0]))
+    return names
+
+
+def request_done(state_dir: Path, request_id: str) -> bool:
+    """True once an agent took request ``request_id`` and emitted (durably) every chunk of its tables."""
+    if (state_dir / REQUESTS_DIR / f"{request_id}.json").exists():
+        return False
+    return all(t.request != request_id for t in IncrementalState.load(state_dir / STATE_FILE).tables)

@@ -1,0 +1,1 @@
+"""Streaming a PostgreSQL source: the replication connection and session, transactions, markers, signals."""

@@ -1,0 +1,1 @@
+"""PostgreSQL's types: text values -> Debezium JSON values of each logical type."""

@@ -1,0 +1,64 @@
+"""SIGINT and SIGTERM of a long-running (``--follow``) command: a clean stop at any moment.
+
+A ``--follow`` stage stops cleanly whatever it is doing when the signal comes: each stage's work
+loop has its own graceful handler (capture appends and acknowledges the transaction in hand,
+Spark queries finish or drop their micro-batch and resume from their checkpoints, the cleaner
+ends its pass), and before and around those loops (loading the config, waiting for a lease,
+starting Spark, planning queries: nothing written yet, or nothing that a restart does not
+resume) the signal raises :class:`KeyboardInterrupt` where the main thread is, and the command
+exits 0 (``headwater.cli_context``). So ``run --follow``'s supervisor sees every stage exit 0.
+
+* :func:`listen`, first thing in the process: a signal only marks :data:`requested` (Python's
+  start-up and imports are not interrupted). It also unblocks SIGINT/SIGTERM: a supervisor
+  starts its children with SIGINT blocked (:func:`held_until_listening`), so a stop sent while
+  the interpreter is still starting stays pending until here instead of killing it mid-import.
+* :func:`stop_anywhere`: from then on a signal raises :class:`KeyboardInterrupt` (at once if one
+  came already); after the first, further signals only mark the request, so the unwinding
+  (Spark's stop, leases released) is not interrupted again.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+#: Set once SIGINT or SIGTERM asked this process to stop.
+requested = threading.Event()
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _mark(_signum: int, _frame: FrameType | None) -> None:
+    requested.set()
+
+
+def _raise(_signum: int, _frame: FrameType | None) -> None:
+    requested.set()
+    listen()
+    raise KeyboardInterrupt
+
+
+def listen() -> None:
+    """SIGINT/SIGTERM only mark :data:`requested` (main thread only, as every signal handler)."""
+    if threading.current_thread() is threading.main_thread():
+        for number in SIGNALS:
+            signal.signal(number, _mark)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
+
+
+_HELD = frozenset(SIGNALS)
+
+
+def held_until_listening() -> None:
+    """A child's ``preexec_fn`` part: SIGINT/SIGTERM stay pending from exec until its :func:`listen`."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+
+
+def stop_anywhere() -> None:
+    """SIGINT/SIGTERM raise :class:`KeyboardInterrupt` in the main thread; at once if a stop was requested."""
+    if threading.current_thread() is threading.main_thread():
+        for number in SIGNALS:
+            signal.signal(number, _raise)
+    if requested.is_set():  # marked before (or while) the handlers were installed
+        listen()
+        raise KeyboardInterrupt

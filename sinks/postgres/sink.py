@@ -1,0 +1,352 @@
+"""The PostgreSQL sink: each batch applied to the replica tables and its checkpoints saved, in one transaction.
+
+Per batch, in the log's order: every change of a key folds into the key's last one (an
+upsert of its row image, or a delete), and those are written per table with ``COPY`` into a
+temporary table and one ``INSERT ... ON CONFLICT (key) DO UPDATE`` / ``DELETE ... USING``.
+A truncate removes the rows older than it by the source's order
+(:mod:`sinks.postgres.truncates`: it sits in one partition, the rows in all). Logical messages
+are not rows (skipped). The same transaction creates or evolves the replica tables
+(:mod:`sinks.postgres.tables`) and saves the checkpoints (:mod:`sinks.postgres.offsets`), so
+a batch is in the replica with its offsets or not at all: **exactly once**, with each key's
+changes in the source's order. A source transaction that changed keys of several partitions
+may show in several target transactions.
+
+A batch the database refuses for its data (a value that does not fit, a constraint of the
+replica) is tried again after re-reading the schema records; if it still fails, each record
+is applied under a savepoint and those that fail alone are poison records (dead letter). A
+lost connection is retried with backoff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from core.config import ProjectConfig
+from core.sink_config import PostgresOptions, TransformConfig
+from log.base import Log, TopicPartition
+from log.consumer import Checkpoint
+from log.topics import sink_group
+from sinks.base import Guarantee, Reject
+from sinks.errors import TargetUnavailableError
+from sinks.postgres.columns import copy_rows
+from sinks.postgres.offsets import PostgresOffsets
+from sinks.postgres.tables import ReplicaTable, ReplicaTables
+from sinks.postgres.truncates import INDEX_COLUMN, LSN_COLUMN, Truncates
+from sinks.records import Rejection, SinkRecord
+
+_UPSERT_OPS = frozenset({"c", "u", "r"})
+Change = tuple[SinkRecord, dict[str, Any]]
+#: SQLSTATE classes of errors about the data (22: data exception, 23: integrity constraint).
+_DATA_ERRORS = ("22", "23")
+
+
+class ParsedBatch(list[SinkRecord]):
+    """A batch with each event parsed (:meth:`PostgresSink.prepare`, on the runner's reading thread)."""
+
+    changes: list[Change]
+
+
+class PostgresSink:
+    """Keeps replica tables in a PostgreSQL database (see the module docstring)."""
+
+    guarantee = Guarantee(
+        "exactly once (offsets committed in the rows' transaction)", "not needed: nothing is applied twice"
+    )
+
+    def __init__(
+        self, name: str, options: PostgresOptions, transform: TransformConfig, config: ProjectConfig, log: Log
+    ) -> None:
+        self.name = name
+        self.options = options
+        self._group = sink_group(name)
+        self._offsets = PostgresOffsets(options.schema_)
+        self._truncates = Truncates(options.schema_)
+        self._tables = ReplicaTables(name, options, transform.fields, config, log)
+        self._conn: Any = None
+        #: Claims and reads of checkpoints happen while the consumer polls, on the reading thread, maybe while a
+        #: batch is being written: on a connection of their own, never inside the batch's transaction.
+        self._claims: Any = None
+        #: Staging tables by (replica, columns): created once per connection, emptied by each commit.
+        self._stages: dict[tuple[str, tuple[str, ...]], sql.Identifier] = {}
+        self._stage_count = 0
+        #: Statements waiting for the batch's pipeline (``None``: each runs at once, under a savepoint).
+        self._deferred: list[tuple[Any, Any]] | None = None
+        #: The staging tables written in the open transaction.
+        self._staged: set[tuple[str, tuple[str, ...]]] = set()
+
+    # -- connection and checkpoints -------------------------------------------------------------
+
+    def open(self) -> None:
+        """Connect and create the offsets table; :class:`TargetUnavailableError` when the database does not answer."""
+        if self._conn is not None and not self._conn.closed:
+            return
+        try:
+            self._conn = psycopg.connect(self.options.dsn.get_secret_value(), autocommit=True, connect_timeout=10)
+            with self._conn.transaction():
+                self._conn.execute(
+                    sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.options.schema_))
+                )
+                self._offsets.create(self._conn)
+                self._truncates.create(self._conn)
+        except psycopg.OperationalError as exc:
+            self._conn = None
+            raise TargetUnavailableError(self.name, f"postgres: {_first_line(exc)}") from None
+
+    def _connected(self) -> Any:
+        if self._conn is None or self._conn.closed:
+            self.open()
+        return self._conn
+
+    def _bookkeeping(self, action: Any) -> Any:
+        """``action(connection)`` on the claims connection; a lost one is dropped alone (a batch may be in flight)."""
+        try:
+            if self._claims is None or self._claims.closed:
+                self._claims = psycopg.connect(self.options.dsn.get_secret_value(), autocommit=True, connect_timeout=10)
+            return action(self._claims)
+        except psycopg.OperationalError as exc:
+            claims, self._claims = self._claims, None
+            if claims is not None:
+                with contextlib.suppress(psycopg.Error):
+                    claims.close()
+            raise TargetUnavailableError(self.name, f"postgres: {_first_line(exc)}") from None
+
+    def claim(self, group: str, owners: Mapping[TopicPartition, str]) -> dict[TopicPartition, int]:
+        """Claim partitions in the target's offsets table; return the stored next offsets."""
+        claimed: dict[TopicPartition, int] = self._bookkeeping(lambda conn: self._offsets.claim(conn, group, owners))
+        return claimed
+
+    def stored(self, group: str, partition: TopicPartition) -> int | None:
+        """The next offset the target holds for ``partition``."""
+        stored: int | None = self._bookkeeping(lambda conn: self._offsets.stored(conn, group, partition))
+        return stored
+
+    def rewind(self, group: str, offsets: Mapping[TopicPartition, int]) -> None:
+        """Store ``offsets`` as the next ones and void every claim (``headwater sinks replay``)."""
+        self._bookkeeping(lambda conn: self._offsets.rewind(conn, group, offsets))
+
+    def _guarded(self, action: Any) -> Any:
+        try:
+            return action()
+        except psycopg.OperationalError as exc:
+            self._drop()
+            raise TargetUnavailableError(self.name, f"postgres: {_first_line(exc)}") from None
+
+    # -- delivery -------------------------------------------------------------------------------
+
+    def prepare(self, records: list[SinkRecord]) -> list[SinkRecord]:
+        """``records`` with each event parsed, its row image holding its position (no connection needed)."""
+        batch = ParsedBatch(records)
+        batch.changes = [_parsed(r) for r in records]
+        return batch
+
+    def deliver(
+        self, records: Sequence[SinkRecord], checkpoints: Mapping[TopicPartition, Checkpoint], reject: Reject
+    ) -> None:
+        """Apply ``records`` and save ``checkpoints`` in one transaction (see the module docstring)."""
+        changes = records.changes if isinstance(records, ParsedBatch) else [_parsed(r) for r in records]
+        for isolate in (False, False, True):
+            try:
+                self._guarded(lambda isolate=isolate: self._transaction(changes, checkpoints, reject, isolate=isolate))
+                return
+            except psycopg.Error as exc:
+                self._tables.forget()
+                if not _about_data(exc) or isolate:
+                    raise TargetUnavailableError(self.name, f"postgres: {_first_line(exc)}") from None
+                # The schema may have changed under the batch: read it again before isolating records.
+                conn = self._connected()
+                for topic in {r.topic for r, _ in changes}:
+                    with conn.transaction():
+                        self._tables.refresh(conn, topic)
+
+    def _transaction(
+        self,
+        changes: Sequence[Change],
+        checkpoints: Mapping[TopicPartition, Checkpoint],
+        reject: Reject,
+        *,
+        isolate: bool,
+    ) -> None:
+        conn = self._connected()
+        rejected: list[Rejection] = []
+        self._staged.clear()
+        try:
+            with conn.transaction():
+                if not isolate:
+                    # Rows are copied into staging tables first; the statements that apply them
+                    # and the offsets' update then go to the server in one round trip (a pipeline).
+                    self._deferred = []
+                    self._apply(conn, changes)
+                    reject(rejected)
+                    with conn.pipeline():
+                        for statement, params in self._deferred:
+                            conn.execute(statement, params)
+                        self._offsets.save(conn, self._group, checkpoints)
+                    self._deferred = None
+                    return
+                else:
+                    for change in changes:
+                        try:
+                            with conn.transaction():  # a savepoint
+                                self._apply(conn, [change])
+                        except psycopg.Error as exc:
+                            # tables (staging, or DDL) made under the savepoint went with it
+                            self._stages.clear()
+                            self._tables.forget()
+                            if not _about_data(exc):
+                                raise
+                            rejected.append(Rejection(change[0], f"postgres refused the row: {_first_line(exc)}"))
+                reject(rejected)  # durable in the dead-letter topic before the batch counts as done
+                self._offsets.save(conn, self._group, checkpoints)
+        except BaseException:
+            self._deferred = None
+            self._tables.forget()
+            self._stages.clear()  # created in the rolled-back transaction, or on a lost connection
+            raise
+
+    def _apply(self, conn: Any, changes: Sequence[Change]) -> None:
+        pending: dict[str, dict[bytes, tuple[str, dict[str, Any]]]] = {}
+        topic: str | None = None
+        latest: dict[bytes, tuple[str, dict[str, Any]]] = {}
+        for record, event in changes:
+            op = event.get("op")
+            if op == "t":
+                self._flush(conn, pending)
+                pending, topic = {}, None
+                table = self._tables.get(conn, record.topic, ())
+                self._truncates.apply(
+                    functools.partial(self._run, conn), table.identifier, table.qualified, _position(event)
+                )
+                continue
+            if record.topic != topic:  # one lookup per run of a topic's records, not per record
+                topic = record.topic
+                latest = pending.setdefault(topic, {})
+            if op in _UPSERT_OPS:
+                latest[record.key or b"null"] = ("u", event["after"])  # holding its position (_parsed)
+            elif op == "d":
+                latest[record.key or b"null"] = ("d", orjson.loads(record.key or b"{}"))
+        self._flush(conn, pending)
+
+    def _flush(self, conn: Any, pending: Mapping[str, Mapping[bytes, tuple[str, dict[str, Any]]]]) -> None:
+        for topic, latest in pending.items():
+            upserts = [row for op, row in latest.values() if op == "u"]
+            columns = set().union(*upserts)  # every row's column names
+            table = self._tables.get(conn, topic, sorted(columns))
+            deletes = [row for op, row in latest.values() if op == "d"]
+            if deletes:
+                self._delete(conn, table, deletes)
+            if upserts:
+                self._upsert(conn, table, upserts)
+
+    def _stage(self, conn: Any, table: ReplicaTable, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> Any:
+        """``rows`` copied into a temporary table of ``columns`` (kept for the session, emptied at each commit)."""
+        shape = (table.qualified, tuple(columns))
+        stage = self._stages.get(shape)
+        listed = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+        if stage is None:
+            self._stage_count += 1  # names never reused: a table of a forgotten shape may still exist
+            stage = self._stages[shape] = sql.Identifier(f"_hw_stage_{self._stage_count}")
+            # Only the staged columns, without the replica's constraints (a delete stages keys alone).
+            conn.execute(
+                sql.SQL("CREATE TEMP TABLE {} ON COMMIT DELETE ROWS AS SELECT {} FROM {} WITH NO DATA").format(
+                    stage, listed, table.identifier
+                )
+            )
+        elif shape in self._staged:
+            if self._deferred is None:
+                conn.execute(sql.SQL("DELETE FROM {}").format(stage))  # used before in this transaction
+            else:  # its rows are not applied yet (deferred): one more table, for this transaction only
+                self._stage_count += 1
+                stage = sql.Identifier(f"_hw_stage_{self._stage_count}")
+                conn.execute(
+                    sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
+                        stage, listed, table.identifier
+                    )
+                )
+        self._staged.add(shape)
+        with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, listed)) as copy:
+            write = copy.write_row
+            for values in copy_rows(rows, columns, table.converters):
+                write(values)
+        return stage
+
+    def _upsert(self, conn: Any, table: ReplicaTable, rows: Sequence[dict[str, Any]]) -> None:
+        columns = list(table.types)
+        stage = self._stage(conn, table, columns, rows)
+        listed = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+        values = [c for c in columns if c not in table.key]
+        action = (
+            sql.SQL("DO UPDATE SET ")
+            + sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in values)
+            if values
+            else sql.SQL("DO NOTHING")
+        )
+        # An upsert older than the table's last truncate is not applied: the source had removed that row.
+        self._run(
+            conn,
+            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} s WHERE {} ON CONFLICT ({}) {}").format(
+                table.identifier,
+                listed,
+                listed,
+                stage,
+                self._truncates.newer_than_last(table.qualified),
+                sql.SQL(", ").join(sql.Identifier(k) for k in table.key),
+                action,
+            ),
+        )
+
+    def _delete(self, conn: Any, table: ReplicaTable, keys: Sequence[dict[str, Any]]) -> None:
+        stage = self._stage(conn, table, list(table.key), keys)
+        match = sql.SQL(" AND ").join(sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k)) for k in table.key)
+        self._run(conn, sql.SQL("DELETE FROM {} t USING {} s WHERE {}").format(table.identifier, stage, match))
+
+    def _run(self, conn: Any, statement: Any, params: Any = None) -> None:
+        """Run ``statement`` now, or after the batch's copies when its statements are deferred (a pipeline)."""
+        if self._deferred is None:
+            conn.execute(statement, params)
+        else:
+            self._deferred.append((statement, params))
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        claims, self._claims = self._claims, None
+        self._stages.clear()
+        for each in (conn, claims):
+            if each is not None:
+                with contextlib.suppress(psycopg.Error):
+                    each.close()
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._drop()
+
+
+def _parsed(record: SinkRecord) -> Change:
+    """``record`` and its event parsed; an upsert's row image (the sink's own copy) takes the position in place."""
+    event = orjson.loads(record.value)
+    if event.get("op") in _UPSERT_OPS:
+        row = event["after"] = event.get("after") or {}
+        row[LSN_COLUMN], row[INDEX_COLUMN] = _position(event)
+    return record, event
+
+
+def _position(event: Mapping[str, Any]) -> tuple[int, int]:
+    """A change's source position: its transaction's commit LSN and its index within it."""
+    source = event.get("source") or {}
+    return int(source.get("commit_lsn", 0)), int(source.get("txn_index", 0))
+
+
+def _about_data(exc: psycopg.Error) -> bool:
+    state = getattr(exc, "sqlstate", None) or ""
+    return state.startswith(_DATA_ERRORS)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

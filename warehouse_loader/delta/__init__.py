@@ -1,0 +1,1 @@
+"""The Delta table format (delta-rs): the exactly-once writer and DuckDB scans of Delta tables."""
