@@ -212,7 +212,28 @@ def spark_session(
         builder = builder.config(key, value)
     session: SparkSession = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    server = getattr(session.sparkContext, "_accumulatorServer", None)
+    if server is not None:
+        quiet_accumulator_hangups(server)
     return session
+
+
+def quiet_accumulator_hangups(server: Any) -> None:
+    """No traceback when the JVM hangs up on pyspark's accumulator server.
+
+    The JVM sends accumulator updates to a server in this process over one connection. When the
+    JVM closes it first (stopping, or gone) the server's handler reads EOF, and socketserver
+    prints the ``EOFError`` with its traceback on stderr, before pyspark marks the server as
+    shutting down (seen when a stop came during a feed's first micro-batch). Every update the JVM
+    sent was read before that EOF: nothing is lost, so it is not worth a traceback.
+    """
+    report = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], EOFError):
+            report(request, client_address)
+
+    server.handle_error = handle_error
 
 
 def stop_spark(session: SparkSession) -> None:

@@ -141,10 +141,33 @@ def file_io_properties(location: TableLocation) -> dict[str, str]:
 def open_catalog(spec: CatalogSpec, warehouse: TableLocation) -> Catalog:
     """The pyiceberg catalog ``spec`` describes, reading and writing files at ``warehouse``.
 
-    An embedded SQLite catalog's directory is created; the namespace is created when missing.
+    An embedded SQLite catalog's directory is created; the catalog's tables and the namespace are
+    created when missing. Processes opening a new catalog at once race on those creations:
+    pyiceberg looks, then creates, and the loser's create fails on the database's unique keys
+    (``IntegrityError``, seen with two writers) or "already exists"; opening again finds them made.
     """
+    for _ in range(_OPEN_ATTEMPTS - 1):
+        with contextlib.suppress(*_creation_races(spec)):
+            return _open(spec, warehouse)
+    return _open(spec, warehouse)
+
+
+#: A race lost on creating the catalog's tables or namespace is won by the other process: the
+#: next open finds them. Three attempts, as at most one creation of each kind can be lost per open.
+_OPEN_ATTEMPTS = 3
+
+
+def _creation_races(spec: CatalogSpec) -> tuple[type[Exception], ...]:
     from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
+    if spec.kind == "rest":
+        return (NamespaceAlreadyExistsError,)
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+    return (NamespaceAlreadyExistsError, IntegrityError, OperationalError, ProgrammingError)
+
+
+def _open(spec: CatalogSpec, warehouse: TableLocation) -> Catalog:
     io = file_io_properties(warehouse)
     if spec.kind == "rest":
         check_rest(spec)
@@ -159,7 +182,5 @@ def open_catalog(spec: CatalogSpec, warehouse: TableLocation) -> Catalog:
             Path(spec.uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         root = warehouse.uri if warehouse.is_remote else f"file://{warehouse.uri}"
         catalog = SqlCatalog(CATALOG_NAME, uri=sql_uri(spec.uri), warehouse=root, **io, **dict(spec.properties))
-    # Another process may create it between pyiceberg's look and its create.
-    with contextlib.suppress(NamespaceAlreadyExistsError):
-        catalog.create_namespace_if_not_exists(spec.namespace)
+    catalog.create_namespace_if_not_exists(spec.namespace)
     return catalog

@@ -13,6 +13,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import orjson
 import yaml
@@ -42,6 +43,7 @@ class Shop:
 
     def __init__(self, tmp_path: Path, name: str) -> None:
         self.name = name
+        self.progress: list[Any] = []
         self.config_path = tmp_path / "headwater.yaml"
         self.topics = {table: f"{name}.public.{table}" for table in COLUMNS}
         feed = {"from": self.topics["orders"], "lookups": {"customers": self.topics["customers"]}, "sql": SQL}
@@ -120,6 +122,10 @@ class Shop:
         try:
             query, plan = start_feed(spark, config, log, feed_spec(config, FEED), available_now=True)
             await_query(query, plan)
+            self.progress = [
+                (p["batchId"], [(s["startOffset"], s["endOffset"], s["numInputRows"]) for s in p["sources"]])
+                for p in query.recentProgress
+            ]
             return sum(int(progress["numInputRows"]) for progress in query.recentProgress)
         finally:
             log.close()
@@ -227,5 +233,8 @@ def test_sigkill_of_feeds_run_resumes_from_the_state_store_without_duplicates(sp
     with shop.log() as log:
         total = sum(sum(end_offsets(log, topic).values()) for topic in shop.topics.values())
     assert 0 < read_before_kill < total
-    assert read_after == total - read_before_kill - 10
+    assert read_after == total - read_before_kill - 10, (
+        f"committed batch {committed}, offsets {(shop.checkpoint / 'offsets' / str(committed)).read_text()}; "
+        f"batches after the restart: {shop.progress}"
+    )
     assert changelog_files(shop.checkpoint)

@@ -53,3 +53,35 @@ def test_project_options_follow_the_variable_and_an_empty_variable_adds_nothing(
     assert "-XX:+UseSerialGC" in with_variable and "-Dheadwater.probe=1" in with_variable
     assert with_variable.index("-XX:+UseSerialGC") < with_variable.index("-Dheadwater.probe=1")
     assert "-XX:+UseSerialGC" not in without and "-Dheadwater.probe=1" in without
+
+
+@pytest.mark.parametrize("quieted", [True, False])
+def test_a_jvm_hanging_up_on_the_accumulator_server_prints_no_traceback(quieted, tmp_path, capfd):
+    """The JVM closing its accumulator connection (it stops, or is gone) is not an error to print.
+
+    Seen as a traceback in ``run --follow``'s output when a stop came during a feed's first
+    micro-batch. pyspark's own server (as every session here starts it: a Unix socket), hung up
+    on as the JVM would; unquieted, it prints the traceback (so the check can fail).
+    """
+    import socket
+    import time
+
+    from pyspark.accumulators import _start_update_server
+
+    from spark_log.session import quiet_accumulator_hangups
+
+    server = _start_update_server("", True, str(tmp_path / "accumulators.sock"))
+    try:
+        if quieted:
+            quiet_accumulator_hangups(server)
+        capfd.readouterr()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(server.server_address)
+        deadline = time.monotonic() + 5
+        err = ""
+        while time.monotonic() < deadline and "EOFError" not in err:
+            time.sleep(0.2)  # the handler polls once a second and reads the EOF on the next poll
+            err += capfd.readouterr().err
+    finally:
+        server.shutdown()
+    assert ("EOFError" in err) is not quieted, err
