@@ -104,8 +104,11 @@ class Table:
         )
         return time.perf_counter() - started
 
-    def maintain(self) -> None:
-        """Compaction and checkpoint as the maintenance stage would decide them (no vacuum: bytes are counted)."""
+    def maintain(self) -> int:
+        """Compaction and checkpoint as the maintenance stage would decide them (no vacuum: bytes are counted).
+
+        Returns 1 when it compacted, else 0.
+        """
         maintainer = DeltaMaintainer(as_location(self.path))
         shape = maintainer.shape(small_file_size(POLICY))
         assert shape is not None
@@ -114,6 +117,7 @@ class Table:
             maintainer.compact(POLICY.target_file_size, small_file_size(POLICY), POLICY.compact_dirty_ratio)
         if todo.checkpoint or todo.compact:
             maintainer.checkpoint()
+        return int(bool(todo.compact))
 
     def meter(self) -> int:
         """Bytes of files that appeared since the last call (nothing is vacuumed here)."""
@@ -181,22 +185,32 @@ def per_batch(root: Path, sizes: list[int], args: argparse.Namespace) -> None:
 def day(root: Path, sizes: list[int], args: argparse.Namespace) -> None:
     every = args.day_maintain_every
     print(f"\nlong run: {args.day_batches} batches of {args.day_changes} updates, maintenance every {every} batches")
-    print("| table | files after | fresh table files | query s after (ours / delta-rs) | fresh (ours / delta-rs) |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        "| table | changes (x table) | compactions | bytes per change (x change) | files after | fresh table files "
+        "| query s after (ours / delta-rs) | fresh (ours / delta-rs) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for rows in sizes:
         table = Table(root, rows, "mor", "day")
+        written = compactions = 0
+        changes = min(args.day_changes, rows)
         for number in range(1, args.day_batches + 1):
-            table.update(min(args.day_changes, rows))
+            table.update(changes)
             if number % every == 0:
-                table.maintain()
-        table.maintain()
+                compactions += table.maintain()
+            written += table.meter()
+        compactions += table.maintain()
+        written += table.meter()
+        per_change = written / (args.day_batches * changes)
         after = query_times(table.path)
         current = run_query("SELECT id, v, pad FROM t ORDER BY id", {"t": as_location(table.path)})
         fresh = root / f"fresh{rows}"
         write_deltalake(str(fresh), current)
         before = query_times(fresh)
         print(
-            f"| {rows:,} | {table.files()} | {len(DeltaTable(str(fresh)).file_uris())} | "
+            f"| {rows:,} | {args.day_batches * changes:,} ({args.day_batches * changes / rows:.2f}) | {compactions} | "
+            f"{per_change:,.0f} ({per_change / ROW_BYTES:,.1f}x) | {table.files()} | "
+            f"{len(DeltaTable(str(fresh)).file_uris())} | "
             f"{after[0]:.3f} / {after[1]:.3f} | {before[0]:.3f} / {before[1]:.3f} |"
         )
         shutil.rmtree(table.path)
