@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import orjson
-from harness.rss import RssSampler
+from harness.rss import TreeRss
 
 from log.file.backend import FileLog
 
@@ -96,7 +96,7 @@ def capture(config: Path, tree: Path, spill_dir: Path) -> dict[str, float]:
     command = [sys.executable, "-m", "headwater", "--config", str(config), "capture", "--until-caught-up"]
     started = time.perf_counter()
     process = subprocess.Popen(command, env=env, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    sampler = RssSampler(process.pid)
+    sampler = TreeRss(process.pid, every_s=0.02)
     spill_peak = 0
     stop = threading.Event()
 

@@ -1,4 +1,4 @@
-"""Resident memory sampled from ``/proc`` while a process runs: of a process tree, or of one process.
+"""Resident memory sampled from ``/proc`` while a process runs: of its process tree, and its own high-water mark.
 
 :class:`TreeRss` reads ``VmRSS`` from ``/proc/<pid>/status`` of a process and every live
 descendant every ``every_s`` (the tree itself is re-listed every ``tree_every_s``: a scan of
@@ -20,20 +20,34 @@ from pathlib import Path
 from harness.process_tree import descendants
 
 
-def rss_kib(pid: int) -> int:
-    """``VmRSS`` of ``pid`` in KiB; 0 once it is gone (or a zombie, which has none)."""
+def status_kib(pid: int, *fields: str) -> dict[str, int]:
+    """``fields`` (``VmRSS``, ``VmHWM``, ...) of ``/proc/<pid>/status`` in KiB; empty once it is gone.
+
+    A zombie has no memory lines, so none of its fields is there.
+    """
     try:
         text = Path(f"/proc/{pid}/status").read_text()
     except OSError:
-        return 0
+        return {}
+    found = {}
     for line in text.splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+        name, _, value = line.partition(":")
+        if name in fields:
+            found[name] = int(value.split()[0])
+    return found
+
+
+def rss_kib(pid: int) -> int:
+    """``VmRSS`` of ``pid`` in KiB; 0 once it is gone (or a zombie, which has none)."""
+    return status_kib(pid, "VmRSS").get("VmRSS", 0)
 
 
 class TreeRss:
-    """Samples the summed RSS of ``pid`` and its descendants until :meth:`stop` (or the process is gone)."""
+    """Samples the summed RSS of ``pid`` and its descendants until :meth:`stop` (or the process is gone).
+
+    ``hwm_kib`` is the kernel's own high-water mark of ``pid`` alone (``VmHWM``) at the last
+    sample: exact up to then, where a short peak between two samples escapes ``peak_kib``.
+    """
 
     def __init__(
         self, pid: int, *, every_s: float = 0.05, tree_every_s: float = 1.0, limit_kib: int | None = None
@@ -41,6 +55,8 @@ class TreeRss:
         self.pid = pid
         #: The highest summed RSS seen, KiB.
         self.peak_kib = 0
+        #: The highest ``VmHWM`` of ``pid`` seen, KiB.
+        self.hwm_kib = 0
         #: Samples taken.
         self.samples = 0
         #: The sum that passed ``limit_kib`` (the tree was then killed), else None.
@@ -59,12 +75,13 @@ class TreeRss:
             if time.monotonic() - listed_at >= self._tree_every_s:
                 pids = descendants(self.pid)
                 listed_at = time.monotonic()
-            root = rss_kib(self.pid)
-            if root == 0 and not Path(f"/proc/{self.pid}").exists():
+            root = status_kib(self.pid, "VmRSS", "VmHWM")
+            if not root and not Path(f"/proc/{self.pid}").exists():
                 return
-            total = root + sum(rss_kib(child) for child in pids)
+            total = root.get("VmRSS", 0) + sum(rss_kib(child) for child in pids)
             self.samples += 1
             self.peak_kib = max(self.peak_kib, total)
+            self.hwm_kib = max(self.hwm_kib, root.get("VmHWM", 0))
             if self._limit_kib is not None and total > self._limit_kib and self.killed_at_kib is None:
                 self.killed_at_kib = total
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -77,36 +94,6 @@ class TreeRss:
         self._stopped.set()
         self._thread.join(timeout=5)
 
-
-class RssSampler:
-    """Samples ``VmRSS`` of one process every ``every_s`` until it exits; ``peak_kib`` is the highest seen.
-
-    ``hwm_kib`` is the kernel's own high-water mark (``VmHWM``) at the last sample: exact up to
-    then, where a short peak between two samples escapes ``peak_kib``.
-    """
-
-    def __init__(self, pid: int, every_s: float = 0.02) -> None:
-        self.pid = pid
-        self.peak_kib = 0
-        self.hwm_kib = 0
-        self._every_s = every_s
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        status = Path(f"/proc/{self.pid}/status")
-        while True:
-            try:
-                text = status.read_text()
-            except OSError:
-                return
-            for line in text.splitlines():
-                if line.startswith("VmRSS:"):
-                    self.peak_kib = max(self.peak_kib, int(line.split()[1]))
-                elif line.startswith("VmHWM:"):
-                    self.hwm_kib = max(self.hwm_kib, int(line.split()[1]))
-            time.sleep(self._every_s)
-
     def join(self) -> None:
-        """Wait for the sampling to end (the process exited)."""
+        """Wait for the sampling to end by itself: the process is gone (reaped)."""
         self._thread.join(timeout=5)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from harness.rss import RssSampler
+from harness.rss import TreeRss
 from harness.tmpfs import tmpfs
 from harness.topics import read_topic
 
@@ -92,7 +92,7 @@ class Project:
             start_new_session=True,
         )
         with killed_on_exit(process):
-            sampler = RssSampler(process.pid)
+            sampler = TreeRss(process.pid, every_s=0.02)
             _, err = process.communicate(timeout=600)
             sampler.join()
         assert process.returncode == 0, err[-3000:]
