@@ -31,16 +31,17 @@ from warehouse_loader.sql_text import quote, sql_list
 _FILE, _ROW = "__hw_file", "file_row_number"
 
 
-def deleted_rows(table: DeltaTable) -> pa.Table | None:
+def deleted_rows(table: DeltaTable, con: duckdb.DuckDBPyConnection | None = None) -> pa.Table | None:
     """``(__hw_file, pos)`` of each row deletion vectors remove (files named as by ``file_uris``), or None.
 
     delta-rs reads the vectors (``deletion_vectors()``: a keep-mask per file) and DuckDB turns
     them into rows: any Python-to-Arrow conversion here makes pyarrow import pandas, seconds
-    at the first call of a process (every ``headwater query``).
+    at the first call of a process (every ``headwater query``). On a new connection to ``con``'s
+    database when given, else to the process's: opening a database costs more than this work.
     """
     if "deletionVectors" not in (table.protocol().reader_features or []):
         return None
-    con = duckdb.connect(":memory:")
+    con = duckdb_connection() if con is None else con.cursor()
     try:
         con.register("vectors", pa.RecordBatchReader.from_stream(table.deletion_vectors()))
         gone = con.sql(
@@ -64,7 +65,7 @@ def register_delta(con: duckdb.DuckDBPyConnection, name: str, table: DeltaTable)
         con.register(name, schema.empty_table())
         return
     stored = f"__hw_files_{name}"
-    gone = deleted_rows(table)
+    gone = deleted_rows(table, con)
     if gone is None:
         con.execute(
             f"CREATE TEMP VIEW {quote(stored)} AS SELECT * FROM read_parquet({sql_list(files)}, union_by_name = true)"
