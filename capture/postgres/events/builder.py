@@ -185,6 +185,10 @@ class EventBuilder:
         """Tables whose rows schema changes left unknown to the stream (see :class:`Reread`)."""
         return self._relations.take_rereads()
 
+    def take_truncations(self) -> list[str]:
+        """Topics the stream truncated since the last call."""
+        return self._relations.take_truncations()
+
     @property
     def relations(self) -> Relations:
         """The relation cache and schema versions of this stream."""

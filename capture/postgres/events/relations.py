@@ -170,6 +170,8 @@ class Relations:
         self._rereads: list[Reread] = []
         #: Topics whose table the stream truncated since their latest schema record.
         self._truncated: set[str] = set()
+        #: Topics the stream truncated since the last :meth:`take_truncations`, in order.
+        self._truncations: list[str] = []
         self._relation_counts: dict[int, int] = {}
 
     def known_schema(self, topic: str, value: Mapping[str, Any], *, names_seen: Collection[str] = ()) -> None:
@@ -193,11 +195,21 @@ class Relations:
         alone (pgoutput sends the Relation before the TRUNCATE) is dropped; any other reason stays.
         """
         self._truncated.add(topic)
+        self._truncations.append(topic)
         self._rereads = [r for r in self._rereads if not (r.topic == topic and r.reason == REWRITTEN)]
 
     def take_rereads(self) -> list[Reread]:
         """The re-reads schema changes asked for since the last call."""
         taken, self._rereads = self._rereads, []
+        return taken
+
+    def take_truncations(self) -> list[str]:
+        """The topics the stream truncated since the last call.
+
+        A re-read for new storage alone that was taken before (already queued for reading) is
+        moot too: :meth:`capture.postgres.streaming.schema_watch.SchemaWatch.follow` drops it.
+        """
+        taken, self._truncations = self._truncations, []
         return taken
 
     def latest_schema(self, topic: str) -> Mapping[str, Any] | None:

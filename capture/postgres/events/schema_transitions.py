@@ -117,7 +117,7 @@ def schema_change(
     if not numbered and added and before_names - set(current):
         reasons.append("columns were renamed or replaced (the previous schema has no column numbers)")
     if old_storage is not None and old_storage != table.storage:
-        reasons.append(_rewrite_reason(before, table, renamed))
+        reasons.append(_rewrite_reason(before, old_storage, table, renamed))
     for column in added:
         if column.filled:
             reasons.append(f"column {column.name!r} was added with a default")
@@ -132,7 +132,9 @@ def schema_change(
     )
 
 
-def _rewrite_reason(before: list[Mapping[str, Any]], table: CatalogTable, renamed: Mapping[str, str]) -> str:
+def _rewrite_reason(
+    before: list[Mapping[str, Any]], old_storage: object, table: CatalogTable, renamed: Mapping[str, str]
+) -> str:
     """Why the storage changed, as far as the catalog can tell."""
     types = {str(c["name"]): (int(c["type_oid"]), int(c["typmod"])) for c in before}
     retyped = [
@@ -142,18 +144,23 @@ def _rewrite_reason(before: list[Mapping[str, Any]], table: CatalogTable, rename
     ]
     if retyped:
         return f"column {retyped[0]!r} changed type and the table was rewritten"
-    if "," in table.storage or ":" in table.storage:
+    if ("," in table.storage or ":" in table.storage) and _leaves(old_storage) != _leaves(table.storage):
         return "the table was rewritten or its partitions changed"
-    return REWRITTEN
+    return REWRITTEN  # for a partitioned table: the same partitions, rewritten (TRUNCATE among others)
 
 
 def _partitions_dropped(old: object, new: str) -> bool:
     """True when a leaf partition of the old storage is no longer one (detached or dropped)."""
     if not isinstance(old, str) or ":" not in old:
         return False
-    leaves = {part.split(":", 1)[0] for part in old.split(",") if part}
-    now = {part.split(":", 1)[0] for part in new.split(",") if part}
-    return bool(leaves - now)
+    return bool(_leaves(old) - _leaves(new))
+
+
+def _leaves(storage: object) -> frozenset[str]:
+    """The leaf partitions (oids) of a partitioned table's storage (``oid:relfilenode,...``); else empty."""
+    if not isinstance(storage, str) or ":" not in storage:
+        return frozenset()
+    return frozenset(part.split(":", 1)[0] for part in storage.split(",") if part)
 
 
 def _columns_at_relation(

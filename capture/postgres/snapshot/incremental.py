@@ -58,7 +58,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -288,15 +288,22 @@ class IncrementalSnapshotter:
 
     def stop(self, tables: Sequence[str] | None) -> str:
         """Drop ``tables`` (None: all) from the queue, the chunk in flight with them; what was dropped."""
+        dropped = self._drop([t for t in self._state.tables if tables is None or t.table in tables])
+        return ", ".join(t.table for t in dropped) if dropped else "nothing queued"
+
+    def drop_requests(self, requests: Collection[str]) -> bool:
+        """Drop the tables queued by ``requests`` (ids), the chunk in flight with them; True when any was."""
+        return bool(self._drop([t for t in self._state.tables if t.request in requests]))
+
+    def _drop(self, dropped: list[TableProgress]) -> list[TableProgress]:
         queued = self._state.tables
-        dropped = [t for t in queued if tables is None or t.table in tables]
         if not dropped:
-            return "nothing queued"
-        if queued and queued[0] in dropped:
+            return dropped
+        if queued[0] in dropped:
             self.reset()  # the chunk in flight belongs to the first table
         self._state.tables = [t for t in queued if t not in dropped]
         self._state.save()
-        return ", ".join(t.table for t in dropped)
+        return dropped
 
     def pause(self, paused: bool) -> None:
         """Stop reading chunks (the one in flight still completes), or go on."""

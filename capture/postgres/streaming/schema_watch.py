@@ -43,6 +43,7 @@ from capture.errors import SchemaChangeError
 from capture.postgres.catalog_state import CatalogTable, published_tables
 from capture.postgres.events.builder import EventBuilder
 from capture.postgres.events.relations import Reread
+from capture.postgres.events.schema_transitions import REWRITTEN
 from capture.postgres.identifiers import TableName
 from capture.postgres.snapshot.incremental import SCHEMA_REQUEST, IncrementalSnapshotter, reread_topics
 from capture.postgres.streaming.markers import emit_marker
@@ -70,6 +71,9 @@ class SchemaWatch:
         # A table new in the publication is read once, unless the source takes no snapshots at all.
         self._read_new_tables = read_new_tables
         self._pending: dict[str, _Check] = {}
+        #: Re-reads queued for new storage alone (request ids by topic): a TRUNCATE in the stream
+        #: after them explains that storage (see :meth:`follow`).
+        self._storage_rereads: dict[str, set[str]] = {}
 
     def check(
         self, conn: psycopg.Connection[Any], builder: EventBuilder, incremental: IncrementalSnapshotter | None = None
@@ -138,8 +142,31 @@ class SchemaWatch:
                     [Reread(topic, table.namespace, table.name, 1, reason, bool(table.primary_key), oid=table.oid)],
                     incremental,
                 )
-        self.queue(builder.take_rereads(), incremental)
+        self.follow(builder, incremental)
         return records
+
+    def follow(self, builder: EventBuilder, incremental: IncrementalSnapshotter) -> None:
+        """Act on what the stream built since the last call: truncations first, then new re-reads.
+
+        The catalog is read when a Relation is recorded, later than the stream's position, so new
+        storage it shows may come from a TRUNCATE further on in the stream (seen: a partitioned
+        table read again, its rows inserted after the TRUNCATE sent twice). A re-read queued for
+        new storage alone is dropped when that TRUNCATE arrives: the stream says every row is
+        gone and rows after it come as changes. Its chunks cannot have closed before: their
+        watermarks were written after the catalog showed the new storage, so after the TRUNCATE.
+        Re-reads built in the same stretch of the stream as a TRUNCATE but before it were dropped
+        by the builder (:meth:`~capture.postgres.events.relations.Relations.truncated`); those after
+        it are queued here after the drop, so they stay.
+        """
+        for topic in builder.take_truncations():
+            requests = self._storage_rereads.pop(topic, set())
+            if requests and incremental.drop_requests(requests):
+                logger.info(
+                    "source %s: %s was truncated in the stream; its re-read for new storage is not needed",
+                    self._source,
+                    topic,
+                )
+        self.queue(builder.take_rereads(), incremental)
 
     def queue(self, rereads: Sequence[Reread], incremental: IncrementalSnapshotter) -> None:
         """Queue each table's re-read; refuse (one line) a table that cannot be re-read."""
@@ -155,6 +182,8 @@ class SchemaWatch:
             request = f"{SCHEMA_REQUEST}{reread.topic}:v{reread.version}"
             # A partition detached or dropped took rows with it, no change in the stream: the re-read
             # also deletes every key the log holds that the table no longer has.
+            if reread.reason == REWRITTEN:
+                self._storage_rereads.setdefault(reread.topic, set()).add(request)
             if incremental.request_once(table, request, reconcile=reread.partitions_dropped, oid=reread.oid):
                 logger.info(
                     "source %s: reading %s again (%s) while streaming goes on",

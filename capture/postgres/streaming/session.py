@@ -235,7 +235,7 @@ class Streaming:
                     appender.schemas.extend(incremental.poll(sql_conn, builder))
                 except psycopg.OperationalError as exc:
                     raise ReplicationLostError.from_psycopg(exc, slot=self._options.slot, dsn=self._dsn) from None
-                self.schema_watch.queue(builder.take_rereads(), incremental)
+                self.schema_watch.follow(builder, incremental)
             appender.flush(resume, stream)
             return False
         except _StoppedWhileFull:
@@ -314,7 +314,7 @@ class Streaming:
             # Before the piece's records join the pending ones: a table that cannot be read again
             # stops capture here, with nothing more of the transaction appended and none of it
             # acknowledged (its end LSN is not set).
-            self.schema_watch.queue(builder.take_rereads(), self.incremental)
+            self.schema_watch.follow(builder, self.incremental)
             begin = counting.add(records) if counting is not None else None
             records.extend(self.incremental.on_transaction(txn, records, builder, changes))
             stats.events += len(records) - sum(1 for r in records if r.value is None)

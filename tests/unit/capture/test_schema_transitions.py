@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from capture.postgres.catalog_state import CatalogColumn, CatalogTable
 from capture.postgres.decoding.pgoutput_messages import ReplicaIdentity
-from capture.postgres.events.schema_transitions import schema_change
+from capture.postgres.events.schema_transitions import REWRITTEN, schema_change
 
 INT, TEXT, BIGINT = 23, 25, 20
 
@@ -79,6 +79,16 @@ def test_a_detached_partition_is_reported() -> None:
     assert change.reread is not None
     attached = table([(1, "id", INT, False), (2, "note", TEXT, False)], storage="10:110,11:111,12:112")
     assert not schema_change(parts, attached, attached.relation()).partitions_dropped
+
+
+def test_a_partitioned_table_rewritten_in_place_is_a_rewrite_a_changed_partition_set_is_not() -> None:
+    """Same leaves, new storage (TRUNCATE, VACUUM FULL): a rewrite, which a TRUNCATE in the stream explains."""
+    parts = record([(1, "id", INT), (2, "note", TEXT)], storage="10:110,11:111")
+    truncated = table([(1, "id", INT, False), (2, "note", TEXT, False)], storage="10:210,11:211")
+    assert schema_change(parts, truncated, truncated.relation()).reread == REWRITTEN
+    attached = table([(1, "id", INT, False), (2, "note", TEXT, False)], storage="10:110,11:111,12:112")
+    reread = schema_change(parts, attached, attached.relation()).reread
+    assert reread == "the table was rewritten or its partitions changed"
 
 
 # Capture stopped across two DDLs: the stream replays the first one's Relation while the catalog
