@@ -76,7 +76,8 @@ def demo_command(directory: Path, small: bool) -> None:
 
 #: What the demo suggests next, after ``headwater --config <file>`` (tested one by one, as printed).
 NEXT_STEPS = (
-    "query 'SELECT * FROM customers LIMIT 5'",
+    # ORDER BY: without it DuckDB returns any five rows (its scan is parallel), not the first customers
+    "query 'SELECT id, email, country, balance FROM customers ORDER BY id LIMIT 5'",
     "status",
     "log topics",
     "log tail shop.public.orders --limit 5 --json",

@@ -73,7 +73,10 @@ def test_every_next_step_the_demo_prints_works_as_printed_and_the_ui_shows_every
         assert result.returncode == 0, f"{step}\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
         assert "Traceback" not in result.stdout + result.stderr, step
         if command[0] == "query":
-            assert "customer" in result.stdout and "(5 rows)" in result.stdout, result.stdout
+            # the first five customers, in order, as the demo inserted them
+            emails = re.findall(r"customer\d+@example\.com", result.stdout)
+            assert emails == [f"customer{i}@example.com" for i in range(1, 6)], result.stdout
+            assert "(5 rows)" in result.stdout, result.stdout
         elif command[0] == "status":
             assert "orders_hist" in result.stdout and "shop.public.orders" in result.stdout, result.stdout
             assert "HEADWATER_DEMO_PASSWORD" in result.stdout  # why the source was not checked

@@ -333,6 +333,15 @@ def read_back_after_restart(config: KafkaConfig, patience_s: float = 180.0) -> d
                 raise
 
 
+def acknowledged_more(acked: dict, count: int, crashed: list, timeout_s: float = 90.0) -> None:
+    """Wait until ``count`` more records than now are acknowledged; fail when the writer stops or stalls."""
+    target, deadline = len(acked) + count, time.monotonic() + timeout_s
+    while len(acked) < target:
+        assert not crashed, f"the writer stopped: {crashed[0]!r}"
+        assert time.monotonic() < deadline, f"no {count} appends acknowledged in {timeout_s:.0f} s after a restart"
+        time.sleep(0.05)
+
+
 @pytest.mark.skipif(persistent_broker_unavailable() is not None, reason=persistent_broker_unavailable() or "")
 def test_acknowledged_appends_survive_broker_sigkills(client: str) -> None:
     """Appends while tansu (on s3://) is SIGKILLed and restarted: every acknowledged record is read once.
@@ -350,6 +359,7 @@ def test_acknowledged_appends_survive_broker_sigkills(client: str) -> None:
     broker = TansuBroker(storage_engine=s3.storage_engine, env=s3.tansu_env()).start()
     config = KafkaConfig(bootstrap_servers=broker.bootstrap_servers, client=client)  # type: ignore[arg-type]
     rng = random.Random(f"20261121:{client}")
+    sizes = random.Random(f"20261121:{client}:sizes")  # the writer's own: two threads never share one
     acked: dict[int, tuple[int, int]] = {}
     failed: set[int] = set()
     crashed: list[BaseException] = []
@@ -359,7 +369,7 @@ def test_acknowledged_appends_survive_broker_sigkills(client: str) -> None:
         log, n = KafkaLog(config, timeout_s=5), 0
         try:
             while not stop.is_set():
-                size = rng.randint(1, 4)
+                size = sizes.randint(1, 4)
                 batch = [Record(key=b"%d" % (n + i), value=b"%d" % (n + i)) for i in range(size)]
                 try:
                     result = log.append("kills", n % 3, batch)
@@ -381,11 +391,14 @@ def test_acknowledged_appends_survive_broker_sigkills(client: str) -> None:
         writer.start()
         try:
             for _ in range(5):
-                time.sleep(rng.uniform(0.5, 2.0))
+                # each kill lands while appends flow: after the previous restart, more acknowledged
+                # records first (a fixed sleep measured the machine's speed: a slow one acknowledged 80)
+                acknowledged_more(acked, 20, crashed)
+                time.sleep(rng.uniform(0.0, 1.0))
                 broker.kill()
                 time.sleep(rng.uniform(0.0, 0.3))
                 broker.start()
-            time.sleep(1.0)
+            acknowledged_more(acked, 20, crashed)
         finally:
             stop.set()
             writer.join(60)
