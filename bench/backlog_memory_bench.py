@@ -180,6 +180,8 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--pad", type=int, default=0, help="bytes of the notes column of every row")
     parser.add_argument("--commands", default="load,feeds")
+    parser.add_argument("--driver-memory", default=None, help="spark: driver_memory (default: Headwater's, 1g)")
+    parser.add_argument("--keep", action="store_true", help="leave the work directory (its spark.log) and print it")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hw-backlog-"))
     try:
@@ -190,6 +192,8 @@ def main() -> None:
             "feeds": FEEDS,
             "warehouse": {"tables": {"customers": {"from": TOPIC, "mode": "scd1"}}},
         }
+        if args.driver_memory:
+            document["spark"] = {"driver_memory": args.driver_memory}
         config_path.write_text(yaml.safe_dump(document))
         started = time.perf_counter()
         size = write_source(config_path, args.events, args.keys, args.pad)
@@ -211,7 +215,10 @@ def main() -> None:
                 flush=True,
             )
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"kept {work}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,13 @@ class SparkConfig(BaseModel):
             raise ValueError(msg)
         return value.strip()
 
+    @property
+    def driver_memory_bytes(self) -> int:
+        """``driver_memory`` in bytes (a JVM size: no suffix is bytes, k/m/g/t are powers of 1024)."""
+        text = self.driver_memory.strip().lower()
+        power = "kmgt".find(text[-1]) + 1 if text[-1] in "kmgt" else 0
+        return int(text[:-1] if power else text) << (10 * power)
+
     @field_validator("driver_memory")
     @classmethod
     def _memory(cls, value: str) -> str:

@@ -20,6 +20,11 @@ Options (all strings, as Spark passes them):
 * ``endingOffsets`` (batch only): ``latest`` (default) or JSON as above.
 * ``maxRecordsPerBatch`` (streaming): at most this many offsets per micro-batch
   (shared across partitions by backlog); ``availableNow`` honours it.
+* ``maxBytesPerBatch`` (streaming): at most about this many bytes of records (keys and values
+  as the log holds them before compression) per micro-batch, estimated from a sample of each
+  partition's records where the batch starts; at least one record. :func:`log_reader` sets
+  it from ``spark.driver_memory`` (:func:`default_batch_bytes`): a backlog of wide rows is
+  read in micro-batches the driver can hold, whatever their count of records.
 * ``maxRecordsPerPartition``: a partition range longer than this is split into several
   Spark input partitions (default 100000).
 * ``includeTombstones``: ``true`` keeps the null-value records that follow deletes
@@ -90,7 +95,7 @@ from log.shards import shard_map_of
 from log.table_schemas import read_schema_records
 from spark_log.errors import LogSourceOptionError
 from spark_log.latest_per_key import latest_per_key
-from spark_log.offsets import LogPosition, OffsetRange, OffsetsSpec, admit, offset_ranges
+from spark_log.offsets import LogPosition, OffsetRange, OffsetsSpec, admit, admit_bytes, offset_ranges
 from spark_log.schema_guard import check_schema_versions
 from spark_log.source_batches import SourceBatchBuilder, arrow_schema
 from spark_log.source_schema import (
@@ -114,6 +119,10 @@ DEFAULT_SPLIT_RECORDS = 100_000
 COLUMN_READ_CHUNK = 50_000
 COLUMN_READ_BYTES = 32 * 1024 * 1024
 _UNSPLIT = 1 << 62
+#: Records read where a micro-batch starts to estimate its partition's bytes per record (``maxBytesPerBatch``).
+SIZE_SAMPLE = 256
+#: The share of ``spark.driver_memory`` one micro-batch's records may take by default (:func:`default_batch_bytes`).
+BATCH_MEMORY_SHARE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +139,7 @@ class LogSourceOptions:
     unconstrained_numeric: UnconstrainedNumeric
     latest_per_key: bool = False
     current_columns: bool = False
+    max_bytes_per_batch: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> LogSourceOptions:
@@ -158,6 +168,7 @@ class LogSourceOptions:
             unconstrained_numeric=cast(Literal["string", "decimal"], numeric),
             latest_per_key=_flag(lowered, "latestPerKey"),
             current_columns=_flag(lowered, "currentColumns"),
+            max_bytes_per_batch=_positive(lowered, "maxBytesPerBatch"),
         )
 
     @property
@@ -209,8 +220,20 @@ def log_reader(
     Registers the source in the session; further options (offsets, batch size) may follow.
     """
     register_log_source(spark)
-    reader = spark.readStream if streaming else spark.read
-    return reader.format(SOURCE_NAME).option("config", str(config.config_path)).option("topic", topic)
+    if not streaming:
+        return spark.read.format(SOURCE_NAME).option("config", str(config.config_path)).option("topic", topic)
+    reader = spark.readStream.format(SOURCE_NAME).option("config", str(config.config_path)).option("topic", topic)
+    return reader.option("maxBytesPerBatch", str(default_batch_bytes(config)))
+
+
+def default_batch_bytes(config: ProjectConfig) -> int:
+    """A streaming read's default ``maxBytesPerBatch``: a quarter of ``spark.driver_memory``.
+
+    A micro-batch's rows come back to the driver (a feed's output as Arrow, a load's changes),
+    and in ``local`` mode the executors share the driver's heap: 1.2M records of 521 bytes (625
+    MB) ran a 1 GB driver out of heap (``bench/backlog_memory_bench.py``, issue 31).
+    """
+    return config.spark.driver_memory_bytes // BATCH_MEMORY_SHARE
 
 
 # --------------------------------------------------------------------------- planning (driver)
@@ -437,6 +460,7 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
         self._log: Log | None = None  # opened on first use: this object is pickled to executors first
         self._target: LogPosition | None = None
         self._schemas_seen_at: LogPosition | None = None
+        self._sizes: dict[tuple[str, int], tuple[int, float]] = {}  # (topic, partition) -> (offset, mean bytes)
 
     def _driver_log(self) -> Log:
         if self._log is None:
@@ -481,9 +505,20 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
         available = LogPosition.of({k: max(v, floor.get(k, 0)) for k, v in available.as_dict().items()})
         # A split topic's children wait for a batch that starts with their parents read to the end.
         available = hold_children(self._driver_log(), self.options.topics, begin, available)
-        if isinstance(limit, ReadMaxRows):
-            return admit(begin, available, limit.max_rows).to_json()
-        return available.to_json()
+        end = admit(begin, available, limit.max_rows) if isinstance(limit, ReadMaxRows) else available
+        if self.options.max_bytes_per_batch is not None:
+            end = admit_bytes(begin, end, self.options.max_bytes_per_batch, self._record_bytes)
+        return end.to_json()
+
+    def _record_bytes(self, topic: str, partition: int, offset: int) -> float:
+        """Mean bytes (key + value) of up to :data:`SIZE_SAMPLE` records from ``offset`` (kept per offset)."""
+        kept = self._sizes.get((topic, partition))
+        if kept is not None and kept[0] == offset:
+            return kept[1]
+        sample = self._driver_log().read(topic, partition, offset, max_records=SIZE_SAMPLE, max_bytes=1 << 20)
+        mean = sum(len(r.key or b"") + len(r.value or b"") for r in sample) / len(sample) if sample else 0.0
+        self._sizes[(topic, partition)] = (offset, mean)
+        return mean
 
     def _check_schemas(self) -> None:
         """Raise :class:`SchemaChangedError` when a topic has a schema version the query was not planned with."""

@@ -37,12 +37,13 @@ if TYPE_CHECKING:
 def spark_job(config: ProjectConfig, app_name: str) -> Iterator[tuple[SparkSession, Log]]:
     """Open the project's log and a Spark session; close both (and the JVM) on exit."""
     log = open_log(config)
+    spark_log = spark_log_path(config)
+    start = spark_log.stat().st_size if spark_log.exists() else 0
     try:
         spark = open_session(config, app_name)
     except BaseException:
         log.close()
         raise
-    spark_log = spark_log_path(config)
     try:
         yield spark, log
     except HeadwaterError:
@@ -54,10 +55,32 @@ def spark_job(config: ProjectConfig, app_name: str) -> Iterator[tuple[SparkSessi
         if carried is not None:
             raise carried from exc
         # Spark's exceptions need the JVM to render their text, and it stops below: take it now.
+        if _out_of_memory(spark_log, start):
+            raise SparkOutOfMemoryError(_out_of_memory_message(config, spark_log)) from exc
         raise SparkJobError(_spark_failure(exc, spark_log)) from exc
     finally:
         log.close()
         stop_spark(spark)
+
+
+def _out_of_memory(spark_log: Path, start: int) -> bool:
+    """Whether the driver JVM reported running out of heap in ``spark_log`` past byte ``start`` (this job's part)."""
+    try:
+        with spark_log.open("rb") as file:
+            file.seek(start)
+            # The heap (java.lang.OutOfMemoryError) or Arrow's direct buffers (OutOfMemoryException).
+            return any(b"OutOfMemoryError" in line or b"OutOfMemoryException" in line for line in file)
+    except OSError:
+        return False
+
+
+def _out_of_memory_message(config: ProjectConfig, spark_log: Path) -> str:
+    memory = config.spark.driver_memory
+    return (
+        f"Spark's driver ran out of memory (spark.driver_memory {memory}); give it more in "
+        f"headwater.yaml (spark: driver_memory: 2g) and run the command again (an unfinished micro-batch is "
+        f"redone, once); details in {spark_log}"
+    )
 
 
 def spark_log_path(config: ProjectConfig) -> Path:
@@ -108,6 +131,10 @@ class SparkJobError(PermanentError):
     """A Spark job failed for a reason no Headwater check caught first (the text is Spark's)."""
 
 
+class SparkOutOfMemoryError(SparkJobError):
+    """The driver JVM ran out of heap and exited (``-XX:+ExitOnOutOfMemoryError``, :mod:`spark_log.session`)."""
+
+
 def _spark_failure(exc: Exception, spark_log: Path) -> str:
     try:
         text = str(exc)
@@ -134,15 +161,21 @@ def _pyspark_loggers_to(path: Path) -> None:
     for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
         PySparkLogger.getLogger(name).handlers = [logging.FileHandler(path)]
     root = logging.getLogger()
-    if not any(isinstance(f, _StopNotError) for f in root.filters):
-        root.addFilter(_StopNotError())
+    if not any(isinstance(f, _Py4jCallNotes) for f in root.filters):
+        root.addFilter(_Py4jCallNotes())
 
 
-class _StopNotError(logging.Filter):
-    """Drops py4j's record of a KeyboardInterrupt during a JVM call (py4j logs it on the root logger)."""
+class _Py4jCallNotes(logging.Filter):
+    """Drops what py4j logs on the root logger about one JVM call, with its traceback.
+
+    A KeyboardInterrupt during a call (a stop, not an error), and "Exception while sending
+    command." for each call after the JVM is gone (it exited out of heap): the command reports
+    the failure itself, in one line.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and record.exc_info[0] is KeyboardInterrupt)
+        from_py4j = record.name == "root" and f"{os.sep}py4j{os.sep}" in record.pathname
+        return not (from_py4j or (record.exc_info and record.exc_info[0] is KeyboardInterrupt))
 
 
 @contextmanager

@@ -12,7 +12,7 @@ differences count records at most, never at least.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -192,3 +192,29 @@ def admit(start: LogPosition, available: LogPosition, max_records: int) -> LogPo
         grant[where] += extra
         left -= extra
     return LogPosition.of({where: begin + grant[where] for where, (begin, _) in backlog.items()})
+
+
+#: A record's estimated bytes (key and value, as the log holds them before compression) from
+#: ``offset`` on in ``(topic, partition)``: see :func:`admit_bytes`.
+RecordBytes = Callable[[str, int, int], float]
+
+
+def admit_bytes(start: LogPosition, end: LogPosition, max_bytes: int, record_bytes: RecordBytes) -> LogPosition:
+    """``end``, or an earlier end when ``[start, end)`` holds more than about ``max_bytes`` of records.
+
+    Each partition's records are estimated at ``record_bytes`` (a sample at the batch's start);
+    an end past the budget is cut to the records the budget holds at their mean size, shared as
+    :func:`admit` shares a record budget, so a batch still advances by at least one record.
+    """
+    if max_bytes < 1:
+        msg = f"max_bytes must be positive, got {max_bytes}"
+        raise ValueError(msg)
+    records, estimated = 0, 0.0
+    for topic, partition, stop in end.offsets:
+        begin = start.get(topic, partition) or 0
+        if stop > begin:
+            records += stop - begin
+            estimated += (stop - begin) * record_bytes(topic, partition, begin)
+    if estimated <= max_bytes:
+        return end
+    return admit(start, end, max(1, int(records * max_bytes / estimated)))

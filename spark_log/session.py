@@ -197,6 +197,11 @@ def spark_session(
         filter(
             None,
             [
+                # A JVM out of heap exits: left running, Spark's task-result threads die and the job
+                # waits forever (seen: a feed's micro-batch too large for a 1 GB driver hung the CLI).
+                # Its last words ("Terminating due to java.lang.OutOfMemoryError") go to stderr, which
+                # is the project's spark.log (spark_log.job), where the CLI finds them: not stdout.
+                "-XX:+ExitOnOutOfMemoryError -XX:+DisplayVMOutputToStderr",
                 _cds_java_options(),
                 os.environ.get(JAVA_OPTIONS_VARIABLE, "").strip(),
                 extra.pop("spark.driver.extraJavaOptions", ""),
@@ -237,9 +242,47 @@ def quiet_accumulator_hangups(server: Any) -> None:
 
 
 def stop_spark(session: SparkSession) -> None:
-    """Stop ``session`` and its JVM, keeping the CDS archive the JVM records at exit, if any."""
-    session.stop()
+    """Stop ``session`` and its JVM, keeping the CDS archive the JVM records at exit, if any.
+
+    A JVM that already exited (out of heap: ``-XX:+ExitOnOutOfMemoryError``) cannot be asked to
+    stop; the session is then only forgotten, so the error that ended the job is the one reported.
+    """
+    try:
+        session.stop()
+    except Exception:
+        if _jvm_alive():
+            raise
+        _forget_session()
     _stop_jvm()
+
+
+def _jvm_alive(patience_s: float = 10.0) -> bool:
+    """Whether the session's JVM still runs after up to ``patience_s`` (one that refused a call may be exiting)."""
+    from pyspark import SparkContext
+
+    proc = getattr(SparkContext._gateway, "proc", None)
+    if proc is None:
+        return False
+    try:
+        proc.wait(timeout=patience_s)
+    except subprocess.TimeoutExpired:
+        return True
+    return False
+
+
+def _forget_session() -> None:
+    """Forget the session whose JVM is gone: what ``stop`` would have cleared in pyspark."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    context = SparkContext._active_spark_context
+    server = getattr(context, "_accumulatorServer", None)
+    if server is not None:
+        with contextlib.suppress(Exception):
+            server.shutdown()
+    SparkContext._active_spark_context = None
+    SparkSession._instantiatedSession = None
+    SparkSession._activeSession = None
 
 
 def _stop_jvm() -> None:

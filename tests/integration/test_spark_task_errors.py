@@ -307,3 +307,31 @@ def test_an_error_inside_spark_reaches_the_one_error_line(shop: Shop, name: str,
     stage = " ".join(COMMANDS[command][:-1])  # "load", "feeds run", "run"
     assert errors[stage]["exit_code"] == 3
     assert errors[stage]["error"] == line.removeprefix("error: "), shown["errors"]
+
+
+def test_a_driver_out_of_memory_stops_in_one_line_not_a_hang(shop: Shop) -> None:
+    """A micro-batch larger than the driver's heap: the JVM exits, the CLI says so in one line, nothing waits.
+
+    60 rows of ~30 MB each (``repeat``) against a 512 MB driver. Before, the JVM's task-result
+    threads died of ``OutOfMemoryError`` and the job waited forever (a 2M-event backlog, issue 31).
+    """
+    directory = shop.directory / "cases" / "driver-out-of-memory"
+    home = directory / ".headwater"
+    shutil.copytree(shop.home / "log", home / "log")
+    huge = {"sql": "SELECT id, repeat(name, 3000000) AS big FROM source", "key": ["id"]}
+    document = {
+        "project": "tasks",
+        "home": str(home),
+        "log": {"partitions": 1, "file": {"segment_bytes": 256}},
+        "spark": {"driver_memory": "512m"},
+        "feeds": {"huge": {"from": shop.topic("customers"), **huge}},
+    }
+    config = directory / "headwater.yaml"
+    config.write_text(yaml.safe_dump(document))
+    result = shop.headwater(config, *COMMANDS["feeds"], timeout=300)
+    line = one_error_line(result, ("Spark's driver ran out of memory (spark.driver_memory 512m)", "driver_memory: 2g"))
+    assert "Terminating due to" not in result.stdout + result.stderr
+    with FileLog(home / "log") as log:
+        assert "huge" not in log.list_topics() or log.end_offset("huge", 0) == 0, "records of the batch were appended"
+    status = orjson.loads(shop.headwater(config, "status", "--json").stdout)
+    assert {row["stage"]: row["error"] for row in status["errors"]}["feeds run"] == line.removeprefix("error: ")

@@ -264,6 +264,36 @@ def test_max_records_per_batch_splits_micro_batches(spark, unique_name, tmp_path
     assert ids_of(seen) == list(range(45))
 
 
+def test_max_bytes_per_batch_splits_a_backlog_by_its_records_bytes(spark, unique_name, tmp_path):
+    config = write_config(tmp_path)
+    topic = unique_name("feed")
+    make_topic(config, topic)
+    append(config, topic, range(0, 60))
+    mean = sum(len(r.key) + len(r.value) for r in events(topic, range(0, 60))) / 60
+    seen: list = []
+    query = stream(spark, config, topic, tmp_path / "cp", seen, {"availableNow": True}, maxBytesPerBatch=int(mean * 10))
+    query.awaitTermination(120)
+    sizes = [len(rows) for _, rows in seen if rows]
+    assert 6 <= len(sizes) <= 8 and all(size <= 11 for size in sizes), sizes  # ~10 records' bytes a batch
+    assert ids_of(seen) == list(range(60))
+    # With a record budget too, the smaller of the two ends a batch.
+    seen.clear()
+    append(config, topic, range(60, 90))
+    query = stream(
+        spark,
+        config,
+        topic,
+        tmp_path / "cp",
+        seen,
+        {"availableNow": True},
+        maxBytesPerBatch=int(mean * 10),
+        maxRecordsPerBatch=4,
+    )
+    query.awaitTermination(120)
+    assert [len(rows) for _, rows in seen if rows] == [4] * 7 + [2]
+    assert ids_of(seen) == list(range(60, 90))
+
+
 def test_processing_time_trigger_picks_up_appends(spark, unique_name, tmp_path):
     config = write_config(tmp_path)
     topic = unique_name("feed")

@@ -23,6 +23,13 @@ def test_defaults_stay_local_and_under_home(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("memory", "expected"), [("1g", 2**30), ("512m", 512 * 2**20), ("4G", 4 * 2**30), ("2048k", 2**21), ("1000", 1000)]
+)
+def test_driver_memory_in_bytes_as_the_jvm_reads_it(tmp_path: Path, memory: str, expected: int) -> None:
+    assert config(tmp_path, spark={"driver_memory": memory}).spark.driver_memory_bytes == expected
+
+
+@pytest.mark.parametrize(
     "master",
     ["local", "local[4]", "local[*]", "spark://10.0.0.5:7077", "spark://a:7077,b:7077", "yarn", "k8s://https://k:6443"],
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spark_log.errors import LogSourceOptionError
-from spark_log.offsets import LogPosition, OffsetRange, OffsetsSpec, admit, offset_ranges
+from spark_log.offsets import LogPosition, OffsetRange, OffsetsSpec, admit, admit_bytes, offset_ranges
 
 
 def pos(**parts):
@@ -81,6 +81,35 @@ def test_admit_always_advances_and_never_exceeds():
     assert moved == 2
     assert all(e <= 5 for e in end.as_dict().values())
     assert admit(start, available, 100) == available
+
+
+def test_admit_bytes_keeps_an_end_within_the_budget():
+    start, end = pos(p0=0, p1=10), pos(p0=100, p1=110)
+    assert admit_bytes(start, end, 200 * 50, lambda topic, partition, offset: 50.0) == end
+
+
+def test_admit_bytes_cuts_wide_records_to_the_budget_shared_by_backlog():
+    start, end = pos(p0=0, p1=0), pos(p0=300, p1=100)
+    sizes = {0: 1000.0, 1: 3000.0}  # 300 x 1000 + 100 x 3000 = 600,000 bytes, mean 1,500 a record
+    seen = []
+
+    def record_bytes(topic, partition, offset):
+        seen.append((topic, partition, offset))
+        return sizes[partition]
+
+    cut = admit_bytes(start, end, 150_000, record_bytes)
+    assert cut == pos(p0=75, p1=25)  # 100 records at the mean, shared 3:1 as the backlog is
+    assert sorted(seen) == [("t", 0, 0), ("t", 1, 0)]  # sampled where the batch starts
+
+
+def test_admit_bytes_always_advances_and_skips_partitions_without_backlog():
+    start, end = pos(p0=5, p1=7), pos(p0=5, p1=9)
+    asked = []
+    cut = admit_bytes(start, end, 1, lambda topic, partition, offset: asked.append(partition) or 10_000.0)
+    assert cut == pos(p0=5, p1=8)  # one record, though it alone is over the budget
+    assert asked == [1]
+    with pytest.raises(ValueError, match="positive"):
+        admit_bytes(start, end, 0, lambda *_: 1.0)
 
 
 def test_admit_repeated_reaches_the_end_in_ceil_steps():
