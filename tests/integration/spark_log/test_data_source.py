@@ -241,23 +241,19 @@ def test_available_now_resumes_from_checkpoint_without_duplicates(spark, unique_
     assert ids_of(seen) == []
 
 
+def drained(spark, config: Path, topic: str, checkpoint: Path, **options) -> list:
+    """``(batch_id, rows)`` of an ``availableNow`` run of ``topic`` with ``options``, once it ended."""
+    seen: list = []
+    stream(spark, config, topic, checkpoint, seen, {"availableNow": True}, **options).awaitTermination(120)
+    return seen
+
+
 def test_max_records_per_batch_splits_micro_batches(spark, unique_name, tmp_path):
     config = write_config(tmp_path)
     topic = unique_name("feed")
     make_topic(config, topic)
     append(config, topic, range(0, 45))
-    seen: list = []
-    query = stream(
-        spark,
-        config,
-        topic,
-        tmp_path / "cp",
-        seen,
-        {"availableNow": True},
-        maxRecordsPerBatch=10,
-        maxRecordsPerPartition=4,
-    )
-    query.awaitTermination(120)
+    seen = drained(spark, config, topic, tmp_path / "cp", maxRecordsPerBatch=10, maxRecordsPerPartition=4)
     non_empty = [rows for _, rows in seen if rows]
     assert len(non_empty) == 5  # 45 records, 10 per batch
     assert all(len(rows) <= 10 for rows in non_empty)
@@ -269,27 +265,14 @@ def test_max_bytes_per_batch_splits_a_backlog_by_its_records_bytes(spark, unique
     topic = unique_name("feed")
     make_topic(config, topic)
     append(config, topic, range(0, 60))
-    mean = sum(len(r.key) + len(r.value) for r in events(topic, range(0, 60))) / 60
-    seen: list = []
-    query = stream(spark, config, topic, tmp_path / "cp", seen, {"availableNow": True}, maxBytesPerBatch=int(mean * 10))
-    query.awaitTermination(120)
+    budget = int(sum(len(r.key) + len(r.value) for r in events(topic, range(0, 60))) / 60 * 10)  # ~10 records
+    seen = drained(spark, config, topic, tmp_path / "cp", maxBytesPerBatch=budget)
     sizes = [len(rows) for _, rows in seen if rows]
-    assert 6 <= len(sizes) <= 8 and all(size <= 11 for size in sizes), sizes  # ~10 records' bytes a batch
+    assert 6 <= len(sizes) <= 8 and all(size <= 11 for size in sizes), sizes
     assert ids_of(seen) == list(range(60))
     # With a record budget too, the smaller of the two ends a batch.
-    seen.clear()
     append(config, topic, range(60, 90))
-    query = stream(
-        spark,
-        config,
-        topic,
-        tmp_path / "cp",
-        seen,
-        {"availableNow": True},
-        maxBytesPerBatch=int(mean * 10),
-        maxRecordsPerBatch=4,
-    )
-    query.awaitTermination(120)
+    seen = drained(spark, config, topic, tmp_path / "cp", maxBytesPerBatch=budget, maxRecordsPerBatch=4)
     assert [len(rows) for _, rows in seen if rows] == [4] * 7 + [2]
     assert ids_of(seen) == list(range(60, 90))
 
