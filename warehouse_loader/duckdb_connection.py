@@ -37,6 +37,10 @@ def _database(locations: list[TableLocation]) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
+    # Without its background threads DuckDB's allocator kept what each query freed: a load's driver
+    # grew ~15-70 MB with every merge-on-read batch (3.8 GB after 50 batches of 200k changes), and
+    # stayed at ~400 MiB with them (bench/RESULTS.md, issue 31).
+    con.execute("SET allocator_background_threads = true")
     registered: set[str] = set()
     for location in locations:
         if location.is_remote and location.scheme not in registered:
