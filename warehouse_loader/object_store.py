@@ -124,12 +124,23 @@ def duckdb_filesystem(scheme: str, options: Mapping[str, str]) -> Any:
 
     fsspec comes with the project's dependencies (universal-pathlib via Dagster).
     """
-    from fsspec.implementations.arrow import ArrowFSWrapper  # type: ignore[import-untyped]
+    from fsspec.implementations.arrow import ArrowFile, ArrowFSWrapper  # type: ignore[import-untyped]
 
     family = next(f for f in (S3_SCHEMES, GCS_SCHEMES, AZURE_SCHEMES) if scheme in f)
 
+    class WholeReads(ArrowFile):  # type: ignore[misc]
+        def read(self, length: int = -1) -> bytes:
+            return read_fully(self.stream, length)
+
     class StoreFileSystem(ArrowFSWrapper):  # type: ignore[misc]
         protocol = family  # DuckDB routes a path to the filesystem whose protocol its scheme is
+
+        def _open(self, path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
+            opened = super()._open(path, mode, *args, **kwargs)
+            if mode != "rb":
+                return opened
+            opened.__class__ = WholeReads  # the same file (a second wrapper would close the stream when collected)
+            return opened
 
         @classmethod
         def _strip_protocol(cls, path: Any) -> Any:
@@ -138,3 +149,23 @@ def duckdb_filesystem(scheme: str, options: Mapping[str, str]) -> Any:
             return split_uri(path)[1] if "://" in str(path) else path
 
     return StoreFileSystem(arrow_filesystem(scheme, options))
+
+
+def read_fully(stream: Any, length: int = -1) -> bytes:
+    """``length`` bytes from ``stream`` (fewer only at its end); all that is left for a negative length.
+
+    A Python file may return fewer bytes than asked before its end (an object store's ranged read
+    cut short); DuckDB takes any short read from a Python filesystem for an error ("Failed to read
+    2097152 bytes from Python file at offset 0: only 1628650 bytes returned", once in CI on S3).
+    """
+    data: bytes = stream.read(length)
+    if length is None or length < 0 or len(data) >= length:
+        return data
+    parts, got = [data], len(data)
+    while got < length:
+        more = stream.read(length - got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
