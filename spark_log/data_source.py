@@ -220,10 +220,9 @@ def log_reader(
     Registers the source in the session; further options (offsets, batch size) may follow.
     """
     register_log_source(spark)
-    if not streaming:
-        return spark.read.format(SOURCE_NAME).option("config", str(config.config_path)).option("topic", topic)
-    reader = spark.readStream.format(SOURCE_NAME).option("config", str(config.config_path)).option("topic", topic)
-    return reader.option("maxBytesPerBatch", str(default_batch_bytes(config)))
+    reader = spark.readStream if streaming else spark.read
+    reader = reader.format(SOURCE_NAME).option("config", str(config.config_path)).option("topic", topic)
+    return reader.option("maxBytesPerBatch", str(default_batch_bytes(config))) if streaming else reader
 
 
 def default_batch_bytes(config: ProjectConfig) -> int:

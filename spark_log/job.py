@@ -54,9 +54,9 @@ def spark_job(config: ProjectConfig, app_name: str) -> Iterator[tuple[SparkSessi
         carried = unwrap(exc)
         if carried is not None:
             raise carried from exc
-        # Spark's exceptions need the JVM to render their text, and it stops below: take it now.
         if _out_of_memory(spark_log, start):
             raise SparkOutOfMemoryError(_out_of_memory_message(config, spark_log)) from exc
+        # Spark's exceptions need the JVM to render their text, and it stops below: take it now.
         raise SparkJobError(_spark_failure(exc, spark_log)) from exc
     finally:
         log.close()
