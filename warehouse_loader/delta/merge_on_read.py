@@ -181,9 +181,8 @@ def merge(
             f"CREATE TEMP TABLE candidates AS SELECT {wanted}, t.{_FILE}, t.{_ROW} FROM {scan} t "
             f"SEMI JOIN (SELECT DISTINCT {key_cols} FROM s_batch) k ON {key_match(keys, 't', 'k')}"
         )
-        touched = [row[0] for row in con.execute(f"SELECT DISTINCT {_FILE} FROM candidates").fetchall()]
-        deleted = _deleted_in(table_dir, target, touched)
         candidates = con.sql(f"SELECT {_FILE}, {_ROW} FROM candidates").to_arrow_table()
+        deleted = _deleted_in(table_dir, target, candidates.column(_FILE).unique().to_pylist())
         con.register("gone", _removed_candidates(table_dir, candidates, deleted))
         con.execute(
             f"CREATE TEMP TABLE live AS SELECT t.* FROM candidates t "
