@@ -9,11 +9,12 @@ if "--follow" in sys.argv[1:]:
     # the command stops cleanly once it can (core.stop_request).
     stop_request.listen()
 
-from headwater.cli import main
+from headwater.cli import exit_quietly, main
 
 
 def run() -> None:
     """Console-script entry point: exit with the CLI's status."""
+    exit_quietly()
     sys.exit(main())
 
 

@@ -6,9 +6,11 @@ as one line on stderr with a non-zero exit; ``--debug`` adds the traceback.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -116,6 +118,30 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(f"error: unexpected {type(exc).__name__}: {detail} (rerun with --debug for the traceback)", err=True)
         return EXIT_ERROR
     return 0
+
+
+def exit_quietly() -> None:
+    """In a process that runs the CLI as its program: nothing on stderr after its last line (unless ``--debug``)."""
+    if "--debug" not in sys.argv[1:]:
+        atexit.register(_no_words_after_the_last_line)
+
+
+def _no_words_after_the_last_line() -> None:
+    """Keep what the interpreter prints while it shuts down off stderr once the CLI has said its last line.
+
+    A command that stops on an error can leave threads mid-work: another streaming query's
+    micro-batch in py4j's callback thread, holding DuckDB cursors. The interpreter exits under
+    them, and DuckDB's bindings then print a hundred "nanobind: leaked instance" lines below the
+    one ``error:`` line (seen in CI). Nothing they say is actionable, and what they held is redone
+    from checkpoints. Only when such threads remain; ``--debug`` keeps everything.
+    """
+    if not any(thread.is_alive() for thread in threading.enumerate() if thread is not threading.main_thread()):
+        return
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
 
 
 def _failed(error: HeadwaterError, *, debug: bool) -> int:

@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from core import stop_request
 from core.config import ProjectConfig
-from core.errors import HeadwaterError, PermanentError
+from core.errors import HeadwaterError, PermanentError, TransientError
 from log.base import Log
 from log.factory import open_log
 from spark_log.cluster import check_before_session, cluster_ready, is_loopback
@@ -57,7 +57,10 @@ def spark_job(config: ProjectConfig, app_name: str) -> Iterator[tuple[SparkSessi
         if _out_of_memory(spark_log, start):
             raise SparkOutOfMemoryError(_out_of_memory_message(config, spark_log)) from exc
         # Spark's exceptions need the JVM to render their text, and it stops below: take it now.
-        raise SparkJobError(_spark_failure(exc, spark_log)) from exc
+        text = _exception_text(exc)
+        if WORKER_NOT_CONNECTED in text:
+            raise PythonWorkerStartError(_worker_start_message(spark_log)) from exc
+        raise SparkJobError(_spark_failure(text, spark_log)) from exc
     finally:
         log.close()
         stop_spark(spark)
@@ -114,7 +117,7 @@ def open_session(config: ProjectConfig, app_name: str) -> SparkSession:
                 loopback=is_loopback(settings.master),
             )
     except Exception as exc:  # a JVM that would not start, a setting Spark refuses
-        raise SparkJobError(_spark_failure(exc, spark_log)) from exc
+        raise SparkJobError(_spark_failure(_exception_text(exc), spark_log)) from exc
     finally:
         if before is not None:
             signal.signal(signal.SIGINT, before)
@@ -135,14 +138,39 @@ class SparkOutOfMemoryError(SparkJobError):
     """The driver JVM ran out of heap and exited (``-XX:+ExitOnOutOfMemoryError``, :mod:`spark_log.session`)."""
 
 
-def _spark_failure(exc: Exception, spark_log: Path) -> str:
+#: Spark's text when a Python worker it started did not connect back within its fixed 10 s
+#: (``PythonWorkerFactory.createSimpleWorker``; not configurable). The ``headwater_log`` source's
+#: planner and streaming runner are such workers: on a machine busy enough that a Python
+#: interpreter takes 10 s to start and import pyspark (0.5 s when quiet), the query fails with it.
+WORKER_NOT_CONNECTED: Final = "Python worker failed to connect back"
+
+
+class PythonWorkerStartError(TransientError):
+    """A Spark Python worker did not start in time: the machine was overloaded; running again may work.
+
+    Transient, so ``headwater run`` restarts the stage (after its backoff) instead of leaving it
+    stopped for an operator; the micro-batch it was in is redone from its checkpoint.
+    """
+
+
+def _worker_start_message(spark_log: Path) -> str:
+    return (
+        "a Spark Python worker did not start within Spark's 10 s (the machine is overloaded: see its load and "
+        f"memory); run the command again (headwater run restarts it by itself); details in {spark_log}"
+    )
+
+
+def _exception_text(exc: Exception) -> str:
     try:
-        text = str(exc)
+        return str(exc) or type(exc).__name__
     except Exception:  # a py4j error whose JVM is already gone
-        text = type(exc).__name__
+        return type(exc).__name__
+
+
+def _spark_failure(text: str, spark_log: Path) -> str:
     # Spark appends the JVM stack and the query plan after the first line; the log file has them.
     lines = [line for line in text.splitlines() if line.strip()]
-    first = lines[0].strip() if lines else type(exc).__name__
+    first = lines[0].strip() if lines else text
     python = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
     if python:  # a Python error inside a micro-batch: its own "Error: message" line says what happened
         first = next((line.strip() for line in lines[python[0] + 1 :] if not line[0].isspace()), first)
@@ -255,6 +283,9 @@ def _restarted(spark: SparkSession, running: list[StreamingQuery], restart: Rest
     for i in ended:
         logging.getLogger(__name__).info("%s: %s", running[i].name, "schema changed; starting it again")
         running[i] = restart(i)
+        # One DDL transaction stops every query reading its tables at once: started together, their
+        # sources' Python processes miss Spark's 10 s (CI: 29 loads, "Python worker failed to connect back").
+        wait_for_sources(running[i])
     return True
 
 
