@@ -365,14 +365,17 @@ def test_a_python_worker_too_slow_to_start_is_transient_and_the_load_runs_again(
     python.chmod(0o755)
     mark.touch()
     env = {**os.environ, "PYSPARK_PYTHON": str(python)}
-    slow = subprocess.run(
-        [sys.executable, "-m", "headwater", "--config", str(config), *COMMANDS["load"]],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-        env=env,
-    )
+    def load() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "headwater", "--config", str(config), *COMMANDS["load"]],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+
+    slow = load()
     assert slow.returncode == 1, f"exit {slow.returncode}: {slow.stderr[-3000:]}"
     assert slow.stderr.strip().splitlines()[-1:] == [
         f"error: a Spark Python worker did not start within Spark's 10 s (the machine is overloaded: see its "
@@ -385,14 +388,7 @@ def test_a_python_worker_too_slow_to_start_is_transient_and_the_load_runs_again(
     assert alone == ["-m pyspark.sql.streaming.python_streaming_source_runner"], calls.read_text()
     assert not (home / "warehouse" / "current" / "_delta_log").exists(), "committed"
     mark.unlink()
-    again = subprocess.run(
-        [sys.executable, "-m", "headwater", "--config", str(config), *COMMANDS["load"]],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-        env=env,
-    )
+    again = load()
     assert again.returncode == 0, again.stderr[-3000:]
     query = shop.headwater(config, "query", "SELECT count(*) AS n, sum(n) AS total FROM current")
     assert query.returncode == 0, query.stderr[-3000:]
