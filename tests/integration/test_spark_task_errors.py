@@ -365,6 +365,7 @@ def test_a_python_worker_too_slow_to_start_is_transient_and_the_load_runs_again(
     python.chmod(0o755)
     mark.touch()
     env = {**os.environ, "PYSPARK_PYTHON": str(python)}
+
     def load() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "headwater", "--config", str(config), *COMMANDS["load"]],
