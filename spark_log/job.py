@@ -294,8 +294,10 @@ def _stop(queries: Sequence[StreamingQuery]) -> None:
         query.stop()
 
 
-#: What a streaming query reports until its sources exist (Spark's StreamExecution).
-_INITIALIZING = "Initializing sources"
+#: What a streaming query reports until its sources exist (Spark's StreamExecution): the first
+#: before its thread runs, the second while it creates the sources (a Python source's runner
+#: process starts and connects back inside that step).
+_INITIALIZING: Final = frozenset({"Initializing StreamExecution", "Initializing sources"})
 
 
 def wait_for_sources(query: StreamingQuery, timeout_s: float = 300.0, poll_s: float = 0.1) -> None:
@@ -308,6 +310,6 @@ def wait_for_sources(query: StreamingQuery, timeout_s: float = 300.0, poll_s: fl
     """
     deadline = time.monotonic() + timeout_s
     while query.isActive and time.monotonic() < deadline:
-        if query.status.get("message") != _INITIALIZING or query.lastProgress is not None:
+        if query.status.get("message") not in _INITIALIZING or query.lastProgress is not None:
             return
         time.sleep(poll_s)
