@@ -14,14 +14,22 @@ exits 0 (``headwater.cli_context``). So ``run --follow``'s supervisor sees every
   the interpreter is still starting stays pending until here instead of killing it mid-import.
 * :func:`stop_anywhere`: from then on a signal raises :class:`KeyboardInterrupt` (at once if one
   came already); after the first, further signals only mark the request, so the unwinding
-  (Spark's stop, leases released) is not interrupted again.
+  (Spark's stop, leases released) is not interrupted again. Never inside an import: raised
+  there, it can leave a native module half-initialised (DuckDB's import then aborted the
+  process, exit -6), and one raised while an extension runs Python through ``PyRun_String``
+  makes CPython end the process with SIGINT (exit -2) even after the stop was handled. A
+  signal that lands in an import is sent again a moment later, until it lands outside one.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from types import FrameType
+
+#: How long a stop that landed inside an import waits before it is sent again.
+_RETRY_S = 0.05
 
 #: Set once SIGINT or SIGTERM asked this process to stop.
 requested = threading.Event()
@@ -32,10 +40,24 @@ def _mark(_signum: int, _frame: FrameType | None) -> None:
     requested.set()
 
 
-def _raise(_signum: int, _frame: FrameType | None) -> None:
+def _raise(signum: int, frame: FrameType | None) -> None:
     requested.set()
+    if _importing(frame):
+        retry = threading.Timer(_RETRY_S, os.kill, (os.getpid(), signum))
+        retry.daemon = True
+        retry.start()
+        return
     listen()
     raise KeyboardInterrupt
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """Whether ``frame`` (where the main thread is) runs inside an import."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def listen() -> None:

@@ -53,3 +53,27 @@ def test_a_signal_raises_where_the_main_thread_is_and_further_ones_only_mark() -
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["interrupted", "unwound True"]
+
+
+def test_a_signal_inside_an_import_is_raised_once_the_import_has_finished(tmp_path) -> None:
+    # Raised mid-import, a native module can be left half-initialised (DuckDB's aborted the
+    # process) and CPython may end the process with SIGINT after the stop was handled (exit -2).
+    (tmp_path / "slow_module.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(0.3)\nFINISHED = True\n"
+    )
+    done = run(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(tmp_path)!r})
+        from core import stop_request
+        stop_request.stop_anywhere()
+        try:
+            import slow_module
+            time.sleep(5)
+            print("not interrupted")
+        except KeyboardInterrupt:
+            print("interrupted after the import:", sys.modules["slow_module"].FINISHED)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "interrupted after the import: True"
