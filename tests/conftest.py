@@ -82,6 +82,15 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(ModuleTimes(out), "headwater-module-times")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # A failure is named on stderr as it happens, not only in the summary at the end: a run
+    # stopped before its end (a CI time limit, a session cut short) still says what failed.
+    if report.failed and not hasattr(report, "wasxfail") and os.environ.get("PYTEST_XDIST_WORKER") is None:
+        sys.stderr.write(f"\nFAILED {report.nodeid} ({report.when}, {report.duration:.0f} s)\n")
+        sys.stderr.flush()
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     # Blocks tests kept with the ``report`` fixture (tests/integration/capture/conftest.py), from
     # whichever process ran them: pytest-xdist sends user_properties back with each report.
