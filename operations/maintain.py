@@ -29,37 +29,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-import orjson
-
 from core.config import ProjectConfig
-from core.durable_files import replace_json
 from core.table_leases import committing, no_readers
+from warehouse_loader import maintenance_runs
 from warehouse_loader.maintenance import Done, effective_retention_s, plan, small_file_size
-
-
-def _state_path(config: ProjectConfig, build: str) -> Path:
-    return config.home_dir / "maintenance" / f"{build}.json"
 
 
 def last_runs(config: ProjectConfig, build: str) -> dict[str, str]:
     """When compaction, checkpoint and vacuum last ran on table build ``build`` (ISO times; absent: never)."""
-    try:
-        data = orjson.loads(_state_path(config, build).read_bytes())
-    except (FileNotFoundError, orjson.JSONDecodeError):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(v, str)}
-
-
-def _record(config: ProjectConfig, build: str, tasks: Sequence[str], now: dt.datetime) -> None:
-    state = last_runs(config, build)
-    for task in tasks:
-        state[f"last_{task}"] = now.isoformat().replace("+00:00", "Z")
-    path = _state_path(config, build)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_json(path, state)
+    return maintenance_runs.last_runs(config.home_dir, build)
 
 
 def _parse(value: str | None) -> dt.datetime | None:
@@ -117,7 +97,7 @@ def maintain_table(
                 tasks.add("checkpoint")
         results.append(done)
     if tasks:
-        _record(config, build, sorted(tasks), now)
+        maintenance_runs.record_runs(config.home_dir, build, sorted(tasks), now)
     return results
 
 

@@ -13,7 +13,9 @@ The loader commits its position (Spark's end offsets) to consumer group
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +24,7 @@ from core.config import ProjectConfig
 from core.errors import HeadwaterError, PermanentError
 from core.stage_problems import clear_problem, record_problem
 from core.table_leases import committing
-from core.warehouse_config import TableConfig
+from core.warehouse_config import MaintenanceConfig, TableConfig
 from log.base import Log
 from log.schema_history import SchemaHistory
 from log.sequence import Sequence as Seq
@@ -35,6 +37,8 @@ from warehouse_loader.errors import SchemaMismatchError, WarehouseError
 from warehouse_loader.formats import format_of
 from warehouse_loader.formats import merge_on_read as merge_on_read_of
 from warehouse_loader.location import TableLocation, location_in
+from warehouse_loader.maintenance import compact_buried
+from warehouse_loader.maintenance_runs import record_runs
 from warehouse_loader.table_format import TableFormat
 
 if TYPE_CHECKING:
@@ -182,6 +186,7 @@ def start_load(
 
     query_name = f"load_{build}"
     merge_on_read = merge_on_read_of(config, name)
+    upkeep = config.warehouse.maintenance_of(name)
 
     def apply(batch: DataFrame, batch_id: int) -> None:
         changes = change_batch(batch, keys)
@@ -199,6 +204,8 @@ def start_load(
                         reread_points=points,
                         merge_on_read=merge_on_read,
                     )
+                    if merge_on_read and upkeep.enabled:
+                        _compact_if_buried(config, fmt, path, build, upkeep)
             except HeadwaterError as exc:
                 _FAILURES[query_name] = exc  # Spark wraps it in a Java exception: keep it to re-raise as is
                 if isinstance(exc, SchemaMismatchError):  # waits for an operator: status shows why
@@ -214,6 +221,25 @@ def start_load(
     writer = writer.option("checkpointLocation", location.as_uri())
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_interval)
     return writer.start()
+
+
+def _compact_if_buried(
+    config: ProjectConfig, fmt: TableFormat, path: TableLocation, build: str, upkeep: MaintenanceConfig
+) -> None:
+    """Compact the table between two batches once removed rows pile up (:func:`compact_buried`; lease held)."""
+    started = time.monotonic()
+    done = compact_buried(fmt.maintainer(path), upkeep)
+    if done is not None:
+        record_runs(config.home_dir, build, ["compaction"], dt.datetime.now(dt.UTC))
+        removed, added, written = done
+        logger.warning(
+            "warehouse table %s: half its rows were removed ones; compacted %d files into %d (%d B) in %.1f s",
+            build,
+            removed,
+            added,
+            written,
+            time.monotonic() - started,
+        )
 
 
 def follow_schema_changes(

@@ -228,3 +228,27 @@ def plan(shape: TableShape, settings: MaintenanceConfig, now: dt.datetime) -> Pl
     if expire:
         reasons.append("expiry due")
     return Plan(compact=compact, checkpoint=checkpoint, expire=expire, reasons=tuple(reasons))
+
+
+#: The loader compacts a merge-on-read table itself once deletion vectors remove this share of
+#: the rows in its files (:func:`compact_buried`); the maintenance stage's own threshold,
+#: ``compact_dirty_ratio``, is lower and normally acts first.
+BURIED_SHARE = 0.5
+
+
+def compact_buried(maintainer: TableMaintainer, settings: MaintenanceConfig) -> tuple[int, int, int] | None:
+    """Compact the table if removed rows reach :data:`BURIED_SHARE` of its files' rows; what compaction did, or None.
+
+    A merge-on-read batch reads, for each key it changes, every version of that key still in
+    the files, removed ones included, and sorts them out by the deletion vectors: its memory
+    and time grow with the removed versions. Where nothing compacts in between (``headwater
+    load`` over a backlog, with no ``maintain`` stage beside it, or a stage that runs less often
+    than batches bury rows), each batch would cost more than the one before; the loader then
+    compacts between two batches, so a batch reads at most about two versions per live row.
+    The caller holds the table's commit lease (it calls this right after its commit).
+    """
+    small_below = small_file_size(settings)
+    shape = maintainer.shape(small_below)
+    if shape is None or shape.deleted_share < BURIED_SHARE:
+        return None
+    return maintainer.compact(settings.target_file_size, small_below, settings.compact_dirty_ratio)

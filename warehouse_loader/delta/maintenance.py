@@ -76,7 +76,6 @@ class DeltaMaintainer:
         small = [size for size in sizes if size < small_below]
         checkpointed = self._last_checkpoint()
         version = table.version()
-        gone = deleted_rows(table)
         return TableShape(
             version=version,
             files=len(sizes),
@@ -85,8 +84,24 @@ class DeltaMaintainer:
             small_bytes=int(sum(small)),
             commits_since_checkpoint=version - (checkpointed if checkpointed is not None else -1),
             rows=int(sum(n or 0 for n in files.column("num_records").to_pylist())),
-            deleted_rows=0 if gone is None else gone.num_rows,
+            deleted_rows=self._removed_rows(table, version, [str(p) for p in files.column("path").to_pylist()]),
         )
+
+    def _removed_rows(self, table: DeltaTable, version: int, paths: list[str]) -> int:
+        """Rows deletion vectors remove from the current files ``paths``.
+
+        Locally the sum of the vectors' cardinalities (every descriptor records it) from the log
+        alone: the loader asks after every merge-on-read batch (:func:`~warehouse_loader.maintenance.compact_buried`),
+        and delta-rs would read every vector. On an object store through delta-rs.
+        """
+        if not self.location.is_remote:
+            adds = add_actions.current_adds(self.location.path, version)
+            if all(path in adds for path in paths):
+                vectors = [adds[path].get("deletionVector") or {} for path in paths]
+                if all("cardinality" in vector for vector in vectors if vector):
+                    return sum(int(vector.get("cardinality", 0)) for vector in vectors)
+        gone = deleted_rows(table)
+        return 0 if gone is None else gone.num_rows
 
     def _last_checkpoint(self) -> int | None:
         """The version of the newest checkpoint (``_delta_log/_last_checkpoint``), or None."""
