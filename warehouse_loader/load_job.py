@@ -24,7 +24,7 @@ from core.config import ProjectConfig
 from core.errors import HeadwaterError, PermanentError
 from core.stage_problems import clear_problem, record_problem
 from core.table_leases import committing
-from core.warehouse_config import MaintenanceConfig, TableConfig
+from core.warehouse_config import TableConfig
 from log.base import Log
 from log.schema_history import SchemaHistory
 from log.sequence import Sequence as Seq
@@ -37,7 +37,7 @@ from warehouse_loader.errors import SchemaMismatchError, WarehouseError
 from warehouse_loader.formats import format_of
 from warehouse_loader.formats import merge_on_read as merge_on_read_of
 from warehouse_loader.location import TableLocation, location_in
-from warehouse_loader.maintenance import compact_buried
+from warehouse_loader.maintenance import BuriedRows
 from warehouse_loader.maintenance_runs import record_runs
 from warehouse_loader.table_format import TableFormat
 
@@ -187,6 +187,7 @@ def start_load(
     query_name = f"load_{build}"
     merge_on_read = merge_on_read_of(config, name)
     upkeep = config.warehouse.maintenance_of(name)
+    buried = BuriedRows(upkeep) if merge_on_read and upkeep.enabled else None
 
     def apply(batch: DataFrame, batch_id: int) -> None:
         changes = change_batch(batch, keys)
@@ -204,8 +205,8 @@ def start_load(
                         reread_points=points,
                         merge_on_read=merge_on_read,
                     )
-                    if merge_on_read and upkeep.enabled:
-                        _compact_if_buried(config, fmt, path, build, upkeep)
+                    if buried is not None:
+                        _compact_if_buried(config, fmt, path, build, buried, changes=changes.num_rows)
             except HeadwaterError as exc:
                 _FAILURES[query_name] = exc  # Spark wraps it in a Java exception: keep it to re-raise as is
                 if isinstance(exc, SchemaMismatchError):  # waits for an operator: status shows why
@@ -224,11 +225,11 @@ def start_load(
 
 
 def _compact_if_buried(
-    config: ProjectConfig, fmt: TableFormat, path: TableLocation, build: str, upkeep: MaintenanceConfig
+    config: ProjectConfig, fmt: TableFormat, path: TableLocation, build: str, buried: BuriedRows, *, changes: int
 ) -> None:
-    """Compact the table between two batches once removed rows pile up (:func:`compact_buried`; lease held)."""
+    """After a committed batch of ``changes`` rows: compact the table if removed rows piled up (lease held)."""
     started = time.monotonic()
-    done = compact_buried(fmt.maintainer(path), upkeep)
+    done = buried.after_commit(fmt.maintainer(path), changes)
     if done is not None:
         record_runs(config.home_dir, build, ["compaction"], dt.datetime.now(dt.UTC))
         removed, added, written = done

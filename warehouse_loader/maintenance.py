@@ -231,24 +231,44 @@ def plan(shape: TableShape, settings: MaintenanceConfig, now: dt.datetime) -> Pl
 
 
 #: The loader compacts a merge-on-read table itself once deletion vectors remove this share of
-#: the rows in its files (:func:`compact_buried`); the maintenance stage's own threshold,
+#: the rows in its files (:class:`BuriedRows`); the maintenance stage's own threshold,
 #: ``compact_dirty_ratio``, is lower and normally acts first.
 BURIED_SHARE = 0.5
+#: ... and looks after its batches changed this share of the table's live rows since it last
+#: looked: a look reads the table's file list (Iceberg: its delete files), too much for every
+#: batch of a trickle, and a share of at most this many removed rows is added in between.
+LOOK_EVERY_SHARE = 0.2
 
 
-def compact_buried(maintainer: TableMaintainer, settings: MaintenanceConfig) -> tuple[int, int, int] | None:
-    """Compact the table if removed rows reach :data:`BURIED_SHARE` of its files' rows; what compaction did, or None.
+class BuriedRows:
+    """The loader's own compaction when removed rows pile up in a merge-on-read table.
 
     A merge-on-read batch reads, for each key it changes, every version of that key still in
-    the files, removed ones included, and sorts them out by the deletion vectors: its memory
-    and time grow with the removed versions. Where nothing compacts in between (``headwater
-    load`` over a backlog, with no ``maintain`` stage beside it, or a stage that runs less often
-    than batches bury rows), each batch would cost more than the one before; the loader then
-    compacts between two batches, so a batch reads at most about two versions per live row.
-    The caller holds the table's commit lease (it calls this right after its commit).
+    the files, removed ones included, and sorts them out by the deletion vectors (Iceberg:
+    position deletes): its memory and time grow with the removed versions. Where nothing
+    compacts in between (``headwater load`` over a backlog with no ``maintain`` stage beside
+    it, or batches burying rows faster than the stage's ``interval_s``) each batch would cost
+    more than the one before. After its commits (:meth:`after_commit`, with the table's commit
+    lease held) the loader therefore looks at the table's shape once its batches changed
+    :data:`LOOK_EVERY_SHARE` of the live rows, and compacts when removed rows reach
+    :data:`BURIED_SHARE` of all: a batch then reads at most about two versions per live row.
     """
-    small_below = small_file_size(settings)
-    shape = maintainer.shape(small_below)
-    if shape is None or shape.deleted_share < BURIED_SHARE:
-        return None
-    return maintainer.compact(settings.target_file_size, small_below, settings.compact_dirty_ratio)
+
+    def __init__(self, settings: MaintenanceConfig) -> None:
+        self._settings = settings
+        self._live: int | None = None
+        self._since = 0
+
+    def after_commit(self, maintainer: TableMaintainer, changes: int) -> tuple[int, int, int] | None:
+        """Count a committed batch of ``changes`` rows; compact when due. What compaction did, or None."""
+        self._since += changes
+        if self._live is not None and self._since < self._live * LOOK_EVERY_SHARE:
+            return None
+        small_below = small_file_size(self._settings)
+        shape = maintainer.shape(small_below)
+        if shape is None:
+            return None
+        self._live, self._since = shape.rows - shape.deleted_rows, 0
+        if shape.deleted_share < BURIED_SHARE:
+            return None
+        return maintainer.compact(self._settings.target_file_size, small_below, self._settings.compact_dirty_ratio)

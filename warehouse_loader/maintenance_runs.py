@@ -1,7 +1,7 @@
 """When maintenance last ran on a table build: ``<home>/maintenance/<build>.json``.
 
 Written by a maintenance pass (:mod:`operations.maintain`) and by the loader's own compaction
-(:func:`warehouse_loader.maintenance.compact_buried`); read by the policy (when to vacuum),
+(:class:`warehouse_loader.maintenance.BuriedRows`); read by the policy (when to vacuum),
 ``status`` and ``/metrics``.
 """
 

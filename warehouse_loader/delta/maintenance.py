@@ -91,7 +91,7 @@ class DeltaMaintainer:
         """Rows deletion vectors remove from the current files ``paths``.
 
         Locally the sum of the vectors' cardinalities (every descriptor records it) from the log
-        alone: the loader asks after every merge-on-read batch (:func:`~warehouse_loader.maintenance.compact_buried`),
+        alone: the loader asks after its merge-on-read batches (:class:`~warehouse_loader.maintenance.BuriedRows`),
         and delta-rs would read every vector. On an object store through delta-rs.
         """
         if not self.location.is_remote:
