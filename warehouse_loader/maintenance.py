@@ -238,6 +238,8 @@ BURIED_SHARE = 0.5
 #: looked: a look reads the table's file list (Iceberg: its delete files), too much for every
 #: batch of a trickle, and a share of at most this many removed rows is added in between.
 LOOK_EVERY_SHARE = 0.2
+#: ... and never before this many changes: fewer cannot bury enough rows to matter.
+LOOK_AFTER_CHANGES = 20_000
 
 
 class BuriedRows:
@@ -250,8 +252,9 @@ class BuriedRows:
     it, or batches burying rows faster than the stage's ``interval_s``) each batch would cost
     more than the one before. After its commits (:meth:`after_commit`, with the table's commit
     lease held) the loader therefore looks at the table's shape once its batches changed
-    :data:`LOOK_EVERY_SHARE` of the live rows, and compacts when removed rows reach
-    :data:`BURIED_SHARE` of all: a batch then reads at most about two versions per live row.
+    :data:`LOOK_EVERY_SHARE` of the live rows (and at least :data:`LOOK_AFTER_CHANGES`), and
+    compacts when removed rows reach :data:`BURIED_SHARE` of all: a batch then reads at most
+    about two versions per live row.
     """
 
     def __init__(self, settings: MaintenanceConfig) -> None:
@@ -262,7 +265,7 @@ class BuriedRows:
     def after_commit(self, maintainer: TableMaintainer, changes: int) -> tuple[int, int, int] | None:
         """Count a committed batch of ``changes`` rows; compact when due. What compaction did, or None."""
         self._since += changes
-        if self._live is not None and self._since < self._live * LOOK_EVERY_SHARE:
+        if self._since < max(LOOK_AFTER_CHANGES, (self._live or 0) * LOOK_EVERY_SHARE):
             return None
         small_below = small_file_size(self._settings)
         shape = maintainer.shape(small_below)

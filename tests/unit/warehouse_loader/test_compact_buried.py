@@ -9,6 +9,7 @@ from deltalake import DeltaTable
 
 from operations.maintain import last_runs, maintenance_status
 from tests.unit.operations.test_maintain import batch, project, rows
+from warehouse_loader import maintenance
 from warehouse_loader.formats import format_of
 from warehouse_loader.load_job import _compact_if_buried, table_path
 from warehouse_loader.maintenance import LOOK_EVERY_SHARE, BuriedRows
@@ -21,6 +22,7 @@ def test_a_table_whose_removed_rows_pile_up_is_compacted_between_batches(
     from warehouse_loader.delta.writer import write_batch
 
     monkeypatch.setattr(merge_on_read, "MIN_TABLE_BYTES", 0)
+    monkeypatch.setattr(maintenance, "LOOK_AFTER_CHANGES", 100)  # a table of 1,000 rows
     # No maintenance stage would act first: its own threshold is above every share reached here.
     config = project(tmp_path, compact_min_small_files=100, compact_dirty_ratio=1.0)
     location = table_path(config, "t")
