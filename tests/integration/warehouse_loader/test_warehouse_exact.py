@@ -196,6 +196,31 @@ def test_random_workload_loads_exactly(spark, pg_database, unique_name, tmp_path
     assert_scd2_exact(config, pg_database)
 
 
+def test_the_loader_compacts_a_merge_on_read_table_between_batches_and_it_stays_exact(
+    spark, pg_database, unique_name, tmp_path, monkeypatch
+):
+    """No maintenance stage runs: the load itself compacts once removed rows pile up (issue 31)."""
+    from operations.maintain import last_runs
+    from warehouse_loader import maintenance
+    from warehouse_loader.delta import merge_on_read
+
+    # Thresholds for a table of a few hundred rows: merge-on-read from the start, a look after every
+    # batch, compaction once a fifth of the rows are removed ones.
+    monkeypatch.setattr(merge_on_read, "MIN_TABLE_BYTES", 0)
+    monkeypatch.setattr(maintenance, "LOOK_AFTER_CHANGES", 1)
+    monkeypatch.setattr(maintenance, "LOOK_EVERY_SHARE", 0.0)
+    monkeypatch.setattr(maintenance, "BURIED_SHARE", 0.2)
+    config, workload = make_project(pg_database, unique_name, tmp_path, 150, 31)
+    capture(config)
+    assert load(spark, config, max_records=150) == {SCD1: None, SCD2: None}  # the initial rows
+    workload.transactions(150)
+    capture(config)
+    assert load(spark, config, max_records=40) == {SCD1: None, SCD2: None}
+    assert "last_compaction" in last_runs(config, SCD1), "the loader never compacted"
+    assert_scd1_exact(config, pg_database)
+    assert_scd2_exact(config, pg_database)
+
+
 class InjectedCrash(RuntimeError):
     """Raised by a test hook inside ``foreachBatch``: the process dies before Spark's checkpoint."""
 
