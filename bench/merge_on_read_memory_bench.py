@@ -110,7 +110,7 @@ def main() -> None:
     peaks = Peaks()
     for name in ("merge", "_file_actions"):
         peaks.wrap(mor, name)
-    buried = BuriedRows(MaintenanceConfig()) if args.loader_compaction == "on" else None
+    buried = BuriedRows(DeltaMaintainer(path), MaintenanceConfig()) if args.loader_compaction == "on" else None
     rng = np.random.default_rng(7)
     written = 0
     worst: list[int] = []
@@ -126,7 +126,7 @@ def main() -> None:
             compacted = None
             if buried is not None:
                 peaks.phase = "compact"
-                compacted = buried.after_commit(DeltaMaintainer(path), len(keys))
+                compacted = buried.after_commit(len(keys))
                 peaks.phase = "idle"
             phase, peak = peaks.top()
             if k:

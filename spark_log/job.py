@@ -171,10 +171,33 @@ def _spark_failure(text: str, spark_log: Path) -> str:
     # Spark appends the JVM stack and the query plan after the first line; the log file has them.
     lines = [line for line in text.splitlines() if line.strip()]
     first = lines[0].strip() if lines else text
-    python = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
-    if python:  # a Python error inside a micro-batch: its own "Error: message" line says what happened
-        first = next((line.strip() for line in lines[python[0] + 1 :] if not line[0].isspace()), first)
+    first = _python_error_line(lines) or first
     return f"the Spark job failed: {first[:500]}; details in {spark_log}, rerun with --debug for the traceback"
+
+
+def _python_error_line(lines: list[str]) -> str | None:
+    """The "Error: message" line of the first Python traceback in ``lines``, following nested ones.
+
+    A Python error inside a micro-batch ends its traceback with its own "Error: message" line.
+    When that error's message is itself a traceback (DuckDB reports an exception raised in a
+    Python filesystem it called as ``duckdb.Error: Traceback (most recent call last): ...``),
+    the inner traceback's line says the cause; both are kept, outer first.
+    """
+    marker = "Traceback (most recent call last)"
+    start = next((i for i, line in enumerate(lines) if marker in line), None)
+    found: list[str] = []
+    while start is not None:
+        at = next((i for i in range(start + 1, len(lines)) if not lines[i][0].isspace()), None)
+        if at is None:
+            break
+        line = lines[at].strip()
+        if marker not in line:
+            found.append(line)
+            break
+        if line.split(marker)[0].strip():  # "duckdb.Error: Traceback ...": the outer error's type
+            found.append(line.split(marker)[0].strip())
+        start = at
+    return " ".join(found) or None
 
 
 def _pyspark_loggers_to(path: Path) -> None:

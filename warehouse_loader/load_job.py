@@ -187,7 +187,7 @@ def start_load(
     query_name = f"load_{build}"
     merge_on_read = merge_on_read_of(config, name)
     upkeep = config.warehouse.maintenance_of(name)
-    buried = BuriedRows(upkeep) if merge_on_read and upkeep.enabled else None
+    buried = BuriedRows(fmt.maintainer(path), upkeep) if merge_on_read and upkeep.enabled else None
 
     def apply(batch: DataFrame, batch_id: int) -> None:
         changes = change_batch(batch, keys)
@@ -206,7 +206,7 @@ def start_load(
                         merge_on_read=merge_on_read,
                     )
                     if buried is not None:
-                        _compact_if_buried(config, fmt, path, build, buried, changes=changes.num_rows)
+                        _compact_if_buried(config, build, buried, changes=changes.num_rows)
             except HeadwaterError as exc:
                 _FAILURES[query_name] = exc  # Spark wraps it in a Java exception: keep it to re-raise as is
                 if isinstance(exc, SchemaMismatchError):  # waits for an operator: status shows why
@@ -224,12 +224,10 @@ def start_load(
     return writer.start()
 
 
-def _compact_if_buried(
-    config: ProjectConfig, fmt: TableFormat, path: TableLocation, build: str, buried: BuriedRows, *, changes: int
-) -> None:
+def _compact_if_buried(config: ProjectConfig, build: str, buried: BuriedRows, *, changes: int) -> None:
     """After a committed batch of ``changes`` rows: compact the table if removed rows piled up (lease held)."""
     started = time.monotonic()
-    done = buried.after_commit(fmt.maintainer(path), changes)
+    done = buried.after_commit(changes)
     if done is not None:
         record_runs(config.home_dir, build, ["compaction"], dt.datetime.now(dt.UTC))
         removed, added, written = done

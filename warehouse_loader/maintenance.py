@@ -257,21 +257,24 @@ class BuriedRows:
     about two versions per live row.
     """
 
-    def __init__(self, settings: MaintenanceConfig) -> None:
+    def __init__(self, maintainer: TableMaintainer, settings: MaintenanceConfig) -> None:
+        self._maintainer = maintainer
         self._settings = settings
         self._live: int | None = None
         self._since = 0
 
-    def after_commit(self, maintainer: TableMaintainer, changes: int) -> tuple[int, int, int] | None:
+    def after_commit(self, changes: int) -> tuple[int, int, int] | None:
         """Count a committed batch of ``changes`` rows; compact when due. What compaction did, or None."""
         self._since += changes
         if self._since < max(LOOK_AFTER_CHANGES, (self._live or 0) * LOOK_EVERY_SHARE):
             return None
         small_below = small_file_size(self._settings)
-        shape = maintainer.shape(small_below)
+        shape = self._maintainer.shape(small_below)
         if shape is None:
             return None
         self._live, self._since = shape.rows - shape.deleted_rows, 0
         if shape.deleted_share < BURIED_SHARE:
             return None
-        return maintainer.compact(self._settings.target_file_size, small_below, self._settings.compact_dirty_ratio)
+        return self._maintainer.compact(
+            self._settings.target_file_size, small_below, self._settings.compact_dirty_ratio
+        )

@@ -99,7 +99,7 @@ class DeltaMaintainer:
             if all(path in adds for path in paths):
                 vectors = [adds[path].get("deletionVector") or {} for path in paths]
                 if all("cardinality" in vector for vector in vectors if vector):
-                    return sum(int(vector.get("cardinality", 0)) for vector in vectors)
+                    return sum(int(vector["cardinality"]) for vector in vectors if vector)
         gone = deleted_rows(table)
         return 0 if gone is None else gone.num_rows
 

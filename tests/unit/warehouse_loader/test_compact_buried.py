@@ -27,8 +27,7 @@ def test_a_table_whose_removed_rows_pile_up_is_compacted_between_batches(
     config = project(tmp_path, compact_min_small_files=100, compact_dirty_ratio=1.0)
     location = table_path(config, "t")
     settings = config.warehouse.tables["t"]
-    buried = BuriedRows(config.warehouse.maintenance_of("t"))
-    fmt = format_of(config, "t")
+    buried = BuriedRows(format_of(config, "t").maintainer(location), config.warehouse.maintenance_of("t"))
     write_batch(location, batch(list(range(1000)), 0, 1, "c"), table="t", batch_id=0, keys=["id"], config=settings)
     expected = {i: 0 for i in range(1000)}
     shares, compactions = [], 0
@@ -39,7 +38,7 @@ def test_a_table_whose_removed_rows_pile_up_is_compacted_between_batches(
         )
         expected.update(dict.fromkeys(ids, n))
         before = maintenance_status(config, "t")["deleted_rows"]
-        _compact_if_buried(config, fmt, location, "t", buried, changes=len(ids))
+        _compact_if_buried(config, "t", buried, changes=len(ids))
         status = maintenance_status(config, "t")
         compactions += status["deleted_rows"] < before
         shares.append(status["deleted_rows"] / (status["deleted_rows"] + 1000))
