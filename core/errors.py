@@ -17,6 +17,37 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
+#: How a Python traceback starts.
+PYTHON_TRACEBACK = "Traceback (most recent call last)"
+
+
+def traceback_error_line(text: str) -> str | None:
+    """The "Error: message" line of the first Python traceback in ``text``, nested ones followed; None without one.
+
+    A Python error inside a Spark micro-batch ends its traceback with its own "Error: message"
+    line. When that error's message is itself a traceback (DuckDB reports an exception raised
+    in a Python filesystem it called as ``duckdb.Error: Traceback (most recent call last): ...``),
+    the inner traceback's line says the cause: both are kept, outer type first
+    (``_duckdb.Error: OSError: ...``). What follows the error line (DuckDB's ``LINE 1: ...``) is not.
+    """
+    lines = [line for line in text.splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(lines) if PYTHON_TRACEBACK in line), None)
+    found: list[str] = []
+    while start is not None:
+        at = next((i for i in range(start + 1, len(lines)) if not lines[i][0].isspace()), None)
+        if at is None:
+            break
+        line = lines[at].strip()
+        if PYTHON_TRACEBACK not in line:
+            found.append(line)
+            break
+        outer = line.split(PYTHON_TRACEBACK)[0].strip()
+        if outer:
+            found.append(outer)
+        start = at
+    return " ".join(found) or None
+
+
 def restore_error(cls: type[HeadwaterError], args: tuple[object, ...], state: dict[str, object]) -> HeadwaterError:
     """An error of class ``cls`` with ``args`` and attributes ``state``, not built by ``__init__`` (as unpickled)."""
     error = cls.__new__(cls)

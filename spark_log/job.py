@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Final
 
 from core import stop_request
 from core.config import ProjectConfig
-from core.errors import HeadwaterError, PermanentError, TransientError
+from core.errors import HeadwaterError, PermanentError, TransientError, traceback_error_line
 from log.base import Log
 from log.factory import open_log
 from spark_log.cluster import check_before_session, cluster_ready, is_loopback
@@ -171,33 +171,8 @@ def _spark_failure(text: str, spark_log: Path) -> str:
     # Spark appends the JVM stack and the query plan after the first line; the log file has them.
     lines = [line for line in text.splitlines() if line.strip()]
     first = lines[0].strip() if lines else text
-    first = _python_error_line(lines) or first
+    first = traceback_error_line(text) or first
     return f"the Spark job failed: {first[:500]}; details in {spark_log}, rerun with --debug for the traceback"
-
-
-def _python_error_line(lines: list[str]) -> str | None:
-    """The "Error: message" line of the first Python traceback in ``lines``, following nested ones.
-
-    A Python error inside a micro-batch ends its traceback with its own "Error: message" line.
-    When that error's message is itself a traceback (DuckDB reports an exception raised in a
-    Python filesystem it called as ``duckdb.Error: Traceback (most recent call last): ...``),
-    the inner traceback's line says the cause; both are kept, outer first.
-    """
-    marker = "Traceback (most recent call last)"
-    start = next((i for i, line in enumerate(lines) if marker in line), None)
-    found: list[str] = []
-    while start is not None:
-        at = next((i for i in range(start + 1, len(lines)) if not lines[i][0].isspace()), None)
-        if at is None:
-            break
-        line = lines[at].strip()
-        if marker not in line:
-            found.append(line)
-            break
-        if line.split(marker)[0].strip():  # "duckdb.Error: Traceback ...": the outer error's type
-            found.append(line.split(marker)[0].strip())
-        start = at
-    return " ".join(found) or None
 
 
 def _pyspark_loggers_to(path: Path) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 
 import duckdb
 
+from core.errors import PYTHON_TRACEBACK
 from warehouse_loader.location import TableLocation
 from warehouse_loader.object_store import duckdb_filesystem
 
@@ -48,6 +49,16 @@ def _database(locations: list[TableLocation]) -> duckdb.DuckDBPyConnection:
             con.register_filesystem(filesystem)
             registered.update(filesystem.protocol)
     return con
+
+
+def store_failed(exc: duckdb.Error) -> bool:
+    """Whether a DuckDB error is a store's: its own I/O error, or an exception its Python filesystem raised.
+
+    DuckDB reports an exception raised inside a Python filesystem it called (an object store's
+    read that timed out after its retries) as a bare ``duckdb.Error`` whose message is that
+    exception's traceback.
+    """
+    return isinstance(exc, duckdb.IOException) or PYTHON_TRACEBACK in str(exc)
 
 
 def duckdb_connection(locations: Iterable[TableLocation] = (), *, private: bool = False) -> duckdb.DuckDBPyConnection:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from core.config import ProjectConfig
 from core.deployment import reveal
-from core.errors import HeadwaterError
+from core.errors import HeadwaterError, traceback_error_line
 from warehouse_loader.errors import WarehouseStorageError, WarehouseUnreachableError
 from warehouse_loader.object_store import arrow_filesystem, split_uri
 
@@ -138,7 +138,21 @@ _REFUSED = (
     "AuthenticationFailed",
     "ExpiredToken",
 )
-_UNREACHABLE = ("Connection refused", "tcp connect error", "timed out", "dns error", "NETWORK_CONNECTION", "(Connect)")
+_UNREACHABLE = (
+    "Connection refused",
+    "tcp connect error",
+    "timed out",
+    "Timeout was reached",
+    "dns error",
+    "NETWORK_CONNECTION",
+    "(Connect)",
+)
+
+
+def _error_text(exc: BaseException) -> str:
+    """The error's text on one line (a Python traceback, DuckDB's report of a filesystem's error: its error line)."""
+    text = _ANSI.sub("", str(exc))
+    return " ".join((traceback_error_line(text) or text).replace("↳", " ").split())
 
 
 def storage_error(exc: BaseException, location: TableLocation | str) -> HeadwaterError:
@@ -146,13 +160,13 @@ def storage_error(exc: BaseException, location: TableLocation | str) -> Headwate
     known = classify_storage_error(exc, location)
     if known is not None:
         return known
-    text = " ".join(_ANSI.sub("", str(exc)).replace("↳", " ").split())
+    text = _error_text(exc)
     return WarehouseStorageError(f"warehouse {location}: {text[:300]}")
 
 
 def classify_storage_error(exc: BaseException, location: TableLocation | str) -> HeadwaterError | None:
     """A missing bucket, refused credentials or an unreachable store as one line; None for anything else."""
-    text = " ".join(_ANSI.sub("", str(exc)).replace("↳", " ").split())
+    text = _error_text(exc)
     where = str(location)
     bucket = where.partition("://")[2].split("/")[0] if "://" in where else where
     codes = [a or b for a, b in _CODE.findall(text)]

@@ -16,12 +16,25 @@ and are otherwise the SDKs' defaults.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs  # type: ignore[import-untyped]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+#: How often a file open or read DuckDB asks of a store is tried before its error fails the
+#: query, and the pause before the first retry (doubling). pyarrow's S3 client retries a
+#: request itself, yet a loaded machine's store can stay silent past all of those (CI saw a
+#: loader's batch fail on one such read); a read is asked again from the same offset.
+READ_ATTEMPTS = 4
+READ_RETRY_PAUSE_S = 0.5
 
 #: URL schemes per store, as delta-rs accepts them.
 S3_SCHEMES = ("s3", "s3a")
@@ -130,15 +143,15 @@ def duckdb_filesystem(scheme: str, options: Mapping[str, str]) -> Any:
 
     class WholeReads(ArrowFile):  # type: ignore[misc]
         def read(self, length: int = -1) -> bytes:
-            return read_fully(self.stream, length)
+            return read_retrying(self.stream, length, what=str(self.path))
 
     class StoreFileSystem(ArrowFSWrapper):  # type: ignore[misc]
         protocol = family  # DuckDB routes a path to the filesystem whose protocol its scheme is
 
         def _open(self, path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
-            opened = super()._open(path, mode, *args, **kwargs)
             if mode != "rb":
-                return opened
+                return super()._open(path, mode, *args, **kwargs)
+            opened = retrying(lambda: super(StoreFileSystem, self)._open(path, mode, *args, **kwargs), str(path))
             opened.__class__ = WholeReads  # the same file (a second wrapper would close the stream when collected)
             return opened
 
@@ -169,3 +182,31 @@ def read_fully(stream: Any, length: int = -1) -> bytes:
         parts.append(more)
         got += len(more)
     return b"".join(parts)
+
+
+def retrying(call: Callable[[], _T], what: str) -> _T:
+    """``call()``, tried again after an ``OSError`` (not a missing file): :data:`READ_ATTEMPTS` times in all."""
+    attempts = READ_ATTEMPTS
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            if attempt == attempts:
+                raise
+            logger.warning("object store: %s failed (%s); trying again (%d of %d)", what, exc, attempt + 1, attempts)
+            time.sleep(READ_RETRY_PAUSE_S * 2 ** (attempt - 1))
+    raise AssertionError  # unreachable: the last attempt returns or raises
+
+
+def read_retrying(stream: Any, length: int = -1, *, what: str = "a file") -> bytes:
+    """:func:`read_fully`, asked again from the same offset after an ``OSError`` (:func:`retrying`)."""
+    at = stream.tell()
+
+    def attempt() -> bytes:
+        if stream.tell() != at:
+            stream.seek(at)
+        return read_fully(stream, length)
+
+    return retrying(attempt, f"reading {what} at {at}")

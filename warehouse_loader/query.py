@@ -25,7 +25,7 @@ import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from core.config import ProjectConfig
-from warehouse_loader.duckdb_connection import duckdb_connection
+from warehouse_loader.duckdb_connection import duckdb_connection, store_failed
 from warehouse_loader.errors import QueryError, UnknownTableError
 from warehouse_loader.formats import DEFAULT_FORMAT, format_of, table_format
 from warehouse_loader.location import TableLocation, as_location, storage_error
@@ -69,13 +69,11 @@ def run_query(
             if match:
                 raise UnknownTableError(match.group(1).strip("\"'"), loaded) from None
             raise QueryError(_query_failed(exc)) from None
-        except duckdb.IOException as exc:
+        except duckdb.Error as exc:
             remote = next((loc for loc in locations.values() if loc.is_remote), None)
-            if remote is None:
+            if remote is None or not store_failed(exc):
                 raise QueryError(_query_failed(exc)) from None
             raise storage_error(exc, remote) from None
-        except duckdb.Error as exc:
-            raise QueryError(_query_failed(exc)) from None
     finally:
         con.close()
 

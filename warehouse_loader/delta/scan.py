@@ -23,7 +23,7 @@ import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]
 from deltalake import DeltaTable
 
-from warehouse_loader.duckdb_connection import duckdb_connection
+from warehouse_loader.duckdb_connection import duckdb_connection, store_failed
 from warehouse_loader.location import TableLocation, storage_error
 from warehouse_loader.sql_text import quote, sql_list
 
@@ -96,7 +96,9 @@ def select_rows(location: TableLocation, delta: DeltaTable, sql: str, **tables: 
             con.register(name, table)
         try:
             return con.sql(sql).to_arrow_table()
-        except duckdb.IOException as exc:
+        except duckdb.Error as exc:
+            if not store_failed(exc):
+                raise
             raise storage_error(exc, location) from None
     finally:
         con.close()

@@ -32,7 +32,7 @@ import duckdb
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from warehouse_loader.duckdb_connection import duckdb_connection
+from warehouse_loader.duckdb_connection import duckdb_connection, store_failed
 from warehouse_loader.errors import CommitConflictError, WarehouseWriteError
 from warehouse_loader.iceberg.scan import TableFiles, arrow_schema
 from warehouse_loader.iceberg.schema import evolve
@@ -93,7 +93,9 @@ def reading(ref: IcebergTableRef, **tables: pa.Table) -> Iterator[duckdb.DuckDBP
         for name, value in tables.items():
             con.register(name, value)
         yield con
-    except duckdb.IOException as exc:
+    except duckdb.Error as exc:
+        if not store_failed(exc):
+            raise
         raise storage_error(exc, ref.location) from None
     finally:
         con.close()

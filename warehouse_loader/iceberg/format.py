@@ -24,6 +24,7 @@ import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from core.warehouse_config import TableConfig
+from warehouse_loader.duckdb_connection import store_failed
 from warehouse_loader.iceberg import writer
 from warehouse_loader.iceberg.catalog import CatalogSpec, catalog_spec, embedded_catalog
 from warehouse_loader.iceberg.commit import committed_batch, reading, recorded_key
@@ -78,7 +79,9 @@ class IcebergVersion:
             self.files.register(con, "target")
             try:
                 return con.sql(sql).to_arrow_table()
-            except duckdb.IOException as exc:
+            except duckdb.Error as exc:
+                if not store_failed(exc):
+                    raise
                 raise storage_error(exc, self.location) from None
 
     def history(self, limit: int) -> list[Mapping[str, Any]]:

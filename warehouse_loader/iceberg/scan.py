@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from warehouse_loader.duckdb_connection import duckdb_connection
+from warehouse_loader.duckdb_connection import duckdb_connection, store_failed
 from warehouse_loader.errors import WarehouseError
 from warehouse_loader.location import TableLocation, storage_error
 from warehouse_loader.sql_text import quote, sql_list, sql_literal
@@ -295,7 +295,9 @@ def select_rows(location: TableLocation, table: Table, sql: str, **tables: pa.Ta
             con.register(name, value)
         try:
             return con.sql(sql).to_arrow_table()
-        except duckdb.IOException as exc:
+        except duckdb.Error as exc:
+            if not store_failed(exc):
+                raise
             raise storage_error(exc, location) from None
     finally:
         con.close()
