@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 
 import duckdb
 import pyarrow as pa
@@ -52,43 +53,17 @@ def test_read_fully_reads_until_asked_or_the_end() -> None:
     assert read_fully(stream, 10) == data[:10]
 
 
-def test_duckdb_reads_a_parquet_file_whose_store_returns_short_reads(tmp_path, monkeypatch) -> None:
-    """The files DuckDB gets read whole: with the store's file cut to 4 kB a read, the scan still succeeds."""
-    (tmp_path / "bucket").mkdir()
-    pq.write_table(pa.table({"x": list(range(50_000))}), tmp_path / "bucket" / "t.parquet")
-
-    class Stream(Trickle):
-        def size(self) -> int:
-            return len(self._data)
-
-    class Store:
-        """The local filesystem under ``tmp_path``, its input files returning at most 4 kB a read."""
-
-        def __init__(self) -> None:
-            self.local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-
-        def __getattr__(self, name: str):
-            return getattr(self.local, name)
-
-        def open_input_file(self, path: str) -> Stream:
-            return Stream((tmp_path / path).read_bytes(), 4096)
-
-    monkeypatch.setattr(object_store, "arrow_filesystem", lambda scheme, options: Store())
-    con = duckdb.connect()
-    con.register_filesystem(object_store.duckdb_filesystem("s3", {}))
-    found = con.execute("SELECT count(*), sum(x) FROM read_parquet('s3://bucket/t.parquet')").fetchone()
-    assert found == (50_000, sum(range(50_000)))
+class Sized(Trickle):
+    def size(self) -> int:
+        return len(self._data)
 
 
-class Flaky(Trickle):
+class Flaky(Sized):
     """A store file whose reads fail with ``OSError`` while ``failures`` lasts, as a timed-out GET does."""
 
     def __init__(self, data: bytes, failures: list[int]) -> None:
         super().__init__(data, len(data))
         self._failures = failures
-
-    def size(self) -> int:
-        return len(self._data)
 
     def read(self, length: int = -1) -> bytes:
         if self._failures[0] > 0:
@@ -98,25 +73,39 @@ class Flaky(Trickle):
         return super().read(length)
 
 
-def _flaky_store(tmp_path, monkeypatch, failures: list[int]) -> duckdb.DuckDBPyConnection:
+def store_with(tmp_path, monkeypatch, stream: Callable[[bytes], Sized]) -> duckdb.DuckDBPyConnection:
+    """DuckDB reading ``s3://bucket/t.parquet`` (50,000 rows) from a store whose files are ``stream(bytes)``."""
     (tmp_path / "bucket").mkdir()
     pq.write_table(pa.table({"x": list(range(50_000))}), tmp_path / "bucket" / "t.parquet")
 
     class Store:
+        """The local filesystem under ``tmp_path``, its input files read through ``stream``."""
+
         def __init__(self) -> None:
             self.local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
 
         def __getattr__(self, name: str):
             return getattr(self.local, name)
 
-        def open_input_file(self, path: str) -> Flaky:
-            return Flaky((tmp_path / path).read_bytes(), failures)
+        def open_input_file(self, path: str) -> Sized:
+            return stream((tmp_path / path).read_bytes())
 
     monkeypatch.setattr(object_store, "arrow_filesystem", lambda scheme, options: Store())
     monkeypatch.setattr(object_store, "READ_RETRY_PAUSE_S", 0.01)
     con = duckdb.connect()
     con.register_filesystem(object_store.duckdb_filesystem("s3", {}))
     return con
+
+
+def test_duckdb_reads_a_parquet_file_whose_store_returns_short_reads(tmp_path, monkeypatch) -> None:
+    """The files DuckDB gets read whole: with the store's file cut to 4 kB a read, the scan still succeeds."""
+    con = store_with(tmp_path, monkeypatch, lambda data: Sized(data, 4096))
+    found = con.execute("SELECT count(*), sum(x) FROM read_parquet('s3://bucket/t.parquet')").fetchone()
+    assert found == (50_000, sum(range(50_000)))
+
+
+def _flaky_store(tmp_path, monkeypatch, failures: list[int]) -> duckdb.DuckDBPyConnection:
+    return store_with(tmp_path, monkeypatch, lambda data: Flaky(data, failures))
 
 
 def test_a_read_the_store_fails_a_few_times_is_asked_again_from_its_offset(tmp_path, monkeypatch) -> None:
