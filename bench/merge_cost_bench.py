@@ -132,8 +132,24 @@ class Table:
         return len(DeltaTable(str(self.path)).file_uris())
 
 
-def query_times(path: Path) -> tuple[float, float]:
-    """Best of three: ``headwater query``'s engine and delta-rs's query engine, count and sum over the table."""
+def query_times(path: Path, positional_files: int | None = None) -> tuple[float, float]:
+    """Best of three: ``headwater query``'s engine and delta-rs's query engine, count and sum over the table.
+
+    ``positional_files``: :data:`warehouse_loader.delta.scan.POSITIONAL_FILES` for the run
+    (0: every file with removed rows anti-joined by position, as before files were read beside
+    their keep-masks).
+    """
+    from warehouse_loader.delta import scan
+
+    saved = scan.POSITIONAL_FILES
+    scan.POSITIONAL_FILES = saved if positional_files is None else positional_files
+    try:
+        return _query_times(path)
+    finally:
+        scan.POSITIONAL_FILES = saved
+
+
+def _query_times(path: Path) -> tuple[float, float]:
     ours, theirs = [], []
     for _ in range(3):
         started = time.perf_counter()
@@ -187,9 +203,9 @@ def day(root: Path, sizes: list[int], args: argparse.Namespace) -> None:
     print(f"\nlong run: {args.day_batches} batches of {args.day_changes} updates, maintenance every {every} batches")
     print(
         "| table | changes (x table) | compactions | bytes per change (x change) | files after | fresh table files "
-        "| query s after (ours / delta-rs) | fresh (ours / delta-rs) |"
+        "| query s after (ours / delta-rs) | ours, files anti-joined | fresh (ours / delta-rs) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for rows in sizes:
         table = Table(root, rows, "mor", "day")
         written = compactions = 0
@@ -203,6 +219,7 @@ def day(root: Path, sizes: list[int], args: argparse.Namespace) -> None:
         written += table.meter()
         per_change = written / (args.day_batches * changes)
         after = query_times(table.path)
+        anti_joined = query_times(table.path, positional_files=0)
         current = run_query("SELECT id, v, pad FROM t ORDER BY id", {"t": as_location(table.path)})
         fresh = root / f"fresh{rows}"
         write_deltalake(str(fresh), current)
@@ -211,7 +228,7 @@ def day(root: Path, sizes: list[int], args: argparse.Namespace) -> None:
             f"| {rows:,} | {args.day_batches * changes:,} ({args.day_batches * changes / rows:.2f}) | {compactions} | "
             f"{per_change:,.0f} ({per_change / ROW_BYTES:,.1f}x) | {table.files()} | "
             f"{len(DeltaTable(str(fresh)).file_uris())} | "
-            f"{after[0]:.3f} / {after[1]:.3f} | {before[0]:.3f} / {before[1]:.3f} |"
+            f"{after[0]:.3f} / {after[1]:.3f} | {anti_joined[0]:.3f} | {before[0]:.3f} / {before[1]:.3f} |"
         )
         shutil.rmtree(table.path)
         shutil.rmtree(fresh)

@@ -13,13 +13,16 @@ Tables written by Headwater have no partition columns or column mapping, so the 
 list is the whole table; files written before a column was added miss it, which
 ``union_by_name`` fills with NULL (so is a column no file holds yet). Rows that
 deletion vectors remove (merge-on-read tables, :mod:`warehouse_loader.delta.merge_on_read`)
-are left out: delta-rs reads the vectors (``deletion_vectors()``) and the view anti-joins
-each file's row positions.
+are left out: delta-rs reads the vectors (``deletion_vectors()``) and the view reads each
+such file beside its keep-mask (see :func:`_live_rows`).
 """
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
 import duckdb
+import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 from deltalake import DeltaTable
 
@@ -29,6 +32,10 @@ from warehouse_loader.sql_text import quote, sql_list
 
 #: Columns a scan of a table with deletion vectors adds (and drops again).
 _FILE, _ROW = "__hw_file", "file_row_number"
+#: The column of a file's keep-mask, read beside the file.
+_KEEP = "__hw_keep"
+#: Up to this many files with removed rows are read beside their keep-masks; more are anti-joined.
+POSITIONAL_FILES = 32
 
 
 def deleted_rows(table: DeltaTable, con: duckdb.DuckDBPyConnection | None = None) -> pa.Table | None:
@@ -65,18 +72,7 @@ def register_delta(con: duckdb.DuckDBPyConnection, name: str, table: DeltaTable)
         con.register(name, schema.empty_table())
         return
     stored = f"__hw_files_{name}"
-    gone = deleted_rows(table, con)
-    if gone is None:
-        con.execute(
-            f"CREATE TEMP VIEW {quote(stored)} AS SELECT * FROM read_parquet({sql_list(files)}, union_by_name = true)"
-        )
-    else:
-        con.register(f"__hw_gone_{name}", gone)
-        scan = f"read_parquet({sql_list(files)}, filename = '{_FILE}', file_row_number = true, union_by_name = true)"
-        con.execute(
-            f"CREATE TEMP VIEW {quote(stored)} AS SELECT t.* EXCLUDE ({_FILE}, {_ROW}) FROM {scan} t "
-            f"ANTI JOIN {quote(f'__hw_gone_{name}')} g ON g.{_FILE} = t.{_FILE} AND g.pos = t.{_ROW}"
-        )
+    con.execute(f"CREATE TEMP VIEW {quote(stored)} AS {_live_rows(con, name, table, files)}")
     present = {row[0] for row in con.execute(f"DESCRIBE {quote(stored)}").fetchall()}
     missing = [field for field in schema if field.name not in present]
     if not missing:
@@ -85,6 +81,83 @@ def register_delta(con: duckdb.DuckDBPyConnection, name: str, table: DeltaTable)
     added = f"__hw_added_{name}"
     con.register(added, pa.table({field.name: pa.nulls(1, field.type) for field in missing}))
     con.execute(f"CREATE TEMP VIEW {quote(name)} AS SELECT s.*, a.* FROM {quote(stored)} s CROSS JOIN {quote(added)} a")
+
+
+def _live_rows(con: duckdb.DuckDBPyConnection, name: str, table: DeltaTable, files: list[str]) -> str:
+    """The query of the files' rows less those deletion vectors remove (registering what it reads on ``con``).
+
+    Each file a vector removes rows from is read alone, beside its keep-mask up to its last
+    removed row (``POSITIONAL JOIN``: DuckDB scans both in order on one thread; a row past the
+    mask's end is kept). Files without one are read together. With more such files than
+    :data:`POSITIONAL_FILES`, or a vector naming a file the list lacks, each file's row
+    positions are anti-joined with the removed ones instead: one query plan whatever the number of
+    files, but a join on file name and position (measured on 2M rows, 195k removed: 60 ms
+    against 36 ms).
+    """
+    masks = keep_masks(table)
+    if not masks:
+        return f"SELECT * FROM read_parquet({sql_list(files)}, union_by_name = true)"
+    if len(masks) <= POSITIONAL_FILES and set(masks) <= set(files):
+        parts = []
+        plain = [f for f in files if f not in masks]
+        if plain:
+            parts.append(f"SELECT * FROM read_parquet({sql_list(plain)}, union_by_name = true)")
+        for at, (path, mask) in enumerate(sorted(masks.items())):
+            keep = f"__hw_keep_{name}_{at}"
+            con.register(keep, pa.table({_KEEP: mask}))
+            parts.append(
+                f"SELECT t.* FROM read_parquet({sql_list([path])}) t POSITIONAL JOIN {quote(keep)} k "
+                f"WHERE k.{_KEEP} IS NOT false"
+            )
+        return " UNION ALL BY NAME ".join(parts)
+    con.register(f"__hw_gone_{name}", _removed_positions(masks))
+    scan = f"read_parquet({sql_list(files)}, filename = '{_FILE}', file_row_number = true, union_by_name = true)"
+    return (
+        f"SELECT t.* EXCLUDE ({_FILE}, {_ROW}) FROM {scan} t "
+        f"ANTI JOIN {quote(f'__hw_gone_{name}')} g ON g.{_FILE} = t.{_FILE} AND g.pos = t.{_ROW}"
+    )
+
+
+def keep_masks(table: DeltaTable) -> dict[str, pa.BooleanArray]:
+    """Each file's keep-mask (True: the row stays) up to its last removed row, by its ``file_uris`` name.
+
+    delta-rs reads the deletion vectors (``deletion_vectors()``: a mask per file, which may
+    stop before the file's end, as the Delta protocol's readers take it: a row past it stays).
+    Files whose vector removes nothing are left out.
+    """
+    if "deletionVectors" not in (table.protocol().reader_features or []):
+        return {}
+    vectors = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all().combine_chunks()
+    if not vectors.num_rows:
+        return {}
+    uris = {_plain(uri): uri for uri in table.file_uris()}
+    paths = vectors.column("filepath").chunk(0)
+    selections = vectors.column("selection_vector").chunk(0)
+    masks: dict[str, pa.BooleanArray] = {}
+    for at in range(vectors.num_rows):
+        keep = selections[at].values
+        removed = np.flatnonzero(~keep.to_numpy(zero_copy_only=False))
+        if len(removed):
+            path = str(paths[at])
+            masks[uris.get(_plain(path), path)] = keep.slice(0, int(removed[-1]) + 1)
+    return masks
+
+
+def _removed_positions(masks: dict[str, pa.BooleanArray]) -> pa.Table:
+    """``(__hw_file, pos)`` of each row the masks remove, files named as DuckDB's ``filename`` names them."""
+    positions = [np.flatnonzero(~mask.to_numpy(zero_copy_only=False)) for mask in masks.values()]
+    return pa.table(
+        {
+            _FILE: pa.array(np.repeat([_plain(path) for path in masks], [len(p) for p in positions])),
+            "pos": pa.array(np.concatenate(positions), pa.int64()),
+        }
+    )
+
+
+def _plain(uri: str) -> str:
+    """A file's URI as both of delta-rs's lists compare: decoded, local files without ``file://``."""
+    decoded = unquote(uri)
+    return decoded.removeprefix("file://")
 
 
 def select_rows(location: TableLocation, delta: DeltaTable, sql: str, **tables: pa.Table) -> pa.Table:
