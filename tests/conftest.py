@@ -84,10 +84,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    # A failure is named on stderr as it happens, not only in the summary at the end: a run
-    # stopped before its end (a CI time limit, a session cut short) still says what failed.
+    # A failure is named on stderr as it happens, with its assertion's message, not only in the
+    # summary at the end: a run stopped before its end (a CI time limit, a session cut short)
+    # still says what failed and why.
     if report.failed and not hasattr(report, "wasxfail") and os.environ.get("PYTEST_XDIST_WORKER") is None:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        reason = " ".join(str(getattr(crash, "message", "") or "").split())[:1500]
         sys.stderr.write(f"\nFAILED {report.nodeid} ({report.when}, {report.duration:.0f} s)\n")
+        if reason:
+            sys.stderr.write(f"  {reason}\n")
         sys.stderr.flush()
 
 
