@@ -17,6 +17,7 @@ and are otherwise the SDKs' defaults.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -142,8 +143,32 @@ def duckdb_filesystem(scheme: str, options: Mapping[str, str]) -> Any:
     family = next(f for f in (S3_SCHEMES, GCS_SCHEMES, AZURE_SCHEMES) if scheme in f)
 
     class WholeReads(ArrowFile):  # type: ignore[misc]
+        """A store file as DuckDB reads it: a position per thread, each read whole at its offset.
+
+        DuckDB reads a Python file at an offset as two calls, ``seek()`` then ``read()``, each
+        taking the GIL on its own, and its threads share the one file object of a file: another
+        thread's seek between them made a read return the wrong bytes or too few ("ZSTD
+        Decompression failure", "Failed to read 2097152 bytes ... only 1628650 bytes returned",
+        both in CI on S3; every query of a 20-row-group file with 4 threads in the unit test).
+        So each thread keeps its own position, and a read is pyarrow's ``read_at`` there.
+        """
+
+        def seek(self, offset: int, whence: int = 0) -> int:
+            base = {0: 0, 1: self.tell(), 2: int(self.stream.size())}[whence]
+            position = base + offset
+            self.__dict__.setdefault("_positions", {})[threading.get_ident()] = position
+            return position
+
+        def tell(self) -> int:
+            return int(self.__dict__.get("_positions", {}).get(threading.get_ident(), 0))
+
         def read(self, length: int = -1) -> bytes:
-            return read_retrying(self.stream, length, what=str(self.path))
+            at = self.tell()
+            left = max(0, self.stream.size() - at)
+            wanted = left if length is None or length < 0 else min(length, left)
+            data = retrying(lambda: read_fully(self.stream, at, wanted), f"reading {self.path} at {at}")
+            self.seek(at + len(data))
+            return data
 
     class StoreFileSystem(ArrowFSWrapper):  # type: ignore[misc]
         protocol = family  # DuckDB routes a path to the filesystem whose protocol its scheme is
@@ -164,19 +189,16 @@ def duckdb_filesystem(scheme: str, options: Mapping[str, str]) -> Any:
     return StoreFileSystem(arrow_filesystem(scheme, options))
 
 
-def read_fully(stream: Any, length: int = -1) -> bytes:
-    """``length`` bytes from ``stream`` (fewer only at its end); all that is left for a negative length.
+def read_fully(stream: Any, offset: int, length: int) -> bytes:
+    """``length`` bytes of ``stream`` from ``offset`` (fewer only at its end), by positional reads.
 
-    A Python file may return fewer bytes than asked before its end (an object store's ranged read
-    cut short); DuckDB takes any short read from a Python filesystem for an error ("Failed to read
-    2097152 bytes from Python file at offset 0: only 1628650 bytes returned", once in CI on S3).
+    A store may return fewer bytes than asked before the end (a ranged read cut short), and
+    DuckDB takes any short read from a Python filesystem for an error, so this reads on.
     """
-    data: bytes = stream.read(length)
-    if length is None or length < 0 or len(data) >= length:
-        return data
-    parts, got = [data], len(data)
+    parts: list[bytes] = []
+    got = 0
     while got < length:
-        more = stream.read(length - got)
+        more: bytes = stream.read_at(length - got, offset + got)
         if not more:
             break
         parts.append(more)
@@ -198,15 +220,3 @@ def retrying(call: Callable[[], _T], what: str) -> _T:
             logger.warning("object store: %s failed (%s); trying again (%d of %d)", what, exc, attempt + 1, attempts)
             time.sleep(READ_RETRY_PAUSE_S * 2 ** (attempt - 1))
     raise AssertionError  # unreachable: the last attempt returns or raises
-
-
-def read_retrying(stream: Any, length: int = -1, *, what: str = "a file") -> bytes:
-    """:func:`read_fully`, asked again from the same offset after an ``OSError`` (:func:`retrying`)."""
-    at = stream.tell()
-
-    def attempt() -> bytes:
-        if stream.tell() != at:
-            stream.seek(at)
-        return read_fully(stream, length)
-
-    return retrying(attempt, f"reading {what} at {at}")
