@@ -19,6 +19,7 @@ such file beside its keep-mask (see :func:`_live_rows`).
 
 from __future__ import annotations
 
+from typing import NamedTuple
 from urllib.parse import unquote
 
 import duckdb
@@ -38,27 +39,20 @@ _KEEP = "__hw_keep"
 POSITIONAL_FILES = 32
 
 
-def deleted_rows(table: DeltaTable, con: duckdb.DuckDBPyConnection | None = None) -> pa.Table | None:
-    """``(__hw_file, pos)`` of each row deletion vectors remove (files named as by ``file_uris``), or None.
+class KeepMask(NamedTuple):
+    """A file's keep-mask (True: the row stays) up to its last removed row, and the positions it removes."""
 
-    delta-rs reads the vectors (``deletion_vectors()``: a keep-mask per file) and DuckDB turns
-    them into rows: any Python-to-Arrow conversion here makes pyarrow import pandas, seconds
-    at the first call of a process (every ``headwater query``). On a new connection to ``con``'s
-    database when given, else to the process's: opening a database costs more than this work.
+    keep: pa.BooleanArray
+    removed: np.ndarray
+
+
+def deleted_rows(table: DeltaTable) -> pa.Table | None:
+    """``(__hw_file, pos)`` of each row deletion vectors remove (files named as DuckDB's ``filename``), or None.
+
+    The positions of :func:`keep_masks`, so the vectors have one reader.
     """
-    if "deletionVectors" not in (table.protocol().reader_features or []):
-        return None
-    con = duckdb_connection() if con is None else con.cursor()
-    try:
-        con.register("vectors", pa.RecordBatchReader.from_stream(table.deletion_vectors()))
-        gone = con.sql(
-            f"SELECT url_decode(regexp_replace(filepath, '^file://', '')) AS {_FILE}, CAST(pos AS BIGINT) AS pos "
-            "FROM (SELECT filepath, unnest(generate_series(0, len(selection_vector) - 1)) AS pos, "
-            "unnest(selection_vector) AS keep FROM vectors) WHERE NOT keep"
-        ).to_arrow_table()
-    finally:
-        con.close()
-    return gone if gone.num_rows else None
+    vectors = keep_masks(table)
+    return _removed_positions(vectors) if vectors else None
 
 
 def register_delta(con: duckdb.DuckDBPyConnection, name: str, table: DeltaTable) -> None:
@@ -104,7 +98,7 @@ def _live_rows(con: duckdb.DuckDBPyConnection, name: str, table: DeltaTable, fil
             parts.append(f"SELECT * FROM read_parquet({sql_list(plain)}, union_by_name = true)")
         for at, (path, mask) in enumerate(sorted(masks.items())):
             keep = f"__hw_keep_{name}_{at}"
-            con.register(keep, pa.table({_KEEP: mask}))
+            con.register(keep, pa.table({_KEEP: mask.keep}))
             parts.append(
                 f"SELECT t.* FROM read_parquet({sql_list([path])}) t POSITIONAL JOIN {quote(keep)} k "
                 f"WHERE k.{_KEEP} IS NOT false"
@@ -118,12 +112,13 @@ def _live_rows(con: duckdb.DuckDBPyConnection, name: str, table: DeltaTable, fil
     )
 
 
-def keep_masks(table: DeltaTable) -> dict[str, pa.BooleanArray]:
-    """Each file's keep-mask (True: the row stays) up to its last removed row, by its ``file_uris`` name.
+def keep_masks(table: DeltaTable) -> dict[str, KeepMask]:
+    """Each file's keep-mask up to its last removed row, with the positions it removes, by its ``file_uris`` name.
 
     delta-rs reads the deletion vectors (``deletion_vectors()``: a mask per file, which may
     stop before the file's end, as the Delta protocol's readers take it: a row past it stays).
-    Files whose vector removes nothing are left out.
+    Files whose vector removes nothing are left out. The positions are kept because finding the
+    last removed row finds them all, and the anti-join (:func:`_removed_positions`) needs them.
     """
     if "deletionVectors" not in (table.protocol().reader_features or []):
         return {}
@@ -133,19 +128,19 @@ def keep_masks(table: DeltaTable) -> dict[str, pa.BooleanArray]:
     uris = {_plain(uri): uri for uri in table.file_uris()}
     paths = vectors.column("filepath").chunk(0)
     selections = vectors.column("selection_vector").chunk(0)
-    masks: dict[str, pa.BooleanArray] = {}
+    masks: dict[str, KeepMask] = {}
     for at in range(vectors.num_rows):
         keep = selections[at].values
         removed = np.flatnonzero(~keep.to_numpy(zero_copy_only=False))
         if len(removed):
             path = str(paths[at])
-            masks[uris.get(_plain(path), path)] = keep.slice(0, int(removed[-1]) + 1)
+            masks[uris.get(_plain(path), path)] = KeepMask(keep.slice(0, int(removed[-1]) + 1), removed)
     return masks
 
 
-def _removed_positions(masks: dict[str, pa.BooleanArray]) -> pa.Table:
+def _removed_positions(masks: dict[str, KeepMask]) -> pa.Table:
     """``(__hw_file, pos)`` of each row the masks remove, files named as DuckDB's ``filename`` names them."""
-    positions = [np.flatnonzero(~mask.to_numpy(zero_copy_only=False)) for mask in masks.values()]
+    positions = [mask.removed for mask in masks.values()]
     return pa.table(
         {
             _FILE: pa.array(np.repeat([_plain(path) for path in masks], [len(p) for p in positions])),
