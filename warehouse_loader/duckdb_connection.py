@@ -17,14 +17,15 @@ for a ``private`` database of its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import duckdb
 
 from core.errors import PYTHON_TRACEBACK
-from warehouse_loader.location import TableLocation
+from warehouse_loader.location import TableLocation, storage_error
 from warehouse_loader.object_store import duckdb_filesystem
 
 #: Stores (scheme and options of each remote location) -> the process's database reading them.
@@ -59,6 +60,20 @@ def store_failed(exc: duckdb.Error) -> bool:
     exception's traceback.
     """
     return isinstance(exc, duckdb.IOException) or PYTHON_TRACEBACK in str(exc)
+
+
+@contextlib.contextmanager
+def store_errors(where: TableLocation) -> Iterator[None]:
+    """Raise a store's DuckDB error in the block (:func:`store_failed`) as :func:`storage_error` at ``where``.
+
+    Other DuckDB errors pass unchanged; the store's is raised ``from None`` (one line naming the store).
+    """
+    try:
+        yield
+    except duckdb.Error as exc:
+        if not store_failed(exc):
+            raise
+        raise storage_error(exc, where) from None
 
 
 def duckdb_connection(locations: Iterable[TableLocation] = (), *, private: bool = False) -> duckdb.DuckDBPyConnection:

@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 from deltalake import DeltaTable
 
-from warehouse_loader.duckdb_connection import duckdb_connection, store_failed
-from warehouse_loader.location import TableLocation, storage_error
+from warehouse_loader.duckdb_connection import duckdb_connection, store_errors
+from warehouse_loader.location import TableLocation
 from warehouse_loader.sql_text import quote, sql_list
 
 #: Columns a scan of a table with deletion vectors adds (and drops again).
@@ -162,11 +162,7 @@ def select_rows(location: TableLocation, delta: DeltaTable, sql: str, **tables: 
         register_delta(con, "target", delta)
         for name, table in tables.items():
             con.register(name, table)
-        try:
+        with store_errors(location):
             return con.sql(sql).to_arrow_table()
-        except duckdb.Error as exc:
-            if not store_failed(exc):
-                raise
-            raise storage_error(exc, location) from None
     finally:
         con.close()

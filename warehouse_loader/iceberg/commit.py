@@ -32,12 +32,12 @@ import duckdb
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from warehouse_loader.duckdb_connection import duckdb_connection, store_failed
+from warehouse_loader.duckdb_connection import duckdb_connection, store_errors
 from warehouse_loader.errors import CommitConflictError, WarehouseWriteError
 from warehouse_loader.iceberg.scan import TableFiles, arrow_schema
 from warehouse_loader.iceberg.schema import evolve
 from warehouse_loader.iceberg.table_ref import IcebergTableRef
-from warehouse_loader.location import classify_storage_error, storage_error
+from warehouse_loader.location import classify_storage_error
 
 if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
@@ -90,13 +90,10 @@ def reading(ref: IcebergTableRef, **tables: pa.Table) -> Iterator[duckdb.DuckDBP
     """
     con = duckdb_connection([ref.location])
     try:
-        for name, value in tables.items():
-            con.register(name, value)
-        yield con
-    except duckdb.Error as exc:
-        if not store_failed(exc):
-            raise
-        raise storage_error(exc, ref.location) from None
+        with store_errors(ref.location):
+            for name, value in tables.items():
+                con.register(name, value)
+            yield con
     finally:
         con.close()
 

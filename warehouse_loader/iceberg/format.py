@@ -24,7 +24,6 @@ import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from core.warehouse_config import TableConfig
-from warehouse_loader.duckdb_connection import store_failed
 from warehouse_loader.iceberg import writer
 from warehouse_loader.iceberg.catalog import CatalogSpec, catalog_spec, embedded_catalog
 from warehouse_loader.iceberg.commit import committed_batch, reading, recorded_key
@@ -77,12 +76,7 @@ class IcebergVersion:
         """``sql`` over ``target`` (this snapshot) and ``tables``, by DuckDB."""
         with reading(self.ref, **tables) as con:
             self.files.register(con, "target")
-            try:
-                return con.sql(sql).to_arrow_table()
-            except duckdb.Error as exc:
-                if not store_failed(exc):
-                    raise
-                raise storage_error(exc, self.location) from None
+            return con.sql(sql).to_arrow_table()
 
     def history(self, limit: int) -> list[Mapping[str, Any]]:
         """The last ``limit`` snapshots, newest first: ``version``, ``timestamp`` (ms), ``operation``, the summary."""

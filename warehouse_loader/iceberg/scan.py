@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from warehouse_loader.duckdb_connection import duckdb_connection, store_failed
+from warehouse_loader.duckdb_connection import duckdb_connection, store_errors
 from warehouse_loader.errors import WarehouseError
-from warehouse_loader.location import TableLocation, storage_error
+from warehouse_loader.location import TableLocation
 from warehouse_loader.sql_text import quote, sql_list, sql_literal
 
 if TYPE_CHECKING:
@@ -293,11 +293,7 @@ def select_rows(location: TableLocation, table: Table, sql: str, **tables: pa.Ta
         register_iceberg(con, "target", table)
         for name, value in tables.items():
             con.register(name, value)
-        try:
+        with store_errors(location):
             return con.sql(sql).to_arrow_table()
-        except duckdb.Error as exc:
-            if not store_failed(exc):
-                raise
-            raise storage_error(exc, location) from None
     finally:
         con.close()
