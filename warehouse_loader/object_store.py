@@ -153,14 +153,17 @@ def duckdb_filesystem(scheme: str, options: Mapping[str, str]) -> Any:
         So each thread keeps its own position, and a read is pyarrow's ``read_at`` there.
         """
 
+        #: This thread's ``position`` (none yet: 0); set where an opened file becomes one of these.
+        _thread: threading.local
+
         def seek(self, offset: int, whence: int = 0) -> int:
             base = {0: 0, 1: self.tell(), 2: int(self.stream.size())}[whence]
             position = base + offset
-            self.__dict__.setdefault("_positions", {})[threading.get_ident()] = position
+            self._thread.position = position
             return position
 
         def tell(self) -> int:
-            return int(self.__dict__.get("_positions", {}).get(threading.get_ident(), 0))
+            return int(getattr(self._thread, "position", 0))
 
         def read(self, length: int = -1) -> bytes:
             at = self.tell()
@@ -178,6 +181,7 @@ def duckdb_filesystem(scheme: str, options: Mapping[str, str]) -> Any:
                 return super()._open(path, mode, *args, **kwargs)
             opened = retrying(lambda: super(StoreFileSystem, self)._open(path, mode, *args, **kwargs), str(path))
             opened.__class__ = WholeReads  # the same file (a second wrapper would close the stream when collected)
+            opened._thread = threading.local()
             return opened
 
         @classmethod
