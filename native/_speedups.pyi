@@ -165,3 +165,6 @@ def column_batches(
     /,
 ) -> list[tuple[Any, int] | None]:
     """Per partition the encoded batch and its record count (None: no rows); see log/file/column_batches.py."""
+
+def event_ops(values: list[bytes], /) -> bytes: ...
+def copy_text(values: list[bytes], names: list[bytes], kinds: bytes, /) -> bytes | None: ...

@@ -105,6 +105,20 @@ def copy_rows(
         yield values
 
 
+#: The native path's code of a column whose COPY text it writes itself (``native/sink_rows.c``):
+#: ``i`` the JSON value as it is, ``d`` days to a date, ``T``/``t`` micro-/milliseconds to a timestamp.
+_NATIVE_KINDS = {LogicalKind.DATE: "d", LogicalKind.TIMESTAMP_US: "T", LogicalKind.TIMESTAMP_MS: "t"}
+
+
+def native_kind(logical: LogicalType) -> str | None:
+    """The native path's code for a column of ``logical`` type, or None when only its converter writes it."""
+    if logical.kind is LogicalKind.ARRAY:
+        return None
+    if logical.kind in _NATIVE_KINDS:
+        return _NATIVE_KINDS[logical.kind]
+    return "i" if logical.kind not in _CONVERTERS else None
+
+
 def same(value: Any) -> Any:
     """The converter of a column whose log value is already what ``COPY`` writes."""
     return value

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
 
 import orjson
 import psycopg
@@ -33,6 +33,7 @@ from core.sink_config import PostgresOptions, TransformConfig
 from log.base import Log, TopicPartition
 from log.consumer import Checkpoint
 from log.topics import sink_group
+from native import speedups
 from sinks.base import Guarantee, Reject
 from sinks.errors import TargetUnavailableError
 from sinks.postgres.columns import copy_rows
@@ -42,15 +43,30 @@ from sinks.postgres.truncates import INDEX_COLUMN, LSN_COLUMN, Truncates
 from sinks.records import Rejection, SinkRecord
 
 _UPSERT_OPS = frozenset({"c", "u", "r"})
-Change = tuple[SinkRecord, dict[str, Any]]
 #: SQLSTATE classes of errors about the data (22: data exception, 23: integrity constraint).
 _DATA_ERRORS = ("22", "23")
 
 
 class ParsedBatch(list[SinkRecord]):
-    """A batch with each event parsed (:meth:`PostgresSink.prepare`, on the runner's reading thread)."""
+    """A batch read ahead (:meth:`PostgresSink.prepare`, on the reading thread): each event's op, parsed on demand.
 
-    changes: list[Change]
+    With the extension, the ops come from ``native.speedups.event_ops`` and an upsert of a table whose
+    columns it can write goes to ``COPY`` as text from ``copy_text``, never parsed in Python; without
+    it (or for an event it cannot read exactly) every event is parsed here, as its twin.
+    """
+
+    #: Each record's op: one character from the extension (``" "`` for none), else the event's ``op``.
+    ops: Sequence[Any]
+    #: True when the ops came from the extension (its COPY text may then be used).
+    native: bool
+    _events: list[dict[str, Any] | None]
+
+    def event(self, index: int) -> dict[str, Any]:
+        """The event of record ``index``, parsed once; an upsert's row image holds its position."""
+        event = self._events[index]
+        if event is None:
+            event = self._events[index] = _parsed_event(self[index].value)
+        return event
 
 
 class PostgresSink:
@@ -141,19 +157,24 @@ class PostgresSink:
     # -- delivery -------------------------------------------------------------------------------
 
     def prepare(self, records: list[SinkRecord]) -> list[SinkRecord]:
-        """``records`` with each event parsed, its row image holding its position (no connection needed)."""
+        """``records`` with each event's op read (no connection needed; see :class:`ParsedBatch`)."""
         batch = ParsedBatch(records)
-        batch.changes = [_parsed(r) for r in records]
+        ops = speedups.event_ops([r.value for r in records]) if speedups is not None else None
+        if ops is not None and b"?" not in ops:
+            batch.ops, batch.native, batch._events = ops.decode("ascii"), True, [None] * len(records)
+        else:  # every event parsed here, as the twin (one the extension cannot read raises here, as before)
+            batch._events = [_parsed_event(r.value) for r in records]
+            batch.ops, batch.native = [event.get("op") for event in batch._events], False  # type: ignore[union-attr]
         return batch
 
     def deliver(
         self, records: Sequence[SinkRecord], checkpoints: Mapping[TopicPartition, Checkpoint], reject: Reject
     ) -> None:
         """Apply ``records`` and save ``checkpoints`` in one transaction (see the module docstring)."""
-        changes = records.changes if isinstance(records, ParsedBatch) else [_parsed(r) for r in records]
+        batch = records if isinstance(records, ParsedBatch) else cast(ParsedBatch, self.prepare(list(records)))
         for isolate in (False, False, True):
             try:
-                self._guarded(lambda isolate=isolate: self._transaction(changes, checkpoints, reject, isolate=isolate))
+                self._guarded(lambda isolate=isolate: self._transaction(batch, checkpoints, reject, isolate=isolate))
                 return
             except psycopg.Error as exc:
                 self._tables.forget()
@@ -161,13 +182,13 @@ class PostgresSink:
                     raise TargetUnavailableError(self.name, f"postgres: {_first_line(exc)}") from None
                 # The schema may have changed under the batch: read it again before isolating records.
                 conn = self._connected()
-                for topic in {r.topic for r, _ in changes}:
+                for topic in {r.topic for r in batch}:
                     with conn.transaction():
                         self._tables.refresh(conn, topic)
 
     def _transaction(
         self,
-        changes: Sequence[Change],
+        batch: ParsedBatch,
         checkpoints: Mapping[TopicPartition, Checkpoint],
         reject: Reject,
         *,
@@ -182,7 +203,7 @@ class PostgresSink:
                     # Rows are copied into staging tables first; the statements that apply them
                     # and the offsets' update then go to the server in one round trip (a pipeline).
                     self._deferred = []
-                    self._apply(conn, changes)
+                    self._apply(conn, batch, range(len(batch)))
                     reject(rejected)
                     with conn.pipeline():
                         for statement, params in self._deferred:
@@ -191,17 +212,17 @@ class PostgresSink:
                     self._deferred = None
                     return
                 else:
-                    for change in changes:
+                    for index, record in enumerate(batch):
                         try:
                             with conn.transaction():  # a savepoint
-                                self._apply(conn, [change])
+                                self._apply(conn, batch, [index])
                         except psycopg.Error as exc:
                             # tables (staging, or DDL) made under the savepoint went with it
                             self._stages.clear()
                             self._tables.forget()
                             if not _about_data(exc):
                                 raise
-                            rejected.append(Rejection(change[0], f"postgres refused the row: {_first_line(exc)}"))
+                            rejected.append(Rejection(record, f"postgres refused the row: {_first_line(exc)}"))
                 reject(rejected)  # durable in the dead-letter topic before the batch counts as done
                 self._offsets.save(conn, self._group, checkpoints)
         except BaseException:
@@ -210,42 +231,64 @@ class PostgresSink:
             self._stages.clear()  # created in the rolled-back transaction, or on a lost connection
             raise
 
-    def _apply(self, conn: Any, changes: Sequence[Change]) -> None:
-        pending: dict[str, dict[bytes, tuple[str, dict[str, Any]]]] = {}
+    def _apply(self, conn: Any, batch: ParsedBatch, indexes: Iterable[int]) -> None:
+        """Fold the records at ``indexes`` by key (last change wins) and write them, a truncate in its place."""
+        pending: dict[str, dict[bytes, tuple[str, int]]] = {}
         topic: str | None = None
-        latest: dict[bytes, tuple[str, dict[str, Any]]] = {}
-        for record, event in changes:
-            op = event.get("op")
+        latest: dict[bytes, tuple[str, int]] = {}
+        ops = batch.ops
+        for index in indexes:
+            record, op = batch[index], ops[index]
             if op == "t":
-                self._flush(conn, pending)
+                self._flush(conn, batch, pending)
                 pending, topic = {}, None
                 table = self._tables.get(conn, record.topic, ())
                 self._truncates.apply(
-                    functools.partial(self._run, conn), table.identifier, table.qualified, _position(event)
+                    functools.partial(self._run, conn), table.identifier, table.qualified, _position(batch.event(index))
                 )
                 continue
             if record.topic != topic:  # one lookup per run of a topic's records, not per record
                 topic = record.topic
                 latest = pending.setdefault(topic, {})
             if op in _UPSERT_OPS:
-                latest[record.key or b"null"] = ("u", event["after"])  # holding its position (_parsed)
+                latest[record.key or b"null"] = ("u", index)
             elif op == "d":
-                latest[record.key or b"null"] = ("d", orjson.loads(record.key or b"{}"))
-        self._flush(conn, pending)
+                latest[record.key or b"null"] = ("d", index)
+        self._flush(conn, batch, pending)
 
-    def _flush(self, conn: Any, pending: Mapping[str, Mapping[bytes, tuple[str, dict[str, Any]]]]) -> None:
+    def _flush(self, conn: Any, batch: ParsedBatch, pending: Mapping[str, Mapping[bytes, tuple[str, int]]]) -> None:
         for topic, latest in pending.items():
-            upserts = [row for op, row in latest.values() if op == "u"]
-            columns = set().union(*upserts)  # every row's column names
-            table = self._tables.get(conn, topic, sorted(columns))
-            deletes = [row for op, row in latest.values() if op == "d"]
+            upserts = [index for op, index in latest.values() if op == "u"]
+            rows: Sequence[dict[str, Any]] | bytes | None = self._copy_text(conn, batch, topic, upserts)
+            if rows is not None:
+                table = self._tables.get(conn, topic, ())
+            else:
+                rows = [batch.event(index)["after"] for index in upserts]  # holding its position (_parsed_event)
+                columns = set().union(*rows)  # every row's column names
+                table = self._tables.get(conn, topic, sorted(columns))
+            deletes = [orjson.loads(batch[index].key or b"{}") for op, index in latest.values() if op == "d"]
             if deletes:
                 self._delete(conn, table, deletes)
             if upserts:
-                self._upsert(conn, table, upserts)
+                self._upsert(conn, table, rows)
 
-    def _stage(self, conn: Any, table: ReplicaTable, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> Any:
-        """``rows`` copied into a temporary table of ``columns`` (kept for the session, emptied at each commit)."""
+    def _copy_text(self, conn: Any, batch: ParsedBatch, topic: str, upserts: Sequence[int]) -> bytes | None:
+        """The upserts' rows as ``COPY`` text from the extension, or None for the Python path (its twin)."""
+        if not upserts or not batch.native or speedups is None or conn.info.encoding != "utf-8":
+            return None
+        native = self._tables.get(conn, topic, ()).native
+        if native is None:
+            return None
+        text: bytes | None = speedups.copy_text([batch[index].value for index in upserts], *native)
+        return text
+
+    def _stage(
+        self, conn: Any, table: ReplicaTable, columns: Sequence[str], rows: Sequence[dict[str, Any]] | bytes
+    ) -> Any:
+        """``rows`` (or their ``COPY`` text) copied into a temporary table of ``columns``.
+
+        The table is kept for the session and emptied by each commit.
+        """
         shape = (table.qualified, tuple(columns))
         stage = self._stages.get(shape)
         listed = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
@@ -271,12 +314,15 @@ class PostgresSink:
                 )
         self._staged.add(shape)
         with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, listed)) as copy:
-            write = copy.write_row
-            for values in copy_rows(rows, columns, table.converters):
-                write(values)
+            if isinstance(rows, bytes):
+                copy.write(rows)
+            else:
+                write = copy.write_row
+                for values in copy_rows(rows, columns, table.converters):
+                    write(values)
         return stage
 
-    def _upsert(self, conn: Any, table: ReplicaTable, rows: Sequence[dict[str, Any]]) -> None:
+    def _upsert(self, conn: Any, table: ReplicaTable, rows: Sequence[dict[str, Any]] | bytes) -> None:
         columns = list(table.types)
         stage = self._stage(conn, table, columns, rows)
         listed = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
@@ -327,13 +373,13 @@ class PostgresSink:
         self._drop()
 
 
-def _parsed(record: SinkRecord) -> Change:
-    """``record`` and its event parsed; an upsert's row image (the sink's own copy) takes the position in place."""
-    event = orjson.loads(record.value)
+def _parsed_event(value: bytes) -> dict[str, Any]:
+    """An event parsed; an upsert's row image (the sink's own copy) takes the position in place."""
+    event: dict[str, Any] = orjson.loads(value)
     if event.get("op") in _UPSERT_OPS:
         row = event["after"] = event.get("after") or {}
         row[LSN_COLUMN], row[INDEX_COLUMN] = _position(event)
-    return record, event
+    return event
 
 
 def _position(event: Mapping[str, Any]) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from psycopg import sql
 
@@ -26,7 +26,7 @@ from log.base import Log
 from log.table_schemas import column_type as logical_column_type
 from log.table_schemas import read_schema_records, schema_key
 from sinks.errors import SinkConfigError
-from sinks.postgres.columns import Convert, UnwritableColumnError, column_type, converter, same
+from sinks.postgres.columns import Convert, UnwritableColumnError, column_type, converter, native_kind, same
 from sinks.postgres.truncates import INDEX_COLUMN, LSN_COLUMN
 from sinks.records import topic_fields
 
@@ -54,6 +54,9 @@ class ReplicaTable:
     key: tuple[str, ...]
     types: dict[str, str] = field(default_factory=dict)
     converters: dict[str, Convert] = field(default_factory=dict)
+    #: The columns' names (UTF-8) and codes for ``native/sink_rows.c``'s COPY text, in table
+    #: order; None when a column needs its Python converter.
+    native: tuple[list[bytes], bytes] | None = None
 
     @property
     def identifier(self) -> sql.Identifier:
@@ -103,6 +106,7 @@ class ReplicaTables:
         assert key is not None
         modes = self._modes(topic)
         wanted: dict[str, tuple[str, Convert]] = {}
+        native: dict[str, str | None] = {LSN_COLUMN: "L", INDEX_COLUMN: "X"}
         for record in reversed(ordered):  # latest version first; dropped columns after
             for column in record["columns"]:
                 name = column["name"]
@@ -111,6 +115,7 @@ class ReplicaTables:
                 logical = logical_column_type(column, modes)
                 try:
                     wanted[name] = (column_type(logical, int(column.get("type_oid", 0))), converter(logical))
+                    native[name] = native_kind(logical)
                 except UnwritableColumnError as exc:
                     self._refuse(f"column {name} of topic {topic} is {exc}; leave it out with transform.fields")
         wanted[LSN_COLUMN] = ("bigint", same)
@@ -126,6 +131,9 @@ class ReplicaTables:
         self._apply_ddl(conn, table, wanted)
         table.types = {name: type_name for name, (type_name, _) in wanted.items()}
         table.converters = {name: convert for name, (_, convert) in wanted.items()}
+        codes = [native[name] for name in wanted]
+        if all(codes):
+            table.native = [name.encode() for name in wanted], "".join(cast(list[str], codes)).encode()
         self._tables[topic] = table
         return table
 

@@ -1,0 +1,596 @@
+/*
+ * The PostgreSQL sink's rows straight from the log's events (sinks/postgres/sink.py is the Python
+ * twin): each event's op, and the COPY text of the upserted rows, without a Python object per
+ * value. Only what is written exactly as the twin writes it is answered; anything else (a value
+ * of another JSON type, an escape the twin would refuse, a key the table lacks, a number that
+ * is not a plain integer) returns None and the twin handles the batch, so the bytes sent to
+ * PostgreSQL are the same either way (tests/unit/native/test_sink_rows.py).
+ *
+ * COPY text as psycopg writes it: \N for null, \b \t \n \v \f \r \\ escaped, t/f for booleans,
+ * a date as YYYY-MM-DD, a timestamp as YYYY-MM-DD HH:MM:SS[.ffffff] (Python's str of a datetime).
+ */
+#include "speedups.h"
+
+#include <limits.h>
+#include <string.h>
+
+#define MAX_DEPTH 64
+#define MAX_COLUMNS 1600 /* PostgreSQL's own limit */
+
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Out;
+
+static int out_reserve(Out *o, Py_ssize_t extra) {
+    if (o->len + extra <= o->cap) return 0;
+    Py_ssize_t cap = o->cap ? o->cap : 4096;
+    while (cap < o->len + extra) cap *= 2;
+    char *data = PyMem_RawRealloc(o->data, (size_t)cap);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->data = data;
+    o->cap = cap;
+    return 0;
+}
+
+static inline int out_put(Out *o, const char *s, Py_ssize_t n) {
+    if (out_reserve(o, n) < 0) return -1;
+    memcpy(o->data + o->len, s, (size_t)n);
+    o->len += n;
+    return 0;
+}
+
+/* -- a JSON reader over one event: positions only, nothing allocated ------------------------ */
+
+typedef struct {
+    const unsigned char *s;
+    Py_ssize_t i, n;
+} Json;
+
+static inline void ws(Json *j) {
+    while (j->i < j->n && (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' || j->s[j->i] == '\r')) j->i++;
+}
+
+static inline int hex_digit(unsigned char h) {
+    return (h >= '0' && h <= '9') || (h >= 'a' && h <= 'f') || (h >= 'A' && h <= 'F');
+}
+
+/* Bytes of the valid UTF-8 sequence at s[0:n] that starts with a byte >= 0x80 (no overlong
+ * forms, no surrogates, nothing past U+10FFFF), 0 when it is not one. */
+static Py_ssize_t utf8_sequence(const unsigned char *s, Py_ssize_t n) {
+    unsigned char c = s[0];
+    if (c >= 0xC2 && c <= 0xDF) return n >= 2 && (s[1] & 0xC0) == 0x80 ? 2 : 0;
+    if (c >= 0xE0 && c <= 0xEF) {
+        if (n < 3 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80) return 0;
+        if ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] > 0x9F)) return 0;
+        return 3;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        if (n < 4 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80 || (s[3] & 0xC0) != 0x80) return 0;
+        if ((c == 0xF0 && s[1] < 0x90) || (c == 0xF4 && s[1] > 0x8F)) return 0;
+        return 4;
+    }
+    return 0;
+}
+
+/* Past a valid JSON string whose opening quote is at j->i; 0 on success. *escaped: it holds a backslash. */
+static int skip_string(Json *j, int *escaped) {
+    *escaped = 0;
+    j->i++;
+    while (j->i < j->n) {
+        unsigned char c = j->s[j->i];
+        if (c == '"') {
+            j->i++;
+            return 0;
+        }
+        if (c == '\\') {
+            *escaped = 1;
+            if (j->i + 1 >= j->n) return -1;
+            unsigned char e = j->s[j->i + 1];
+            if (e == 'u') {
+                if (j->i + 5 >= j->n) return -1;
+                for (int d = 2; d <= 5; d++)
+                    if (!hex_digit(j->s[j->i + d])) return -1;
+                j->i += 6;
+                continue;
+            }
+            if (!strchr("\"\\/bfnrt", e) || e == 0) return -1;
+            j->i += 2;
+            continue;
+        }
+        if (c < 0x20) return -1;
+        if (c >= 0x80) {
+            Py_ssize_t k = utf8_sequence(j->s + j->i, j->n - j->i);
+            if (k == 0) return -1;
+            j->i += k;
+            continue;
+        }
+        j->i++;
+    }
+    return -1;
+}
+
+/* Past a JSON number (RFC 8259's grammar) at j->i; 0 on success. */
+static int skip_number(Json *j) {
+    const unsigned char *s = j->s;
+    Py_ssize_t i = j->i, n = j->n;
+    if (i < n && s[i] == '-') i++;
+    if (i >= n) return -1;
+    if (s[i] == '0') i++;
+    else if (s[i] >= '1' && s[i] <= '9')
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    else return -1;
+    if (i < n && s[i] == '.') {
+        i++;
+        if (i >= n || s[i] < '0' || s[i] > '9') return -1;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-')) i++;
+        if (i >= n || s[i] < '0' || s[i] > '9') return -1;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    }
+    j->i = i;
+    return 0;
+}
+
+static int skip_value(Json *j, int depth);
+
+static int skip_container(Json *j, int depth, unsigned char close) {
+    if (depth > MAX_DEPTH) return -1;
+    j->i++;
+    ws(j);
+    if (j->i < j->n && j->s[j->i] == close) {
+        j->i++;
+        return 0;
+    }
+    for (;;) {
+        int escaped;
+        if (close == '}') {
+            if (j->i >= j->n || j->s[j->i] != '"' || skip_string(j, &escaped) < 0) return -1;
+            ws(j);
+            if (j->i >= j->n || j->s[j->i] != ':') return -1;
+            j->i++;
+            ws(j);
+        }
+        if (skip_value(j, depth + 1) < 0) return -1;
+        ws(j);
+        if (j->i >= j->n) return -1;
+        if (j->s[j->i] == ',') {
+            j->i++;
+            ws(j);
+            continue;
+        }
+        if (j->s[j->i] != close) return -1;
+        j->i++;
+        return 0;
+    }
+}
+
+static int skip_value(Json *j, int depth) {
+    if (j->i >= j->n) return -1;
+    unsigned char c = j->s[j->i];
+    int escaped;
+    if (c == '"') return skip_string(j, &escaped);
+    if (c == '{') return skip_container(j, depth, '}');
+    if (c == '[') return skip_container(j, depth, ']');
+    const char *literals[] = {"true", "false", "null"};
+    for (int k = 0; k < 3; k++) {
+        Py_ssize_t len = (Py_ssize_t)strlen(literals[k]);
+        if (j->n - j->i >= len && memcmp(j->s + j->i, literals[k], (size_t)len) == 0) {
+            j->i += len;
+            return 0;
+        }
+    }
+    return skip_number(j);
+}
+
+/* One member of an object: its key's span (quotes excluded) and its value's span. */
+typedef struct {
+    Py_ssize_t key, key_len, value, value_len;
+    int key_escaped;
+} Member;
+
+/* The next member of the object being read (j->i after '{' or ','); 1: one read, 0: the end, -1: not JSON. */
+static int next_member(Json *j, Member *m, int first) {
+    ws(j);
+    if (j->i >= j->n) return -1;
+    if (j->s[j->i] == '}') {
+        j->i++;
+        return 0;
+    }
+    if (!first) {
+        if (j->s[j->i] != ',') return -1;
+        j->i++;
+        ws(j);
+    }
+    if (j->i >= j->n || j->s[j->i] != '"') return -1;
+    m->key = j->i + 1;
+    if (skip_string(j, &m->key_escaped) < 0) return -1;
+    m->key_len = j->i - 1 - m->key;
+    ws(j);
+    if (j->i >= j->n || j->s[j->i] != ':') return -1;
+    j->i++;
+    ws(j);
+    m->value = j->i;
+    if (skip_value(j, 1) < 0) return -1;
+    m->value_len = j->i - m->value;
+    return 1;
+}
+
+static inline int key_is(const Json *j, const Member *m, const char *name, Py_ssize_t len) {
+    return !m->key_escaped && m->key_len == len && memcmp(j->s + m->key, name, (size_t)len) == 0;
+}
+
+/* A plain JSON integer within a signed 64-bit range (what int() and str() give back the same). */
+static int plain_integer(const unsigned char *s, Py_ssize_t n, long long *value) {
+    Py_ssize_t i = 0;
+    int negative = 0;
+    if (n > 0 && s[0] == '-') {
+        negative = 1;
+        i = 1;
+    }
+    if (i >= n || n - i > 19 || (s[i] == '0' && n - i > 1)) return 0;
+    unsigned long long v = 0;
+    for (; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return 0;
+        v = v * 10 + (unsigned long long)(s[i] - '0'); /* 19 digits fit in 64 unsigned bits */
+    }
+    if (v > (unsigned long long)LLONG_MAX) return 0;
+    if (negative && v == 0) return 0; /* -0: int() gives 0, written "0" */
+    *value = negative ? -(long long)v : (long long)v;
+    return 1;
+}
+
+/* -- the op of each event ---------------------------------------------------------------------- */
+
+/* The event's top-level "op" if it is one character, ' ' when absent or longer, '?' when the
+ * event is not a JSON object the reader follows (the twin then parses it, and refuses it). */
+static char event_op(const unsigned char *s, Py_ssize_t n) {
+    Json j = {s, 0, n};
+    ws(&j);
+    if (j.i >= n || s[j.i] != '{') return '?';
+    j.i++;
+    Member m;
+    char op = ' ';
+    int seen = 0;
+    for (int first = 1;; first = 0) {
+        int r = next_member(&j, &m, first);
+        if (r < 0) return '?';
+        if (r == 0) break;
+        if (m.key_escaped) return '?';
+        if (key_is(&j, &m, "op", 2)) {
+            seen++;
+            const unsigned char *v = s + m.value;
+            if (v[0] != '"') op = ' ';
+            else if (memchr(v, '\\', (size_t)m.value_len) != NULL) return '?'; /* the twin decodes it */
+            else op = (m.value_len == 3 && v[1] < 0x80) ? (char)v[1] : ' ';
+        }
+    }
+    ws(&j);
+    if (j.i != n || seen > 1) return '?';
+    return op;
+}
+
+/* event_ops(values) -> bytes: each event's op character (see event_op). */
+static PyObject *py_event_ops(PyObject *self, PyObject *values) {
+    if (!PyList_Check(values)) {
+        PyErr_SetString(PyExc_TypeError, "event_ops takes a list of bytes");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(values);
+    PyObject *ops = PyBytes_FromStringAndSize(NULL, count);
+    if (ops == NULL) return NULL;
+    char *out = PyBytes_AS_STRING(ops);
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *value = PyList_GET_ITEM(values, k);
+        out[k] = PyBytes_Check(value) ? event_op((const unsigned char *)PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
+                                      : '?';
+    }
+    return ops;
+}
+
+/* -- COPY text of row images ------------------------------------------------------------------ */
+
+/* A JSON string's text (quotes excluded) as COPY text; 0, or 1 when the twin must handle it
+ * (\u0000, a lone surrogate), -1 on memory. */
+static int copy_string(Out *o, const unsigned char *s, Py_ssize_t n) {
+    if (out_reserve(o, n * 2) < 0) return -1; /* no escape writes more than twice its input */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = s[i];
+        if (c != '\\') {
+            /* COPY's own escapes; the JSON text holds no raw control characters */
+            o->data[o->len++] = (char)c;
+            continue;
+        }
+        if (++i >= n) return 1;
+        char esc = 0;
+        switch (s[i]) {
+            case '"': o->data[o->len++] = '"'; continue;
+            case '/': o->data[o->len++] = '/'; continue;
+            case '\\': esc = '\\'; break;
+            case 'b': esc = 'b'; break;
+            case 'f': esc = 'f'; break;
+            case 'n': esc = 'n'; break;
+            case 'r': esc = 'r'; break;
+            case 't': esc = 't'; break;
+            case 'u': {
+                unsigned int code = 0;
+                if (i + 4 >= n) return 1;
+                for (int d = 1; d <= 4; d++) {
+                    unsigned char h = s[i + d];
+                    code <<= 4;
+                    if (h >= '0' && h <= '9') code |= h - '0';
+                    else if (h >= 'a' && h <= 'f') code |= h - 'a' + 10;
+                    else if (h >= 'A' && h <= 'F') code |= h - 'A' + 10;
+                    else return 1;
+                }
+                i += 4;
+                if (code >= 0xD800 && code <= 0xDBFF) {
+                    /* a high surrogate: its low one must follow as \uDC00-\uDFFF */
+                    if (i + 6 >= n) return 1;
+                    if (s[i + 1] != '\\' || s[i + 2] != 'u') return 1;
+                    unsigned int low = 0;
+                    for (int d = 3; d <= 6; d++) {
+                        unsigned char h = s[i + d];
+                        low <<= 4;
+                        if (h >= '0' && h <= '9') low |= h - '0';
+                        else if (h >= 'a' && h <= 'f') low |= h - 'a' + 10;
+                        else if (h >= 'A' && h <= 'F') low |= h - 'A' + 10;
+                        else return 1;
+                    }
+                    if (low < 0xDC00 || low > 0xDFFF) return 1;
+                    i += 6;
+                    code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+                } else if (code >= 0xDC00 && code <= 0xDFFF) {
+                    return 1;
+                }
+                if (code == 0) return 1; /* PostgreSQL text holds no NUL: the twin's error */
+                if (code < 0x80) {
+                    switch (code) {
+                        case '\b': esc = 'b'; break;
+                        case '\t': esc = 't'; break;
+                        case '\n': esc = 'n'; break;
+                        case '\v': esc = 'v'; break;
+                        case '\f': esc = 'f'; break;
+                        case '\r': esc = 'r'; break;
+                        case '\\': esc = '\\'; break;
+                        default: o->data[o->len++] = (char)code; continue;
+                    }
+                    break;
+                }
+                if (code < 0x800) {
+                    o->data[o->len++] = (char)(0xC0 | (code >> 6));
+                } else if (code < 0x10000) {
+                    o->data[o->len++] = (char)(0xE0 | (code >> 12));
+                    o->data[o->len++] = (char)(0x80 | ((code >> 6) & 0x3F));
+                } else {
+                    o->data[o->len++] = (char)(0xF0 | (code >> 18));
+                    o->data[o->len++] = (char)(0x80 | ((code >> 12) & 0x3F));
+                    o->data[o->len++] = (char)(0x80 | ((code >> 6) & 0x3F));
+                }
+                o->data[o->len++] = (char)(0x80 | (code & 0x3F));
+                continue;
+            }
+            default: return 1;
+        }
+        o->data[o->len++] = '\\';
+        o->data[o->len++] = esc;
+    }
+    return 0;
+}
+
+/* Days since 1970-01-01 to a civil date (Howard Hinnant's days_from_civil, inverted). */
+static void civil(long long days, long long *y, unsigned *m, unsigned *d) {
+    days += 719468;
+    long long era = (days >= 0 ? days : days - 146096) / 146097;
+    unsigned doe = (unsigned)(days - era * 146097);
+    unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    long long year = (long long)yoe + era * 400;
+    unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    unsigned mp = (5 * doy + 2) / 153;
+    *d = doy - (153 * mp + 2) / 5 + 1;
+    *m = mp < 10 ? mp + 3 : mp - 9;
+    *y = year + (*m <= 2);
+}
+
+static int put_digits(Out *o, long long v, int width) {
+    char tmp[24];
+    int k = 0;
+    do {
+        tmp[k++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v && k < 20);
+    while (k < width) tmp[k++] = '0';
+    if (out_reserve(o, k) < 0) return -1;
+    while (k) o->data[o->len++] = tmp[--k];
+    return 0;
+}
+
+/* YYYY-MM-DD of `days` since the epoch; 1 when outside years 1-9999 (Python's date refuses it). */
+static int copy_date(Out *o, long long days) {
+    if (days < -719162 || days > 2932896) return 1; /* 0001-01-01 .. 9999-12-31 */
+    long long y;
+    unsigned m, d;
+    civil(days, &y, &m, &d);
+    if (put_digits(o, y, 4) < 0 || out_put(o, "-", 1) < 0 || put_digits(o, m, 2) < 0 || out_put(o, "-", 1) < 0 ||
+        put_digits(o, d, 2) < 0)
+        return -1;
+    return 0;
+}
+
+/* str(datetime(1970, 1, 1) + timedelta(microseconds=us)); 1 outside years 1-9999. */
+static int copy_timestamp(Out *o, long long us) {
+    const long long day_us = 86400000000LL;
+    long long days = us / day_us, rest = us % day_us;
+    if (rest < 0) {
+        rest += day_us;
+        days -= 1;
+    }
+    int r = copy_date(o, days);
+    if (r != 0) return r;
+    long long secs = rest / 1000000, micros = rest % 1000000;
+    if (out_put(o, " ", 1) < 0 || put_digits(o, secs / 3600, 2) < 0 || out_put(o, ":", 1) < 0 ||
+        put_digits(o, secs / 60 % 60, 2) < 0 || out_put(o, ":", 1) < 0 || put_digits(o, secs % 60, 2) < 0)
+        return -1;
+    if (micros && (out_put(o, ".", 1) < 0 || put_digits(o, micros, 6) < 0)) return -1;
+    return 0;
+}
+
+/* One value of a column of `kind` as COPY text; 0 written, 1 the twin's, -1 memory. */
+static int copy_value(Out *o, const unsigned char *s, Py_ssize_t n, char kind) {
+    if (n == 4 && memcmp(s, "null", 4) == 0) return out_put(o, "\\N", 2);
+    long long v;
+    switch (kind) {
+        case 'i': /* written as it is: a string, a plain integer, a boolean */
+            if (s[0] == '"') return copy_string(o, s + 1, n - 2);
+            if (n == 4 && memcmp(s, "true", 4) == 0) return out_put(o, "t", 1);
+            if (n == 5 && memcmp(s, "false", 5) == 0) return out_put(o, "f", 1);
+            if (plain_integer(s, n, &v)) return out_put(o, (const char *)s, n);
+            return 1;
+        case 'd': /* date: days since the epoch */
+            return plain_integer(s, n, &v) ? copy_date(o, v) : 1;
+        case 'T': /* timestamp: microseconds since the epoch */
+            return plain_integer(s, n, &v) ? copy_timestamp(o, v) : 1;
+        case 't': /* timestamp: milliseconds since the epoch */
+            if (!plain_integer(s, n, &v) || v > 9223372036854775LL || v < -9223372036854775LL) return 1;
+            return copy_timestamp(o, v * 1000);
+        default: return 1;
+    }
+}
+
+/* The source position of an event's "source" object value: commit_lsn and txn_index as plain
+ * integers (absent: 0; the object null: both 0); 0 read, 1 the twin's. */
+static int source_position(const unsigned char *s, Py_ssize_t n, long long *lsn, long long *index) {
+    *lsn = *index = 0;
+    if (n == 4 && memcmp(s, "null", 4) == 0) return 0;
+    if (s[0] != '{') return 1;
+    Json j = {s, 1, n};
+    Member m;
+    int seen_lsn = 0, seen_index = 0;
+    for (int first = 1;; first = 0) {
+        int r = next_member(&j, &m, first);
+        if (r < 0) return 1;
+        if (r == 0) break;
+        if (m.key_escaped) return 1;
+        if (key_is(&j, &m, "commit_lsn", 10)) {
+            if (seen_lsn++ || !plain_integer(s + m.value, m.value_len, lsn)) return 1;
+        } else if (key_is(&j, &m, "txn_index", 9)) {
+            if (seen_index++ || !plain_integer(s + m.value, m.value_len, index)) return 1;
+        }
+    }
+    return 0;
+}
+
+/* One event's row as a COPY line; 0 written, 1 the twin's, -1 memory. `spans` has room for
+ * 2 x count entries. */
+static int copy_row(Out *o, const unsigned char *s, Py_ssize_t n, PyObject **names, const char *kinds,
+                    Py_ssize_t count, Py_ssize_t *spans) {
+    Json j = {s, 0, n};
+    ws(&j);
+    if (j.i >= n || s[j.i] != '{') return 1;
+    j.i++;
+    Member m, after = {0}, source = {0};
+    int seen_after = 0, seen_source = 0;
+    for (int first = 1;; first = 0) {
+        int r = next_member(&j, &m, first);
+        if (r < 0) return 1;
+        if (r == 0) break;
+        if (m.key_escaped) return 1;
+        if (key_is(&j, &m, "after", 5)) {
+            after = m;
+            seen_after++;
+        } else if (key_is(&j, &m, "source", 6)) {
+            source = m;
+            seen_source++;
+        }
+    }
+    if (seen_after != 1 || seen_source > 1 || s[after.value] != '{') return 1;
+    long long lsn = 0, index = 0;
+    if (seen_source && source_position(s + source.value, source.value_len, &lsn, &index) != 0) return 1;
+    for (Py_ssize_t c = 0; c < count; c++) spans[2 * c] = -1;
+    Json a = {s, after.value + 1, after.value + after.value_len};
+    for (int first = 1;; first = 0) {
+        int r = next_member(&a, &m, first);
+        if (r < 0) return 1;
+        if (r == 0) break;
+        if (m.key_escaped) return 1;
+        Py_ssize_t c = 0;
+        for (; c < count; c++) {
+            PyObject *name = names[c];
+            if (PyBytes_GET_SIZE(name) == m.key_len && memcmp(PyBytes_AS_STRING(name), s + m.key, (size_t)m.key_len) == 0)
+                break;
+        }
+        /* a column the table lacks (the twin evolves it), a position column, or a key twice */
+        if (c == count || kinds[c] == 'L' || kinds[c] == 'X' || spans[2 * c] >= 0) return 1;
+        spans[2 * c] = m.value;
+        spans[2 * c + 1] = m.value_len;
+    }
+    for (Py_ssize_t c = 0; c < count; c++) {
+        if (c && out_put(o, "\t", 1) < 0) return -1;
+        int r;
+        if (kinds[c] == 'L' || kinds[c] == 'X') {
+            char tmp[24];
+            int k = snprintf(tmp, sizeof tmp, "%lld", kinds[c] == 'L' ? lsn : index);
+            r = out_put(o, tmp, k);
+        } else if (spans[2 * c] < 0) {
+            r = out_put(o, "\\N", 2);
+        } else {
+            r = copy_value(o, s + spans[2 * c], spans[2 * c + 1], kinds[c]);
+        }
+        if (r != 0) return r;
+    }
+    return out_put(o, "\n", 1);
+}
+
+/* copy_text(values, names, kinds) -> bytes | None: the COPY text of each event's row image in
+ * the columns `names` (bytes, UTF-8) of `kinds` (i: as it is, d: date, T: timestamp in us, t: in
+ * ms, L: the source's commit_lsn, X: its txn_index), or None for the twin. */
+static PyObject *py_copy_text(PyObject *self, PyObject *args) {
+    PyObject *values, *names;
+    const char *kinds;
+    Py_ssize_t kinds_len;
+    if (!PyArg_ParseTuple(args, "O!O!y#", &PyList_Type, &values, &PyList_Type, &names, &kinds, &kinds_len)) return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(names);
+    if (count != kinds_len || count == 0 || count > MAX_COLUMNS) {
+        PyErr_SetString(PyExc_ValueError, "copy_text: names and kinds differ in length (or no columns)");
+        return NULL;
+    }
+    for (Py_ssize_t c = 0; c < count; c++) {
+        if (!PyBytes_Check(PyList_GET_ITEM(names, c))) {
+            PyErr_SetString(PyExc_TypeError, "copy_text: names must be bytes");
+            return NULL;
+        }
+    }
+    Py_ssize_t *spans = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)count);
+    if (spans == NULL) return PyErr_NoMemory();
+    Out o = {NULL, 0, 0};
+    PyObject *result = NULL;
+    int r = 0;
+    Py_ssize_t rows = PyList_GET_SIZE(values);
+    for (Py_ssize_t k = 0; k < rows && r == 0; k++) {
+        PyObject *value = PyList_GET_ITEM(values, k);
+        if (!PyBytes_Check(value)) {
+            r = 1;
+            break;
+        }
+        r = copy_row(&o, (const unsigned char *)PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value),
+                     &PyList_GET_ITEM(names, 0), kinds, count, spans);
+    }
+    if (r == 0) result = PyBytes_FromStringAndSize(o.data ? o.data : "", o.len);
+    else if (r > 0) result = Py_NewRef(Py_None);
+    PyMem_Free(spans);
+    PyMem_RawFree(o.data);
+    return result;
+}
+
+PyMethodDef hw_sink_rows_methods[] = {
+    {"event_ops", py_event_ops, METH_O, "event_ops(values) -> bytes: each event's one-character op, ' ' or '?'."},
+    {"copy_text", py_copy_text, METH_VARARGS,
+     "copy_text(values, names, kinds) -> bytes | None: COPY text of each event's row image, or None for the twin."},
+    {NULL, NULL, 0, NULL},
+};
