@@ -168,3 +168,17 @@ def column_batches(
 
 def event_ops(values: list[bytes], /) -> bytes: ...
 def copy_text(values: list[bytes], names: list[bytes], kinds: bytes, /) -> bytes | None: ...
+def decode_records(
+    buf: bytes | memoryview,
+    pos: int,
+    count: int,
+    base: int,
+    min_offset: int,
+    topic: str,
+    partition: int,
+    record_type: type,
+    room: int,
+    max_bytes: int,
+    held: int,
+    /,
+) -> tuple[list[Any], int] | None: ...

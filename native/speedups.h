@@ -27,6 +27,7 @@ Py_ssize_t hw_utf8_prefix(const char *s, Py_ssize_t n, Py_ssize_t chars);
 extern PyMethodDef hw_log_columns_methods[];   /* log_columns.c: file-log batches -> Arrow columns */
 extern PyMethodDef hw_batch_columns_methods[]; /* batch_columns.c: Arrow columns -> file-log batches */
 extern PyMethodDef hw_column_masks_methods[];  /* column_masks.c: the hash mask, for its twin's tests */
+extern PyMethodDef hw_log_records_methods[];  /* log_records.c: file-log batches -> StoredRecord tuples */
 extern PyMethodDef hw_sink_rows_methods[];     /* sink_rows.c: the PostgreSQL sink's ops and COPY text */
 
 #endif

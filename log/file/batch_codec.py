@@ -406,6 +406,36 @@ def decode_records(
     Stops early, returning -1, once ``out`` holds ``max_records`` or the next record would
     take the bytes past ``max_bytes`` (a non-empty ``out`` only: a read returns at least one).
     """
+    buf, p = records_section(buf, pos, header)  # type: ignore[assignment]  # plain: buf itself
+    if _native is not None:
+        # The extension reads a plain batch without headers; it hands anything else back (None).
+        decoded: tuple[list[StoredRecord], int] | None = _native.decode_records(
+            buf, p, header.record_count, header.base_offset, min_offset, topic, partition, StoredRecord,
+            max_records - len(out), max_bytes, len(out),
+        )  # fmt: skip
+        if decoded is not None:
+            records, used = decoded
+            out += records
+            return used
+    return _decode_records(
+        buf, p, header, topic=topic, partition=partition, min_offset=min_offset, out=out,
+        max_records=max_records, max_bytes=max_bytes,
+    )  # fmt: skip
+
+
+def _decode_records(
+    buf: bytes | memoryview,
+    p: int,
+    header: BatchHeader,
+    *,
+    topic: str,
+    partition: int,
+    min_offset: int,
+    out: list[StoredRecord],
+    max_records: int,
+    max_bytes: int,
+) -> int:
+    """:func:`decode_records` over the records section at ``p``, in Python (the extension's twin)."""
     # The hot path of every read: one unpack and two slices per record, no generator.
     unpack = RECORD.unpack_from
     new = tuple.__new__  # StoredRecord without its generated __new__'s argument handling: 2.5x faster
@@ -413,7 +443,6 @@ def decode_records(
     append = out.append
     used = 0
     room = max_records - len(out)
-    buf, p = records_section(buf, pos, header)  # type: ignore[assignment]  # plain: buf itself
     for _ in range(header.record_count):
         delta, ts, klen, vlen, hlen = unpack(buf, p)
         start = p
