@@ -296,6 +296,17 @@ static PyObject *py_event_ops(PyObject *self, PyObject *values) {
 
 /* -- COPY text of row images ------------------------------------------------------------------ */
 
+/* The code unit of the four hex digits at s (a \\u escape's); 0 when one is not a hex digit. */
+static int hex4(const unsigned char *s, unsigned int *code) {
+    unsigned int v = 0;
+    for (int d = 0; d < 4; d++) {
+        if (!hex_digit(s[d])) return 0;
+        v = (v << 4) | (unsigned int)(s[d] <= '9' ? s[d] - '0' : (s[d] | 0x20) - 'a' + 10);
+    }
+    *code = v;
+    return 1;
+}
+
 /* A JSON string's text (quotes excluded) as COPY text; 0, or 1 when the twin must handle it
  * (\u0000, a lone surrogate), -1 on memory. */
 static int copy_string(Out *o, const unsigned char *s, Py_ssize_t n) {
@@ -319,30 +330,14 @@ static int copy_string(Out *o, const unsigned char *s, Py_ssize_t n) {
             case 'r': esc = 'r'; break;
             case 't': esc = 't'; break;
             case 'u': {
-                unsigned int code = 0;
-                if (i + 4 >= n) return 1;
-                for (int d = 1; d <= 4; d++) {
-                    unsigned char h = s[i + d];
-                    code <<= 4;
-                    if (h >= '0' && h <= '9') code |= h - '0';
-                    else if (h >= 'a' && h <= 'f') code |= h - 'a' + 10;
-                    else if (h >= 'A' && h <= 'F') code |= h - 'A' + 10;
-                    else return 1;
-                }
+                unsigned int code;
+                if (i + 4 >= n || !hex4(s + i + 1, &code)) return 1;
                 i += 4;
                 if (code >= 0xD800 && code <= 0xDBFF) {
                     /* a high surrogate: its low one must follow as \uDC00-\uDFFF */
                     if (i + 6 >= n) return 1;
-                    if (s[i + 1] != '\\' || s[i + 2] != 'u') return 1;
-                    unsigned int low = 0;
-                    for (int d = 3; d <= 6; d++) {
-                        unsigned char h = s[i + d];
-                        low <<= 4;
-                        if (h >= '0' && h <= '9') low |= h - '0';
-                        else if (h >= 'a' && h <= 'f') low |= h - 'a' + 10;
-                        else if (h >= 'A' && h <= 'F') low |= h - 'A' + 10;
-                        else return 1;
-                    }
+                    unsigned int low;
+                    if (s[i + 1] != '\\' || s[i + 2] != 'u' || !hex4(s + i + 3, &low)) return 1;
                     if (low < 0xDC00 || low > 0xDFFF) return 1;
                     i += 6;
                     code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);

@@ -113,6 +113,8 @@ def test_escapes_control_characters_and_text_as_psycopg_does() -> None:
     raw = b'{"after":{"id":2,"name":"\\u0041\\u00e9\\u20ac\\ud83d\\ude00\\/\\u005c\\u0009"},"source":null,"op":"c"}'
     name = b"A\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80/\\\\\\t"
     assert native([raw]) == twin([raw]) == b"2\t\\N\t" + name + b"\t\\N" * 4 + b"\t0\t0\n"
+    upper = raw.replace(b"\\u00e9", b"\\u00E9").replace(b"\\ud83d\\ude00", b"\\uD83D\\uDE00")
+    assert upper != raw and native([upper]) == native([raw])
 
 
 def test_dates_and_timestamps_at_the_ends_of_their_range() -> None:
