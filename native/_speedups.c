@@ -24,22 +24,22 @@
 static PyTypeObject *wal_message_type; /* WalMessage: tuple subclass (wal_start, payload); bind_libpq */
 
 /* ------------------------------------------------------------------------------------ */
-/* A growable byte buffer.                                                               */
-
-typedef struct {
-    char *data;
-    Py_ssize_t len;
-    Py_ssize_t cap;
-} Buf;
+/* The growable byte buffer of speedups.h.                                               */
 
 /* Set while a thread runs without the GIL (RowEncoder.copy_batches): a failed allocation then
  * only returns -1 and the caller raises MemoryError once it holds the GIL again. Buffers use the
  * raw allocator, which needs no GIL. */
 static _Thread_local int without_gil;
 
-static int buf_grow(Buf *b, Py_ssize_t extra) {
+int hw_buf_grow(Buf *b, Py_ssize_t extra) {
     Py_ssize_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + extra) cap *= 2;
+    while (cap < b->len + extra) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            if (!without_gil) PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
     char *p = PyMem_RawRealloc(b->data, (size_t)cap);
     if (p == NULL) {
         if (!without_gil) PyErr_NoMemory();
@@ -50,25 +50,7 @@ static int buf_grow(Buf *b, Py_ssize_t extra) {
     return 0;
 }
 
-/* Room for extra more bytes (the check inline: it runs several times per encoded value). */
-static inline int buf_reserve(Buf *b, Py_ssize_t extra) {
-    return b->len + extra <= b->cap ? 0 : buf_grow(b, extra);
-}
-
-static inline int buf_put(Buf *b, const char *s, Py_ssize_t n) {
-    if (buf_reserve(b, n) < 0) return -1;
-    memcpy(b->data + b->len, s, (size_t)n);
-    b->len += n;
-    return 0;
-}
-
-static inline int buf_byte(Buf *b, char c) {
-    if (buf_reserve(b, 1) < 0) return -1;
-    b->data[b->len++] = c;
-    return 0;
-}
-
-static int buf_int(Buf *b, long long v) {
+int hw_buf_int(Buf *b, long long v) {
     char tmp[24];
     char *end = tmp + sizeof tmp, *p = end;
     unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
@@ -78,12 +60,6 @@ static int buf_int(Buf *b, long long v) {
     } while (u);
     if (v < 0) *--p = '-';
     return buf_put(b, p, end - p);
-}
-
-static void buf_free(Buf *b) {
-    PyMem_RawFree(b->data);
-    b->data = NULL;
-    b->len = b->cap = 0;
 }
 
 /* A JSON string as orjson writes it: ", \\ and control characters escaped (\b \t \n \f \r,
@@ -1163,7 +1139,7 @@ static int convert_native(RowEncoder *self, Py_ssize_t col, const char *s, Py_ss
         case K_TIMESTAMP_MS: {
             long long us;
             if (!parse_timestamp(s, n, &us)) return 0;
-            return buf_int(b, kind == K_TIMESTAMP_MS ? floor_div(us, 1000) : us) < 0 ? -1 : 1;
+            return hw_buf_int(b, kind == K_TIMESTAMP_MS ? floor_div(us, 1000) : us) < 0 ? -1 : 1;
         }
         case K_TIMESTAMPTZ: {
             /* The converter's UTC fast path: "YYYY-MM-DD HH:MM:SS[.f]+00" -> "YYYY-MM-DDTHH:MM:SS[.f]Z". */
@@ -1198,7 +1174,7 @@ static int convert_native(RowEncoder *self, Py_ssize_t col, const char *s, Py_ss
             if (n != 10 || s[4] != '-' || s[7] != '-') return 0;
             for (int i = 0; i < 10; i++)
                 if (i != 4 && i != 7 && !is_digit(s[i])) return 0;
-            return buf_int(b, days_from_civil(digits(s, 4), digits(s + 5, 2), digits(s + 8, 2))) < 0 ? -1 : 1;
+            return hw_buf_int(b, days_from_civil(digits(s, 4), digits(s + 5, 2), digits(s + 8, 2))) < 0 ? -1 : 1;
         }
         case K_BYTEA_HEX: {
             if (n < 2 || s[0] != '\\' || s[1] != 'x') return 0;
@@ -1398,11 +1374,11 @@ static int write_value(RowEncoder *self, int op, PyObject *pieces, long long lsn
         /* A delete's old tuple: the whole row (FULL), or the key with the other columns NULL: every column. */
         if (buf_put(v, image, image_len) < 0 || buf_put(v, ",\"after\":null", 13) < 0) return -1;
     }
-    if (put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 0)) < 0 || buf_int(v, lsn) < 0 ||
-        put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 1)) < 0 || buf_int(v, lsn) < 0 ||
-        put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 2)) < 0 || buf_int(v, index) < 0 ||
-        put_bytes_obj(v, PyTuple_GET_ITEM(pieces, block)) < 0 || buf_int(v, index + 1) < 0 ||
-        buf_put(v, ",\"data_collection_order\":", 25) < 0 || buf_int(v, order) < 0 || buf_put(v, "}}", 2) < 0)
+    if (put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 0)) < 0 || hw_buf_int(v, lsn) < 0 ||
+        put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 1)) < 0 || hw_buf_int(v, lsn) < 0 ||
+        put_bytes_obj(v, PyTuple_GET_ITEM(pieces, 2)) < 0 || hw_buf_int(v, index) < 0 ||
+        put_bytes_obj(v, PyTuple_GET_ITEM(pieces, block)) < 0 || hw_buf_int(v, index + 1) < 0 ||
+        buf_put(v, ",\"data_collection_order\":", 25) < 0 || hw_buf_int(v, order) < 0 || buf_put(v, "}}", 2) < 0)
         return -1;
     return 0;
 }
@@ -1681,7 +1657,7 @@ static PyObject *RowEncoder_copy_records(RowEncoder *self, PyObject *const *args
         if (rc == 0) break;
         v->len = 0;
         if (put_bytes_obj(v, head) < 0 || buf_put(v, self->buf.data, self->buf.len) < 0 || put_bytes_obj(v, pre) < 0 ||
-            buf_int(v, index) < 0 || put_bytes_obj(v, tail) < 0)
+            hw_buf_int(v, index) < 0 || put_bytes_obj(v, tail) < 0)
             return NULL;
         PyObject *key = self->nkeys ? PyBytes_FromStringAndSize(self->key.data, self->key.len) : Py_NewRef(Py_None);
         PyObject *value = key ? PyBytes_FromStringAndSize(v->data, v->len) : NULL;

@@ -295,42 +295,6 @@ out:
 #define ENV_MAX_DEPTH 200
 #define ENV_SEQ_WIDTH 33
 
-typedef struct {
-    uint8_t *data;
-    Py_ssize_t len;
-    Py_ssize_t cap;
-} EnvBuf;
-
-static int env_reserve(EnvBuf *b, Py_ssize_t extra) {
-    if (b->cap - b->len >= extra)
-        return 0;
-    Py_ssize_t cap = b->cap ? b->cap : 256;
-    while (cap - b->len < extra) {
-        if (cap > PY_SSIZE_T_MAX / 2) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        cap *= 2;
-    }
-    uint8_t *data = PyMem_Realloc(b->data, (size_t)cap);
-    if (data == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    b->data = data;
-    b->cap = cap;
-    return 0;
-}
-
-static int env_put(EnvBuf *b, const uint8_t *src, Py_ssize_t n) {
-    if (env_reserve(b, n) < 0)
-        return -1;
-    if (n > 0)
-        memcpy(b->data + b->len, src, (size_t)n);
-    b->len += n;
-    return 0;
-}
-
 /* Scanning results: 1 taken, 0 not taken (the caller answers None), -1 Python error. */
 typedef struct {
     const uint8_t *p;
@@ -573,12 +537,12 @@ enum { ENV_OP, ENV_SNAPSHOT, ENV_DB, ENV_SCHEMA, ENV_TABLE, ENV_STRINGS };
 enum { ENV_LSN, ENV_INDEX, ENV_TS, ENV_INTS };
 
 typedef struct {
-    EnvBuf data[ENV_STRINGS];
+    Buf data[ENV_STRINGS];
     int32_t *offsets[ENV_STRINGS];
     uint8_t *string_valid[ENV_STRINGS];
     int64_t *ints[ENV_INTS];
     uint8_t *int_valid[ENV_INTS];
-    EnvBuf images[2]; /* before, after */
+    Buf images[2]; /* before, after */
     uint8_t *image_valid[2];
 } EnvColumns;
 
@@ -598,7 +562,7 @@ static int env_string_field(EnvCur *c, EnvColumns *cols, int col, Py_ssize_t i, 
     int esc;
     if (!env_string(c, &s, &n, &esc) || esc)
         return 0;
-    if (env_put(&cols->data[col], s, n) < 0)
+    if (buf_put(&cols->data[col], s, n) < 0)
         return -1;
     cols->string_valid[col][i >> 3] |= (uint8_t)(1u << (i & 7));
     return 1;
@@ -744,10 +708,10 @@ static int env_value(const uint8_t *v, Py_ssize_t len, EnvColumns *cols, Py_ssiz
         return 0; /* no envelope: the per-value path reads it as `after` */
     for (int side = 0; side < 2; side++) {
         if (image[side] == NULL) {
-            if (env_put(&cols->images[side], (const uint8_t *)"{}", 2) < 0)
+            if (buf_put(&cols->images[side], (const uint8_t *)"{}", 2) < 0)
                 return -1;
         } else {
-            if (env_put(&cols->images[side], image[side], image_len[side]) < 0)
+            if (buf_put(&cols->images[side], image[side], image_len[side]) < 0)
                 return -1;
             cols->image_valid[side][i >> 3] |= (uint8_t)(1u << (i & 7));
         }
@@ -891,9 +855,9 @@ out:
     for (int k = 0; k < 21; k++)
         Py_XDECREF(objs[k]);
     for (int col = 0; col < ENV_STRINGS; col++)
-        PyMem_Free(cols.data[col].data);
+        buf_free(&cols.data[col]);
     for (int side = 0; side < 2; side++)
-        PyMem_Free(cols.images[side].data);
+        buf_free(&cols.images[side]);
     PyBuffer_Release(&offsets_view);
     PyBuffer_Release(&data_view);
     return result;

@@ -17,32 +17,6 @@
 #define MAX_DEPTH 64
 #define MAX_COLUMNS 1600 /* PostgreSQL's own limit */
 
-typedef struct {
-    char *data;
-    Py_ssize_t len, cap;
-} Out;
-
-static int out_reserve(Out *o, Py_ssize_t extra) {
-    if (o->len + extra <= o->cap) return 0;
-    Py_ssize_t cap = o->cap ? o->cap : 4096;
-    while (cap < o->len + extra) cap *= 2;
-    char *data = PyMem_RawRealloc(o->data, (size_t)cap);
-    if (data == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    o->data = data;
-    o->cap = cap;
-    return 0;
-}
-
-static inline int out_put(Out *o, const char *s, Py_ssize_t n) {
-    if (out_reserve(o, n) < 0) return -1;
-    memcpy(o->data + o->len, s, (size_t)n);
-    o->len += n;
-    return 0;
-}
-
 /* -- a JSON reader over one event: positions only, nothing allocated ------------------------ */
 
 typedef struct {
@@ -192,10 +166,10 @@ static int skip_value(Json *j, int depth) {
 /* One member of an object: its key's span (quotes excluded) and its value's span. */
 typedef struct {
     Py_ssize_t key, key_len, value, value_len;
-    int key_escaped;
 } Member;
 
-/* The next member of the object being read (j->i after '{' or ','); 1: one read, 0: the end, -1: not JSON. */
+/* The next member of the object being read (j->i after '{' or ','); 1: one read, 0: the end,
+ * -1: not JSON, or a key with an escape (which only the twin compares as it decodes). */
 static int next_member(Json *j, Member *m, int first) {
     ws(j);
     if (j->i >= j->n) return -1;
@@ -210,7 +184,8 @@ static int next_member(Json *j, Member *m, int first) {
     }
     if (j->i >= j->n || j->s[j->i] != '"') return -1;
     m->key = j->i + 1;
-    if (skip_string(j, &m->key_escaped) < 0) return -1;
+    int escaped;
+    if (skip_string(j, &escaped) < 0 || escaped) return -1;
     m->key_len = j->i - 1 - m->key;
     ws(j);
     if (j->i >= j->n || j->s[j->i] != ':') return -1;
@@ -223,7 +198,7 @@ static int next_member(Json *j, Member *m, int first) {
 }
 
 static inline int key_is(const Json *j, const Member *m, const char *name, Py_ssize_t len) {
-    return !m->key_escaped && m->key_len == len && memcmp(j->s + m->key, name, (size_t)len) == 0;
+    return m->key_len == len && memcmp(j->s + m->key, name, (size_t)len) == 0;
 }
 
 /* A plain JSON integer within a signed 64-bit range (what int() and str() give back the same). */
@@ -262,7 +237,6 @@ static char event_op(const unsigned char *s, Py_ssize_t n) {
         int r = next_member(&j, &m, first);
         if (r < 0) return '?';
         if (r == 0) break;
-        if (m.key_escaped) return '?';
         if (key_is(&j, &m, "op", 2)) {
             seen++;
             const unsigned char *v = s + m.value;
@@ -309,8 +283,8 @@ static int hex4(const unsigned char *s, unsigned int *code) {
 
 /* A JSON string's text (quotes excluded) as COPY text; 0, or 1 when the twin must handle it
  * (\u0000, a lone surrogate), -1 on memory. */
-static int copy_string(Out *o, const unsigned char *s, Py_ssize_t n) {
-    if (out_reserve(o, n * 2) < 0) return -1; /* no escape writes more than twice its input */
+static int copy_string(Buf *o, const unsigned char *s, Py_ssize_t n) {
+    if (buf_reserve(o, n * 2) < 0) return -1; /* no escape writes more than twice its input */
     for (Py_ssize_t i = 0; i < n; i++) {
         unsigned char c = s[i];
         if (c != '\\') {
@@ -393,7 +367,7 @@ static void civil(long long days, long long *y, unsigned *m, unsigned *d) {
     *y = year + (*m <= 2);
 }
 
-static int put_digits(Out *o, long long v, int width) {
+static int put_digits(Buf *o, long long v, int width) {
     char tmp[24];
     int k = 0;
     do {
@@ -401,25 +375,25 @@ static int put_digits(Out *o, long long v, int width) {
         v /= 10;
     } while (v && k < 20);
     while (k < width) tmp[k++] = '0';
-    if (out_reserve(o, k) < 0) return -1;
+    if (buf_reserve(o, k) < 0) return -1;
     while (k) o->data[o->len++] = tmp[--k];
     return 0;
 }
 
 /* YYYY-MM-DD of `days` since the epoch; 1 when outside years 1-9999 (Python's date refuses it). */
-static int copy_date(Out *o, long long days) {
+static int copy_date(Buf *o, long long days) {
     if (days < -719162 || days > 2932896) return 1; /* 0001-01-01 .. 9999-12-31 */
     long long y;
     unsigned m, d;
     civil(days, &y, &m, &d);
-    if (put_digits(o, y, 4) < 0 || out_put(o, "-", 1) < 0 || put_digits(o, m, 2) < 0 || out_put(o, "-", 1) < 0 ||
+    if (put_digits(o, y, 4) < 0 || buf_put(o, "-", 1) < 0 || put_digits(o, m, 2) < 0 || buf_put(o, "-", 1) < 0 ||
         put_digits(o, d, 2) < 0)
         return -1;
     return 0;
 }
 
 /* str(datetime(1970, 1, 1) + timedelta(microseconds=us)); 1 outside years 1-9999. */
-static int copy_timestamp(Out *o, long long us) {
+static int copy_timestamp(Buf *o, long long us) {
     const long long day_us = 86400000000LL;
     long long days = us / day_us, rest = us % day_us;
     if (rest < 0) {
@@ -429,23 +403,23 @@ static int copy_timestamp(Out *o, long long us) {
     int r = copy_date(o, days);
     if (r != 0) return r;
     long long secs = rest / 1000000, micros = rest % 1000000;
-    if (out_put(o, " ", 1) < 0 || put_digits(o, secs / 3600, 2) < 0 || out_put(o, ":", 1) < 0 ||
-        put_digits(o, secs / 60 % 60, 2) < 0 || out_put(o, ":", 1) < 0 || put_digits(o, secs % 60, 2) < 0)
+    if (buf_put(o, " ", 1) < 0 || put_digits(o, secs / 3600, 2) < 0 || buf_put(o, ":", 1) < 0 ||
+        put_digits(o, secs / 60 % 60, 2) < 0 || buf_put(o, ":", 1) < 0 || put_digits(o, secs % 60, 2) < 0)
         return -1;
-    if (micros && (out_put(o, ".", 1) < 0 || put_digits(o, micros, 6) < 0)) return -1;
+    if (micros && (buf_put(o, ".", 1) < 0 || put_digits(o, micros, 6) < 0)) return -1;
     return 0;
 }
 
 /* One value of a column of `kind` as COPY text; 0 written, 1 the twin's, -1 memory. */
-static int copy_value(Out *o, const unsigned char *s, Py_ssize_t n, char kind) {
-    if (n == 4 && memcmp(s, "null", 4) == 0) return out_put(o, "\\N", 2);
+static int copy_value(Buf *o, const unsigned char *s, Py_ssize_t n, char kind) {
+    if (n == 4 && memcmp(s, "null", 4) == 0) return buf_put(o, "\\N", 2);
     long long v;
     switch (kind) {
         case 'i': /* written as it is: a string, a plain integer, a boolean */
             if (s[0] == '"') return copy_string(o, s + 1, n - 2);
-            if (n == 4 && memcmp(s, "true", 4) == 0) return out_put(o, "t", 1);
-            if (n == 5 && memcmp(s, "false", 5) == 0) return out_put(o, "f", 1);
-            if (plain_integer(s, n, &v)) return out_put(o, (const char *)s, n);
+            if (n == 4 && memcmp(s, "true", 4) == 0) return buf_put(o, "t", 1);
+            if (n == 5 && memcmp(s, "false", 5) == 0) return buf_put(o, "f", 1);
+            if (plain_integer(s, n, &v)) return buf_put(o, (const char *)s, n);
             return 1;
         case 'd': /* date: days since the epoch */
             return plain_integer(s, n, &v) ? copy_date(o, v) : 1;
@@ -471,7 +445,6 @@ static int source_position(const unsigned char *s, Py_ssize_t n, long long *lsn,
         int r = next_member(&j, &m, first);
         if (r < 0) return 1;
         if (r == 0) break;
-        if (m.key_escaped) return 1;
         if (key_is(&j, &m, "commit_lsn", 10)) {
             if (seen_lsn++ || !plain_integer(s + m.value, m.value_len, lsn)) return 1;
         } else if (key_is(&j, &m, "txn_index", 9)) {
@@ -483,7 +456,7 @@ static int source_position(const unsigned char *s, Py_ssize_t n, long long *lsn,
 
 /* One event's row as a COPY line; 0 written, 1 the twin's, -1 memory. `spans` has room for
  * 2 x count entries. */
-static int copy_row(Out *o, const unsigned char *s, Py_ssize_t n, PyObject **names, const char *kinds,
+static int copy_row(Buf *o, const unsigned char *s, Py_ssize_t n, PyObject **names, const char *kinds,
                     Py_ssize_t count, Py_ssize_t *spans) {
     Json j = {s, 0, n};
     ws(&j);
@@ -495,7 +468,6 @@ static int copy_row(Out *o, const unsigned char *s, Py_ssize_t n, PyObject **nam
         int r = next_member(&j, &m, first);
         if (r < 0) return 1;
         if (r == 0) break;
-        if (m.key_escaped) return 1;
         if (key_is(&j, &m, "after", 5)) {
             after = m;
             seen_after++;
@@ -513,7 +485,6 @@ static int copy_row(Out *o, const unsigned char *s, Py_ssize_t n, PyObject **nam
         int r = next_member(&a, &m, first);
         if (r < 0) return 1;
         if (r == 0) break;
-        if (m.key_escaped) return 1;
         Py_ssize_t c = 0;
         for (; c < count; c++) {
             PyObject *name = names[c];
@@ -526,20 +497,18 @@ static int copy_row(Out *o, const unsigned char *s, Py_ssize_t n, PyObject **nam
         spans[2 * c + 1] = m.value_len;
     }
     for (Py_ssize_t c = 0; c < count; c++) {
-        if (c && out_put(o, "\t", 1) < 0) return -1;
+        if (c && buf_put(o, "\t", 1) < 0) return -1;
         int r;
         if (kinds[c] == 'L' || kinds[c] == 'X') {
-            char tmp[24];
-            int k = snprintf(tmp, sizeof tmp, "%lld", kinds[c] == 'L' ? lsn : index);
-            r = out_put(o, tmp, k);
+            r = hw_buf_int(o, kinds[c] == 'L' ? lsn : index);
         } else if (spans[2 * c] < 0) {
-            r = out_put(o, "\\N", 2);
+            r = buf_put(o, "\\N", 2);
         } else {
             r = copy_value(o, s + spans[2 * c], spans[2 * c + 1], kinds[c]);
         }
         if (r != 0) return r;
     }
-    return out_put(o, "\n", 1);
+    return buf_put(o, "\n", 1);
 }
 
 /* copy_text(values, names, kinds) -> bytes | None: the COPY text of each event's row image in
@@ -563,7 +532,7 @@ static PyObject *py_copy_text(PyObject *self, PyObject *args) {
     }
     Py_ssize_t *spans = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)count);
     if (spans == NULL) return PyErr_NoMemory();
-    Out o = {NULL, 0, 0};
+    Buf o = {NULL, 0, 0};
     PyObject *result = NULL;
     int r = 0;
     Py_ssize_t rows = PyList_GET_SIZE(values);
@@ -579,7 +548,7 @@ static PyObject *py_copy_text(PyObject *self, PyObject *args) {
     if (r == 0) result = PyBytes_FromStringAndSize(o.data ? o.data : "", o.len);
     else if (r > 0) result = Py_NewRef(Py_None);
     PyMem_Free(spans);
-    PyMem_RawFree(o.data);
+    buf_free(&o);
     return result;
 }
 

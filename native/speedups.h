@@ -9,6 +9,45 @@
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+/* A growable byte buffer (raw allocator: usable without the GIL). hw_buf_grow sets MemoryError
+ * unless the thread runs without the GIL (RowEncoder.copy_batches), where the caller raises it
+ * once it holds the GIL again. Every function returns 0, or -1 when memory ran out. */
+typedef struct {
+    char *data;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+} Buf;
+
+int hw_buf_grow(Buf *b, Py_ssize_t extra);
+
+/* Room for extra more bytes (the check inline: it runs several times per encoded value). */
+static inline int buf_reserve(Buf *b, Py_ssize_t extra) {
+    return b->len + extra <= b->cap ? 0 : hw_buf_grow(b, extra);
+}
+
+static inline int buf_put(Buf *b, const void *s, Py_ssize_t n) {
+    if (buf_reserve(b, n) < 0) return -1;
+    if (n > 0) memcpy(b->data + b->len, s, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+static inline int buf_byte(Buf *b, char c) {
+    if (buf_reserve(b, 1) < 0) return -1;
+    b->data[b->len++] = c;
+    return 0;
+}
+
+/* v in decimal. */
+int hw_buf_int(Buf *b, long long v);
+
+static inline void buf_free(Buf *b) {
+    PyMem_RawFree(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
 
 /* CRC-32C (Castagnoli), chained like zlib.crc32; SSE4.2 when the CPU has it. */
 uint32_t hw_crc32c(uint32_t crc, const void *data, size_t n);

@@ -112,11 +112,9 @@ _NATIVE_KINDS = {LogicalKind.DATE: "d", LogicalKind.TIMESTAMP_US: "T", LogicalKi
 
 def native_kind(logical: LogicalType) -> str | None:
     """The native path's code for a column of ``logical`` type, or None when only its converter writes it."""
-    if logical.kind is LogicalKind.ARRAY:
-        return None
     if logical.kind in _NATIVE_KINDS:
         return _NATIVE_KINDS[logical.kind]
-    return "i" if logical.kind not in _CONVERTERS else None
+    return "i" if converter(logical) is same else None
 
 
 def same(value: Any) -> Any:

@@ -259,9 +259,10 @@ class PostgresSink:
     def _flush(self, conn: Any, batch: ParsedBatch, pending: Mapping[str, Mapping[bytes, tuple[str, int]]]) -> None:
         for topic, latest in pending.items():
             upserts = [index for op, index in latest.values() if op == "u"]
-            rows: Sequence[dict[str, Any]] | bytes | None = self._copy_text(conn, batch, topic, upserts)
-            if rows is not None:
-                table = self._tables.get(conn, topic, ())
+            native = self._copy_text(conn, batch, topic, upserts)
+            rows: Sequence[dict[str, Any]] | bytes
+            if native is not None:
+                table, rows = native
             else:
                 rows = [batch.event(index)["after"] for index in upserts]  # holding its position (_parsed_event)
                 columns = set().union(*rows)  # every row's column names
@@ -272,15 +273,17 @@ class PostgresSink:
             if upserts:
                 self._upsert(conn, table, rows)
 
-    def _copy_text(self, conn: Any, batch: ParsedBatch, topic: str, upserts: Sequence[int]) -> bytes | None:
-        """The upserts' rows as ``COPY`` text from the extension, or None for the Python path (its twin)."""
+    def _copy_text(
+        self, conn: Any, batch: ParsedBatch, topic: str, upserts: Sequence[int]
+    ) -> tuple[ReplicaTable, bytes] | None:
+        """The topic's table and the upserts' rows as ``COPY`` text from the extension, or None for the Python path (its twin)."""
         if not upserts or not batch.native or speedups is None or conn.info.encoding != "utf-8":
             return None
-        native = self._tables.get(conn, topic, ()).native
-        if native is None:
+        table = self._tables.get(conn, topic, ())
+        if table.native is None:
             return None
-        text: bytes | None = speedups.copy_text([batch[index].value for index in upserts], *native)
-        return text
+        text: bytes | None = speedups.copy_text([batch[index].value for index in upserts], *table.native)
+        return None if text is None else (table, text)
 
     def _stage(
         self, conn: Any, table: ReplicaTable, columns: Sequence[str], rows: Sequence[dict[str, Any]] | bytes
