@@ -276,7 +276,7 @@ class PostgresSink:
     def _copy_text(
         self, conn: Any, batch: ParsedBatch, topic: str, upserts: Sequence[int]
     ) -> tuple[ReplicaTable, bytes] | None:
-        """The topic's table and the upserts' rows as ``COPY`` text from the extension, or None for the Python path (its twin)."""
+        """The topic's table and its upserts as ``COPY`` text from the extension, or None for the Python twin."""
         if not upserts or not batch.native or speedups is None or conn.info.encoding != "utf-8":
             return None
         table = self._tables.get(conn, topic, ())
