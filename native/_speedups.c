@@ -26,23 +26,20 @@ static PyTypeObject *wal_message_type; /* WalMessage: tuple subclass (wal_start,
 /* ------------------------------------------------------------------------------------ */
 /* The growable byte buffer of speedups.h.                                               */
 
-/* Set while a thread runs without the GIL (RowEncoder.copy_batches): a failed allocation then
- * only returns -1 and the caller raises MemoryError once it holds the GIL again. Buffers use the
- * raw allocator, which needs no GIL. */
-static _Thread_local int without_gil;
+_Thread_local int hw_without_gil; /* see speedups.h; RowEncoder.copy_batches, sink_rows.c */
 
 int hw_buf_grow(Buf *b, Py_ssize_t extra) {
     Py_ssize_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + extra) {
         if (cap > PY_SSIZE_T_MAX / 2) {
-            if (!without_gil) PyErr_NoMemory();
+            if (!hw_without_gil) PyErr_NoMemory();
             return -1;
         }
         cap *= 2;
     }
     char *p = PyMem_RawRealloc(b->data, (size_t)cap);
     if (p == NULL) {
-        if (!without_gil) PyErr_NoMemory();
+        if (!hw_without_gil) PyErr_NoMemory();
         return -1;
     }
     b->data = p;
@@ -1269,11 +1266,11 @@ static int encode_row(RowEncoder *self);
 /* convert_python, taking the GIL back for the call when copy_batches runs without it. */
 static int convert_python_gil(RowEncoder *self, Py_ssize_t col, PyObject *value) {
     if (self->released == NULL) return convert_python(self, col, value);
-    without_gil = 0;
+    hw_without_gil = 0;
     PyEval_RestoreThread(self->released);
     int rc = convert_python(self, col, value);
     self->released = PyEval_SaveThread();
-    without_gil = 1;
+    hw_without_gil = 1;
     return rc;
 }
 
@@ -1773,7 +1770,7 @@ static PyObject *RowEncoder_copy_batches(RowEncoder *self, PyObject *const *args
     Py_ssize_t hn = PyBytes_GET_SIZE(head), pn = PyBytes_GET_SIZE(pre), tn = PyBytes_GET_SIZE(tail);
     int rc = 1;
     self->busy = 1;
-    without_gil = 1;
+    hw_without_gil = 1;
     self->released = PyEval_SaveThread();
 again:
     for (Py_ssize_t p = 0; p < nparts; p++) {
@@ -1867,7 +1864,7 @@ again:
     }
     PyEval_RestoreThread(self->released);
     self->released = NULL;
-    without_gil = 0;
+    hw_without_gil = 0;
     self->busy = 0;
     if (rc < 0) {
         if (!PyErr_Occurred()) PyErr_NoMemory();

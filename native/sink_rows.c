@@ -17,6 +17,37 @@
 #define MAX_DEPTH 64
 #define MAX_COLUMNS 1600 /* PostgreSQL's own limit */
 
+/* The text of a bytes object, read without the GIL (the caller holds a reference to it). */
+typedef struct {
+    const unsigned char *s;
+    Py_ssize_t n;
+} Text;
+
+/* The texts of a tuple's items, or NULL (an error set); *all_bytes = 0 when one is not bytes
+ * (its text is then empty). A tuple, not the caller's list: it keeps its items alive while
+ * another thread could change the list. */
+static Text *texts_of(PyObject *tuple, int *all_bytes) {
+    Py_ssize_t count = PyTuple_GET_SIZE(tuple);
+    Text *texts = PyMem_Malloc(sizeof(Text) * (size_t)(count ? count : 1));
+    if (texts == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    *all_bytes = 1;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *item = PyTuple_GET_ITEM(tuple, k);
+        if (PyBytes_Check(item)) {
+            texts[k].s = (const unsigned char *)PyBytes_AS_STRING(item);
+            texts[k].n = PyBytes_GET_SIZE(item);
+        } else {
+            texts[k].s = NULL;
+            texts[k].n = 0;
+            *all_bytes = 0;
+        }
+    }
+    return texts;
+}
+
 /* -- a JSON reader over one event: positions only, nothing allocated ------------------------ */
 
 typedef struct {
@@ -250,21 +281,30 @@ static char event_op(const unsigned char *s, Py_ssize_t n) {
     return op;
 }
 
-/* event_ops(values) -> bytes: each event's op character (see event_op). */
+/* event_ops(values) -> bytes: each event's op character (see event_op). The scan runs without
+ * the GIL: the sink delivers the last batch in another thread meanwhile. */
 static PyObject *py_event_ops(PyObject *self, PyObject *values) {
     if (!PyList_Check(values)) {
         PyErr_SetString(PyExc_TypeError, "event_ops takes a list of bytes");
         return NULL;
     }
-    Py_ssize_t count = PyList_GET_SIZE(values);
-    PyObject *ops = PyBytes_FromStringAndSize(NULL, count);
-    if (ops == NULL) return NULL;
-    char *out = PyBytes_AS_STRING(ops);
-    for (Py_ssize_t k = 0; k < count; k++) {
-        PyObject *value = PyList_GET_ITEM(values, k);
-        out[k] = PyBytes_Check(value) ? event_op((const unsigned char *)PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
-                                      : '?';
+    PyObject *held = PyList_AsTuple(values);
+    if (held == NULL) return NULL;
+    Py_ssize_t count = PyTuple_GET_SIZE(held);
+    int all_bytes;
+    Text *texts = texts_of(held, &all_bytes);
+    PyObject *ops = texts == NULL ? NULL : PyBytes_FromStringAndSize(NULL, count);
+    if (ops == NULL) {
+        PyMem_Free(texts);
+        Py_DECREF(held);
+        return NULL;
     }
+    char *out = PyBytes_AS_STRING(ops);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < count; k++) out[k] = texts[k].s != NULL ? event_op(texts[k].s, texts[k].n) : '?';
+    Py_END_ALLOW_THREADS
+    PyMem_Free(texts);
+    Py_DECREF(held);
     return ops;
 }
 
@@ -456,7 +496,7 @@ static int source_position(const unsigned char *s, Py_ssize_t n, long long *lsn,
 
 /* One event's row as a COPY line; 0 written, 1 the twin's, -1 memory. `spans` has room for
  * 2 x count entries. */
-static int copy_row(Buf *o, const unsigned char *s, Py_ssize_t n, PyObject **names, const char *kinds,
+static int copy_row(Buf *o, const unsigned char *s, Py_ssize_t n, const Text *names, const char *kinds,
                     Py_ssize_t count, Py_ssize_t *spans) {
     Json j = {s, 0, n};
     ws(&j);
@@ -487,9 +527,7 @@ static int copy_row(Buf *o, const unsigned char *s, Py_ssize_t n, PyObject **nam
         if (r == 0) break;
         Py_ssize_t c = 0;
         for (; c < count; c++) {
-            PyObject *name = names[c];
-            if (PyBytes_GET_SIZE(name) == m.key_len && memcmp(PyBytes_AS_STRING(name), s + m.key, (size_t)m.key_len) == 0)
-                break;
+            if (names[c].n == m.key_len && memcmp(names[c].s, s + m.key, (size_t)m.key_len) == 0) break;
         }
         /* a column the table lacks (the twin evolves it), a position column, or a key twice */
         if (c == count || kinds[c] == 'L' || kinds[c] == 'X' || spans[2 * c] >= 0) return 1;
@@ -524,31 +562,40 @@ static PyObject *py_copy_text(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "copy_text: names and kinds differ in length (or no columns)");
         return NULL;
     }
-    for (Py_ssize_t c = 0; c < count; c++) {
-        if (!PyBytes_Check(PyList_GET_ITEM(names, c))) {
-            PyErr_SetString(PyExc_TypeError, "copy_text: names must be bytes");
-            return NULL;
-        }
+    PyObject *held_names = PyList_AsTuple(names), *held_values = PyList_AsTuple(values);
+    int names_bytes = 0, all_bytes = 0;
+    Text *columns = held_names == NULL ? NULL : texts_of(held_names, &names_bytes);
+    Text *rows = held_values == NULL || columns == NULL ? NULL : texts_of(held_values, &all_bytes);
+    Py_ssize_t *spans = rows == NULL ? NULL : PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)count);
+    if (spans == NULL || !names_bytes) {
+        if (rows != NULL && spans == NULL) PyErr_NoMemory();
+        else if (spans != NULL) PyErr_SetString(PyExc_TypeError, "copy_text: names must be bytes");
+        PyMem_Free(columns);
+        PyMem_Free(rows);
+        PyMem_Free(spans);
+        Py_XDECREF(held_names);
+        Py_XDECREF(held_values);
+        return NULL;
     }
-    Py_ssize_t *spans = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)count);
-    if (spans == NULL) return PyErr_NoMemory();
     Buf o = {NULL, 0, 0};
     PyObject *result = NULL;
-    int r = 0;
-    Py_ssize_t rows = PyList_GET_SIZE(values);
-    for (Py_ssize_t k = 0; k < rows && r == 0; k++) {
-        PyObject *value = PyList_GET_ITEM(values, k);
-        if (!PyBytes_Check(value)) {
-            r = 1;
-            break;
-        }
-        r = copy_row(&o, (const unsigned char *)PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value),
-                     &PyList_GET_ITEM(names, 0), kinds, count, spans);
-    }
+    int r = all_bytes ? 0 : 1;
+    Py_ssize_t count_rows = PyTuple_GET_SIZE(held_values);
+    /* without the GIL: the sink reads and prepares the next batch in another thread meanwhile */
+    Py_BEGIN_ALLOW_THREADS
+    hw_without_gil = 1;
+    for (Py_ssize_t k = 0; k < count_rows && r == 0; k++) r = copy_row(&o, rows[k].s, rows[k].n, columns, kinds, count, spans);
+    hw_without_gil = 0;
+    Py_END_ALLOW_THREADS
     if (r == 0) result = PyBytes_FromStringAndSize(o.data ? o.data : "", o.len);
     else if (r > 0) result = Py_NewRef(Py_None);
+    else PyErr_NoMemory();
+    PyMem_Free(columns);
+    PyMem_Free(rows);
     PyMem_Free(spans);
     buf_free(&o);
+    Py_DECREF(held_names);
+    Py_DECREF(held_values);
     return result;
 }
 

@@ -11,9 +11,12 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Set while a thread runs without the GIL: a failed allocation then only returns -1 and the
+ * caller raises MemoryError once it holds the GIL again. */
+extern _Thread_local int hw_without_gil;
+
 /* A growable byte buffer (raw allocator: usable without the GIL). hw_buf_grow sets MemoryError
- * unless the thread runs without the GIL (RowEncoder.copy_batches), where the caller raises it
- * once it holds the GIL again. Every function returns 0, or -1 when memory ran out. */
+ * unless hw_without_gil is set. Every function returns 0, or -1 when memory ran out. */
 typedef struct {
     char *data;
     Py_ssize_t len;
