@@ -13,7 +13,6 @@ from __future__ import annotations
 import posixpath
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import orjson
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
@@ -94,10 +93,9 @@ def _apply_entries(log_dir: Path, start: int, version: int, adds: dict[str, dict
                     adds[action["add"]["path"]] = action["add"]
 
 
-def relative_path(table_dir: Path, uri: str) -> str:
-    """A file URI or absolute path from delta-rs as the log names it (relative to the table)."""
-    local = unquote(uri.removeprefix("file://"))
-    return posixpath.relpath(local, str(table_dir))
+def relative_path(table_dir: Path, path: str) -> str:
+    """A file's absolute path (decoded: :func:`~warehouse_loader.delta.scan.live_files`) relative to the table."""
+    return posixpath.relpath(path, str(table_dir))
 
 
 def forget(table_dir: Path) -> None:

@@ -43,7 +43,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from deltalake import DeltaTable, TableFeatures
 
 from warehouse_loader.delta import add_actions, deletion_vectors, log_entry
-from warehouse_loader.delta.scan import deleted_rows
+from warehouse_loader.delta.scan import deleted_rows, live_files
 from warehouse_loader.duckdb_connection import duckdb_connection
 from warehouse_loader.location import TableLocation
 from warehouse_loader.sql_text import key_match, quote, sql_list
@@ -162,7 +162,7 @@ def merge(
     started = time.monotonic()
     table_dir = location.path
     schema = pa.schema(target.schema().to_arrow())
-    files = target.file_uris()
+    files = live_files(target)
     on = key_match(keys, "t", "s") + (f" AND {also_on}" if also_on else "")
     key_cols = ", ".join(quote(k) for k in keys)
     con = duckdb_connection([location])

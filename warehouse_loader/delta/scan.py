@@ -60,7 +60,7 @@ def register_delta(con: duckdb.DuckDBPyConnection, name: str, table: DeltaTable)
 
     A column the table has and no file holds (added in metadata, no row written since) is NULL.
     """
-    files = table.file_uris()
+    files = live_files(table)
     schema = pa.schema(table.schema().to_arrow())
     if not files:
         con.register(name, schema.empty_table())
@@ -113,7 +113,7 @@ def _live_rows(con: duckdb.DuckDBPyConnection, name: str, table: DeltaTable, fil
 
 
 def keep_masks(table: DeltaTable) -> dict[str, KeepMask]:
-    """Each file's keep-mask up to its last removed row, with the positions it removes, by its ``file_uris`` name.
+    """Each file's keep-mask up to its last removed row, with the positions it removes, by its :func:`live_files` name.
 
     delta-rs reads the deletion vectors (``deletion_vectors()``: a mask per file, which may
     stop before the file's end, as the Delta protocol's readers take it: a row past it stays).
@@ -125,7 +125,6 @@ def keep_masks(table: DeltaTable) -> dict[str, KeepMask]:
     vectors = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all().combine_chunks()
     if not vectors.num_rows:
         return {}
-    uris = {_plain(uri): uri for uri in table.file_uris()}
     paths = vectors.column("filepath").chunk(0)
     selections = vectors.column("selection_vector").chunk(0)
     masks: dict[str, KeepMask] = {}
@@ -134,7 +133,7 @@ def keep_masks(table: DeltaTable) -> dict[str, KeepMask]:
         removed = np.flatnonzero(~keep.to_numpy(zero_copy_only=False))
         if len(removed):
             path = str(paths[at])
-            masks[uris.get(_plain(path), path)] = KeepMask(keep.slice(0, int(removed[-1]) + 1), removed)
+            masks[_plain(path)] = KeepMask(keep.slice(0, int(removed[-1]) + 1), removed)
     return masks
 
 
@@ -143,14 +142,24 @@ def _removed_positions(masks: dict[str, KeepMask]) -> pa.Table:
     positions = [mask.removed for mask in masks.values()]
     return pa.table(
         {
-            _FILE: pa.array(np.repeat([_plain(path) for path in masks], [len(p) for p in positions])),
+            _FILE: pa.array(np.repeat(list(masks), [len(p) for p in positions])),
             "pos": pa.array(np.concatenate(positions), pa.int64()),
         }
     )
 
 
+def live_files(table: DeltaTable) -> list[str]:
+    """The table's live files as DuckDB reads them (and names them in ``filename``): see :func:`_plain`."""
+    return [_plain(uri) for uri in table.file_uris()]
+
+
 def _plain(uri: str) -> str:
-    """A file's URI as both of delta-rs's lists compare: decoded, local files without ``file://``."""
+    """A file's URI from delta-rs, decoded once, local files without ``file://``.
+
+    delta-rs percent-encodes its URIs (``/data/my%20home/t/part-0.parquet``); DuckDB takes a
+    name as the file's path, so an encoded one is not found. Both of delta-rs's lists (files
+    and deletion vectors) compare equal this way.
+    """
     decoded = unquote(uri)
     return decoded.removeprefix("file://")
 

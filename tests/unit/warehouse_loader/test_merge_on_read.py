@@ -78,7 +78,8 @@ def test_merge_on_read_leaves_the_rows_copy_on_write_leaves(
 ) -> None:
     monkeypatch.setattr(merge_on_read, "MIN_TABLE_BYTES", 0)  # switch at the first batch after creation
     monkeypatch.setattr(log_entry, "CHECKPOINT_INTERVAL", 7)
-    cow, mor = tmp_path / "cow", tmp_path / "mor"
+    # A space and a percent sign in the path: delta-rs percent-encodes its file URIs, DuckDB reads paths.
+    cow, mor = tmp_path / "cow", tmp_path / "merge on read 5%"
     used_vectors = False
     for batch_id, batch in enumerate(random_batches(seed, 30)):
         write_batch(cow, batch, table="u", batch_id=batch_id, keys=KEYS, config=config)
