@@ -171,3 +171,21 @@ def test_the_view_leaves_removed_rows_out_under_filters_either_way(
         theirs = pa.table(reader.execute(f"SELECT * FROM t WHERE {condition}").read_all()).to_pylist()
         mine = select_rows(as_location(tmp_path), table, f"SELECT * FROM target WHERE {condition}").to_pylist()
         assert sorted(mine, key=repr) == sorted(theirs, key=repr), condition
+
+
+def test_keep_masks_from_our_vector_files_equal_delta_rs_reading_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Our ``_hw_dv/`` files read by our decoder give the masks delta-rs's ``deletion_vectors()`` gives."""
+    monkeypatch.setattr(merge_on_read, "MIN_TABLE_BYTES", 0)
+    for batch_id, batch in enumerate(random_batches(5, 8)):
+        write_batch(tmp_path, batch, table="u", batch_id=batch_id, keys=KEYS, config=SCD1, merge_on_read=True)
+    table = DeltaTable(str(tmp_path))
+    ours_masks = scan._our_keep_masks(table)
+    assert ours_masks, "no file has removed rows: the case tests nothing"
+    monkeypatch.setattr(scan, "_our_keep_masks", lambda _table: None)  # delta-rs reads them
+    theirs = scan.keep_masks(table)
+    assert ours_masks.keys() == theirs.keys()
+    for name, mask in ours_masks.items():
+        assert mask.keep.equals(theirs[name].keep), name
+        assert mask.removed.tolist() == theirs[name].removed.tolist(), name
