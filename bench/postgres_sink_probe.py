@@ -44,7 +44,7 @@ def _timed_wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return _wait(self, gen, *args, **kwargs)
     finally:
-        name = getattr(gen, "__qualname__", "?").split(".")[-1]
+        name = getattr(gen, "__qualname__", "?").removeprefix("Base")
         WAITS[name] += 1
         WAITED[name] += time.perf_counter() - started
 
