@@ -66,6 +66,14 @@ def random_batches(seed: int, count: int) -> list[pa.Table]:
     return out
 
 
+def merge_on_read_table(path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, count: int) -> DeltaTable:
+    """``count`` random batches of ``seed`` written merge-on-read from the first (a table with deletion vectors)."""
+    monkeypatch.setattr(merge_on_read, "MIN_TABLE_BYTES", 0)
+    for batch_id, batch in enumerate(random_batches(seed, count)):
+        write_batch(path, batch, table="u", batch_id=batch_id, keys=KEYS, config=SCD1, merge_on_read=True)
+    return DeltaTable(str(path))
+
+
 @pytest.mark.parametrize(
     ("config", "seed"),
     # Both seeds' streams on SCD1 (the default mode), one each on the other modes (each seed's
@@ -99,12 +107,9 @@ def test_merge_on_read_leaves_the_rows_copy_on_write_leaves(
 
 
 def test_a_replayed_batch_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(merge_on_read, "MIN_TABLE_BYTES", 0)
-    batches = random_batches(9, 4)
-    for batch_id, batch in enumerate(batches):
-        write_batch(tmp_path, batch, table="u", batch_id=batch_id, keys=KEYS, config=SCD1, merge_on_read=True)
-    version = DeltaTable(str(tmp_path)).version()
-    result = write_batch(tmp_path, batches[3], table="u", batch_id=3, keys=KEYS, config=SCD1, merge_on_read=True)
+    version = merge_on_read_table(tmp_path, monkeypatch, 9, 4).version()
+    last = random_batches(9, 4)[3]
+    result = write_batch(tmp_path, last, table="u", batch_id=3, keys=KEYS, config=SCD1, merge_on_read=True)
     assert result.skipped and DeltaTable(str(tmp_path)).version() == version
 
 
@@ -132,10 +137,7 @@ def test_a_rename_rewrites_a_table_with_deletion_vectors_without_the_rows_they_r
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The rewrite of a schema change reads through the vectors (delta-rs's dataset refuses such a table)."""
-    monkeypatch.setattr(merge_on_read, "MIN_TABLE_BYTES", 0)
-    for batch_id, batch in enumerate(random_batches(5, 8)):
-        write_batch(tmp_path, batch, table="u", batch_id=batch_id, keys=KEYS, config=SCD1, merge_on_read=True)
-    assert merge_on_read.has_deletion_vectors(DeltaTable(str(tmp_path)))
+    assert merge_on_read.has_deletion_vectors(merge_on_read_table(tmp_path, monkeypatch, 5, 8))
     before = foreign(tmp_path)
     assert evolve(tmp_path, TableChanges(renames=(("name", "full_name"),)), keys=KEYS)
     renamed = [{("full_name" if k == "name" else k): v for k, v in row.items()} for row in before]
@@ -153,11 +155,8 @@ def test_the_view_leaves_removed_rows_out_under_filters_either_way(
     there would shift every later row against the mask): each key alone, a non-key condition
     and a range, all compared with delta-rs's own query engine.
     """
-    monkeypatch.setattr(merge_on_read, "MIN_TABLE_BYTES", 0)
     monkeypatch.setattr(scan, "POSITIONAL_FILES", 32 if positional else 0)
-    for batch_id, batch in enumerate(random_batches(3, 6)):
-        write_batch(tmp_path, batch, table="u", batch_id=batch_id, keys=KEYS, config=SCD1, merge_on_read=True)
-    table = DeltaTable(str(tmp_path))
+    table = merge_on_read_table(tmp_path, monkeypatch, 3, 6)
     assert len(scan.keep_masks(table)) > 1, "no file has removed rows: the case tests nothing"
     con = duckdb_connection()
     scan.register_delta(con, "target", table)
@@ -177,10 +176,7 @@ def test_keep_masks_from_our_vector_files_equal_delta_rs_reading_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Our ``_hw_dv/`` files read by our decoder give the masks delta-rs's ``deletion_vectors()`` gives."""
-    monkeypatch.setattr(merge_on_read, "MIN_TABLE_BYTES", 0)
-    for batch_id, batch in enumerate(random_batches(5, 8)):
-        write_batch(tmp_path, batch, table="u", batch_id=batch_id, keys=KEYS, config=SCD1, merge_on_read=True)
-    table = DeltaTable(str(tmp_path))
+    table = merge_on_read_table(tmp_path, monkeypatch, 5, 8)
     ours_masks = scan._our_keep_masks(table)
     assert ours_masks, "no file has removed rows: the case tests nothing"
     monkeypatch.setattr(scan, "_our_keep_masks", lambda _table: None)  # delta-rs reads them
