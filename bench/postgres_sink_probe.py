@@ -113,15 +113,6 @@ def _measure(label: str, run: Any) -> str:
     )
 
 
-def _sink(home: Path, work: Path, name: str, dsn: str, batch: int) -> Any:
-    spec = {"kind": "postgres", "from": bench.TOPIC, "batch_size": batch, "options": {"dsn": dsn, "schema": name}}
-    config = bench.parse_config(
-        {"project": "bench", "home": str(home), "log": {"partitions": 3}, "sinks": {name: spec}},
-        work / "headwater.yaml",
-    )
-    return bench.SinkRunner(config, name)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=100_000)
@@ -148,8 +139,9 @@ def main() -> None:
         dsn = pg.dsn("postgres")
         for round_ in range(args.rounds):
             ref = _measure("reference", lambda: bench.ref_postgres(dsn, records, args.batch, f"ref_{round_}"))  # noqa: B023
-            runner = _sink(home, work, f"s_{round_}", dsn, args.batch)  # a group of its own: reads every record
-            sink = _measure("sink", lambda: runner.run(follow=False))  # noqa: B023
+            options = {"dsn": dsn, "schema": f"s_{round_}"}
+            # a group of its own each round: it reads every record
+            sink = _measure("sink", lambda: bench.run_sink(home, "postgres", options, args.batch, f"s_{round_}"))  # noqa: B023
             mode = ", inline" if args.inline else ""
             print(f"round {round_ + 1} (load {os.getloadavg()[0]:.1f}{mode})\n  {ref}\n  {sink}", flush=True)
     finally:

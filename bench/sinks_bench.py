@@ -229,18 +229,20 @@ def start_receiver() -> tuple[Any, str]:
     return process, f"http://127.0.0.1:{port}/hook"
 
 
-def run_sink(home: Path, kind: str, options: dict[str, Any], size: int) -> tuple[float, int]:
+def run_sink(home: Path, kind: str, options: dict[str, Any], size: int, name: str = "") -> tuple[float, int]:
+    """Run a sink of ``kind`` (named ``name``, default ``s_<kind>``: its group) over the topic to its end."""
+    name = name or f"s_{kind}"
     config = parse_config(
         {
             "project": "bench",
             "home": str(home),
             "log": {"partitions": 3},
-            "sinks": {f"s_{kind}": {"kind": kind, "from": TOPIC, "batch_size": size, "options": options}},
+            "sinks": {name: {"kind": kind, "from": TOPIC, "batch_size": size, "options": options}},
         },
         home.parent / "headwater.yaml",
     )
     started = time.perf_counter()
-    stats = SinkRunner(config, f"s_{kind}").run(follow=False)
+    stats = SinkRunner(config, name).run(follow=False)
     return time.perf_counter() - started, stats.delivered
 
 

@@ -562,40 +562,40 @@ static PyObject *py_copy_text(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "copy_text: names and kinds differ in length (or no columns)");
         return NULL;
     }
-    PyObject *held_names = PyList_AsTuple(names), *held_values = PyList_AsTuple(values);
-    int names_bytes = 0, all_bytes = 0;
-    Text *columns = held_names == NULL ? NULL : texts_of(held_names, &names_bytes);
-    Text *rows = held_values == NULL || columns == NULL ? NULL : texts_of(held_values, &all_bytes);
-    Py_ssize_t *spans = rows == NULL ? NULL : PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)count);
-    if (spans == NULL || !names_bytes) {
-        if (rows != NULL && spans == NULL) PyErr_NoMemory();
-        else if (spans != NULL) PyErr_SetString(PyExc_TypeError, "copy_text: names must be bytes");
-        PyMem_Free(columns);
-        PyMem_Free(rows);
-        PyMem_Free(spans);
-        Py_XDECREF(held_names);
-        Py_XDECREF(held_values);
-        return NULL;
-    }
+    PyObject *held_names = PyList_AsTuple(names), *held_values = held_names ? PyList_AsTuple(values) : NULL;
+    Text *columns = NULL, *rows = NULL;
+    Py_ssize_t *spans = NULL;
     Buf o = {NULL, 0, 0};
     PyObject *result = NULL;
-    int r = all_bytes ? 0 : 1;
-    Py_ssize_t count_rows = PyTuple_GET_SIZE(held_values);
+    int names_bytes, all_bytes, r;
+    if (held_values == NULL || (columns = texts_of(held_names, &names_bytes)) == NULL ||
+        (rows = texts_of(held_values, &all_bytes)) == NULL)
+        goto done;
+    if (!names_bytes) {
+        PyErr_SetString(PyExc_TypeError, "copy_text: names must be bytes");
+        goto done;
+    }
+    if ((spans = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)count)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    r = all_bytes ? 0 : 1;
     /* without the GIL: the sink reads and prepares the next batch in another thread meanwhile */
     Py_BEGIN_ALLOW_THREADS
     hw_without_gil = 1;
-    for (Py_ssize_t k = 0; k < count_rows && r == 0; k++) r = copy_row(&o, rows[k].s, rows[k].n, columns, kinds, count, spans);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(held_values) && r == 0; k++) r = copy_row(&o, rows[k].s, rows[k].n, columns, kinds, count, spans);
     hw_without_gil = 0;
     Py_END_ALLOW_THREADS
     if (r == 0) result = PyBytes_FromStringAndSize(o.data ? o.data : "", o.len);
     else if (r > 0) result = Py_NewRef(Py_None);
     else PyErr_NoMemory();
+done:
     PyMem_Free(columns);
     PyMem_Free(rows);
     PyMem_Free(spans);
     buf_free(&o);
-    Py_DECREF(held_names);
-    Py_DECREF(held_values);
+    Py_XDECREF(held_names);
+    Py_XDECREF(held_values);
     return result;
 }
 
