@@ -9,7 +9,7 @@ writes the rows, so a former owner's late batch rolls back whole.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from psycopg import sql
@@ -26,6 +26,8 @@ class PostgresOffsets:
 
     def __init__(self, schema: str) -> None:
         self._table = sql.Identifier(schema, TABLE)
+        #: The checkpoints' update by number of partitions.
+        self._updates: dict[int, bytes] = {}
 
     def create(self, conn: Any) -> None:
         """Create the table if it is missing (in the caller's transaction)."""
@@ -67,30 +69,48 @@ class PostgresOffsets:
 
     def save(self, conn: Any, group: str, checkpoints: Mapping[TopicPartition, Checkpoint]) -> None:
         """Store ``checkpoints`` in the open transaction (one statement); :class:`FencedMemberError` where not owned."""
+        self.send(conn, group, checkpoints)()
+
+    def send(self, conn: Any, group: str, checkpoints: Mapping[TopicPartition, Checkpoint]) -> Callable[[], None]:
+        """Send the update of ``checkpoints``; the check it returns raises :class:`FencedMemberError` where not owned.
+
+        In a pipeline, call the check after the pipeline's sync (its rows have arrived by then: no
+        round trip of its own); elsewhere at once (:meth:`save`). Either way inside the transaction.
+        """
         if not checkpoints:
-            return
+            return _nothing
         ordered = sorted(checkpoints.items())
-        rows = sql.SQL(", ").join(sql.SQL("(%s, %s::integer, %s::bigint, %s)") for _ in ordered)
-        params: list[Any] = []
-        for tp, checkpoint in ordered:
-            params += [tp.topic, tp.partition, checkpoint.offset, checkpoint.owner]
-        updated = {
-            (topic, partition)
-            for topic, partition in conn.execute(
+        statement = self._updates.get(len(ordered))
+        if statement is None:  # one text per number of partitions, built once
+            rows = sql.SQL(", ").join(sql.SQL("(%s, %s::integer, %s::bigint, %s)") for _ in ordered)
+            statement = self._updates[len(ordered)] = (
                 sql.SQL(
                     "UPDATE {} o SET next_offset = c.next_offset "
                     "FROM (VALUES {}) AS c(topic, partition, next_offset, owner) "
                     "WHERE o.group_id = %s AND o.topic = c.topic AND o.partition = c.partition AND o.owner = c.owner "
                     "RETURNING o.topic, o.partition"
-                ).format(self._table, rows),
-                [*params, group],
-            ).fetchall()
-        }
-        for tp, checkpoint in ordered:
-            if (tp.topic, tp.partition) not in updated:
-                raise FencedMemberError(
-                    group, checkpoint.owner, tp.topic, tp.partition, "another member claimed it in the target database"
                 )
+                .format(self._table, rows)
+                .as_bytes(conn)
+            )
+        params: list[Any] = []
+        for tp, checkpoint in ordered:
+            params += [tp.topic, tp.partition, checkpoint.offset, checkpoint.owner]
+        cursor = conn.execute(statement, [*params, group])
+
+        def check() -> None:
+            updated = {(topic, partition) for topic, partition in cursor.fetchall()}
+            for tp, checkpoint in ordered:
+                if (tp.topic, tp.partition) not in updated:
+                    raise FencedMemberError(
+                        group,
+                        checkpoint.owner,
+                        tp.topic,
+                        tp.partition,
+                        "another member claimed it in the target database",
+                    )
+
+        return check
 
     def rewind(self, conn: Any, group: str, offsets: Mapping[TopicPartition, int]) -> None:
         """Store ``offsets`` with no owner (a running member's next save is refused), in one transaction."""
@@ -104,3 +124,7 @@ class PostgresOffsets:
                     ).format(self._table),
                     (group, tp.topic, tp.partition, offset),
                 )
+
+
+def _nothing() -> None:
+    """No checkpoints: nothing to check."""

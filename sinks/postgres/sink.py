@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
@@ -45,6 +47,11 @@ from sinks.records import Rejection, SinkRecord
 _UPSERT_OPS = frozenset({"c", "u", "r"})
 #: SQLSTATE classes of errors about the data (22: data exception, 23: integrity constraint).
 _DATA_ERRORS = ("22", "23")
+#: A batch whose every op is one of these folds by key in one pass of C (:meth:`PostgresSink._folded`).
+_FOLDABLE = re.compile("[curd]*")
+_TOPIC = operator.itemgetter(0)
+_KEY = operator.itemgetter(4)
+_VALUE = operator.itemgetter(5)
 
 
 class ParsedBatch(list[SinkRecord]):
@@ -90,8 +97,10 @@ class PostgresSink:
         #: batch is being written: on a connection of their own, never inside the batch's transaction.
         self._claims: Any = None
         #: Staging tables by (replica, columns): created once per connection, emptied by each commit.
-        self._stages: dict[tuple[str, tuple[str, ...]], sql.Identifier] = {}
+        self._stages: dict[tuple[str, tuple[str, ...]], str] = {}
         self._stage_count = 0
+        #: Statement texts by (what, stage, ...): built once per staging table (cleared with the stages).
+        self._statements: dict[tuple[Any, ...], bytes] = {}
         #: Statements waiting for the batch's pipeline (``None``: each runs at once, under a savepoint).
         self._deferred: list[tuple[Any, Any]] | None = None
         #: The staging tables written in the open transaction.
@@ -219,6 +228,7 @@ class PostgresSink:
                         except psycopg.Error as exc:
                             # tables (staging, or DDL) made under the savepoint went with it
                             self._stages.clear()
+                            self._statements.clear()
                             self._tables.forget()
                             if not _about_data(exc):
                                 raise
@@ -229,10 +239,15 @@ class PostgresSink:
             self._deferred = None
             self._tables.forget()
             self._stages.clear()  # created in the rolled-back transaction, or on a lost connection
+            self._statements.clear()
             raise
 
     def _apply(self, conn: Any, batch: ParsedBatch, indexes: Iterable[int]) -> None:
         """Fold the records at ``indexes`` by key (last change wins) and write them, a truncate in its place."""
+        folded = self._folded(batch, indexes)
+        if folded is not None:
+            self._write(conn, batch, *folded)
+            return
         pending: dict[str, dict[bytes, tuple[str, int]]] = {}
         topic: str | None = None
         latest: dict[bytes, tuple[str, int]] = {}
@@ -256,22 +271,52 @@ class PostgresSink:
                 latest[record.key or b"null"] = ("d", index)
         self._flush(conn, batch, pending)
 
+    @staticmethod
+    def _folded(batch: ParsedBatch, indexes: Iterable[int]) -> tuple[str, list[int], list[int]] | None:
+        """The usual whole batch folded without a Python loop per record: its topic, upserts and deletes.
+
+        For a batch of one topic whose every record has a key and an op the extension read as a
+        change (``c``, ``u``, ``r``, ``d``: no truncate, no message): each key's last change, in the
+        order the keys first appear, exactly as :meth:`_apply`'s loop folds it. None otherwise.
+        """
+        if not batch.native or not isinstance(indexes, range) or len(indexes) != len(batch) or not batch:
+            return None
+        ops = cast(str, batch.ops)
+        if _FOLDABLE.fullmatch(ops) is None:
+            return None
+        topics = set(map(_TOPIC, batch))
+        keys = list(map(_KEY, batch))
+        if len(topics) != 1 or None in keys or b"" in keys:
+            return None
+        last = dict(zip(keys, range(len(batch)), strict=True))  # a key's last index, in its first one's place
+        if "d" not in ops:
+            return topics.pop(), list(last.values()), []
+        return (
+            topics.pop(),
+            [index for index in last.values() if ops[index] != "d"],
+            [index for index in last.values() if ops[index] == "d"],
+        )
+
     def _flush(self, conn: Any, batch: ParsedBatch, pending: Mapping[str, Mapping[bytes, tuple[str, int]]]) -> None:
         for topic, latest in pending.items():
             upserts = [index for op, index in latest.values() if op == "u"]
-            native = self._copy_text(conn, batch, topic, upserts)
-            rows: Sequence[dict[str, Any]] | bytes
-            if native is not None:
-                table, rows = native
-            else:
-                rows = [batch.event(index)["after"] for index in upserts]  # holding its position (_parsed_event)
-                columns = set().union(*rows)  # every row's column names
-                table = self._tables.get(conn, topic, sorted(columns))
-            deletes = [orjson.loads(batch[index].key or b"{}") for op, index in latest.values() if op == "d"]
-            if deletes:
-                self._delete(conn, table, deletes)
-            if upserts:
-                self._upsert(conn, table, rows)
+            deletes = [index for op, index in latest.values() if op == "d"]
+            self._write(conn, batch, topic, upserts, deletes)
+
+    def _write(self, conn: Any, batch: ParsedBatch, topic: str, upserts: Sequence[int], deletes: Sequence[int]) -> None:
+        """Write one topic's folded changes: the deletes, then the upserts."""
+        native = self._copy_text(conn, batch, topic, upserts)
+        rows: Sequence[dict[str, Any]] | bytes
+        if native is not None:
+            table, rows = native
+        else:
+            rows = [batch.event(index)["after"] for index in upserts]  # holding its position (_parsed_event)
+            columns = set().union(*rows)  # every row's column names
+            table = self._tables.get(conn, topic, sorted(columns))
+        if deletes:
+            self._delete(conn, table, [orjson.loads(batch[index].key or b"{}") for index in deletes])
+        if upserts:
+            self._upsert(conn, table, rows)
 
     def _copy_text(
         self, conn: Any, batch: ParsedBatch, topic: str, upserts: Sequence[int]
@@ -282,41 +327,51 @@ class PostgresSink:
         table = self._tables.get(conn, topic, ())
         if table.native is None:
             return None
-        text: bytes | None = speedups.copy_text([batch[index].value for index in upserts], *table.native)
+        # every record an upsert of its own key: the indexes are the batch's, in order
+        values = list(map(_VALUE, batch)) if len(upserts) == len(batch) else [batch[index].value for index in upserts]
+        text: bytes | None = speedups.copy_text(values, *table.native)
         return None if text is None else (table, text)
 
     def _stage(
         self, conn: Any, table: ReplicaTable, columns: Sequence[str], rows: Sequence[dict[str, Any]] | bytes
-    ) -> Any:
-        """``rows`` (or their ``COPY`` text) copied into a temporary table of ``columns``.
+    ) -> str:
+        """``rows`` (or their ``COPY`` text) copied into a temporary table of ``columns``; its name.
 
         The table is kept for the session and emptied by each commit.
         """
         shape = (table.qualified, tuple(columns))
         stage = self._stages.get(shape)
-        listed = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+
+        def listed() -> sql.Composed:
+            return sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+
         if stage is None:
             self._stage_count += 1  # names never reused: a table of a forgotten shape may still exist
-            stage = self._stages[shape] = sql.Identifier(f"_hw_stage_{self._stage_count}")
+            stage = self._stages[shape] = f"_hw_stage_{self._stage_count}"
             # Only the staged columns, without the replica's constraints (a delete stages keys alone).
             conn.execute(
                 sql.SQL("CREATE TEMP TABLE {} ON COMMIT DELETE ROWS AS SELECT {} FROM {} WITH NO DATA").format(
-                    stage, listed, table.identifier
+                    sql.Identifier(stage), listed(), table.identifier
                 )
             )
         elif shape in self._staged:
             if self._deferred is None:
-                conn.execute(sql.SQL("DELETE FROM {}").format(stage))  # used before in this transaction
+                conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(stage)))  # used before in this transaction
             else:  # its rows are not applied yet (deferred): one more table, for this transaction only
                 self._stage_count += 1
-                stage = sql.Identifier(f"_hw_stage_{self._stage_count}")
+                stage = f"_hw_stage_{self._stage_count}"
                 conn.execute(
                     sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
-                        stage, listed, table.identifier
+                        sql.Identifier(stage), listed(), table.identifier
                     )
                 )
         self._staged.add(shape)
-        with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, listed)) as copy:
+        statement = self._statement(
+            conn,
+            ("copy", stage, *columns),
+            lambda: sql.SQL("COPY {} ({}) FROM STDIN").format(sql.Identifier(stage), listed()),
+        )
+        with conn.cursor().copy(statement) as copy:
             if isinstance(rows, bytes):
                 copy.write(rows)
             else:
@@ -325,35 +380,51 @@ class PostgresSink:
                     write(values)
         return stage
 
+    def _statement(self, conn: Any, key: tuple[Any, ...], build: Any) -> bytes:
+        """The text of ``build()`` for ``key`` (naming its staging table), composed once."""
+        text = self._statements.get(key)
+        if text is None:
+            if len(self._statements) >= 1024:  # tables for one transaction only (ON COMMIT DROP) add up
+                self._statements.clear()
+            text = self._statements[key] = build().as_bytes(conn)
+        return text
+
     def _upsert(self, conn: Any, table: ReplicaTable, rows: Sequence[dict[str, Any]] | bytes) -> None:
         columns = list(table.types)
         stage = self._stage(conn, table, columns, rows)
-        listed = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
-        values = [c for c in columns if c not in table.key]
-        action = (
-            sql.SQL("DO UPDATE SET ")
-            + sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in values)
-            if values
-            else sql.SQL("DO NOTHING")
-        )
-        # An upsert older than the table's last truncate is not applied: the source had removed that row.
-        self._run(
-            conn,
-            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} s WHERE {} ON CONFLICT ({}) {}").format(
+
+        def build() -> sql.Composed:
+            listed = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+            values = [c for c in columns if c not in table.key]
+            action = (
+                sql.SQL("DO UPDATE SET ")
+                + sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in values)
+                if values
+                else sql.SQL("DO NOTHING")
+            )
+            # An upsert older than the table's last truncate is not applied: the source had removed that row.
+            return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} s WHERE {} ON CONFLICT ({}) {}").format(
                 table.identifier,
                 listed,
                 listed,
-                stage,
+                sql.Identifier(stage),
                 self._truncates.newer_than_last(table.qualified),
                 sql.SQL(", ").join(sql.Identifier(k) for k in table.key),
                 action,
-            ),
-        )
+            )
+
+        self._run(conn, self._statement(conn, ("upsert", stage, table.qualified, *columns, "|", *table.key), build))
 
     def _delete(self, conn: Any, table: ReplicaTable, keys: Sequence[dict[str, Any]]) -> None:
         stage = self._stage(conn, table, list(table.key), keys)
-        match = sql.SQL(" AND ").join(sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k)) for k in table.key)
-        self._run(conn, sql.SQL("DELETE FROM {} t USING {} s WHERE {}").format(table.identifier, stage, match))
+
+        def build() -> sql.Composed:
+            match = sql.SQL(" AND ").join(sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k)) for k in table.key)
+            return sql.SQL("DELETE FROM {} t USING {} s WHERE {}").format(
+                table.identifier, sql.Identifier(stage), match
+            )
+
+        self._run(conn, self._statement(conn, ("delete", stage, table.qualified, *table.key), build))
 
     def _run(self, conn: Any, statement: Any, params: Any = None) -> None:
         """Run ``statement`` now, or after the batch's copies when its statements are deferred (a pipeline)."""
@@ -366,6 +437,7 @@ class PostgresSink:
         conn, self._conn = self._conn, None
         claims, self._claims = self._claims, None
         self._stages.clear()
+        self._statements.clear()
         for each in (conn, claims):
             if each is not None:
                 with contextlib.suppress(psycopg.Error):
