@@ -81,41 +81,49 @@ static Py_ssize_t utf8_sequence(const unsigned char *s, Py_ssize_t n) {
     return 0;
 }
 
-/* Past a valid JSON string whose opening quote is at j->i; 0 on success. *escaped: it holds a backslash. */
+/* What a byte is inside a JSON string: 0 plain ASCII (taken as it is), 1 the closing quote, 2 a
+ * backslash, 3 a control character (not allowed), 4 the lead of a UTF-8 sequence (checked). */
+static const unsigned char STRING_BYTE[256] = {
+    [0x00 ... 0x1F] = 3, ['"'] = 1, ['\\'] = 2, [0x80 ... 0xFF] = 4,
+};
+
+/* Past a valid JSON string whose opening quote is at j->i; 0 on success. *escaped: it holds a backslash.
+ * Runs of plain bytes are passed by one table look-up each (most of an event's bytes are these). */
 static int skip_string(Json *j, int *escaped) {
+    const unsigned char *s = j->s;
+    Py_ssize_t i = j->i + 1, n = j->n;
     *escaped = 0;
-    j->i++;
-    while (j->i < j->n) {
-        unsigned char c = j->s[j->i];
-        if (c == '"') {
-            j->i++;
-            return 0;
-        }
-        if (c == '\\') {
-            *escaped = 1;
-            if (j->i + 1 >= j->n) return -1;
-            unsigned char e = j->s[j->i + 1];
-            if (e == 'u') {
-                if (j->i + 5 >= j->n) return -1;
-                for (int d = 2; d <= 5; d++)
-                    if (!hex_digit(j->s[j->i + d])) return -1;
-                j->i += 6;
+    for (;;) {
+        while (i < n && STRING_BYTE[s[i]] == 0) i++;
+        if (i >= n) return -1;
+        switch (STRING_BYTE[s[i]]) {
+            case 1:
+                j->i = i + 1;
+                return 0;
+            case 2: {
+                *escaped = 1;
+                if (i + 1 >= n) return -1;
+                unsigned char e = s[i + 1];
+                if (e == 'u') {
+                    if (i + 5 >= n) return -1;
+                    for (int d = 2; d <= 5; d++)
+                        if (!hex_digit(s[i + d])) return -1;
+                    i += 6;
+                    continue;
+                }
+                if (!strchr("\"\\/bfnrt", e) || e == 0) return -1;
+                i += 2;
                 continue;
             }
-            if (!strchr("\"\\/bfnrt", e) || e == 0) return -1;
-            j->i += 2;
-            continue;
+            case 4: {
+                Py_ssize_t k = utf8_sequence(s + i, n - i);
+                if (k == 0) return -1;
+                i += k;
+                continue;
+            }
+            default: return -1;
         }
-        if (c < 0x20) return -1;
-        if (c >= 0x80) {
-            Py_ssize_t k = utf8_sequence(j->s + j->i, j->n - j->i);
-            if (k == 0) return -1;
-            j->i += k;
-            continue;
-        }
-        j->i++;
     }
-    return -1;
 }
 
 /* Past a JSON number (RFC 8259's grammar) at j->i; 0 on success. */
@@ -183,15 +191,12 @@ static int skip_value(Json *j, int depth) {
     if (c == '"') return skip_string(j, &escaped);
     if (c == '{') return skip_container(j, depth, '}');
     if (c == '[') return skip_container(j, depth, ']');
-    const char *literals[] = {"true", "false", "null"};
-    for (int k = 0; k < 3; k++) {
-        Py_ssize_t len = (Py_ssize_t)strlen(literals[k]);
-        if (j->n - j->i >= len && memcmp(j->s + j->i, literals[k], (size_t)len) == 0) {
-            j->i += len;
-            return 0;
-        }
-    }
-    return skip_number(j);
+    const char *literal = c == 't' ? "true" : c == 'f' ? "false" : c == 'n' ? "null" : NULL;
+    if (literal == NULL) return skip_number(j);
+    Py_ssize_t len = c == 'f' ? 5 : 4;
+    if (j->n - j->i < len || memcmp(j->s + j->i, literal, (size_t)len) != 0) return -1;
+    j->i += len;
+    return 0;
 }
 
 /* One member of an object: its key's span (quotes excluded) and its value's span. */
@@ -326,10 +331,14 @@ static int hex4(const unsigned char *s, unsigned int *code) {
 static int copy_string(Buf *o, const unsigned char *s, Py_ssize_t n) {
     if (buf_reserve(o, n * 2) < 0) return -1; /* no escape writes more than twice its input */
     for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned char c = s[i];
-        if (c != '\\') {
-            /* COPY's own escapes; the JSON text holds no raw control characters */
-            o->data[o->len++] = (char)c;
+        if (s[i] != '\\') {
+            /* up to the next escape as it is: COPY's own escapes are JSON escapes too (the JSON
+             * text holds no raw control characters nor a lone backslash) */
+            const unsigned char *escape = memchr(s + i, '\\', (size_t)(n - i));
+            Py_ssize_t plain = (escape != NULL ? escape - s : n) - i;
+            memcpy(o->data + o->len, s + i, (size_t)plain);
+            o->len += plain;
+            i += plain - 1;
             continue;
         }
         if (++i >= n) return 1;
@@ -521,18 +530,23 @@ static int copy_row(Buf *o, const unsigned char *s, Py_ssize_t n, const Text *na
     if (seen_source && source_position(s + source.value, source.value_len, &lsn, &index) != 0) return 1;
     for (Py_ssize_t c = 0; c < count; c++) spans[2 * c] = -1;
     Json a = {s, after.value + 1, after.value + after.value_len};
+    Py_ssize_t next = 0;
     for (int first = 1;; first = 0) {
         int r = next_member(&a, &m, first);
         if (r < 0) return 1;
         if (r == 0) break;
-        Py_ssize_t c = 0;
-        for (; c < count; c++) {
-            if (names[c].n == m.key_len && memcmp(names[c].s, s + m.key, (size_t)m.key_len) == 0) break;
+        /* the column after the last one found first: events list them in the table's order */
+        Py_ssize_t c = next;
+        if (c >= count || names[c].n != m.key_len || memcmp(names[c].s, s + m.key, (size_t)m.key_len) != 0) {
+            for (c = 0; c < count; c++) {
+                if (names[c].n == m.key_len && memcmp(names[c].s, s + m.key, (size_t)m.key_len) == 0) break;
+            }
         }
         /* a column the table lacks (the twin evolves it), a position column, or a key twice */
         if (c == count || kinds[c] == 'L' || kinds[c] == 'X' || spans[2 * c] >= 0) return 1;
         spans[2 * c] = m.value;
         spans[2 * c + 1] = m.value_len;
+        next = c + 1;
     }
     for (Py_ssize_t c = 0; c < count; c++) {
         if (c && buf_put(o, "\t", 1) < 0) return -1;
