@@ -70,6 +70,7 @@ merges, and its schema checks share the offset format and must be read together.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -208,8 +209,22 @@ def _flag(options: Mapping[str, str], name: str) -> bool:
 
 
 def register_log_source(spark: SparkSession) -> None:
-    """Make ``spark.read/readStream.format("headwater_log")`` available in this session."""
-    spark.dataSource.register(HeadwaterLogDataSource)
+    """Make ``spark.read/readStream.format("headwater_log")`` available in this session (once per session).
+
+    Registering again replaced the source with an equal one (a pickled copy and a warning each
+    time), and failed with ``DATA_SOURCE_ALREADY_EXISTS`` while a query of another session of the
+    same JVM ran (feeds run side by side, one thread and session each): so once, under a lock.
+    """
+    session = str(spark._jsparkSession.sessionUUID())
+    with _REGISTERING:
+        if session not in _REGISTERED:
+            spark.dataSource.register(HeadwaterLogDataSource)
+            _REGISTERED.add(session)
+
+
+_REGISTERING = threading.Lock()
+#: The sessions (by UUID, never reused) this process registered the source in.
+_REGISTERED: set[str] = set()
 
 
 def log_reader(
