@@ -126,7 +126,7 @@ class SinkRunner:
         #: Set inside a poll when finishing a revoked partition's batch found the member fenced.
         self._fenced = False
         self._worker: ThreadPoolExecutor | None = None
-        #: The sink of this run and whether it prepares batches and keeps checkpoints (:meth:`_kind`).
+        #: The sink of this run and whether it prepares batches and keeps checkpoints (:meth:`_capabilities`).
         self._kind_of: tuple[Sink, bool, bool] | None = None
 
     def stop(self) -> None:
@@ -305,39 +305,34 @@ class SinkRunner:
 
         Runs on the reading thread, while the batch before is being delivered.
         """
-        if event_filter is None and self._transform.identity:
+        if event_filter is not None:
+            records = [r for r in records if r.value is not None]
+            if records:
+                records = [r for r, keep in zip(records, event_filter.keep(records), strict=True) if keep]
+        if self._transform.identity:
             # Events go out byte for byte: each record's fields unpacked, no call per record but the
             # tuple's own (a named tuple's __new__ is a Python function: half this loop's time).
             batch = [
                 _tuple_new(SinkRecord, (t, p, o, ts, k, v, v)) for t, p, o, ts, k, v, _ in records if v is not None
             ]
-            return cast(PreparesBatches, sink).prepare(batch) if batch and self._prepares(sink) else batch
-        live = [r for r in records if r.value is not None]
-        if event_filter is not None and live:
-            live = [r for r, keep in zip(live, event_filter.keep(live), strict=True) if keep]
-        if self._transform.identity:  # events go out byte for byte: no call per record
-            batch = [SinkRecord(r.topic, r.partition, r.offset, r.timestamp_ms, r.key, r.value, r.value) for r in live]  # type: ignore[arg-type]
         else:
             payload = self._transform.payload
             batch = [
                 SinkRecord(r.topic, r.partition, r.offset, r.timestamp_ms, r.key, r.value, payload(r.topic, r.value))  # type: ignore[arg-type]
-                for r in live
+                for r in records
+                if r.value is not None
             ]
-        return cast(PreparesBatches, sink).prepare(batch) if batch and self._prepares(sink) else batch
+        return cast(PreparesBatches, sink).prepare(batch) if batch and self._capabilities(sink)[0] else batch
 
-    def _prepares(self, sink: Sink) -> bool:
-        """Whether ``sink`` prepares its batches (a runtime protocol check costs microseconds: once per sink)."""
-        return self._kind(sink)[1]
+    def _capabilities(self, sink: Sink) -> tuple[bool, bool]:
+        """Whether ``sink`` prepares its batches and keeps its checkpoints in its target.
 
-    def _transactional(self, sink: Sink) -> bool:
-        """Whether ``sink`` keeps its checkpoints in its target (checked once per sink)."""
-        return self._kind(sink)[2]
-
-    def _kind(self, sink: Sink) -> tuple[Sink, bool, bool]:
-        kind = self._kind_of
-        if kind is None or kind[0] is not sink:
-            kind = self._kind_of = (sink, isinstance(sink, PreparesBatches), isinstance(sink, StoresCheckpoints))
-        return kind
+        Checked once per sink: a runtime protocol check costs microseconds, twice per batch.
+        """
+        known = self._kind_of
+        if known is None or known[0] is not sink:
+            known = self._kind_of = (sink, isinstance(sink, PreparesBatches), isinstance(sink, StoresCheckpoints))
+        return known[1], known[2]
 
     def _deliver(self, sink: Sink, batch: list[SinkRecord], checkpoints: dict, dead_letters: DeadLetters) -> None:  # type: ignore[type-arg]
         """Deliver one batch, retrying while the target is unavailable (runs on the delivery thread)."""
@@ -360,7 +355,7 @@ class SinkRunner:
         at least once as promised); for the others the target holds the real checkpoint and the
         group's copy is only for lag (``status``, ``/metrics``, ``log groups``).
         """
-        transactional = self._transactional(sink)
+        transactional = self._capabilities(sink)[1]
         self._shown.update(offsets)
         interval = _SHOW_INTERVAL_S if transactional else _COMMIT_INTERVAL_S
         if not self._shown or (not last and time.monotonic() - self._shown_at < interval):
