@@ -36,6 +36,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -248,7 +249,12 @@ def stop_spark(session: SparkSession) -> None:
     stop; the session is then only forgotten, so the error that ended the job is the one reported.
     """
     try:
-        session.stop()
+        with warnings.catch_warnings():
+            # pyspark warns "Unable to cleanly shutdown Spark JVM process" when the JVM is already
+            # gone (a signal to the whole process group stopped it first, as Ctrl-C does): the
+            # stop it was asked for has happened, which is not worth a warning on the terminal.
+            warnings.filterwarnings("ignore", "Unable to cleanly shutdown Spark JVM", RuntimeWarning)
+            session.stop()
     except Exception:
         if _jvm_alive():
             raise
