@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,25 +37,75 @@ def write_data_file(table_dir: Path, rows: pa.Table, *, data_change: bool = True
     name = f"part-00000-{uuid.uuid4()}-c000.hw.zstd.parquet"
     path = table_dir / name
     pq.write_table(rows, path, compression="zstd")
+    stats = _Stats(rows.schema)
+    stats.add(rows)
+    return _added(path, stats, data_change)
+
+
+def write_data_file_batches(
+    table_dir: Path, schema: pa.Schema, batches: Iterable[pa.Table | pa.RecordBatch], *, data_change: bool = True
+) -> dict[str, Any] | None:
+    """:func:`write_data_file` for rows that arrive in batches: one row group per batch, one batch held at a time.
+
+    None (and no file) when the batches hold no row.
+    """
+    name = f"part-00000-{uuid.uuid4()}-c000.hw.zstd.parquet"
+    path = table_dir / name
+    stats = _Stats(schema)
+    try:
+        with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+            for batch in batches:
+                if batch.num_rows:
+                    writer.write(batch)
+                    stats.add(batch)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    if stats.rows == 0:
+        path.unlink()
+        return None
+    return _added(path, stats, data_change)
+
+
+class _Stats:
+    """An add action's statistics, gathered over one or more pieces of a file's rows."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.rows = 0
+        self.nulls: dict[str, int] = {f.name: 0 for f in schema if not pa.types.is_nested(f.type)}
+        self.low: dict[str, Any] = {}
+        self.high: dict[str, Any] = {}
+
+    def add(self, rows: pa.Table | pa.RecordBatch) -> None:
+        self.rows += rows.num_rows
+        for field in self.schema:
+            if pa.types.is_nested(field.type):
+                continue
+            column = rows.column(field.name)
+            self.nulls[field.name] += column.null_count
+            if pa.types.is_integer(field.type) and column.null_count < rows.num_rows:
+                bounds = pc.min_max(column)
+                low, high = bounds["min"].as_py(), bounds["max"].as_py()
+                self.low[field.name] = min(low, self.low.get(field.name, low))
+                self.high[field.name] = max(high, self.high.get(field.name, high))
+
+    def json(self) -> str:
+        stats = {"numRecords": self.rows, "nullCount": self.nulls, "minValues": self.low, "maxValues": self.high}
+        return orjson.dumps(stats).decode()
+
+
+def _added(path: Path, stats: _Stats, data_change: bool) -> dict[str, Any]:
+    """The add action of the data file at ``path`` (fsynced here)."""
     with path.open("rb") as handle:
         os.fsync(handle.fileno())
-    stats: dict[str, Any] = {"numRecords": rows.num_rows, "nullCount": {}, "minValues": {}, "maxValues": {}}
-    for field in rows.schema:
-        column = rows.column(field.name)
-        if pa.types.is_nested(field.type):
-            continue
-        stats["nullCount"][field.name] = column.null_count
-        if pa.types.is_integer(field.type) and column.null_count < rows.num_rows:
-            bounds = pc.min_max(column)
-            stats["minValues"][field.name] = bounds["min"].as_py()
-            stats["maxValues"][field.name] = bounds["max"].as_py()
     return {
-        "path": name,
+        "path": path.name,
         "partitionValues": {},
         "size": path.stat().st_size,
         "modificationTime": int(time.time() * 1000),
         "dataChange": data_change,
-        "stats": orjson.dumps(stats).decode(),
+        "stats": stats.json(),
     }
 
 

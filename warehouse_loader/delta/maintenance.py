@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.fs as pafs  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from deltalake import CommitProperties, DeltaTable
 
 from warehouse_loader.delta import add_actions, log_entry
@@ -48,6 +49,12 @@ from warehouse_loader.sql_text import sql_list
 #: What marks a commit as maintenance (custom commit metadata).
 MAINTENANCE_METADATA = "headwater.maintenance"
 LOG_DIR = "_delta_log"
+#: Arrow bytes a compaction holds at a time, in one batch of rows that becomes one Parquet row group
+#: of the new file; rows per batch within these bounds. Small row groups cost file size, large ones
+#: memory: rewriting 4M rows of ~410 bytes peaked at 1,968 MiB as one table, 848 MiB at this size
+#: (a 7 % larger file), 545 MiB at 122,880 rows (21 % larger).
+COMPACTION_BATCH_BYTES = 128 << 20
+COMPACTION_BATCH_ROWS = (122_880, 1 << 20)
 
 
 class DeltaMaintainer:
@@ -165,10 +172,18 @@ class DeltaMaintainer:
             for paths in bins:
                 uris = [str(table_dir / path) for path in paths]
                 options = "filename = '__hw_file', file_row_number = true, union_by_name = true"
-                rows = con.sql(
+                # Streamed: one batch of rows in memory at a time, whatever the bin's size (the whole
+                # bin as one Arrow table peaked at ~1.25 GB rewriting 1M rows of ~450 bytes).
+                reader = con.sql(
                     f"SELECT t.* EXCLUDE (__hw_file, file_row_number) FROM read_parquet({sql_list(uris)}, {options}) t "
                     "ANTI JOIN gone g ON g.__hw_file = t.__hw_file AND g.pos = t.file_row_number"
-                ).to_arrow_table()
+                ).to_arrow_reader(_batch_rows(uris))
+                added = log_entry.write_data_file_batches(
+                    table_dir,
+                    schema,
+                    (conform(pa.Table.from_batches([batch]), schema) for batch in reader),
+                    data_change=False,
+                )
                 for path in paths:
                     old = current[path]
                     remove = {
@@ -181,8 +196,7 @@ class DeltaMaintainer:
                         "deletionVector": old.get("deletionVector"),
                     }
                     actions.append({"remove": {k: v for k, v in remove.items() if v is not None}})
-                if rows.num_rows:
-                    added = log_entry.write_data_file(table_dir, conform(rows, schema), data_change=False)
+                if added is not None:
                     actions.append({"add": added})
                     written += int(added["size"])
         finally:
@@ -324,3 +338,14 @@ class DeltaMaintainer:
         infos = fs.get_file_info([posixpath.join(root, path) for path in set(relative)])
         present = [info.size or 0 for info in infos if info.type == pafs.FileType.File]
         return len(present), int(sum(present))
+
+
+def _batch_rows(uris: list[str]) -> int:
+    """Rows per compaction batch for these files: :data:`COMPACTION_BATCH_BYTES` at their mean uncompressed width."""
+    rows = width = 0
+    for uri in uris:
+        footer = pq.read_metadata(uri)
+        rows += footer.num_rows
+        width += sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))
+    low, high = COMPACTION_BATCH_ROWS
+    return max(low, min(high, COMPACTION_BATCH_BYTES * rows // max(1, width)))
