@@ -59,10 +59,24 @@ def emit(event: dict[str, Any]) -> None:
 
 
 def _stop_event() -> threading.Event:
+    """Set by SIGTERM or SIGINT; the main thread only polls it (:func:`_until_set`)."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     return stop
+
+
+def _until_set(*flags: threading.Event) -> None:
+    """Return once a signal handler set one of ``flags``: polled with ``is_set``, never ``wait()``.
+
+    Handlers run in the main thread between bytecodes. ``Event.wait(timeout)`` takes the
+    event's non-reentrant lock again after every timeout; a signal handled in that moment
+    runs ``set()``, which waits for the lock its own thread holds, forever (CPython 3.11;
+    python/cpython#126434 is the same for ``multiprocessing.Event``). The paused member
+    then never stopped on SIGTERM. ``is_set`` takes no lock and ``time.sleep`` holds none.
+    """
+    while not any(flag.is_set() for flag in flags):
+        time.sleep(0.1)
 
 
 def writer(spec: dict[str, Any], topic: str, total: int, keys: int, seed: int, pause_s: float) -> None:
@@ -149,8 +163,10 @@ def paused_member(spec: dict[str, Any], group: str, topic: str, settings_json: s
         consumer.poll(timeout_s=0.2)
     polled = consumer.poll(timeout_s=1.0)
     emit({"event": "owns", "partitions": sorted(tp.partition for tp in consumer.assignment()), "read": len(polled)})
-    while not commit_now.wait(0.1):  # a signal taken by another thread runs its handler when the main one wakes
-        pass
+    _until_set(commit_now, stop)
+    if stop.is_set():  # stopped before it was asked to commit (the test failed meanwhile)
+        consumer.close()
+        return
     try:
         consumer.commit()
         emit({"event": "commit accepted"})
@@ -163,8 +179,7 @@ def paused_member(spec: dict[str, Any], group: str, topic: str, settings_json: s
         if consumer.assignment():
             emit({"event": "rejoined", "partitions": sorted(tp.partition for tp in consumer.assignment())})
             break
-    while not stop.wait(0.1):
-        pass
+    _until_set(stop)
     consumer.close()
 
 

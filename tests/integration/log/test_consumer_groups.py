@@ -10,6 +10,8 @@ when the first was killed before its transaction committed (never to two live ow
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import random
@@ -28,6 +30,7 @@ from harness.topics import partition_records
 from core.log_config import KafkaConfig
 from log.base import Record, TopicSpec, append_keyed
 from log.file.backend import FileLog
+from log.file.group_coordinator import GROUPS_DIRECTORY
 from log.kafka.backend import KafkaLog
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -52,6 +55,8 @@ class Group:
         self.log = log
         self.workdir = workdir
         self.processes: dict[str, subprocess.Popen[str]] = {}
+        #: Processes of ``group_processes.py``: they dump their threads' stacks on SIGUSR2 (faulthandler).
+        self.dumps_stacks: set[str] = set()
         self.killed: set[str] = set()
 
     def start(self, role: str, name: str, *args: str) -> subprocess.Popen[str]:
@@ -64,6 +69,7 @@ class Group:
             env={**os.environ, "PYTHONPATH": str(REPO)},
         )
         self.processes[name] = process
+        self.dumps_stacks.add(name)
         return process
 
     def member(self, name: str, group: str, topic: str) -> None:
@@ -87,6 +93,34 @@ class Group:
         self.processes[name].wait()
         self.killed.add(name)
 
+    def pause(self, name: str, group: str) -> None:
+        """SIGSTOP ``name`` between its calls to the group: on the file backend never inside the group's lock.
+
+        A member frozen while it holds ``+groups/<group>.lock`` (a heartbeat: milliseconds)
+        holds up every other member until it resumes (log.file.group_coordinator). Holding
+        the lock here until every thread of the member has stopped freezes it outside.
+        """
+        process = self.processes[name]
+        with self._group_lock(group):
+            process.send_signal(signal.SIGSTOP)
+            deadline = time.monotonic() + 30
+            while not _stopped(process.pid):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"{name} did not stop on SIGSTOP within 30 s")
+                time.sleep(0.01)
+
+    @contextlib.contextmanager
+    def _group_lock(self, group: str) -> Iterator[None]:
+        if self.kind != "file":
+            yield  # the broker coordinates: a paused member holds nothing of the group
+            return
+        fd = os.open(Path(self.spec["root"]) / GROUPS_DIRECTORY / f"{group}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def stop_all(self) -> None:
         for process in self.processes.values():
             if process.poll() is None:
@@ -96,9 +130,32 @@ class Group:
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
+                self.dump_stacks(name)
                 process.kill()
                 process.wait()
-                pytest.fail(f"{name} did not stop on SIGTERM:\n{self.output(name)[-2000:]}")
+                pytest.fail(f"{name} did not stop on SIGTERM:\n{self.output(name)[-6000:]}")
+
+    def dump_stacks(self, name: str) -> None:
+        """Have a hung process write its Python stacks into its output (faulthandler on SIGUSR2)."""
+        process = self.processes[name]
+        if name not in self.dumps_stacks or process.poll() is not None:
+            return  # SIGUSR2 would end a process without the handler, before it says anything
+        out = self.workdir / f"{name}.out"
+        size = out.stat().st_size
+        process.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and out.stat().st_size == size:
+            time.sleep(0.05)
+        time.sleep(0.2)  # the dump is written thread by thread
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (state ``T`` in ``/proc``)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state == "T" for state in states)
 
 
 @pytest.fixture(params=["file", "kafka-python", "confluent-kafka"])
@@ -217,7 +274,7 @@ def test_a_paused_member_loses_its_partitions_and_its_commit_is_refused(group: G
     zombie = group.start("paused-member", "zombie", name, topic_name, settings)
     wait_for(lambda: any(e["event"] == "owns" for e in group.events("zombie")), 60, "the member to own", group)
     assert next(e for e in group.events("zombie") if e["event"] == "owns")["partitions"] == [0, 1]
-    zombie.send_signal(signal.SIGSTOP)
+    group.pause("zombie", name)
     group.member("heir", name, topic_name)
 
     def heir_owns_all() -> bool:
