@@ -248,7 +248,7 @@ def _with_stage_options(command: _Command, *, holders: bool) -> _Command:
 
 def stop_on_signals() -> threading.Event:
     """An event SIGINT and SIGTERM set: a follower finishes what it is doing (a batch, a pass) and leaves."""
-    stop = threading.Event()
+    stop = stop_request.SignalSafeEvent()
 
     def handle(_signum: int, _frame: FrameType | None) -> None:
         stop.set()

@@ -270,7 +270,7 @@ class Supervisor:
         self.stages = list(stages)
         self._say = say
         self._poll_s = poll_s
-        self._stop = threading.Event()
+        self._stop = stop_request.SignalSafeEvent()
 
     def stop(self) -> None:
         """Ask every stage to finish its current batch and exit."""

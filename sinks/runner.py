@@ -33,6 +33,7 @@ from typing import Literal, TypeVar, cast
 from core import metrics
 from core.config import ProjectConfig
 from core.errors import HeadwaterError, TransientError, one_line
+from core.stop_request import SignalSafeEvent
 from log.base import Log, StoredRecord, TopicPartition
 from log.consumer import Consumer, ConsumerSettings
 from log.errors import FencedMemberError
@@ -112,7 +113,7 @@ class SinkRunner:
         self.stats = SinkStats(name)
         self._resolve_name = resolve_name
         self._say = say
-        self._stop = stop or threading.Event()
+        self._stop = stop or SignalSafeEvent()
         self._transform = Transform(self.spec.transform)
         self._state = StateFile(config, name)
         self._backoff = Backoff(self.spec.retry.initial_s, self.spec.retry.max_s)
@@ -462,7 +463,7 @@ def run_sinks(
     if unknown:
         known = ", ".join(config.sinks) or "none"
         raise SinkConfigError(unknown[0], f"no such sink in headwater.yaml (sinks: {known})")
-    stop = stop or threading.Event()
+    stop = stop or SignalSafeEvent()
     runners = [
         SinkRunner(config, name, resolve_name=resolve_name, say=say, stop=stop) for name in names or config.sinks
     ]

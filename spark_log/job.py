@@ -257,7 +257,7 @@ def follow(
         except KeyboardInterrupt:
             _stop(running)
         return
-    stop = threading.Event()
+    stop = stop_request.SignalSafeEvent()
     previous = {number: signal.signal(number, lambda _signum, _frame: stop.set()) for number in stop_request.SIGNALS}
     if stop_request.requested.is_set():  # asked while the queries started
         stop.set()

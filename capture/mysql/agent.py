@@ -26,7 +26,6 @@ session start (what a killed run left is read again from the binlog).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -58,6 +57,7 @@ from capture.spill import SPILL_DIRECTORY, PausingFullDisk, SpillBudget, SpillDi
 from capture.stats import CaptureStats
 from capture.transaction_records import TransactionBoundaries
 from core.log_config import LogConfig
+from core.stop_request import SignalSafeEvent
 from log.base import Log
 from log.table_schemas import latest_schemas
 
@@ -104,7 +104,7 @@ class MySqlAgent:
         self.state_dir = state_dir
         #: ``acked``: the binlog position saved after the last durable append (nothing is acknowledged to MySQL).
         self.stats = CaptureStats(acked=BinlogPosition("none.000000", 0))
-        self._stop = threading.Event()
+        self._stop = SignalSafeEvent()
         self.topics = SourceTopics(log, log_config, source.name)
         self._charsets: Charsets | None = None
         self.planner = TablePlanner(

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import gc
 import signal
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +68,7 @@ from capture.spill import SPILL_DIRECTORY
 from capture.stats import CaptureStats
 from core.log_config import LogConfig
 from core.source_config import SourceConfig
+from core.stop_request import SignalSafeEvent
 from log.base import Log
 from log.sequence import Lsn
 from log.table_schemas import schema_histories, schema_key
@@ -107,7 +107,7 @@ class CaptureAgent:
         self.settings = settings = settings or AgentSettings()
         self.stats = CaptureStats(Lsn(0))
         self._make_decoder_factory = decoder_for
-        self._stop = threading.Event()
+        self._stop = SignalSafeEvent()
         self._dsn = source.dsn.get_secret_value()
         self.slot = source.slot or f"headwater_{name}"
         self.publication = source.publication or f"headwater_{name}"

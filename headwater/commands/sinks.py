@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import signal
-import threading
 from types import FrameType
 
 import click
 
+from core.stop_request import SignalSafeEvent
 from headwater.cli_context import (
     Context,
     StageOptions,
@@ -50,7 +50,7 @@ def run_command(context: Context, names: tuple[str, ...], follow: bool, options:
         return
     runtime = StageRuntime(config, options, output, "headwater sinks run")
     runtime.serve(Scope(sinks=selected))
-    stop = threading.Event()
+    stop = SignalSafeEvent()
 
     def stopping(_signum: int, _frame: FrameType | None) -> None:
         stop.set()

@@ -77,3 +77,33 @@ def test_a_signal_inside_an_import_is_raised_once_the_import_has_finished(tmp_pa
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "interrupted after the import: True"
+
+
+def test_a_handler_may_set_the_stop_event_while_its_own_thread_holds_the_events_lock() -> None:
+    """What a signal landing inside ``Event.wait`` does: ``set()`` from the thread holding the lock.
+
+    A plain ``threading.Event`` hangs there for good (checked first, so this test fails if the
+    hazard it guards against ever stops existing in the standard library, not only if the fix
+    goes); :class:`SignalSafeEvent` sets the flag and returns.
+    """
+    done = run(
+        """
+        import threading
+        from core.stop_request import SignalSafeEvent
+
+        def set_inside_wait(event):
+            returned = threading.Event()
+            def handler_in_the_waiting_thread():
+                with event._cond:  # where wait() holds it: before it sleeps, after each timeout
+                    event.set()
+                returned.set()
+            threading.Thread(target=handler_in_the_waiting_thread, daemon=True).start()
+            return returned.wait(2)
+
+        print("plain", set_inside_wait(threading.Event()))
+        safe = SignalSafeEvent()
+        print("safe", set_inside_wait(safe), safe.is_set(), safe.wait(0))
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["plain", "False", "safe", "True", "True", "True"]
