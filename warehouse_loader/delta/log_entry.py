@@ -25,7 +25,6 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from warehouse_loader.delta import add_actions
-from warehouse_loader.parquet_options import COMPRESSION, COMPRESSION_LEVEL
 
 #: ``engineInfo`` of the entries written here.
 ENGINE = "headwater merge-on-read"
@@ -37,7 +36,7 @@ def write_data_file(table_dir: Path, rows: pa.Table, *, data_change: bool = True
     """Write ``rows`` as a new data file of the table; its add action (record count, null counts, integer bounds)."""
     name = f"part-00000-{uuid.uuid4()}-c000.hw.zstd.parquet"
     path = table_dir / name
-    pq.write_table(rows, path, compression=COMPRESSION, compression_level=COMPRESSION_LEVEL)
+    pq.write_table(rows, path, compression="zstd")
     stats = _Stats(rows.schema)
     stats.add(rows)
     return _added(path, stats, data_change)
@@ -54,7 +53,7 @@ def write_data_file_batches(
     path = table_dir / name
     stats = _Stats(schema)
     try:
-        with pq.ParquetWriter(path, schema, compression=COMPRESSION, compression_level=COMPRESSION_LEVEL) as writer:
+        with pq.ParquetWriter(path, schema, compression="zstd") as writer:
             for batch in batches:
                 if batch.num_rows:
                     writer.write(batch)

@@ -38,7 +38,6 @@ from warehouse_loader.iceberg.scan import TableFiles, arrow_schema
 from warehouse_loader.iceberg.schema import evolve
 from warehouse_loader.iceberg.table_ref import IcebergTableRef
 from warehouse_loader.location import classify_storage_error
-from warehouse_loader.parquet_options import COMPRESSION, COMPRESSION_LEVEL
 
 if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
@@ -51,13 +50,7 @@ KEY_SUMMARY = "headwater.key"
 #: Table property prefix recording the highest batch committed per app id.
 BATCH_PROPERTY = "headwater.batch."
 #: Table properties every Headwater table is created with.
-CREATE_PROPERTIES = {
-    "commit.retry.num-retries": "0",
-    "format-version": "2",
-    # pyiceberg writes the data files: the level Headwater's own Parquet files use (parquet_options).
-    "write.parquet.compression-codec": COMPRESSION,
-    "write.parquet.compression-level": str(COMPRESSION_LEVEL),
-}
+CREATE_PROPERTIES = {"commit.retry.num-retries": "0", "format-version": "2"}
 
 
 def committed_batch(table: Table | None, app: str) -> int | None:

@@ -31,8 +31,6 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-from warehouse_loader.parquet_options import COMPRESSION, COMPRESSION_LEVEL
-
 if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile, ManifestContent, ManifestFile, ManifestWriterV2
     from pyiceberg.table import Transaction
@@ -68,7 +66,7 @@ def write_position_deletes(tx: Transaction, positions: pa.Table) -> DataFile | N
     path = provider.new_data_location(f"delete-{uuid.uuid4()}.parquet")
     output = tx._table.io.new_output(path)
     with output.create(overwrite=True) as stream:
-        pq.write_table(rows, stream, compression=COMPRESSION, compression_level=COMPRESSION_LEVEL)
+        pq.write_table(rows, stream, compression="zstd")
     paths, pos = rows.column("file_path"), rows.column("pos")
     return DataFile.from_args(
         content=DataFileContent.POSITION_DELETES,
