@@ -91,18 +91,18 @@ def test_a_handler_may_set_the_stop_event_while_its_own_thread_holds_the_events_
         import threading
         from core.stop_request import SignalSafeEvent
 
-        def set_inside_wait(event):
+        def set_inside_wait(event, patience):
             returned = threading.Event()
             def handler_in_the_waiting_thread():
                 with event._cond:  # where wait() holds it: before it sleeps, after each timeout
                     event.set()
                 returned.set()
             threading.Thread(target=handler_in_the_waiting_thread, daemon=True).start()
-            return returned.wait(2)
+            return returned.wait(patience)
 
-        print("plain", set_inside_wait(threading.Event()))
+        print("plain", set_inside_wait(threading.Event(), 0.3))
         safe = SignalSafeEvent()
-        print("safe", set_inside_wait(safe), safe.is_set(), safe.wait(0))
+        print("safe", set_inside_wait(safe, 10), safe.is_set(), safe.wait(0))
         """
     )
     assert done.returncode == 0, done.stderr
