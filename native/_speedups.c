@@ -2244,7 +2244,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyModule_AddObjectRef(m, "RowEncoder", (PyObject *)&RowEncoderType) < 0 ||
         PyModule_AddFunctions(m, hw_log_columns_methods) < 0 || PyModule_AddFunctions(m, hw_batch_columns_methods) < 0 ||
         PyModule_AddFunctions(m, hw_column_masks_methods) < 0 || PyModule_AddFunctions(m, hw_sink_rows_methods) < 0 ||
-        PyModule_AddFunctions(m, hw_log_records_methods) < 0) {
+        PyModule_AddFunctions(m, hw_log_records_methods) < 0 || PyModule_AddFunctions(m, hw_binlog_rows_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -182,3 +182,10 @@ def decode_records(
     held: int,
     /,
 ) -> tuple[list[Any], int] | None: ...
+def binlog_rows(
+    body: bytes, pos: int, op: int, plan: bytes, labels: tuple[tuple[str, ...] | None, ...], /
+) -> list[tuple[list[Any] | None, list[Any] | None]] | None:
+    """The ``(before, after)`` images of a MySQL row event (op 0 insert, 1 delete, 2 update) per ``plan``.
+
+    None: the Python readers decode the event (capture/mysql/binlog/rows.py).
+    """

@@ -206,7 +206,10 @@ def _key(image: dict[str, Any] | None, plan: TablePlan) -> bytes | None:
     return dumps_kept({name: image[name] for name in plan.key_names})
 
 
-def _filtered(change: RowChange, plan: TablePlan) -> tuple[str, list[Any] | None, list[Any] | None] | None:
+_Change = tuple[str, list[Any] | None, list[Any] | None]
+
+
+def _filtered(change: RowChange, plan: TablePlan) -> _Change | None:
     """The change as the table's row filter and skipped operations leave it (None: not written)."""
     op, before, after = change.op, change.before, change.after
     row_filter = plan.row_filter
@@ -230,16 +233,14 @@ def _filtered(change: RowChange, plan: TablePlan) -> tuple[str, list[Any] | None
     return op, before, after
 
 
-def _operations(change: RowChange, plan: TablePlan) -> Iterator[tuple[str, list[Any] | None, list[Any] | None]]:
+def _operations(change: RowChange, plan: TablePlan) -> tuple[_Change, ...]:
+    """The events of one change: none (filtered out, skipped), itself, or a delete then a create (its key changed)."""
     kept = _filtered(change, plan)
     if kept is None:
-        return
+        return ()
     op, before, after = kept
-    key_changed = (
-        op == "u" and before is not None and after is not None and any(before[i] != after[i] for i in plan.key)
-    )
-    if key_changed:
-        yield "d", before, None
-        yield "c", None, after
-        return
-    yield op, before, after
+    if op == "u" and before is not None and after is not None:
+        for i in plan.key:
+            if before[i] != after[i]:
+                return ("d", before, None), ("c", None, after)
+    return (kept,)

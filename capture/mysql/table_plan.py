@@ -59,9 +59,9 @@ class TablePlan:
     skip: frozenset[int] = frozenset()
     skipped_operations: frozenset[str] = frozenset()
 
-    @property
+    @cached_property
     def whole(self) -> bool:
-        """Every column written as decoded (no column left out, none masked)."""
+        """Every column written as decoded (no column left out, none masked; computed once: every image reads it)."""
         return len(self.kept) == len(self.names) and not self.masks
 
     @cached_property

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import native
 from capture.mysql.binlog.events import Rows
 from capture.mysql.binlog.table_map import TableShape
 from capture.mysql.types.charsets import Charsets
+from capture.mysql.types.row_plan import row_plan
 from capture.mysql.types.values import Reader, TypeModes, column_reader, skip_reader
 from core.errors import PermanentError
+
+_binlog_rows = native.speedups.binlog_rows if native.speedups is not None else None
+#: ``binlog_rows``'s op: 0 images after (insert), 1 before (delete), 2 both (update).
+_OP_CODES = {"c": 0, "d": 1}
 
 
 class PartialRowImageError(PermanentError):
@@ -26,10 +32,20 @@ class RowDecoder:
 
     Columns in ``skip`` (left out by the source's column settings and not read by its row
     filter) are stepped over, never converted: their place in the list is None.
+
+    A shape whose every column the extension writes exactly (:mod:`capture.mysql.types.row_plan`)
+    is decoded by it (``native/binlog_rows.c``) an event at a time; the readers are its twin and
+    decode what it hands back. ``native=False`` keeps to the readers (the twin's tests).
     """
 
     def __init__(
-        self, shape: TableShape, modes: TypeModes, charsets: Charsets, skip: frozenset[int] = frozenset()
+        self,
+        shape: TableShape,
+        modes: TypeModes,
+        charsets: Charsets,
+        skip: frozenset[int] = frozenset(),
+        *,
+        native: bool = True,
     ) -> None:
         self.shape = shape
         self.skip = skip
@@ -41,6 +57,7 @@ class RowDecoder:
         ]
         self._all_present = (1 << len(shape.columns)) - 1
         self._null_width = (len(shape.columns) + 7) // 8
+        self._native = row_plan(shape, modes, charsets, skip) if native and _binlog_rows is not None else None
 
     def _image(self, data: bytes, pos: int) -> tuple[list[Any], int]:
         width = self._null_width
@@ -65,6 +82,12 @@ class RowDecoder:
             )
             raise PartialRowImageError(msg)
         data, pos, end = rows.body, rows.start, len(rows.body)
+        if self._native is not None and _binlog_rows is not None and type(data) is bytes:
+            decoded: list[tuple[list[Any] | None, list[Any] | None]] | None = _binlog_rows(
+                data, pos, _OP_CODES.get(rows.op, 2), *self._native
+            )
+            if decoded is not None:
+                return decoded
         out: list[tuple[list[Any] | None, list[Any] | None]] = []
         image = self._image
         if rows.op == "c":

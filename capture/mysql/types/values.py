@@ -334,28 +334,32 @@ _FIXED_SIZE = {
 }
 
 
-def skip_reader(column: ColumnShape) -> Reader:
-    """A reader that steps over a column's value without converting it (a column capture leaves out): None."""
+def skipped_size(column: ColumnShape) -> tuple[int, int]:
+    """How a column's value is stepped over: ``(size, 0)`` for a fixed size, ``(0, prefix)`` for a length prefix."""
     kind = column.type
     if kind in _FIXED_SIZE:
-        size = _FIXED_SIZE[kind]
-    elif kind == ColumnType.NEWDECIMAL:
-        size = decimal_size(column.precision, column.scale)
-    elif kind == ColumnType.BIT:
-        size = (column.bits + 7) // 8
-    elif kind in (ColumnType.ENUM, ColumnType.SET):
-        size = column.meta
-    elif kind in (ColumnType.DATETIME2, ColumnType.TIMESTAMP2, ColumnType.TIME2):
+        return _FIXED_SIZE[kind], 0
+    if kind == ColumnType.NEWDECIMAL:
+        return decimal_size(column.precision, column.scale), 0
+    if kind == ColumnType.BIT:
+        return (column.bits + 7) // 8, 0
+    if kind in (ColumnType.ENUM, ColumnType.SET):
+        return column.meta, 0
+    if kind in (ColumnType.DATETIME2, ColumnType.TIMESTAMP2, ColumnType.TIME2):
         size = {ColumnType.DATETIME2: 5, ColumnType.TIMESTAMP2: 4, ColumnType.TIME2: 3}[kind]
-        size += fraction_bytes(column.meta)
-    else:
-        if kind in (ColumnType.VARCHAR, ColumnType.VAR_STRING, ColumnType.STRING):
-            prefix = 1 if column.meta < 256 else 2
-        elif kind in (ColumnType.BLOB, ColumnType.GEOMETRY, ColumnType.JSON):
-            prefix = column.meta
-        else:
-            msg = f"column type {kind.name} cannot be stepped over"
-            raise UnsupportedColumnError(msg)
+        return size + fraction_bytes(column.meta), 0
+    if kind in (ColumnType.VARCHAR, ColumnType.VAR_STRING, ColumnType.STRING):
+        return 0, 1 if column.meta < 256 else 2
+    if kind in (ColumnType.BLOB, ColumnType.GEOMETRY, ColumnType.JSON):
+        return 0, column.meta
+    msg = f"column type {kind.name} cannot be stepped over"
+    raise UnsupportedColumnError(msg)
+
+
+def skip_reader(column: ColumnShape) -> Reader:
+    """A reader that steps over a column's value without converting it (a column capture leaves out): None."""
+    size, prefix = skipped_size(column)
+    if prefix:
 
         def variable(data: bytes, pos: int) -> tuple[Any, int]:
             return None, pos + prefix + int.from_bytes(data[pos : pos + prefix], "little")
