@@ -33,13 +33,10 @@ CHECKPOINT_INTERVAL = 100
 
 
 def write_data_file(table_dir: Path, rows: pa.Table, *, data_change: bool = True) -> dict[str, Any]:
-    """Write ``rows`` as a new data file of the table; its add action (record count, null counts, integer bounds)."""
-    name = f"part-00000-{uuid.uuid4()}-c000.hw.zstd.parquet"
-    path = table_dir / name
-    pq.write_table(rows, path, compression="zstd")
-    stats = _Stats(rows.schema)
-    stats.add(rows)
-    return _added(path, stats, data_change)
+    """Write ``rows`` (at least one) as a new data file; its add action (record count, null counts, integer bounds)."""
+    added = write_data_file_batches(table_dir, rows.schema, [rows], data_change=data_change)
+    assert added is not None, "a data file of no rows"
+    return added
 
 
 def write_data_file_batches(
