@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
-import signal
-from types import FrameType
 
 import click
 
-from core.stop_request import SignalSafeEvent
 from headwater.cli_context import (
     Context,
     StageOptions,
@@ -17,6 +14,7 @@ from headwater.cli_context import (
     pass_context,
     print_json,
     stage_options,
+    stop_on_signals,
 )
 
 
@@ -50,13 +48,7 @@ def run_command(context: Context, names: tuple[str, ...], follow: bool, options:
         return
     runtime = StageRuntime(config, options, output, "headwater sinks run")
     runtime.serve(Scope(sinks=selected))
-    stop = SignalSafeEvent()
-
-    def stopping(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, stopping)
-    signal.signal(signal.SIGTERM, stopping)
+    stop = stop_on_signals()
     results = run_sinks(
         config,
         names,
