@@ -571,26 +571,19 @@ class DdlProject:
         """Poll until every case's tables (and the feed) equal the source; the problems left at the timeout."""
         deadline = time.monotonic() + timeout_s
         selected = [c for c in cases or self.cases.values() if c.born is None or self.born_loaded]
-        # Between full passes only the cases still unequal are read again (each read is a source
-        # query and two table reads: the passes were most of the test process's CPU). The answer
-        # is always a full pass over every selected case and the feed.
-        pending = selected
         while True:
-            full = pending is selected
-            by_case = {case.name: self.problems(case) for case in pending}
-            feed = self.feed_problems()
-            found = [p for problems in by_case.values() for p in problems] + feed
-            if full and (not found or time.monotonic() > deadline):
+            by_case = {case.name: self.problems(case) for case in selected}
+            found = [p for problems in by_case.values() for p in problems] + self.feed_problems()
+            if not found or time.monotonic() > deadline:
                 return found
-            if not full and not found:
-                pending = selected
-                continue
-            if full:
-                pending = [case for case in selected if by_case[case.name]] or selected
-            elif time.monotonic() > deadline:
-                pending = selected
-                continue
-            time.sleep(2)
+            # Until those are equal only they (and the feed) are read again: each read is a source
+            # query and two table reads, and full passes were most of the test process's CPU. A
+            # full pass has the last word.
+            unequal = [case for case in selected if by_case[case.name]]
+            while time.monotonic() <= deadline:
+                time.sleep(2)
+                if not any(self.problems(case) for case in unequal) and not self.feed_problems():
+                    break
 
 
 def compare(what: str, expected: list[tuple[Any, ...]], actual: list[tuple[Any, ...]] | None) -> list[str]:
