@@ -613,9 +613,111 @@ done:
     return result;
 }
 
+/* -- COPY text to one array literal per column (sinks/postgres/arrays.py is the twin) ---------- */
+
+/* One COPY field (s[0:n], escaped) as a quoted array element, or NULL for \N; 0 written, 1 a
+ * field COPY text as written here and by psycopg never holds (another escape), -1 memory. */
+static int array_element(Buf *o, const unsigned char *s, Py_ssize_t n) {
+    if (n == 2 && s[0] == '\\' && s[1] == 'N') return buf_put(o, "NULL", 4);
+    if (buf_reserve(o, n * 2 + 2) < 0) return -1; /* every byte at most doubled, and the quotes */
+    o->data[o->len++] = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = s[i];
+        if (c == '"') {
+            o->data[o->len++] = '\\';
+            o->data[o->len++] = '"';
+            continue;
+        }
+        if (c != '\\') {
+            o->data[o->len++] = (char)c;
+            continue;
+        }
+        if (++i >= n) return 1;
+        switch (s[i]) {
+            case '\\': o->data[o->len++] = '\\'; o->data[o->len++] = '\\'; continue;
+            case 'b': c = '\b'; break;
+            case 't': c = '\t'; break;
+            case 'n': c = '\n'; break;
+            case 'v': c = '\v'; break;
+            case 'f': c = '\f'; break;
+            case 'r': c = '\r'; break;
+            default: return 1;
+        }
+        o->data[o->len++] = (char)c;
+    }
+    o->data[o->len++] = '"';
+    return 0;
+}
+
+/* Each row's fields of `text` appended to its column's literal; 0, 1 a row of another width or
+ * an unknown escape, -1 memory. */
+static int split_columns(Buf *columns, Py_ssize_t count, const unsigned char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        for (Py_ssize_t c = 0; c < count; c++) {
+            Py_ssize_t start = i;
+            while (i < n && s[i] != '\t' && s[i] != '\n') i++;
+            if (i >= n || (s[i] == '\n') != (c == count - 1)) return 1;
+            Buf *o = &columns[c];
+            if (o->len > 1 && buf_put(o, ",", 1) < 0) return -1;
+            int r = array_element(o, s + start, i - start);
+            if (r != 0) return r;
+            i++;
+        }
+    }
+    return 0;
+}
+
+/* copy_arrays(text, count) -> list[str] | None: the COPY text's `count` columns, each as an array
+ * literal ({"value",NULL,...}), or None when it is not COPY text of that many columns. */
+static PyObject *py_copy_arrays(PyObject *self, PyObject *args) {
+    PyObject *text;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "O!n", &PyBytes_Type, &text, &count)) return NULL;
+    if (count <= 0 || count > MAX_COLUMNS) {
+        PyErr_SetString(PyExc_ValueError, "copy_arrays: between 1 and 1600 columns");
+        return NULL;
+    }
+    Buf *columns = PyMem_Calloc((size_t)count, sizeof(Buf));
+    if (columns == NULL) return PyErr_NoMemory();
+    PyObject *result = NULL;
+    int r = 0;
+    for (Py_ssize_t c = 0; c < count && r == 0; c++) r = buf_put(&columns[c], "{", 1);
+    if (r == 0) {
+        const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(text);
+        Py_ssize_t n = PyBytes_GET_SIZE(text);
+        /* without the GIL: the bytes object is immutable and the caller holds it */
+        Py_BEGIN_ALLOW_THREADS
+        hw_without_gil = 1;
+        r = split_columns(columns, count, s, n);
+        for (Py_ssize_t c = 0; c < count && r == 0; c++) r = buf_put(&columns[c], "}", 1);
+        hw_without_gil = 0;
+        Py_END_ALLOW_THREADS
+    }
+    if (r < 0) {
+        PyErr_NoMemory();
+    } else if (r > 0) {
+        result = Py_NewRef(Py_None);
+    } else if ((result = PyList_New(count)) != NULL) {
+        for (Py_ssize_t c = 0; c < count; c++) {
+            PyObject *literal = PyUnicode_DecodeUTF8(columns[c].data, columns[c].len, "strict");
+            if (literal == NULL) {
+                Py_CLEAR(result);
+                break;
+            }
+            PyList_SET_ITEM(result, c, literal);
+        }
+    }
+    for (Py_ssize_t c = 0; c < count; c++) buf_free(&columns[c]);
+    PyMem_Free(columns);
+    return result;
+}
+
 PyMethodDef hw_sink_rows_methods[] = {
     {"event_ops", py_event_ops, METH_O, "event_ops(values) -> bytes: each event's one-character op, ' ' or '?'."},
     {"copy_text", py_copy_text, METH_VARARGS,
      "copy_text(values, names, kinds) -> bytes | None: COPY text of each event's row image, or None for the twin."},
+    {"copy_arrays", py_copy_arrays, METH_VARARGS,
+     "copy_arrays(text, count) -> list[str] | None: COPY text's columns as array literals, or None."},
     {NULL, NULL, 0, NULL},
 };

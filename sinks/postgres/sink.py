@@ -1,15 +1,18 @@
 """The PostgreSQL sink: each batch applied to the replica tables and its checkpoints saved, in one transaction.
 
 Per batch, in the log's order: every change of a key folds into the key's last one (an
-upsert of its row image, or a delete), and those are written per table with ``COPY`` into a
-temporary table and one ``INSERT ... ON CONFLICT (key) DO UPDATE`` / ``DELETE ... USING``.
+upsert of its row image, or a delete), and those are written per table by one
+``INSERT ... SELECT ... FROM unnest(...) ON CONFLICT (key) DO UPDATE`` / ``DELETE ... USING
+unnest(...)``, each column's values one array parameter (:mod:`sinks.postgres.arrays`).
 A truncate removes the rows older than it by the source's order
 (:mod:`sinks.postgres.truncates`: it sits in one partition, the rows in all). Logical messages
 are not rows (skipped). The same transaction creates or evolves the replica tables
 (:mod:`sinks.postgres.tables`) and saves the checkpoints (:mod:`sinks.postgres.offsets`), so
 a batch is in the replica with its offsets or not at all: **exactly once**, with each key's
 changes in the source's order. A source transaction that changed keys of several partitions
-may show in several target transactions.
+may show in several target transactions. A batch's statements, its offsets' update and its
+commit go to the server in one pipeline: two round trips (the offsets' fence is read before the
+commit), and no staging table for the commit to empty.
 
 A batch the database refuses for its data (a value that does not fit, a constraint of the
 replica) is tried again after re-reading the schema records; if it still fails, each record
@@ -20,7 +23,6 @@ lost connection is retried with backoff.
 from __future__ import annotations
 
 import contextlib
-import functools
 import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,6 +31,8 @@ from typing import Any, cast
 import orjson
 import psycopg
 from psycopg import sql
+from psycopg.adapt import Transformer
+from psycopg.pq import TransactionStatus
 
 from core.config import ProjectConfig
 from core.sink_config import PostgresOptions, TransformConfig
@@ -38,7 +42,7 @@ from log.topics import sink_group
 from native import speedups
 from sinks.base import Guarantee, Reject
 from sinks.errors import TargetUnavailableError
-from sinks.postgres.columns import copy_rows
+from sinks.postgres.arrays import column_arrays, unnested
 from sinks.postgres.offsets import PostgresOffsets
 from sinks.postgres.tables import ReplicaTable, ReplicaTables
 from sinks.postgres.truncates import INDEX_COLUMN, LSN_COLUMN, Truncates
@@ -96,15 +100,8 @@ class PostgresSink:
         #: Claims and reads of checkpoints happen while the consumer polls, on the reading thread, maybe while a
         #: batch is being written: on a connection of their own, never inside the batch's transaction.
         self._claims: Any = None
-        #: Staging tables by (replica, columns): created once per connection, emptied by each commit.
-        self._stages: dict[tuple[str, tuple[str, ...]], str] = {}
-        self._stage_count = 0
-        #: Statement texts by (what, stage, ...): built once per staging table (cleared with the stages).
+        #: Statement texts by (what, replica, columns, types, key): built once per shape of a replica.
         self._statements: dict[tuple[Any, ...], bytes] = {}
-        #: Statements waiting for the batch's pipeline (``None``: each runs at once, under a savepoint).
-        self._deferred: list[tuple[Any, Any]] | None = None
-        #: The staging tables written in the open transaction.
-        self._staged: set[tuple[str, tuple[str, ...]]] = set()
 
     # -- connection and checkpoints -------------------------------------------------------------
 
@@ -204,42 +201,38 @@ class PostgresSink:
         isolate: bool,
     ) -> None:
         conn = self._connected()
-        rejected: list[Rejection] = []
-        self._staged.clear()
         try:
-            with conn.transaction():
-                if not isolate:
-                    # Rows are copied into staging tables first; the statements that apply them
-                    # and the offsets' update then go to the server in one round trip (a pipeline).
-                    self._deferred = []
+            if not isolate:
+                # One round trip: BEGIN, the statements, the offsets' update and COMMIT in one pipeline. A
+                # fenced save fails in the server (sinks.postgres.offsets), which then runs nothing more.
+                with conn.pipeline():
+                    conn.execute(b"BEGIN")
                     self._apply(conn, batch, range(len(batch)))
-                    reject(rejected)
-                    with conn.pipeline():
-                        for statement, params in self._deferred:
-                            conn.execute(statement, params)
-                        self._offsets.save(conn, self._group, checkpoints)
-                    self._deferred = None
-                    return
-                else:
-                    for index, record in enumerate(batch):
-                        try:
-                            with conn.transaction():  # a savepoint
-                                self._apply(conn, batch, [index])
-                        except psycopg.Error as exc:
-                            # tables (staging, or DDL) made under the savepoint went with it
-                            self._stages.clear()
-                            self._statements.clear()
-                            self._tables.forget()
-                            if not _about_data(exc):
-                                raise
-                            rejected.append(Rejection(record, f"postgres refused the row: {_first_line(exc)}"))
+                    reject([])
+                    self._offsets.save(conn, self._group, checkpoints)
+                    conn.execute(b"COMMIT")
+                return
+            rejected: list[Rejection] = []
+            with conn.transaction():
+                for index, record in enumerate(batch):
+                    try:
+                        with conn.transaction():  # a savepoint
+                            self._apply(conn, batch, [index])
+                    except psycopg.Error as exc:
+                        self._tables.forget()  # DDL made under the savepoint went with it
+                        if not _about_data(exc):
+                            raise
+                        rejected.append(Rejection(record, f"postgres refused the row: {_first_line(exc)}"))
                 reject(rejected)  # durable in the dead-letter topic before the batch counts as done
                 self._offsets.save(conn, self._group, checkpoints)
-        except BaseException:
-            self._deferred = None
+        except BaseException as exc:
             self._tables.forget()
-            self._stages.clear()  # created in the rolled-back transaction, or on a lost connection
-            self._statements.clear()
+            if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+                with contextlib.suppress(psycopg.Error):  # a lost connection is dropped by the caller
+                    conn.rollback()  # the pipeline's transaction, failed or cut short before its COMMIT
+            fenced = self._offsets.refused(exc, self._group, checkpoints) if isinstance(exc, psycopg.Error) else None
+            if fenced is not None:
+                raise fenced from None
             raise
 
     def _apply(self, conn: Any, batch: ParsedBatch, indexes: Iterable[int]) -> None:
@@ -258,9 +251,7 @@ class PostgresSink:
                 self._flush(conn, batch, pending)
                 pending, topic = {}, None
                 table = self._tables.get(conn, record.topic, ())
-                self._truncates.apply(
-                    functools.partial(self._run, conn), table.identifier, table.qualified, _position(batch.event(index))
-                )
+                self._truncates.apply(conn.execute, table.identifier, table.qualified, _position(batch.event(index)))
                 continue
             if record.topic != topic:  # one lookup per run of a topic's records, not per record
                 topic = record.topic
@@ -305,23 +296,31 @@ class PostgresSink:
 
     def _write(self, conn: Any, batch: ParsedBatch, topic: str, upserts: Sequence[int], deletes: Sequence[int]) -> None:
         """Write one topic's folded changes: the deletes, then the upserts."""
-        native = self._copy_text(conn, batch, topic, upserts)
-        rows: Sequence[dict[str, Any]] | bytes
+        native = self._native_arrays(conn, batch, topic, upserts)
+        arrays: list[str] | None = None
         if native is not None:
-            table, rows = native
+            table, arrays = native
         else:
             rows = [batch.event(index)["after"] for index in upserts]  # holding its position (_parsed_event)
             columns = set().union(*rows)  # every row's column names
             table = self._tables.get(conn, topic, sorted(columns))
+            if rows:
+                arrays = self._arrays(conn, rows, list(table.types), table)
         if deletes:
-            self._delete(conn, table, [orjson.loads(batch[index].key or b"{}") for index in deletes])
-        if upserts:
-            self._upsert(conn, table, rows)
+            keys = [orjson.loads(batch[index].key or b"{}") for index in deletes]
+            self._delete(conn, table, self._arrays(conn, keys, table.key, table))
+        if arrays is not None:
+            self._upsert(conn, table, arrays)
 
-    def _copy_text(
+    @staticmethod
+    def _arrays(conn: Any, rows: Sequence[dict[str, Any]], columns: Sequence[str], table: ReplicaTable) -> list[str]:
+        """``rows``' values of ``columns`` as array literals, by their converters and psycopg's dumpers."""
+        return column_arrays(rows, columns, table.converters, Transformer.from_context(conn), conn.info.encoding)
+
+    def _native_arrays(
         self, conn: Any, batch: ParsedBatch, topic: str, upserts: Sequence[int]
-    ) -> tuple[ReplicaTable, bytes] | None:
-        """The topic's table and its upserts as ``COPY`` text from the extension, or None for the Python twin."""
+    ) -> tuple[ReplicaTable, list[str]] | None:
+        """The topic's table and its upserts' array literals from the extension, or None for the Python twin."""
         if not upserts or not batch.native or speedups is None or conn.info.encoding != "utf-8":
             return None
         table = self._tables.get(conn, topic, ())
@@ -330,68 +329,20 @@ class PostgresSink:
         # every record an upsert of its own key: the indexes are the batch's, in order
         values = list(map(_VALUE, batch)) if len(upserts) == len(batch) else [batch[index].value for index in upserts]
         text: bytes | None = speedups.copy_text(values, *table.native)
-        return None if text is None else (table, text)
-
-    def _stage(
-        self, conn: Any, table: ReplicaTable, columns: Sequence[str], rows: Sequence[dict[str, Any]] | bytes
-    ) -> str:
-        """``rows`` (or their ``COPY`` text) copied into a temporary table of ``columns``; its name.
-
-        The table is kept for the session and emptied by each commit.
-        """
-        shape = (table.qualified, tuple(columns))
-        stage = self._stages.get(shape)
-
-        def listed() -> sql.Composed:
-            return sql.SQL(", ").join(sql.Identifier(c) for c in columns)
-
-        if stage is None:
-            self._stage_count += 1  # names never reused: a table of a forgotten shape may still exist
-            stage = self._stages[shape] = f"_hw_stage_{self._stage_count}"
-            # Only the staged columns, without the replica's constraints (a delete stages keys alone).
-            conn.execute(
-                sql.SQL("CREATE TEMP TABLE {} ON COMMIT DELETE ROWS AS SELECT {} FROM {} WITH NO DATA").format(
-                    sql.Identifier(stage), listed(), table.identifier
-                )
-            )
-        elif shape in self._staged:
-            if self._deferred is None:
-                conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(stage)))  # used before in this transaction
-            else:  # its rows are not applied yet (deferred): one more table, for this transaction only
-                self._stage_count += 1
-                stage = f"_hw_stage_{self._stage_count}"
-                conn.execute(
-                    sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
-                        sql.Identifier(stage), listed(), table.identifier
-                    )
-                )
-        self._staged.add(shape)
-        statement = self._statement(
-            conn,
-            ("copy", stage, *columns),
-            lambda: sql.SQL("COPY {} ({}) FROM STDIN").format(sql.Identifier(stage), listed()),
-        )
-        with conn.cursor().copy(statement) as copy:
-            if isinstance(rows, bytes):
-                copy.write(rows)
-            else:
-                write = copy.write_row
-                for values in copy_rows(rows, columns, table.converters):
-                    write(values)
-        return stage
+        arrays = None if text is None else speedups.copy_arrays(text, len(table.native[0]))
+        return None if arrays is None else (table, arrays)
 
     def _statement(self, conn: Any, key: tuple[Any, ...], build: Any) -> bytes:
-        """The text of ``build()`` for ``key`` (naming its staging table), composed once."""
+        """The text of ``build()`` for ``key`` (a replica's shape), composed once."""
         text = self._statements.get(key)
         if text is None:
-            if len(self._statements) >= 1024:  # tables for one transaction only (ON COMMIT DROP) add up
+            if len(self._statements) >= 1024:  # shapes of replicas evolved many times add up
                 self._statements.clear()
             text = self._statements[key] = build().as_bytes(conn)
         return text
 
-    def _upsert(self, conn: Any, table: ReplicaTable, rows: Sequence[dict[str, Any]] | bytes) -> None:
+    def _upsert(self, conn: Any, table: ReplicaTable, arrays: Sequence[str]) -> None:
         columns = list(table.types)
-        stage = self._stage(conn, table, columns, rows)
 
         def build() -> sql.Composed:
             listed = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
@@ -402,41 +353,38 @@ class PostgresSink:
                 if values
                 else sql.SQL("DO NOTHING")
             )
+            source, typed = unnested(columns, table.types)
             # An upsert older than the table's last truncate is not applied: the source had removed that row.
-            return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} s WHERE {} ON CONFLICT ({}) {}").format(
+            return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} WHERE {} ON CONFLICT ({}) {}").format(
                 table.identifier,
                 listed,
-                listed,
-                sql.Identifier(stage),
+                typed,
+                source,
                 self._truncates.newer_than_last(table.qualified),
                 sql.SQL(", ").join(sql.Identifier(k) for k in table.key),
                 action,
             )
 
-        self._run(conn, self._statement(conn, ("upsert", stage, table.qualified, *columns, "|", *table.key), build))
+        shape = ("upsert", table.qualified, *columns, "|", *table.types.values(), "|", *table.key)
+        conn.execute(self._statement(conn, shape, build), arrays)
 
-    def _delete(self, conn: Any, table: ReplicaTable, keys: Sequence[dict[str, Any]]) -> None:
-        stage = self._stage(conn, table, list(table.key), keys)
-
+    def _delete(self, conn: Any, table: ReplicaTable, arrays: Sequence[str]) -> None:
         def build() -> sql.Composed:
-            match = sql.SQL(" AND ").join(sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k)) for k in table.key)
-            return sql.SQL("DELETE FROM {} t USING {} s WHERE {}").format(
-                table.identifier, sql.Identifier(stage), match
+            source, typed = unnested(table.key, table.types)
+            return sql.SQL("DELETE FROM {} t USING (SELECT {} FROM {}) k ({}) WHERE {}").format(
+                table.identifier,
+                typed,
+                source,
+                sql.SQL(", ").join(sql.Identifier(k) for k in table.key),
+                sql.SQL(" AND ").join(sql.SQL("t.{0} = k.{0}").format(sql.Identifier(k)) for k in table.key),
             )
 
-        self._run(conn, self._statement(conn, ("delete", stage, table.qualified, *table.key), build))
-
-    def _run(self, conn: Any, statement: Any, params: Any = None) -> None:
-        """Run ``statement`` now, or after the batch's copies when its statements are deferred (a pipeline)."""
-        if self._deferred is None:
-            conn.execute(statement, params)
-        else:
-            self._deferred.append((statement, params))
+        shape = ("delete", table.qualified, *table.key, "|", *(table.types[k] for k in table.key))
+        conn.execute(self._statement(conn, shape, build), arrays)
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
         claims, self._claims = self._claims, None
-        self._stages.clear()
         self._statements.clear()
         for each in (conn, claims):
             if each is not None:

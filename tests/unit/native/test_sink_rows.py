@@ -22,6 +22,7 @@ from psycopg._copy_base import _format_row_text
 from psycopg.adapt import Transformer
 
 from native import speedups
+from sinks.postgres.arrays import column_arrays
 from sinks.postgres.columns import _date, _timestamp, copy_rows, same
 from sinks.postgres.sink import _parsed_event
 from sinks.postgres.truncates import INDEX_COLUMN, LSN_COLUMN
@@ -56,6 +57,19 @@ def native(values: list[bytes], columns: Sequence[str] = _COLUMNS, kinds: str = 
     assert speedups is not None
     text: bytes | None = speedups.copy_text(values, [c.encode() for c in columns], kinds.encode())
     return text
+
+
+def twin_arrays(values: Sequence[bytes]) -> list[str]:
+    """The array literals the sink's statements read, without the extension."""
+    converters = {c: _CONVERTERS[k] for c, k in zip(_COLUMNS, _KINDS, strict=True)}
+    rows = [_parsed_event(value)["after"] for value in values]
+    return column_arrays(rows, _COLUMNS, converters, Transformer(), "utf-8")
+
+
+def native_arrays(values: list[bytes]) -> list[str] | None:
+    assert speedups is not None
+    text = native(values)
+    return None if text is None else speedups.copy_arrays(text, len(_COLUMNS))
 
 
 def event(after: dict[str, Any] | None, *, op: str = "u", lsn: int = 4_000_000_123, index: int = 7) -> dict[str, Any]:
@@ -102,6 +116,7 @@ def test_rows_it_answers_are_the_twins_bytes_and_it_answers_what_capture_writes(
 ) -> None:
     values = [dumps(event(row, lsn=lsn, index=index)) for row in rows]
     assert native(values) == twin(values)
+    assert native_arrays(values) == twin_arrays(values)
 
 
 def test_escapes_control_characters_and_text_as_psycopg_does() -> None:
@@ -115,6 +130,26 @@ def test_escapes_control_characters_and_text_as_psycopg_does() -> None:
     assert native([raw]) == twin([raw]) == b"2\t\\N\t" + name + b"\t\\N" * 4 + b"\t0\t0\n"
     upper = raw.replace(b"\\u00e9", b"\\u00E9").replace(b"\\ud83d\\ude00", b"\\uD83D\\uDE00")
     assert upper != raw and native([upper]) == native([raw])
+
+
+def test_array_literals_quote_every_value_and_escape_quotes_and_backslashes() -> None:
+    awkward = 'tab\there\nnew\\back\rcr\x0bvt\x0cff\x08bs "q" {a,b} NULL é 😀'
+    rows = [{"id": 1, "name": awkward, "note": ""}, {"id": 2, "name": "NULL", "flag": False}, {"id": 3}]
+    values = [orjson.dumps(event(row)) for row in rows]
+    got = native_arrays(values)
+    assert got == twin_arrays(values)
+    assert got is not None
+    quoted = awkward.replace("\\", "\\\\").replace('"', '\\"')
+    assert got[:4] == ['{"1","2","3"}', '{NULL,"f",NULL}', f'{{"{quoted}","NULL",NULL}}', '{"",NULL,NULL}']
+
+
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [(b"1\t2\n", 3), (b"1\t2\t3\n", 2), (b"1\t2", 2), (b"1\\x41\n", 1), (b"1\\\n", 1)],
+)
+def test_copy_arrays_refuses_other_widths_and_escapes(text: bytes, count: int) -> None:
+    assert speedups is not None
+    assert speedups.copy_arrays(text, count) is None
 
 
 def test_dates_and_timestamps_at_the_ends_of_their_range() -> None:
