@@ -23,7 +23,6 @@ Contract:
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -233,19 +232,19 @@ def _writable(rows: pa.Table) -> pa.Table:
 
 
 def stage_snapshot(tx: Transaction, removed: Sequence[DataFile], rows: pa.Table, marks: dict[str, str]) -> None:
-    """Stage one snapshot in ``tx`` removing the ``removed`` files and adding ``rows``' new ones."""
+    """Stage one snapshot in ``tx`` removing the ``removed`` files and adding ``rows``' new ones.
+
+    A row delta without deletes (:func:`~warehouse_loader.iceberg.row_delta.row_delta`), not
+    pyiceberg's overwrite: it merges the parent's small manifests into the snapshot's own, where
+    pyiceberg's adds one per commit and keeps the ones left with no live file.
+    """
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
-    with tx.update_snapshot(snapshot_properties=marks).overwrite() as snapshot:
-        for data_file in removed:
-            snapshot.delete_data_file(data_file)
-        if rows.num_rows:
-            written = _dataframe_to_data_files(
-                table_metadata=tx.table_metadata,
-                df=rows,
-                io=tx._table.io,  # the transaction's FileIO: what pyiceberg's own writes use
-                write_uuid=snapshot.commit_uuid,
-                counter=itertools.count(0),
-            )
-            for data_file in written:
-                snapshot.append_data_file(data_file)
+    from warehouse_loader.iceberg.row_delta import row_delta
+
+    written = (
+        list(_dataframe_to_data_files(table_metadata=tx.table_metadata, df=rows, io=tx._table.io))
+        if rows.num_rows
+        else []
+    )
+    row_delta(tx, added=written, removed=removed, properties=marks)

@@ -7,11 +7,19 @@ the data file holding the rows' new versions. :class:`RowDelta` is that snapshot
 reuses pyiceberg's manifest, manifest-list, summary and commit machinery (``_SnapshotProducer``)
 and writes its own manifests:
 
-* one data manifest of the added data files, one delete manifest of the added delete files
-  (both ``ADDED``; the snapshot's sequence number is inherited, so the deletes apply to every
-  older data file they name);
-* each parent manifest holding a removed file rewritten with that entry ``DELETED`` and the
-  others ``EXISTING`` (same content type); the other parent manifests kept as they are.
+* the added data files and the added delete files (``ADDED``; the snapshot's sequence number
+  is inherited, so the deletes apply to every older data file they name) each merged with the
+  live entries of the parent's small manifests of their content (under
+  :data:`MERGE_BELOW_BYTES`: ``EXISTING``, their snapshot and sequence numbers unchanged, or
+  ``DELETED`` when removed) into one manifest per content: what Iceberg's
+  ``commit.manifest-merge.enabled`` does, here on every commit. Without it every batch adds a
+  manifest (two, merge-on-read) that every later plan opens, and query time grows with the
+  batches since the last maintenance pass (issue 34); with it a table holds its large
+  manifests (folded by maintenance's checkpoint, :mod:`warehouse_loader.iceberg.manifests`)
+  plus one small one per content, and a commit rewrites at most that small one;
+* each large parent manifest holding a removed file rewritten with that entry ``DELETED`` and
+  the others ``EXISTING`` (same content type); the other large manifests kept as they are;
+  parent manifests with no live entry dropped.
 
 Removing a data file together with every delete file that names it (compaction) leaves no
 dangling delete; a delete file is removed only with all the data files it names.
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +45,10 @@ if TYPE_CHECKING:
     from pyiceberg.table import Transaction
     from pyiceberg.table.update.snapshot import _SnapshotProducer
 
+#: Parent manifests under this many bytes are merged into the commit's own manifest of their content
+#: (Iceberg's ``commit.manifest.target-size-bytes`` is 8 MiB, for bins merged every hundredth
+#: commit; here the merge runs every second, so the manifest it rewrites stays small).
+MERGE_BELOW_BYTES = 256 * 1024
 #: The spec's reserved field IDs of a position-delete file's columns.
 FILE_PATH_ID = 2147483546
 POS_ID = 2147483545
@@ -135,65 +148,62 @@ def row_delta(
     gone = set(removed)
 
     class _RowDelta(_SnapshotProducer["_RowDelta"]):
-        def _writer(self, content: ManifestContent) -> ManifestWriterV2:
-            return manifest_writer(self, content, self._transaction.table_metadata.default_spec_id)
+        def _restated(self, entry: ManifestEntry) -> ManifestEntry:
+            """A live parent entry as this snapshot lists it: ``DELETED`` when removed, else ``EXISTING``."""
+            deleted = entry.data_file in gone
+            return ManifestEntry.from_args(
+                status=ManifestEntryStatus.DELETED if deleted else ManifestEntryStatus.EXISTING,
+                snapshot_id=self._snapshot_id if deleted else entry.snapshot_id,
+                sequence_number=entry.sequence_number,
+                file_sequence_number=entry.file_sequence_number,
+                data_file=entry.data_file,
+            )
 
-        def _added(self, files: Sequence[DataFile], content: ManifestContent) -> list[ManifestFile]:
-            if not files:
-                return []
-            with self._writer(content) as writer:
-                for data_file in files:
-                    writer.add(
-                        ManifestEntry.from_args(
-                            status=ManifestEntryStatus.ADDED,
-                            snapshot_id=self._snapshot_id,
-                            sequence_number=None,
-                            file_sequence_number=None,
-                            data_file=data_file,
-                        )
+        def _written(self, content: ManifestContent, spec_id: int, entries: Sequence[ManifestEntry]) -> ManifestFile:
+            with manifest_writer(self, content, spec_id) as writer:
+                for entry in entries:
+                    writer.add_entry(entry)
+            return writer.to_manifest_file()
+
+        def _manifests(self) -> list[ManifestFile]:
+            spec_id = self._transaction.table_metadata.default_spec_id
+            merged: dict[tuple[ManifestContent, int], list[ManifestEntry]] = defaultdict(list)
+            for content, files in ((ManifestContent.DATA, added), (ManifestContent.DELETES, deletes)):
+                merged[(content, spec_id)].extend(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED,
+                        snapshot_id=self._snapshot_id,
+                        sequence_number=None,
+                        file_sequence_number=None,
+                        data_file=data_file,
                     )
-            return [writer.to_manifest_file()]
-
-        def _existing_manifests(self) -> list[ManifestFile]:
+                    for data_file in files
+                )
             kept: list[ManifestFile] = []
             parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id or -1)
             for manifest in parent.manifests(self._io) if parent is not None else []:
                 entries = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
                 if not entries:
                     continue  # only files earlier snapshots removed: nothing live to list again
-                if not any(entry.data_file in gone for entry in entries):
+                group = (manifest.content, manifest.partition_spec_id)
+                if manifest.manifest_length < MERGE_BELOW_BYTES:
+                    merged[group].extend(self._restated(entry) for entry in entries)
+                elif any(entry.data_file in gone for entry in entries):
+                    kept.append(self._written(*group, [self._restated(entry) for entry in entries]))
+                else:
                     kept.append(manifest)
-                    continue
-                with self._writer(manifest.content) as writer:
-                    for entry in entries:
-                        status = (
-                            ManifestEntryStatus.DELETED if entry.data_file in gone else ManifestEntryStatus.EXISTING
-                        )
-                        writer.add_entry(
-                            ManifestEntry.from_args(
-                                status=status,
-                                snapshot_id=self._snapshot_id
-                                if status == ManifestEntryStatus.DELETED
-                                else entry.snapshot_id,
-                                sequence_number=entry.sequence_number,
-                                file_sequence_number=entry.file_sequence_number,
-                                data_file=entry.data_file,
-                            )
-                        )
-                kept.append(writer.to_manifest_file())
-            return kept
+            return [*(self._written(*group, entries) for group, entries in merged.items() if entries), *kept]
+
+        def _existing_manifests(self) -> list[ManifestFile]:
+            return []  # :meth:`_manifests` lists the parent's
 
         def _deleted_entries(self) -> list[ManifestEntry]:
             return []
 
-        def _manifests(self) -> list[ManifestFile]:
-            return [
-                *self._added(list(added), ManifestContent.DATA),
-                *self._added(list(deletes), ManifestContent.DELETES),
-                *self._existing_manifests(),
-            ]
-
-    producer = _RowDelta(Operation.OVERWRITE, tx, tx._table.io, snapshot_properties=properties)
+    first = tx.table_metadata.current_snapshot() is None and not removed
+    producer = _RowDelta(
+        Operation.APPEND if first else Operation.OVERWRITE, tx, tx._table.io, snapshot_properties=properties
+    )
     for data_file in (*added, *deletes):
         producer.append_data_file(data_file)  # counted in the snapshot summary
     for data_file in removed:

@@ -188,12 +188,17 @@ def test_catalog_settings_are_checked_and_storage_options_mapped(tmp_path: Path)
     assert file_io_properties(TableLocation(str(tmp_path))) == {}
 
 
-def test_compaction_checkpoint_expiry_and_orphan_removal_keep_every_row_and_the_marker(tmp_path: Path) -> None:
+def test_compaction_checkpoint_expiry_and_orphan_removal_keep_every_row_and_the_marker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import time
 
+    from warehouse_loader.iceberg import row_delta
     from warehouse_loader.iceberg.commit import committed_batch
     from warehouse_loader.iceberg.maintenance import IcebergMaintainer, referenced_files
 
+    # Commits that merge no manifest (every one counts as large): the checkpoint has something to fold.
+    monkeypatch.setattr(row_delta, "MERGE_BELOW_BYTES", 0)
     ref = table(tmp_path)
     for batch_id in range(6):  # six batches of new keys: six small files
         write(ref, changes([(batch_id, f"n{batch_id}", "c", "INSERT", batch_id + 1)]), batch_id)
@@ -233,9 +238,11 @@ def test_compaction_folds_only_heavy_deletes_and_carries_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Merge-on-read: a file with a share of rows removed is rewritten; the other files' deletes move to one file."""
+    from warehouse_loader.iceberg import row_delta
     from warehouse_loader.iceberg.maintenance import IcebergMaintainer, delete_files
 
     monkeypatch.setattr(writer, "MERGE_ON_READ_MAX_SHARE", float("inf"))
+    monkeypatch.setattr(row_delta, "MERGE_BELOW_BYTES", 0)  # no manifest merged: the checkpoint folds them
     ref = table(tmp_path)
 
     def mor(batch: pa.Table, batch_id: int) -> None:
@@ -355,3 +362,4 @@ def test_evolve_renames_and_promotes_in_metadata_and_refuses_a_scale_change(tmp_
     )
     unchanged = fmt.open(where)
     assert unchanged is not None and unchanged.schema() == after.schema()
+
