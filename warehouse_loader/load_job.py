@@ -37,7 +37,7 @@ from warehouse_loader.errors import SchemaMismatchError, WarehouseError
 from warehouse_loader.formats import format_of
 from warehouse_loader.formats import merge_on_read as merge_on_read_of
 from warehouse_loader.location import TableLocation, location_in
-from warehouse_loader.maintenance import BuriedRows
+from warehouse_loader.maintenance import BuriedRows, PiledFiles
 from warehouse_loader.maintenance_runs import record_runs
 from warehouse_loader.table_format import TableFormat
 
@@ -188,6 +188,7 @@ def start_load(
     merge_on_read = merge_on_read_of(config, name)
     upkeep = config.warehouse.maintenance_of(name)
     buried = BuriedRows(fmt.maintainer(path), upkeep) if merge_on_read and upkeep.enabled else None
+    piled = PiledFiles(fmt.maintainer(path), upkeep) if upkeep.enabled else None
 
     def apply(batch: DataFrame, batch_id: int) -> None:
         changes = change_batch(batch, keys)
@@ -195,7 +196,7 @@ def start_load(
             try:
                 # The commit lease: maintenance (compaction, vacuum) never commits in between.
                 with committing(config.home_dir, build):
-                    fmt.write_batch(
+                    written = fmt.write_batch(
                         path,
                         changes,
                         table=build,
@@ -207,6 +208,8 @@ def start_load(
                     )
                     if buried is not None:
                         _compact_if_buried(config, build, buried, changes=changes.num_rows)
+                    if piled is not None:
+                        _compact_if_piled(config, build, piled, files=written.files)
             except HeadwaterError as exc:
                 _FAILURES[query_name] = exc  # Spark wraps it in a Java exception: keep it to re-raise as is
                 if isinstance(exc, SchemaMismatchError):  # waits for an operator: status shows why
@@ -233,6 +236,23 @@ def _compact_if_buried(config: ProjectConfig, build: str, buried: BuriedRows, *,
         removed, added, written = done
         logger.warning(
             "warehouse table %s: half its rows were removed ones; compacted %d files into %d (%d B) in %.1f s",
+            build,
+            removed,
+            added,
+            written,
+            time.monotonic() - started,
+        )
+
+
+def _compact_if_piled(config: ProjectConfig, build: str, piled: PiledFiles, *, files: int | None) -> None:
+    """After a commit that left ``files`` live files: compact the table if its files piled up (lease held)."""
+    started = time.monotonic()
+    done = piled.after_commit(files)
+    if done is not None and done[0]:
+        record_runs(config.home_dir, build, ["compaction"], dt.datetime.now(dt.UTC))
+        removed, added, written = done
+        logger.info(
+            "warehouse table %s: compacted %d files its batches added into %d (%d B) in %.1f s",
             build,
             removed,
             added,

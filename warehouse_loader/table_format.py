@@ -63,6 +63,8 @@ class WriteResult:
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
+    #: Live data and delete files of the table after the commit (None: the format does not say).
+    files: int | None = None
 
 
 class StoredTable(Protocol):

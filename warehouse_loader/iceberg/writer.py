@@ -110,6 +110,15 @@ def _version(table: Table | None) -> int | None:
     return None if current is None else int(current.sequence_number or 0)
 
 
+def _live_files(table: Table) -> int | None:
+    """Live data and delete files of ``table``'s current snapshot, from its summary (no manifest read)."""
+    current = table.current_snapshot()
+    totals = None if current is None or current.summary is None else current.summary.additional_properties
+    if totals is None or "total-data-files" not in totals:
+        return None
+    return int(totals["total-data-files"]) + int(totals.get("total-delete-files", 0))
+
+
 # --------------------------------------------------------------------------- SCD type 1
 
 
@@ -163,7 +172,9 @@ def write_scd1(
     if files is None:
         upserts = actions.upserts
         created = commit_files(ref, None, removed=(), rows=upserts, app=table, batch_id=batch_id, keys=keys)
-        return WriteResult(table, batch_id, False, _version(created), inserted=upserts.num_rows)
+        return WriteResult(
+            table, batch_id, False, _version(created), inserted=upserts.num_rows, files=_live_files(created)
+        )
     if merge_on_read and actions.truncate_at is None:
         done = _merge_on_read_scd1(ref, files, actions, keys=keys, table=table, batch_id=batch_id)
         if done is not None:
@@ -178,7 +189,7 @@ def write_scd1(
     merged = merge_scd1(old, actions, keys)
     rows = pa.concat_tables([merged.kept, merged.written])
     committed = commit_files(ref, files, removed=affected, rows=rows, app=table, batch_id=batch_id, keys=keys)
-    return WriteResult(table, batch_id, False, _version(committed), *merged.counts)
+    return WriteResult(table, batch_id, False, _version(committed), *merged.counts, files=_live_files(committed))
 
 
 def _merge_on_read_scd1(
@@ -219,7 +230,7 @@ def _merge_on_read_scd1(
     committed = commit_row_delta(
         ref, files, rows=merged.written, positions=positions, app=table, batch_id=batch_id, keys=keys
     )
-    return WriteResult(table, batch_id, False, _version(committed), *merged.counts)
+    return WriteResult(table, batch_id, False, _version(committed), *merged.counts, files=_live_files(committed))
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,7 +391,14 @@ def commit_scd2(
         created = commit_files(
             ref, None, removed=(), rows=actions.versions, app=table, batch_id=batch_id, keys=keys, metadata=metadata
         )
-        return WriteResult(table, batch_id, False, _version(created), inserted=actions.versions.num_rows)
+        return WriteResult(
+            table,
+            batch_id,
+            False,
+            _version(created),
+            inserted=actions.versions.num_rows,
+            files=_live_files(created),
+        )
     sa = quote(START_AT)
     touched = pa.concat_tables(
         [
@@ -408,6 +426,7 @@ def commit_scd2(
         inserted=actions.versions.num_rows - replaced,
         updated=replaced,
         deleted=actions.removed.num_rows,
+        files=_live_files(committed),
     )
 
 
