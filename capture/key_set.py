@@ -1,7 +1,7 @@
 """A resync's scratch data: the keys its re-snapshot read, and the log's keys it did not read.
 
 A resync compares every key the log holds live with the keys the source still has
-(:func:`capture.postgres.snapshot.resync.vanished_key_deletes`). Held as Python objects, 100M keys take
+(:func:`capture.resync.vanished_key_deletes`). Held as Python objects, 100M keys take
 gigabytes, so both sides live in memory only while small:
 
 * a :class:`KeySet` keeps up to ``spill_at`` keys in a set (small tables stay fast) and

@@ -76,10 +76,11 @@ from capture.postgres.identifiers import TableName
 from capture.postgres.registration.row_filters import condition_sql
 from capture.postgres.snapshot.copy_text import parse_copy_text
 from capture.postgres.snapshot.reread_columns import streamed_columns
-from capture.postgres.snapshot.resync import DELETE_INDEX_BASE, vanished_key_deletes
+from capture.postgres.snapshot.resync import vanished_key_deletes
 from capture.postgres.streaming.markers import WINDOW_CLOSE, WINDOW_OPEN, emit_marker, marker_of
 from capture.postgres.streaming.transactions import Change, Transaction
 from capture.records import OutRecord, SchemaRecord
+from capture.resync import DELETE_INDEX_BASE
 from capture.tuples import TupleData
 from core.durable_files import replace_json
 from core.errors import PermanentError

@@ -53,9 +53,10 @@ from capture.postgres.snapshot.copy_reader import read_chunk
 from capture.postgres.snapshot.copy_text import CopyRows
 from capture.postgres.snapshot.pipeline import ChunkReaders, SnapshotPipeline
 from capture.postgres.snapshot.plan import Chunk, SnapshotState, plan_chunks
-from capture.postgres.snapshot.resync import DELETE_INDEX_BASE, snapshot_keys, vanished_key_deletes
+from capture.postgres.snapshot.resync import snapshot_keys, vanished_key_deletes
 from capture.postgres.streaming.connection import pinned_options
 from capture.read_ahead import ReadAhead
+from capture.resync import DELETE_INDEX_BASE
 from capture.source_kind import SnapshotProgress
 from capture.tuples import TupleData
 from log.encoded_batches import AppendsEncodedBatches

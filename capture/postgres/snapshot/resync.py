@@ -6,7 +6,7 @@ go on (creating a new slot and streaming from it would skip them silently) and a
 for ``headwater source resync NAME``, which
 
 1. checks the source (reachable, slot not in use, publication present),
-2. records a :class:`ResyncRequest` in the source's capture state directory,
+2. records a :class:`~capture.resync.ResyncRequest` in the source's capture state directory,
 3. drops what is left of the slot and creates a fresh one (WAL is kept from now on).
 
 The next capture run sees the request and re-snapshots every published table with a
@@ -18,7 +18,8 @@ then converges to the source:
   everything there and before every change streamed afterwards;
 * every key the log still holds as live but the source no longer has (deleted while
   the slot was gone) gets a delete event plus tombstone at the same point
-  (:func:`vanished_key_deletes`), so nothing deleted meanwhile lingers downstream. The
+  (:func:`vanished_key_deletes`, PostgreSQL's events over :func:`capture.resync.vanished_key_deletes`,
+  which the MySQL kind shares), so nothing deleted meanwhile lingers downstream. The
   keys the re-snapshot read are held in a :class:`~capture.key_set.KeySet`, the log's
   live keys it did not read in :class:`~capture.key_set.Candidates`; both spill to one
   file in the capture state directory past a threshold, and the deletes are appended
@@ -33,84 +34,32 @@ the new snapshot covers everything before it).
 
 from __future__ import annotations
 
-import contextlib
-import json
-import time
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from capture import resync as reconcile
 from capture.errors import CancelledError, PublicationError, SlotError, UnknownSourceError
-from capture.key_set import Candidates, KeySet, Latest, remove_key_set
+from capture.key_set import KeySet
 from capture.postgres.events.source_block import postgres_source
 from capture.postgres.registration import publication as pub
 from capture.postgres.registration import slot as slots
 from capture.postgres.registration.registry import connect, object_names
 from capture.postgres.registration.slot import SlotStatus
 from capture.records import OutRecord
+from capture.resync import ResyncRequest
 from core.config import ProjectConfig
-from core.durable_files import replace_json
 from log.base import Log
 from log.columns import ColumnarReads
 from log.envelope import ChangeEvent, Op, SnapshotMarker, encode_value
 from log.reading import read_range_columns
 from log.sequence import Lsn
 
-REQUEST_FILE = "resync.json"
-#: ``txn_index`` of the first reconciling delete: above every snapshot row's index
-#: (``table << 40 | chunk << 24 | row``), so deletes sort after the re-snapshot's rows.
-DELETE_INDEX_BASE = 1 << 62
-
 
 def capture_state_dir(config: ProjectConfig, name: str) -> Path:
     """Where capture keeps a source's state (snapshot progress, resync request)."""
     return config.home_dir / "capture" / name
-
-
-@dataclass
-class ResyncRequest:
-    """A pending re-snapshot of one source, stored as JSON in its capture state directory."""
-
-    path: Path
-    reason: str
-    requested_at_ms: int
-    #: The last position the old slot had acknowledged (what was lost after it), if known.
-    lost_from: str | None = None
-    #: The consistent point of the slot the re-snapshot reads at, once it started.
-    consistent_lsn: int | None = None
-
-    @classmethod
-    def new(cls, state_dir: Path, reason: str, lost_from: Lsn | None = None) -> ResyncRequest:
-        """A request not started yet."""
-        return cls(state_dir / REQUEST_FILE, reason, int(time.time() * 1000), str(lost_from) if lost_from else None)
-
-    @classmethod
-    def load(cls, state_dir: Path) -> ResyncRequest | None:
-        """The pending request, or None."""
-        path = state_dir / REQUEST_FILE
-        if not path.exists():
-            return None
-        data = json.loads(path.read_text())
-        return cls(path, data["reason"], data["requested_at_ms"], data.get("lost_from"), data.get("consistent_lsn"))
-
-    def save(self) -> None:
-        """Write atomically and durably (:func:`core.durable_files.replace_json`)."""
-        body = {
-            "reason": self.reason,
-            "requested_at_ms": self.requested_at_ms,
-            "lost_from": self.lost_from,
-            "consistent_lsn": self.consistent_lsn,
-        }
-        replace_json(self.path, body)
-
-    def clear(self) -> None:
-        """The re-snapshot is durable: forget the request and its spilled key set."""
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-        remove_key_set(self.path.parent)
 
 
 # -- reconciling deletes ------------------------------------------------------------------------
@@ -148,101 +97,31 @@ def vanished_key_deletes(
     end: Mapping[int, int] | None = None,
     marker: SnapshotMarker = SnapshotMarker.TRUE,
 ) -> Generator[OutRecord, None, None]:
-    """Delete events (each followed by a tombstone) for keys live in ``topic`` but not in ``present``.
+    """PostgreSQL delete events (each followed by a tombstone) for keys live in ``topic`` but not in ``present``.
 
-    A key is live when its latest event (by ``(commit_lsn, txn_index)``) is an insert,
-    update or snapshot read after the topic's last truncate. ``present`` holds the keys
-    the re-snapshot read (encoded exactly as the log's keys), in memory or spilled to
-    disk; only keys missing from it are decoded (their last record of each read), and of
-    those only the ones whose latest event so far is live are held, as raw values
-    (:class:`~capture.key_set.Candidates`, spilled to ``present``'s file beyond a
-    threshold), so neither the table's size nor its delete history bounds the memory.
-
-    The deletes carry the re-snapshot's point ``commit_lsn`` and indexes from
-    ``first_index``, in key order; ``before`` is the key's last stored row image. They
-    are generated once the whole topic was read, so the caller may append them while
-    iterating. With ``end`` (the partitions' end offsets before the re-snapshot appended
-    anything; a partition not in it: 0) the re-snapshot's own records after it are not
-    read: each is a present key's read event, which changes nothing here.
+    :func:`capture.resync.vanished_key_deletes` with PostgreSQL's ``source`` block: the
+    last event's names, the re-snapshot's point as ``lsn``/``commit_lsn``, ``marker``.
     """
-    if topic not in log.list_topics():
-        return
-    candidates = Candidates(present)
-    try:
-        truncated_at: tuple[int, int] | None = None
-        for partition in range(log.describe_topic(topic).partitions):
-            stop = None if end is None else end.get(partition, 0)
-            for keys, values in _keys_and_values(log, topic, partition, stop):
-                found = present.present(topic, [key for key in keys if key is not None])
-                # A key lives in one partition, in sequence order, so only a missing key's last
-                # record in the batch counts (a tombstone: deleted) and only that one is decoded.
-                last: dict[bytes, bytes | None] = {}
-                for key, value in zip(keys, values, strict=True):
-                    if key is None:
-                        if value is not None:  # truncates are keyless
-                            event = orjson.loads(value)
-                            if event.get("op") == Op.TRUNCATE:
-                                at = _sequence(event)
-                                truncated_at = at if truncated_at is None else max(truncated_at, at)
-                    elif key not in found:
-                        last[key] = value
-                changes: dict[bytes, Latest | None] = {}
-                for key, value in last.items():
-                    if value is None:
-                        changes[key] = None
-                        continue
-                    event = orjson.loads(value)
-                    # (Capture writes truncates keyless: events.py.)
-                    live = event.get("op") not in (Op.DELETE, Op.TRUNCATE)
-                    changes[key] = (*_sequence(event), value) if live else None
-                candidates.update(changes)
-        index = first_index
-        # Events before the last truncate are not live: the truncate removed their rows.
-        for key, value in candidates.live(truncated_at):
-            event = orjson.loads(value)
-            old = event["source"]
-            source = postgres_source(
-                name=old["name"],
-                db=old["db"],
-                schema=old["schema"],
-                table=old["table"],
-                tx_id=None,
-                lsn=commit_lsn,
-                commit_lsn=commit_lsn,
-                txn_index=index,
-                ts_us=ts_us,
-                snapshot=marker,
-            )
-            deleted = encode_value(ChangeEvent(op=Op.DELETE, source=source, before=event.get("after"), ts_us=ts_us))
-            yield OutRecord(topic, key, deleted, commit_lsn, index)
-            yield OutRecord(topic, key, None, commit_lsn, index)
-            index += 1
-    finally:
-        candidates.close()
 
+    def delete_value(event: dict[str, Any], index: int) -> bytes:
+        old = event["source"]
+        source = postgres_source(
+            name=old["name"],
+            db=old["db"],
+            schema=old["schema"],
+            table=old["table"],
+            tx_id=None,
+            lsn=commit_lsn,
+            commit_lsn=commit_lsn,
+            txn_index=index,
+            ts_us=ts_us,
+            snapshot=marker,
+        )
+        return encode_value(ChangeEvent(op=Op.DELETE, source=source, before=event.get("after"), ts_us=ts_us))
 
-def _keys_and_values(
-    log: Log, topic: str, partition: int, stop: int | None
-) -> Iterator[tuple[list[bytes | None], list[bytes | None]]]:
-    """Keys and values of a partition's records from its beginning up to ``stop`` (None: its end), a read at a time."""
-    offset = log.beginning_offset(topic, partition)
-    if isinstance(log, ColumnarReads):  # the columnar read: no record object per record
-        until = log.end_offset(topic, partition) if stop is None else stop
-        for columns in read_range_columns(log, topic, partition, offset, until):
-            yield columns.keys.to_pylist(), columns.values.to_pylist()
-        return
-    while (stop is None or offset < stop) and (records := log.read(topic, partition, offset)):
-        if stop is not None and records[-1].offset >= stop:
-            records = [r for r in records if r.offset < stop]
-            if not records:
-                return
-        yield [r.key for r in records], [r.value for r in records]
-        offset = records[-1].offset + 1
-
-
-def _sequence(event: dict[str, Any]) -> tuple[int, int]:
-    source = event.get("source") or {}
-    return int(source.get("commit_lsn", 0)), int(source.get("txn_index", 0))
+    return reconcile.vanished_key_deletes(
+        log, topic, present, delete_value, commit_lsn=commit_lsn, first_index=first_index, end=end
+    )
 
 
 # -- the command's library side -----------------------------------------------------------------

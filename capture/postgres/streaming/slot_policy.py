@@ -32,8 +32,8 @@ from capture.postgres.registration.slot import (
 )
 from capture.postgres.snapshot.plan import SnapshotState
 from capture.postgres.snapshot.reader import SnapshotReader
-from capture.postgres.snapshot.resync import ResyncRequest
 from capture.postgres.streaming.connection import ReplicationLostError, acked_lsn, pinned_options
+from capture.resync import ResyncRequest
 from capture.stats import CaptureStats
 from core.errors import one_line
 from core.source_config import SourceConfig

@@ -24,8 +24,8 @@ from harness.topics import read_topic, topic_values
 from capture.errors import ColumnSettingError, ConfiguredKeyError, PublicationError
 from capture.postgres.agent import CaptureAgent
 from capture.postgres.catalog import typemap_decoders
-from capture.postgres.snapshot.resync import ResyncRequest
 from capture.postgres.streaming.markers import MARKER_PREFIX
+from capture.resync import ResyncRequest
 from core.log_config import LogConfig
 from core.source_config import ColumnsConfig, MaskConfig, SourceConfig
 from log.file.backend import FileLog

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from capture.key_set import KEY_SET_FILE, Candidates, KeySet
 from capture.postgres.events.source_block import postgres_source
 from capture.postgres.registration.slot import SlotStatus, is_gone, slot_gone_error
-from capture.postgres.snapshot.resync import DELETE_INDEX_BASE, ResyncRequest, snapshot_keys, vanished_key_deletes
+from capture.postgres.snapshot.resync import snapshot_keys, vanished_key_deletes
+from capture.resync import DELETE_INDEX_BASE, ResyncRequest
 from capture.retry_report import RetryReport
 from log.base import Record, TopicSpec
 from log.envelope import ChangeEvent, Op, encode_value
