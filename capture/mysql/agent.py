@@ -36,12 +36,14 @@ from typing import Any
 import orjson
 
 from capture.appender import Appender
-from capture.mysql.binlog.client import BinlogStream, BinlogStreamError
+from capture.key_set import KeySet, key_set_path
+from capture.mysql.binlog.client import BinlogPurgedError, BinlogStream, BinlogStreamError
 from capture.mysql.binlog.event_types import EventType
 from capture.mysql.binlog.position import BinlogPosition, GtidPosition
 from capture.mysql.binlog.rows import RowDecoder
 from capture.mysql.binlog.table_map import TableShape
 from capture.mysql.events import EventBuilder
+from capture.mysql.resync import append_vanished_key_deletes
 from capture.mysql.schema_records import schema_record
 from capture.mysql.settings import MySqlSource
 from capture.mysql.snapshot import Snapshot
@@ -52,6 +54,7 @@ from capture.mysql.table_plan import TablePlan, TablePlanner
 from capture.mysql.types.charsets import Charsets
 from capture.position import ResumePoint
 from capture.records import SchemaRecord
+from capture.resync import ResyncRequest
 from capture.source_topics import SourceTopics
 from capture.spill import SPILL_DIRECTORY, PausingFullDisk, SpillBudget, SpillDirectory
 from capture.stats import CaptureStats
@@ -184,7 +187,10 @@ class MySqlAgent:
             self.name, self.log, self.topics, self.stats, self._stop, retry_s=1.0, on_flushed=lambda: None
         )
         state = load_state(self.state_dir)
-        if state is None:
+        request = ResyncRequest.load(self.state_dir)
+        if request is not None:
+            state = self._resync(appender, resume, request)
+        elif state is None:
             if self.source.snapshot == "initial":
                 snapshot = Snapshot(self.source, self.builder, self.state_dir, self._schema_record)
                 state = snapshot.run(appender, resume)
@@ -202,6 +208,12 @@ class MySqlAgent:
                 failures = 0
                 if caught_up:
                     break
+            except BinlogPurgedError as exc:
+                msg = (
+                    f"source {self.name}: {exc}; run `headwater source resync {self.name}`: the next capture "
+                    "re-snapshots every table and deletes the rows removed meanwhile"
+                )
+                raise BinlogPurgedError(msg) from None
             except BinlogStreamError as exc:
                 failures += 1
                 appender.clear()
@@ -212,6 +224,32 @@ class MySqlAgent:
                 self.stats.reconnects += 1
                 self._stop.wait(min(2.0**failures, 30.0))
         return self.stats
+
+    def _resync(self, appender: Appender, resume: ResumePoint, request: ResyncRequest) -> StreamState:
+        """Carry out a requested resync (:mod:`capture.mysql.resync`) from its start; returns where streaming starts."""
+        logger.warning("source %s: re-snapshotting every table (%s)", self.name, request.reason)
+        snapshot = Snapshot(self.source, self.builder, self.state_dir, self._schema_record)
+        snapshot.forget()  # an interrupted resync never resumes a half snapshot: the key set must be whole
+        # Before the re-snapshot appends anything: the deletes read each topic up to here only.
+        ends = {topic: self.topics.end_offsets(topic) for topic in self.topics.of_source()}
+        with KeySet(key_set_path(self.state_dir)) as keys:
+            state = snapshot.run(appender, resume, keys=keys)
+            self.stats.events += snapshot.rows
+            if "d" in self.source.skipped_operations:
+                logger.warning(
+                    "source %s: deletes are skipped (skipped_operations), so rows deleted while the binlog was "
+                    "not read stay in the log",
+                    self.name,
+                )
+            else:
+                self.stats.events += append_vanished_key_deletes(
+                    appender, resume, self.builder, keys, state, ends=ends, batch_records=FLUSH_RECORDS
+                )
+        # Only now that the re-snapshot and its deletes are durable; a crash between these two lines
+        # streams from the point the completed snapshot recorded (Snapshot.run returns it at once).
+        request.clear()
+        save_state(self.state_dir, state)
+        return state
 
     def _stream(self, appender: Appender, resume: ResumePoint, *, blocking: bool) -> bool:
         """Read from the saved state; True when a non-blocking read reached the binlog's end."""

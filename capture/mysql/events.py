@@ -92,18 +92,8 @@ class EventBuilder:
             per_table[topic] = per_table.get(topic, 0) + 1
             source["commit_lsn"] = commit
             source["txn_index"] = index
-            return dumps_kept(
-                {
-                    "before": before,
-                    "after": after,
-                    "source": source,
-                    "op": op,
-                    "ts_ms": now_us // 1000,
-                    "ts_us": now_us,
-                    "ts_ns": now_us * 1000,
-                    "transaction": {"id": txn_id, "total_order": index + 1, "data_collection_order": per_table[topic]},
-                }
-            )
+            transaction_block = {"id": txn_id, "total_order": index + 1, "data_collection_order": per_table[topic]}
+            return _envelope(op, before, after, source, transaction=transaction_block, now_us=now_us)
 
         for item in transaction.items():
             if isinstance(item, Statement):
@@ -162,18 +152,42 @@ class EventBuilder:
     ) -> OutRecord:
         """An ``op: "r"`` record of ``image`` at sequence ``(commit, index)`` (initial or incremental snapshot)."""
         shape = plan.shape
-        source = {
+        source = self._read_source(
+            shape.schema, shape.table, commit=commit, index=index, marker=marker, ts_us=ts_us, file=file, pos=pos
+        )
+        return OutRecord(plan.topic, _key(image, plan), _envelope("r", None, image, source), commit, index)
+
+    def vanished_delete(
+        self, event: dict[str, Any], *, commit: int, index: int, ts_us: int, file: str, pos: int
+    ) -> bytes:
+        """A resync's delete (``op: "d"``) of the key whose last event in the log is ``event``, at ``(commit, index)``.
+
+        ``before`` is that event's ``after``, the last image the log holds (a Debezium delete
+        carries the row's last image); ``source`` names the event's table and is marked as the
+        re-snapshot's (``snapshot: "true"``), which found the row gone at its point ``file``/``pos``.
+        """
+        old = event["source"]
+        source = self._read_source(
+            old["db"], old["table"], commit=commit, index=index, marker="true", ts_us=ts_us, file=file, pos=pos
+        )
+        return _envelope("d", event.get("after"), None, source)
+
+    def _read_source(
+        self, db: str, table: str, *, commit: int, index: int, marker: str, ts_us: int, file: str, pos: int
+    ) -> dict[str, Any]:
+        """The ``source`` block of what a snapshot writes: no server, GTID or row event, the snapshot's point."""
+        return {
             "version": EVENT_VERSION,
             "connector": CONNECTOR,
             "name": self.source,
             "ts_ms": ts_us // 1000,
             "snapshot": marker,
-            "db": shape.schema,
+            "db": db,
             "sequence": None,
             "ts_us": ts_us,
             "ts_ns": ts_us * 1000,
             "schema": None,
-            "table": shape.table,
+            "table": table,
             "server_id": 0,
             "gtid": None,
             "file": file,
@@ -184,20 +198,32 @@ class EventBuilder:
             "commit_lsn": commit,
             "txn_index": index,
         }
+
+
+def _envelope(
+    op: str,
+    before: Any,
+    after: Any,
+    source: dict[str, Any],
+    *,
+    transaction: dict[str, Any] | None = None,
+    now_us: int | None = None,
+) -> bytes:
+    """An event's value: a streamed one with its ``transaction`` block, a snapshot's without; stamped ``now_us``."""
+    if now_us is None:
         now_us = _now_us()
-        value = dumps_kept(
-            {
-                "before": None,
-                "after": image,
-                "source": source,
-                "op": "r",
-                "ts_ms": now_us // 1000,
-                "ts_us": now_us,
-                "ts_ns": now_us * 1000,
-                "transaction": None,
-            }
-        )
-        return OutRecord(plan.topic, _key(image, plan), value, commit, index)
+    return dumps_kept(
+        {
+            "before": before,
+            "after": after,
+            "source": source,
+            "op": op,
+            "ts_ms": now_us // 1000,
+            "ts_us": now_us,
+            "ts_ns": now_us * 1000,
+            "transaction": transaction,
+        }
+    )
 
 
 def _key(image: dict[str, Any] | None, plan: TablePlan) -> bytes | None:

@@ -7,14 +7,16 @@ the server keeps binlogs by time, checked as a prerequisite). Capture is
 the binlog. A position is the binlog file and offset (and the MariaDB GTID position) after the
 last transaction the log holds, in ``<home>/capture/<source>/binlog.json``.
 
-Not yet: incremental snapshots (``headwater snapshot``) and resync's deletes for rows gone
-meanwhile (resync re-snapshots every table; keys deleted in between stay in the log).
+``resync`` (after a purged binlog) records a request and forgets the positions; the next capture
+re-snapshots every table and writes a delete plus tombstone for every key the log holds live
+that the source no longer has, so the log converges to the source (:mod:`capture.mysql.resync`).
+
+Not yet: incremental snapshots (``headwater snapshot``).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,16 +24,17 @@ from typing import Any
 from ruamel.yaml.comments import CommentedMap
 
 from capture import config_document
-from capture.errors import CaptureError, PrerequisiteError, SourceExistsError
+from capture.errors import CancelledError, CaptureError, PrerequisiteError, SourceExistsError
 from capture.mysql.agent import MySqlAgent
 from capture.mysql.prerequisites import check as check_prerequisites
+from capture.mysql.resync import request_resync
 from capture.mysql.settings import MySqlSource, default_server_id
 from capture.mysql.state import load_state
 from capture.mysql.types.values import TypeModes
 from capture.source_kind import Confirm, Outcome, SnapshotProgress, SnapshotRequest, SourceRequest, SourceView
 from core.config import ProjectConfig
 from core.errors import HeadwaterError
-from core.leases import Holder
+from core.leases import Holder, lease
 from core.source_config import SourceConfig
 from log.base import Log
 from log.topics import table_topic
@@ -249,15 +252,33 @@ class MySqlSourceKind:
 
     def resync_question(self, config: ProjectConfig, name: str) -> str:
         """What ``resync`` does."""
-        return f"Forget where source {name}'s capture stands, so the next capture re-snapshots every table?"
+        return (
+            f"forget where source {name}'s capture stands, so the next capture re-snapshots every table and "
+            "writes deletes for the rows removed meanwhile?"
+        )
 
     def resync(self, config: ProjectConfig, name: str, *, confirm: Confirm | None) -> Outcome:
-        """Forget the saved positions: the next capture takes a new snapshot, then streams from its point."""
-        shutil.rmtree(state_dir(config, name), ignore_errors=True)
+        """Record a resync request (:mod:`capture.mysql.resync`): the next capture re-snapshots and reconciles."""
+        held = lease(config.home_dir, "capture", name)
+        if not held.try_acquire():
+            holder = held.holder()
+            by = f" by {holder.describe()}" if holder is not None else ""
+            msg = f"source {name} is being captured{by}; stop its capture first, then run the resync again"
+            raise CaptureError(msg, source=name)
+        try:
+            if confirm is not None and not confirm(self.resync_question(config, name)):
+                msg = f"cancelled: the capture state of source {name} is unchanged"
+                raise CancelledError(msg, source=name)
+            directory = state_dir(config, name)
+            saved = load_state(directory)
+            request_resync(directory, "source resync", None if saved is None else saved.position)
+        finally:
+            held.release()
+        read = "" if saved is None else f" (the binlog was read up to {saved.position})"
         return Outcome(
             name,
-            f"source {name}: positions forgotten; the next capture re-snapshots every table "
-            "(rows deleted meanwhile are not deleted in the log yet)",
+            f"source {name}: positions forgotten{read}; the next capture re-snapshots every table and writes "
+            "deletes for the rows removed meanwhile, then streams from the re-snapshot's binlog point",
             next_step=f"headwater capture {name} --until-caught-up",
         )
 

@@ -14,6 +14,12 @@ tables not done are read again, whole, at a new consistent point; streaming star
 point. A table read again at a later point holds that point in its partitions, so the changes
 between the two points, which its new rows already show, are skipped there
 (:class:`capture.position.ResumePoint`), while tables done at the first point get them.
+
+A resync's re-snapshot (:mod:`capture.mysql.resync`) never resumes: it starts over with every
+table at one point (:meth:`Snapshot.forget`), adds every key it reads to a
+:class:`~capture.key_set.KeySet`, and indexes its rows past anything the log holds at that point
+(the last transaction streamed before it ends exactly there, as may an interrupted resync), so
+none of them is skipped as already held and the key set is that of the whole snapshot.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import pymysql.converters
 import pymysql.cursors
 
 from capture.appender import Appender
+from capture.key_set import KeySet
 from capture.mysql.binlog.position import BinlogPosition, GtidPosition
 from capture.mysql.catalog import describe
 from capture.mysql.events import EventBuilder
@@ -84,13 +91,22 @@ class Snapshot:
         """True once a snapshot point was chosen (the snapshot may not be done yet)."""
         return self._load()["stream_from"] is not None
 
-    def run(self, appender: Appender, resume: ResumePoint) -> StreamState:
-        """Read every table not done; returns where streaming starts."""
+    def forget(self) -> None:
+        """Forget the progress of an earlier snapshot: the next :meth:`run` reads every table."""
+        self.path.unlink(missing_ok=True)
+
+    def run(self, appender: Appender, resume: ResumePoint, *, keys: KeySet | None = None) -> StreamState:
+        """Read every table not done; returns where streaming starts.
+
+        With ``keys`` (a resync, after :meth:`forget`) every row's key is added to it, and rows
+        are indexed after anything the log holds at the snapshot's point.
+        """
         state = self._load()
         if state.get("complete") and state["stream_from"] is not None:
             return _point(state["stream_from"])
         with self.source.address.connect(cursorclass=pymysql.cursors.SSCursor, conv=_ENCODERS_ONLY) as conn:
             point = self._begin(conn)
+            first_index = 0 if keys is None else self._past_the_log(point, resume)
             # Listed inside the snapshot's transaction: a table created before its point is listed
             # (its rows are read), one created after it is streamed from its CREATE on.
             pending = [t for t in self._tables(conn) if t not in state["done"]]
@@ -99,7 +115,15 @@ class Snapshot:
                 self._save(state)
             for position, table in enumerate(pending):
                 self._table(
-                    conn, table, point, appender, resume, first=position == 0, last=position == len(pending) - 1
+                    conn,
+                    table,
+                    point,
+                    appender,
+                    resume,
+                    keys=keys,
+                    first_index=first_index,
+                    first=position == 0,
+                    last=position == len(pending) - 1,
                 )
                 state["done"].append(table)
                 self._save(state)
@@ -107,6 +131,21 @@ class Snapshot:
         state["complete"] = True
         self._save(state)
         return _point(state["stream_from"])
+
+    def _past_the_log(self, point: StreamState, resume: ResumePoint) -> int:
+        """The first row index at ``point`` that no partition holds (a resync's rows must all be appended)."""
+        highest = resume.highest()
+        at = point.position.sequence()
+        if highest is None or highest.commit_lsn < at:
+            return 0
+        if highest.commit_lsn > at:
+            msg = (
+                f"source {self.source.name}: the snapshot's binlog point {point.position} is before the log's last "
+                "change: the server is not the one this log was captured from (restored from a backup, or its "
+                "binlog reset?); capture it into a new log (another home or source name)"
+            )
+            raise SnapshotError(msg)
+        return highest.txn_index + 1
 
     def _tables(self, conn: Any) -> list[str]:
         """The configured tables, then every table of the databases captured whole (by name)."""
@@ -156,6 +195,8 @@ class Snapshot:
         appender: Appender,
         resume: ResumePoint,
         *,
+        keys: KeySet | None,
+        first_index: int,
         first: bool,
         last: bool,
     ) -> None:
@@ -172,7 +213,10 @@ class Snapshot:
         # The row filter as the server evaluates it (capture evaluates streamed rows alike: row_filter).
         where = f" WHERE {plan.row_filter.condition}" if plan.row_filter is not None else ""
         ts_us = time.time_ns() // 1000
-        index = 0
+        index = first_index
+        read: list[bytes] = []
+        if keys is not None:
+            keys.add(plan.topic, ())  # an empty table too: every key the log holds live for it is gone
         with conn.cursor() as cur:
             cur.execute(f"SELECT {columns} FROM {_quote(database)}.{_quote(name)}{where}")
             chunk = cur.fetchmany(CHUNK_ROWS)
@@ -183,17 +227,23 @@ class Snapshot:
                         [None if v is None else convert(v) for v, convert in zip(row, converters, strict=True)]
                     )
                     marker = SnapshotMarker.of_row(
-                        first_in_table=index == 0,
+                        first_in_table=index == first_index,
                         last_in_table=not following and at == len(chunk) - 1,
                         first_table=first,
                         last_table=last,
                     )
-                    appender.records.append(
-                        self.builder.snapshot_record(
-                            plan, image, point=point, index=index, marker=marker.value, ts_us=ts_us
-                        )
+                    event = self.builder.snapshot_record(
+                        plan, image, point=point, index=index, marker=marker.value, ts_us=ts_us
                     )
+                    appender.records.append(event)
+                    if keys is not None and event.key is not None:
+                        read.append(event.key)
                     index += 1
+                if keys is not None:
+                    # The records' own keys: encoded exactly as the log holds them (and a row the appender
+                    # quarantines is still in the source, so its key is present too).
+                    keys.add(plan.topic, read)
+                    read.clear()
                 self.rows += len(chunk)
                 appender.flush(resume, None)
                 chunk = following

@@ -17,6 +17,7 @@ A 5.7 version with ``MariaDB`` in it passes both, and the binlog client still se
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,3 +97,23 @@ def create_database(server: EmbeddedMariaDB, name: str) -> MariaDatabase:
     with pymysql.connect(**server.connect_args(), autocommit=True) as conn, conn.cursor() as cur:
         cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
     return MariaDatabase(server, name)
+
+
+def purge_binlogs(server: EmbeddedMariaDB, *, timeout_s: float = 30) -> str:
+    """Switch to a new binlog and purge every older one; returns the binlog file that is left.
+
+    MariaDB keeps a binlog until InnoDB's (asynchronous) binlog checkpoint no longer needs
+    it, so the purge is repeated until only the current file is listed.
+    """
+    deadline = time.monotonic() + timeout_s
+    with pymysql.connect(**server.connect_args(), autocommit=True) as conn, conn.cursor() as cur:
+        while True:
+            cur.execute("FLUSH BINARY LOGS")
+            cur.execute("SHOW MASTER STATUS")
+            current = str(cur.fetchone()[0])
+            cur.execute(f"PURGE BINARY LOGS TO '{current}'")
+            cur.execute("SHOW BINARY LOGS")
+            if [row[0] for row in cur.fetchall()] == [current]:
+                return current
+            assert time.monotonic() < deadline, f"MariaDB did not purge its binlogs within {timeout_s:.0f} s"
+            time.sleep(0.5)

@@ -247,10 +247,7 @@ class BinlogStream:
             payload[9:].decode("utf-8", "replace") if payload[3:4] == b"#" else payload[3:].decode("utf-8", "replace")
         )
         if code in _PURGED_ERRORS:
-            msg = (
-                f"the server no longer has the binlog capture resumes from ({self.start}): {text}; "
-                "run `headwater source resync` to take a new snapshot"
-            )
+            msg = f"the server no longer has the binlog capture resumes from ({self.start}): {text}"
             raise BinlogPurgedError(msg)
         msg = f"the server refused the binlog stream from {self.start}: error {code}: {text}"
         raise BinlogFormatError(msg)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
+from harness.cli import run_headwater
 
 from core.config import load_config
 from operations.pipeline_metrics import PipelineCollector, Scope
@@ -17,17 +16,7 @@ PASSWORD_VAR = "HW_MYSQL_CAPTURE_PW"
 
 
 def headwater(config: Path, *args: str, password: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "headwater", "--config", str(config), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, PASSWORD_VAR: password},
-    )
-    if ok:
-        assert result.returncode == 0, result.stderr[-3000:]
-    return result
+    return run_headwater(config, *args, env={PASSWORD_VAR: password}, ok=ok)
 
 
 def source_metrics(config: Path) -> dict[str, float]:

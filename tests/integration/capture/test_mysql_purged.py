@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pymysql
 import pytest
-from harness.mariadb import start_mariadb_server
+from harness.mariadb import purge_binlogs, start_mariadb_server
 
 from capture.mysql.agent import MySqlAgent
 from capture.mysql.binlog.client import BinlogPurgedError
@@ -27,18 +26,7 @@ def test_a_purged_binlog_stops_capture_naming_resync(tmp_path: Path) -> None:
             agent = MySqlAgent(source, FileLog(tmp_path / "log"), LogConfig(), tmp_path / "state")
             agent.run(until_caught_up=True)
             cur.execute("INSERT INTO p.t VALUES (1)")  # in the binlog capture has not read yet
-            # MariaDB keeps a binlog until InnoDB's (asynchronous) binlog checkpoint no longer needs it.
-            deadline = time.monotonic() + 30
-            while True:
-                cur.execute("FLUSH BINARY LOGS")
-                cur.execute("SHOW MASTER STATUS")
-                current = cur.fetchone()[0]
-                cur.execute(f"PURGE BINARY LOGS TO '{current}'")
-                cur.execute("SHOW BINARY LOGS")
-                if [row[0] for row in cur.fetchall()] == [current]:
-                    break
-                assert time.monotonic() < deadline, "MariaDB did not purge its binlogs within 30 s"
-                time.sleep(0.5)
+        purge_binlogs(server)
         with pytest.raises(BinlogPurgedError) as raised:
             MySqlAgent(source, FileLog(tmp_path / "log"), LogConfig(), tmp_path / "state").run(until_caught_up=True)
     finally:

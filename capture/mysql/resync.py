@@ -1,0 +1,112 @@
+"""A MySQL source's resync: the request, then a re-snapshot whose deletes converge the log to the source.
+
+A binlog purged before capture read it stops capture (:mod:`capture.mysql.agent`): the changes
+in it cannot be streamed any more. ``headwater source resync NAME`` (:func:`request_resync`)
+records a :class:`~capture.resync.ResyncRequest` and forgets the saved positions; the next
+capture sees the request and
+
+1. re-snapshots every table at one new binlog point, from scratch
+   (:class:`capture.mysql.snapshot.Snapshot` with a :class:`~capture.key_set.KeySet`): each
+   current row is an ``op: r`` event at the point, indexed past anything the log already holds
+   there, and each key read is recorded;
+2. appends, per table, a Debezium-style delete (``before``: the last image the log holds) plus a
+   tombstone for every key the log still holds live that the re-snapshot did not read
+   (:func:`append_vanished_key_deletes`, over :func:`capture.resync.vanished_key_deletes`): rows
+   deleted while the binlog was gone. They carry the point and indexes from
+   :data:`~capture.resync.DELETE_INDEX_BASE` (past the rows'), so they sort after everything in
+   the log and before every change streamed after the point;
+3. clears the request (and the spilled key set) once all of that is durable, then saves the
+   point as the stream's start.
+
+A run interrupted before the request is cleared starts over (a new point, an empty key set);
+what it appended stays in the log as history: a key it deleted is no longer live, so it is not
+deleted again, and the new run's rows and deletes are indexed past the old run's when the point
+is the same. A run interrupted after the clearing streams on from the point the snapshot recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from capture.appender import Appender
+from capture.key_set import KeySet
+from capture.mysql.binlog.position import BinlogPosition
+from capture.mysql.events import EventBuilder
+from capture.mysql.snapshot import SNAPSHOT_FILE
+from capture.mysql.state import STATE_FILE, StreamState
+from capture.position import ResumePoint
+from capture.resync import DELETE_INDEX_BASE, ResyncRequest, vanished_key_deletes
+
+logger = logging.getLogger(__name__)
+
+
+def request_resync(state_dir: Path, reason: str, lost_from: BinlogPosition | None) -> ResyncRequest:
+    """Record a resync request, then forget the saved positions (the request first: a crash between still resyncs)."""
+    request = ResyncRequest.new(state_dir, reason, lost_from)
+    request.save()
+    for name in (STATE_FILE, SNAPSHOT_FILE):
+        (state_dir / name).unlink(missing_ok=True)
+    return request
+
+
+def append_vanished_key_deletes(
+    appender: Appender,
+    resume: ResumePoint,
+    builder: EventBuilder,
+    keys: KeySet,
+    point: StreamState,
+    *,
+    ends: Mapping[str, Mapping[int, int]],
+    batch_records: int,
+) -> int:
+    """Append deletes (+ tombstones) at ``point`` for keys the log holds live but the re-snapshot did not read.
+
+    ``keys`` holds the re-snapshot's keys per table topic (every table it read, empty ones
+    too); ``ends`` the topics' end offsets before it appended anything (its own records are
+    present keys' reads, so they are not read again). Returns how many keys were deleted.
+    """
+    appender.flush(resume, None)  # every row of the re-snapshot first
+    commit = point.position.sequence()
+    highest = resume.highest()
+    # Past the rows, and past an interrupted resync's deletes at the same point (never skipped as held).
+    first_index = DELETE_INDEX_BASE
+    if highest is not None and highest.commit_lsn == commit:
+        first_index = max(first_index, highest.txn_index + 1)
+    ts_us = time.time_ns() // 1000
+    total = 0
+    pending = appender.records
+
+    def delete_value(event: dict[str, Any], index: int) -> bytes:
+        file, pos = point.position.file, point.position.offset
+        return builder.vanished_delete(event, commit=commit, index=index, ts_us=ts_us, file=file, pos=pos)
+
+    for topic in keys.topics():
+        deletes = vanished_key_deletes(
+            appender.log, topic, keys, delete_value, commit_lsn=commit, first_index=first_index, end=ends.get(topic, {})
+        )
+        deleted = 0
+        # Appended as generated (a mass delete is never held whole); a batch ends after a
+        # tombstone, so each delete shares its tombstone's atomic append.
+        with contextlib.closing(deletes):
+            for record in deletes:
+                pending.append(record)
+                if record.value is None:
+                    deleted += 1
+                    if len(pending) >= batch_records:
+                        appender.flush(resume, None)
+        appender.flush(resume, None)
+        first_index += deleted
+        total += deleted
+        if deleted:
+            logger.warning(
+                "source %s: %s: %d rows were deleted while the binlog was not read; their deletes are written",
+                builder.source,
+                topic,
+                deleted,
+            )
+    return total
