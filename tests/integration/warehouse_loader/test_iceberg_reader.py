@@ -124,3 +124,32 @@ def test_a_renamed_column_reads_under_its_new_name_in_every_reader(tmp_path: Pat
     reads = three_reads(ref)
     assert reads[0] == reads[1] == reads[2]
     assert sorted((r["userId"], r["town"]) for r in reads[2]) == [(1, "x"), (2, "y")]
+
+
+@pytest.mark.parametrize("mode", ["copy-on-write", "merge-on-read"])
+def test_merged_manifests_and_the_loaders_compactions_read_alike_in_every_reader(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: commits that merge manifests and the loader's compactions between them, as DuckDB reads them."""
+    from core.warehouse_config import MaintenanceConfig
+    from warehouse_loader.iceberg.maintenance import IcebergMaintainer
+    from warehouse_loader.maintenance import PiledFiles
+
+    monkeypatch.setattr(writer, "MERGE_ON_READ_MAX_SHARE", float("inf"))
+    events = stream(seed=5, count=400, keys=150)
+    ref, _ = place(tmp_path, "local", None, "users")
+    piled = PiledFiles(IcebergMaintainer(ref), MaintenanceConfig())
+    for batch_id, batch in enumerate(batches(events, size=10)):
+        result = writer.write_batch(
+            ref, batch, table="users", batch_id=batch_id, keys=KEYS, config=SCD1, merge_on_read=mode == "merge-on-read"
+        )
+        piled.after_commit(result.files)
+        if batch_id % 13 == 12:  # between compactions too, not only right after one
+            reads = three_reads(ref)
+            assert reads[0] == reads[1] == reads[2]
+    pyiceberg_rows, headwater_rows, duckdb_rows = three_reads(ref)
+    assert pyiceberg_rows == headwater_rows == duckdb_rows
+    assert sorted((r["userId"], r["name"], r["city"]) for r in duckdb_rows) == expected_scd1(events)
+    table = ref.load()
+    assert table is not None and table.current_snapshot() is not None
+    assert len(table.current_snapshot().manifests(table.io)) <= 2  # type: ignore[union-attr]
