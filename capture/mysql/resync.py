@@ -3,7 +3,7 @@
 A binlog purged before capture read it stops capture (:mod:`capture.mysql.agent`): the changes
 in it cannot be streamed any more. ``headwater source resync NAME`` (:func:`request_resync`)
 records a :class:`~capture.resync.ResyncRequest` and forgets the saved positions; the next
-capture sees the request and
+capture sees the request and (whatever the source's ``snapshot`` mode: the operator asked for one)
 
 1. re-snapshots every table at one new binlog point, from scratch
    (:class:`capture.mysql.snapshot.Snapshot` with a :class:`~capture.key_set.KeySet`): each

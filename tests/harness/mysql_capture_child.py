@@ -4,8 +4,7 @@
 
 Captures ``TABLES`` (comma-separated ``db.table``) of ``DSN`` into the file log ``HOME/log``
 (state in ``HOME/capture/SOURCE``), following the binlog until killed. Prints ``started`` once
-the agent runs. Until ``headwater capture`` reaches MySQL sources (issue 28's source interface),
-this is how a test runs capture as a separate process.
+the agent runs: capture as a bare process, without a project or the CLI around it.
 
 With ``KILL_AT`` it captures until caught up instead, and SIGKILLs itself at that point of a
 resync (:mod:`capture.mysql.resync`), exiting 0 if it never got there:

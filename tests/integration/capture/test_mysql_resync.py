@@ -10,6 +10,7 @@ once, after everything the log held before and before everything streamed afterw
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -30,6 +31,7 @@ from capture.mysql.resync import request_resync
 from capture.mysql.settings import MySqlSource
 from capture.resync import REQUEST_FILE
 from core.config import load_config
+from core.leases import lease
 from core.log_config import LogConfig
 from log.file.backend import FileLog
 from operations.scaffold import init_project
@@ -173,6 +175,13 @@ def test_resync_after_a_purged_binlog_deletes_the_rows_gone_meanwhile(server, tm
 
     refused = headwater(config, "source", "resync", name, password=password, ok=False)
     assert refused.returncode != 0 and "pass --yes" in refused.stderr, refused.stderr
+    capturing = lease(home, "capture", name)
+    assert capturing.try_acquire()
+    try:
+        busy = headwater(config, "source", "resync", name, "--yes", password=password, ok=False)
+    finally:
+        capturing.release()
+    assert busy.returncode != 0 and f"source {name} is being captured by pid {os.getpid()}" in busy.stderr, busy.stderr
     assert not (home / "capture" / name / REQUEST_FILE).exists()
     resync = headwater(config, "source", "resync", name, "--yes", password=password)
     assert f"source {name}: positions forgotten (the binlog was read up to " in resync.stdout
@@ -231,8 +240,12 @@ def test_resync_killed_midway_converges_on_the_rerun(server, tmp_path: Path, kil
         assert 0 < len(partial) < len(vanished), "not killed in the middle of the deletes"
 
     # The rerun (its keys spill to the on-disk set, as a table past KeySet.SPILL_AT would).
+    spilled = []
+    spill = KeySet._spill
     monkeypatch.setattr(KeySet, "SPILL_AT", 50)
+    monkeypatch.setattr(KeySet, "_spill", lambda self: (spilled.append(self), spill(self)))
     capture_in_process(server, db, home, source)
+    assert (len(spilled) == 1) == (kill_at != "save"), "the key set did not spill"
     execute(server, db, "UPDATE t SET v = 'after resync' WHERE id = 41", "DELETE FROM t WHERE id = 42")
     capture_in_process(server, db, home, source)
     assert_converged(server, db, home, source, vanished={"t": vanished, "e": set(range(1, 6))}, before=before)
