@@ -2,8 +2,9 @@
 
 The type follows the column's logical type (:func:`log.row_types.logical_type` of its schema
 record under the source's type modes): what the log holds is what the replica gets. Values are
-written with ``COPY`` in text form, so each converter returns a Python value whose text
-PostgreSQL reads as the column's type (``infinity`` timestamps as the text itself).
+written in ``COPY``'s text form (as elements of the statements' arrays, :mod:`sinks.postgres.arrays`),
+so each converter returns a Python value whose text PostgreSQL reads as the column's type
+(``infinity`` timestamps as the text itself).
 
 Enums, domains over unknown types and other types capture writes as text become ``text``.
 Bit strings (``bit(n)``/``varbit`` as Debezium's little-endian bytes) cannot be written back

@@ -10,9 +10,9 @@ are not rows (skipped). The same transaction creates or evolves the replica tabl
 (:mod:`sinks.postgres.tables`) and saves the checkpoints (:mod:`sinks.postgres.offsets`), so
 a batch is in the replica with its offsets or not at all: **exactly once**, with each key's
 changes in the source's order. A source transaction that changed keys of several partitions
-may show in several target transactions. A batch's statements, its offsets' update and its
-commit go to the server in one pipeline: two round trips (the offsets' fence is read before the
-commit), and no staging table for the commit to empty.
+may show in several target transactions. BEGIN, a batch's statements, its offsets' update and
+COMMIT go to the server in one pipeline, one round trip (a fenced checkpoint fails in the server,
+which then runs nothing more of it), and there is no staging table for the commit to empty.
 
 A batch the database refuses for its data (a value that does not fit, a constraint of the
 replica) is tried again after re-reading the schema records; if it still fails, each record
@@ -61,8 +61,8 @@ _VALUE = operator.itemgetter(5)
 class ParsedBatch(list[SinkRecord]):
     """A batch read ahead (:meth:`PostgresSink.prepare`, on the reading thread): each event's op, parsed on demand.
 
-    With the extension, the ops come from ``native.speedups.event_ops`` and an upsert of a table whose
-    columns it can write goes to ``COPY`` as text from ``copy_text``, never parsed in Python; without
+    With the extension, the ops come from ``native.speedups.event_ops`` and the upserts of a table whose
+    columns it can write become array literals from ``copy_text`` and ``copy_arrays``, never parsed in Python; without
     it (or for an event it cannot read exactly) every event is parsed here, as its twin.
     """
 

@@ -4,7 +4,8 @@ The twin is what the sink does without the extension: ``orjson.loads`` of each e
 image with its position, each column's converter and psycopg's ``COPY`` text. ``copy_text``
 must give the same bytes for every event it answers, answer the events capture writes, and
 return None (the twin's turn) for anything it cannot write exactly; ``event_ops`` must give
-each event's op as the twin reads it, or ``?`` where only the twin can tell.
+each event's op as the twin reads it, or ``?`` where only the twin can tell; ``copy_arrays`` must
+turn that text into the twin's array literals (sinks/postgres/arrays.py).
 """
 
 from __future__ import annotations
