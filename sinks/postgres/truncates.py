@@ -53,7 +53,7 @@ class Truncates:
         )
 
     def newer_than_last(self, name: str) -> sql.Composable:
-        """A condition on a staged row: its position is after the table's last truncate (if any)."""
+        """A condition on a row of the batch (``s``, see :mod:`sinks.postgres.arrays`): after the last truncate."""
         return sql.SQL(
             "NOT EXISTS (SELECT 1 FROM {} x WHERE x.replica = {} AND (s.{}, s.{}) < (x.commit_lsn, x.txn_index))"
         ).format(self._table, sql.Literal(name), sql.Identifier(LSN_COLUMN), sql.Identifier(INDEX_COLUMN))
