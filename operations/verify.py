@@ -36,7 +36,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,7 @@ from psycopg import sql
 
 from core.config import ProjectConfig
 from core.errors import PermanentError, TransientError
+from core.leases import lease
 from core.table_leases import reading
 from log.base import Log
 from log.factory import open_log
@@ -54,6 +55,7 @@ from log.sequence import Lsn
 from log.sequence import Sequence as ChangeSequence
 from log.table_schemas import read_schema_records
 from log.topics import load_group
+from operations.image_diff import ImageDecoder, compare_images, key_texts
 from operations.row_hashes import canonical_columns
 from operations.table_diff import Difference, DiffTarget, changed_since, compare_all, compare_keys, quoted, shown_key
 from spark_log.versions import resolve_topic
@@ -61,10 +63,14 @@ from warehouse_loader.changes import SEQ
 from warehouse_loader.errors import WarehouseError
 from warehouse_loader.formats import format_of
 from warehouse_loader.load_job import UnknownWarehouseTableError, load_identity, table_keys, table_path
+from warehouse_loader.location import TableLocation
 from warehouse_loader.quality import verify_runs_path
+from warehouse_loader.table_format import StoredTable
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from capture.consistent_read import ConsistentRead, ConsistentReads
 
 #: Differences listed in a result (all are counted).
 SHOWN = 50
@@ -102,6 +108,8 @@ class VerifyResult:
     seconds: float
     #: Seconds of the first round's level-1 scans: ``source`` (Postgres) and ``warehouse`` (DuckDB).
     timings: dict[str, float] = field(default_factory=dict)
+    #: How the point is named (None: ``LSN <lsn> (exported snapshot)``, PostgreSQL's).
+    at: str | None = None
 
     @property
     def equal(self) -> bool:
@@ -111,7 +119,7 @@ class VerifyResult:
     def lines(self) -> list[str]:
         """The report, a line each (what ``headwater verify`` prints)."""
         out = [
-            f"{self.table}: source {self.source_table} at LSN {self.lsn} (exported snapshot); "
+            f"{self.table}: source {self.source_table} at {self.at or f'LSN {self.lsn} (exported snapshot)'}; "
             f"rows: source {self.source_rows:,}, warehouse {self.warehouse_rows:,}; "
             f"{self.differing_buckets} of {self.buckets:,} key buckets differ; "
             f"{self.rounds} round(s), {self.seconds:.1f}s"
@@ -167,56 +175,30 @@ def verify_table(
         target = _resolve(config, log, name)
     finally:
         log.close()
-    pending: set[str] | None = None  # None: the whole table
-    confirmed: dict[str, Difference] = {}
-    first: tuple[int, int, int, int] | None = None
-    timings: dict[str, float] = {}
-    lsn = ""
-    done = 0
+    wait = _Waiting(deadline, load, spark, say)
     # Held for every round: no vacuum removes the files of a version while it is compared.
     with reading(config.home_dir, table_path(config, name).name):
-        for attempt in range(1, rounds + 1):
-            done = attempt
-            with _Snapshot(target.dsn, timeout_s) as snapshot:
-                lsn = str(snapshot.lsn)
-                if say:
-                    say(f"snapshot of {target.relation} at LSN {lsn}; waiting for the table to be loaded past it")
-                _wait_loaded(config, target, snapshot.lsn, deadline, load=load, spark=spark)
-                where = table_path(config, name)
-                stored = format_of(config, name).open(where)
-                if stored is None:
-                    msg = f"table {name!r} is not loaded yet; run 'headwater load {name} --available-now'"
-                    raise VerifyError(msg)
-                if pending is None:
-                    counts, found = compare_all(snapshot.conn, where, stored, target, timings)
-                    first = counts
-                else:
-                    found = compare_keys(snapshot.conn, where, stored, target, pending)
-            threshold = ChangeSequence(snapshot.lsn.value, 0).sortable()
-            side = format_of(config, name).tombstones(where)
-            newer = changed_since(where, stored, side, target, found, threshold)
-            for key, difference in found.items():
-                if key not in newer:
-                    confirmed[key] = difference
-            pending = {key for key in found if key in newer}
-            if not pending:
-                break
-    assert first is not None
-    source_rows, warehouse_rows, buckets, differing = first
+        if config.sources[target.source].kind == "postgres":
+            found = _pg_rounds(config, target, rounds, wait)
+        else:
+            found = _image_rounds(config, target, rounds, wait)
+    assert found.first is not None
+    source_rows, warehouse_rows, buckets, differing = found.first
     result = VerifyResult(
         table=name,
         source_table=target.relation,
-        lsn=lsn,
+        lsn=found.point,
         source_rows=source_rows,
         warehouse_rows=warehouse_rows,
         buckets=buckets,
         differing_buckets=differing,
-        differences=[confirmed[k] for k in sorted(confirmed)],
-        unsettled=sorted(shown_key(target, key) for key in pending or ()),
-        not_compared=target.not_compared,
-        rounds=done,
+        differences=[found.confirmed[k] for k in sorted(found.confirmed)],
+        unsettled=sorted(shown_key(target, key) for key in found.pending),
+        not_compared=target.not_compared or found.not_compared,
+        rounds=found.rounds,
         seconds=time.monotonic() - started,
-        timings=timings,
+        timings=found.timings,
+        at=found.at,
     )
     if record:
         path = verify_runs_path(config)
@@ -224,6 +206,114 @@ def verify_table(
         with path.open("ab") as handle:
             handle.write(orjson.dumps(result.as_json()) + b"\n")
     return result
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    """How a round waits for the table to pass its point (see :func:`_wait_load`)."""
+
+    deadline: float
+    load: bool
+    spark: SparkSession | None
+    say: Callable[[str], None] | None
+
+
+@dataclass
+class _Rounds:
+    """What the rounds found: the first round's counts, the confirmed and the still-changing keys."""
+
+    first: tuple[int, int, int, int] | None = None
+    confirmed: dict[str, Difference] = field(default_factory=dict)
+    pending: set[str] = field(default_factory=set)
+    point: str = ""
+    #: How the result names the point (None: PostgreSQL's ``LSN ... (exported snapshot)``).
+    at: str | None = None
+    rounds: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    not_compared: list[str] = field(default_factory=list)
+
+    def settle(self, found: Mapping[str, Difference], newer: set[str]) -> bool:
+        """Confirm the keys not changed after the round's point; True when none is left to compare again."""
+        for key, difference in found.items():
+            if key not in newer:
+                self.confirmed[key] = difference
+        self.pending = {key for key in found if key in newer}
+        return not self.pending
+
+
+def _pg_rounds(config: ProjectConfig, target: DiffTarget, rounds: int, wait: _Waiting) -> _Rounds:
+    """PostgreSQL: an exported snapshot per round, hashes per bucket in SQL (:mod:`operations.table_diff`)."""
+    out = _Rounds()
+    pending: set[str] | None = None  # None: the whole table
+    for attempt in range(1, rounds + 1):
+        out.rounds = attempt
+        with _Snapshot(target.dsn, wait.deadline - time.monotonic()) as snapshot:
+            out.point = str(snapshot.lsn)
+            if wait.say:
+                wait.say(
+                    f"snapshot of {target.relation} at LSN {out.point}; waiting for the table to be loaded past it"
+                )
+            _wait_loaded(config, target, snapshot.lsn, wait)
+            where, stored = _stored(config, target.name)
+            if pending is None:
+                counts, found = compare_all(snapshot.conn, where, stored, target, out.timings)
+                out.first = counts
+            else:
+                found = compare_keys(snapshot.conn, where, stored, target, pending)
+        threshold = ChangeSequence(snapshot.lsn.value, 0).sortable()
+        side = format_of(config, target.name).tombstones(where)
+        if out.settle(found, changed_since(where, stored, side, target, found, threshold)):
+            break
+        pending = out.pending
+    return out
+
+
+def _image_rounds(config: ProjectConfig, target: DiffTarget, rounds: int, wait: _Waiting) -> _Rounds:
+    """A kind reading rows as events: a consistent read per round, compared by chunk (:mod:`operations.image_diff`)."""
+    from capture.consistent_read import ConsistentReads
+    from capture.kinds import kind_of
+
+    kind = kind_of(config, target.source)
+    assert isinstance(kind, ConsistentReads)
+    log = open_log(config)
+    try:
+        decoder = ImageDecoder(config, log, target.topic)
+    finally:
+        log.close()
+    out = _Rounds()
+    pending: set[str] | None = None  # None: the whole table
+    for attempt in range(1, rounds + 1):
+        out.rounds = attempt
+        with kind.consistent_read(config, target.source, target.topic) as read:
+            out.point = read.label
+            out.at = f"binlog position {read.label} (consistent snapshot)"
+            if wait.say:
+                wait.say(f"snapshot of {read.table} at {out.at}; waiting for the table to be loaded past it")
+            _wait_captured(config, target, kind, read, wait.deadline)
+            _wait_load(config, target, f"binlog position {read.label}", wait)
+            where, stored = _stored(config, target.name)
+            compared = compare_images(read, decoder, where, stored, target, pending)
+        if pending is None:
+            out.first = (compared.source_rows, compared.warehouse_rows, compared.chunks, compared.differing_chunks)
+            out.not_compared = compared.not_compared
+        # The read holds every change committed at or before its point; later ones sort at or past point + 1.
+        threshold = ChangeSequence(read.point + 1, 0).sortable()
+        side = format_of(config, target.name).tombstones(where)
+        found = compared.differences
+        if out.settle(found, changed_since(where, stored, side, target, found, threshold)):
+            break
+        pending = out.pending
+    return out
+
+
+def _stored(config: ProjectConfig, name: str) -> tuple[TableLocation, StoredTable]:
+    """The table's location and its current version."""
+    where = table_path(config, name)
+    stored = format_of(config, name).open(where)
+    if stored is None:
+        msg = f"table {name!r} is not loaded yet; run 'headwater load {name} --available-now'"
+        raise VerifyError(msg)
+    return where, stored
 
 
 # --------------------------------------------------------------------------- the target
@@ -248,19 +338,14 @@ def _resolve(config: ProjectConfig, log: Log, name: str) -> DiffTarget:
     if source is None or not records:
         msg = f"{name!r} reads topic {topic!r}, which no configured source has captured; run 'headwater capture' first"
         raise VerifyError(msg)
+    latest = max(records, key=lambda record: int(record.get("version", 0)))
     if source.kind != "postgres":
-        # The consistent point and the source-side hashes are PostgreSQL's (exported snapshot, SQL hashes).
-        msg = (
-            f"verify is not available for {source.kind} sources yet: {name!r} is loaded from source "
-            f"{source_name!r}; compare it with its source table by hand"
-        )
-        raise VerifyError(msg)
+        return _image_target(config, log, name, topic, latest)
     path = table_path(config, name)
     table = format_of(config, name).open(path)
     if table is None:
         msg = f"table {name!r} is not loaded yet; run 'headwater load {name} --available-now'"
         raise VerifyError(msg)
-    latest = max(records, key=lambda record: int(record.get("version", 0)))
     keys = table_keys(config, log, name)
     stored = table.schema()
     by_name = {c["name"]: c for c in latest["columns"]}
@@ -284,6 +369,42 @@ def _resolve(config: ProjectConfig, log: Log, name: str) -> DiffTarget:
         columns=columns,
         not_compared=skipped,
         sequence_by=settings.sequence_by or SEQ,
+    )
+
+
+def _image_target(config: ProjectConfig, log: Log, name: str, topic: str, latest: Mapping[str, Any]) -> DiffTarget:
+    """The target of a table whose source kind reads rows as events (:mod:`operations.image_diff`)."""
+    source_name = topic.split(".", 1)[0]
+    from capture.consistent_read import ConsistentReads
+    from capture.kinds import kind_of
+
+    kind = config.sources[source_name].kind
+    if not isinstance(kind_of(config, source_name), ConsistentReads):
+        msg = (
+            f"verify is not available for {kind} sources: {name!r} is loaded from source {source_name!r}; "
+            "compare it with its source table by hand"
+        )
+        raise VerifyError(msg)
+    keys = table_keys(config, log, name)
+    if not keys:
+        msg = f"{name!r}: its source table {latest['schema']}.{latest['table']} has no key: nothing to compare rows by"
+        raise VerifyError(msg)
+    if format_of(config, name).open(table_path(config, name)) is None:
+        msg = f"table {name!r} is not loaded yet; run 'headwater load {name} --available-now'"
+        raise VerifyError(msg)
+    return DiffTarget(
+        name=name,
+        build=load_identity(config, name)[0],
+        topic=topic,
+        source=source_name,
+        slot="",
+        dsn="",
+        relation=f"{latest['schema']}.{latest['table']}",
+        keys=keys,
+        key_text=key_texts(keys),
+        columns=[],
+        not_compared=[],
+        sequence_by=config.warehouse.tables[name].sequence_by or SEQ,
     )
 
 
@@ -330,10 +451,9 @@ class _Snapshot:
         self.conn.close()
 
 
-def _wait_loaded(
-    config: ProjectConfig, target: DiffTarget, lsn: Lsn, deadline: float, *, load: bool, spark: SparkSession | None
-) -> None:
-    """Return once the table holds every change before ``lsn`` (see module doc), else raise at ``deadline``."""
+def _wait_loaded(config: ProjectConfig, target: DiffTarget, lsn: Lsn, wait: _Waiting) -> None:
+    """Return once the table holds every change before ``lsn`` (see module doc), else raise at the deadline."""
+    deadline = wait.deadline
     ran_capture = False
     with psycopg.connect(target.dsn, autocommit=True, options=_OPTIONS) as conn:
         while True:
@@ -364,6 +484,42 @@ def _wait_loaded(
                     )
                 raise VerifyWaitError(msg)
             time.sleep(0.2)
+    _wait_load(config, target, f"LSN {lsn}", wait)
+
+
+def _wait_captured(
+    config: ProjectConfig, target: DiffTarget, kind: ConsistentReads, read: ConsistentRead, deadline: float
+) -> None:
+    """Return once the log holds every change of the source up to the read's point, else raise at ``deadline``.
+
+    Capture has passed it when its saved position is at or past it; an idle capture (its lease
+    free) is run here until caught up, after which the log holds everything the source had then.
+    """
+    point, label = read.point, read.label
+    ran_capture = False
+    while True:
+        captured = kind.captured_to(config, target.source)
+        held = lease(config.home_dir, "capture", target.source)
+        idle = held.try_acquire()
+        held.release()
+        if (captured is not None and captured >= point) or (ran_capture and idle):
+            return
+        if idle and not ran_capture:
+            _capture(config, target.source)
+            ran_capture = True
+            continue
+        if time.monotonic() > deadline:
+            msg = (
+                f"capture of source {target.source} has not yet passed the snapshot's binlog position {label}; "
+                "is its capture stuck? retry, or raise --timeout"
+            )
+            raise VerifyWaitError(msg)
+        time.sleep(0.2)
+
+
+def _wait_load(config: ProjectConfig, target: DiffTarget, at: str, wait: _Waiting) -> None:
+    """Return once the table's loader committed every offset its topic has now (capture passed the point)."""
+    deadline, load, spark = wait.deadline, wait.load, wait.spark
     log = open_log(config)
     try:
         partitions = log.describe_topic(target.topic).partitions
@@ -388,7 +544,7 @@ def _wait_loaded(
             lag = sum(end - at for at, end in behind.values())
             msg = (
                 f"warehouse table {target.name} has {lag} record(s) of {target.topic} to load before it passes the "
-                f"snapshot at LSN {lsn}; start 'headwater load {target.name} --follow' (or pass --load when no "
+                f"snapshot at {at}; start 'headwater load {target.name} --follow' (or pass --load when no "
                 "loader runs) and retry, or raise --timeout"
             )
             raise VerifyWaitError(msg)

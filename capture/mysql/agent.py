@@ -50,8 +50,8 @@ from capture.mysql.snapshot import Snapshot
 from capture.mysql.source_checks import check_source_settings
 from capture.mysql.state import StreamState, load_state, save_state
 from capture.mysql.streaming.transactions import Transaction, TransactionAssembler
-from capture.mysql.table_plan import TablePlan, TablePlanner
-from capture.mysql.types.charsets import Charsets
+from capture.mysql.table_plan import TablePlan, planner_of
+from capture.mysql.types.charsets import Charsets, server_charsets
 from capture.position import ResumePoint
 from capture.records import SchemaRecord
 from capture.resync import ResyncRequest
@@ -110,16 +110,7 @@ class MySqlAgent:
         self._stop = SignalSafeEvent()
         self.topics = SourceTopics(log, log_config, source.name)
         self._charsets: Charsets | None = None
-        self.planner = TablePlanner(
-            source.name,
-            source.modes,
-            columns=source.columns,
-            keys=source.keys,
-            filters=source.filters,
-            skipped_operations=source.skipped_operations,
-            collation_name=lambda c: self._known_charsets().collation_name(c),
-            max_bytes=lambda c: self._known_charsets().max_bytes(c),
-        )
+        self.planner = planner_of(source, self._known_charsets)
         self.builder = EventBuilder(
             source.name,
             self.planner.plan,
@@ -140,9 +131,8 @@ class MySqlAgent:
     # -- start --------------------------------------------------------------------------------
 
     def _server_charsets(self) -> Charsets:
-        with self.source.address.connect() as conn, conn.cursor() as cur:
-            cur.execute("SELECT ID, CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLLATIONS")
-            return Charsets(cur.fetchall())
+        with self.source.address.connect() as conn:
+            return server_charsets(conn)
 
     def _known_charsets(self) -> Charsets:
         assert self._charsets is not None, "charsets are read when run() starts"

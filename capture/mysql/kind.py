@@ -11,6 +11,8 @@ last transaction the log holds, in ``<home>/capture/<source>/binlog.json``.
 re-snapshots every table and writes a delete plus tombstone for every key the log holds live
 that the source no longer has, so the log converges to the source (:mod:`capture.mysql.resync`).
 
+``consistent_read`` reads a table at a new consistent point as capture's events (``headwater verify``).
+
 Not yet: incremental snapshots (``headwater snapshot``).
 """
 
@@ -26,6 +28,7 @@ from ruamel.yaml.comments import CommentedMap
 from capture import config_document
 from capture.errors import CancelledError, CaptureError, PrerequisiteError, SourceExistsError
 from capture.mysql.agent import MySqlAgent
+from capture.mysql.consistent_read import MySqlConsistentRead
 from capture.mysql.prerequisites import check as check_prerequisites
 from capture.mysql.resync import request_resync
 from capture.mysql.settings import MySqlSource, default_server_id
@@ -230,6 +233,17 @@ class MySqlSourceKind:
         """The binlog capture agent of source ``name``."""
         refuse_unsupported(name, config.sources[name])
         return MySqlAgent(settings_of(name, config.sources[name]), log, config.log, state_dir(config, name))
+
+    # -- consistent reads (headwater verify) ------------------------------------------------
+
+    def consistent_read(self, config: ProjectConfig, name: str, topic: str) -> MySqlConsistentRead:
+        """The source table of ``topic`` at a new consistent binlog point (:mod:`capture.mysql.consistent_read`)."""
+        return MySqlConsistentRead(settings_of(name, config.sources[name]), topic)
+
+    def captured_to(self, config: ProjectConfig, name: str) -> int | None:
+        """The saved binlog position's sequence: the log holds every transaction committed up to it."""
+        saved = load_state(state_dir(config, name))
+        return None if saved is None else saved.position.sequence()
 
     # -- snapshots -------------------------------------------------------------------------
 

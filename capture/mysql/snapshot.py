@@ -40,7 +40,9 @@ from capture.mysql.catalog import describe
 from capture.mysql.events import EventBuilder
 from capture.mysql.settings import MySqlSource
 from capture.mysql.state import StreamState
-from capture.mysql.types.text_values import text_converter
+from capture.mysql.table_plan import TablePlan
+from capture.mysql.types.text_values import Converter, text_converter
+from capture.mysql.types.values import TypeModes
 from capture.position import ResumePoint
 from capture.records import SchemaRecord
 from core.durable_files import replace_json
@@ -49,7 +51,7 @@ from log.envelope import SnapshotMarker
 
 SNAPSHOT_FILE = "snapshot.json"
 #: PyMySQL's parameter encoders without its result decoders: values arrive as the server's text.
-_ENCODERS_ONLY = {k: v for k, v in pymysql.converters.conversions.items() if not isinstance(k, int)}
+ENCODERS_ONLY = {k: v for k, v in pymysql.converters.conversions.items() if not isinstance(k, int)}
 CHUNK_ROWS = 10_000
 
 
@@ -104,8 +106,8 @@ class Snapshot:
         state = self._load()
         if state.get("complete") and state["stream_from"] is not None:
             return _point(state["stream_from"])
-        with self.source.address.connect(cursorclass=pymysql.cursors.SSCursor, conv=_ENCODERS_ONLY) as conn:
-            point = self._begin(conn)
+        with self.source.address.connect(cursorclass=pymysql.cursors.SSCursor, conv=ENCODERS_ONLY) as conn:
+            point = consistent_point(conn, self.source.name)
             first_index = 0 if keys is None else self._past_the_log(point, resume)
             # Listed inside the snapshot's transaction: a table created before its point is listed
             # (its rows are read), one created after it is streamed from its CREATE on.
@@ -162,31 +164,6 @@ class Snapshot:
             tables += [t for t in found if t not in tables]
         return tables
 
-    def _begin(self, conn: Any) -> StreamState:
-        with conn.cursor(pymysql.cursors.Cursor) as cur:
-            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            cur.execute("SELECT VERSION()")
-            mariadb = "mariadb" in str(cur.fetchone()[0]).lower()
-            if mariadb:
-                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-                cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
-                status = {str(k).lower(): str(v) for k, v in cur.fetchall()}
-                position = BinlogPosition(status["binlog_snapshot_file"], int(status["binlog_snapshot_position"]))
-                cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (position.file, position.offset))
-                gtid = cur.fetchone()[0]
-                return StreamState(position, GtidPosition.parse(str(gtid or "")))
-            cur.execute("FLUSH TABLES WITH READ LOCK")
-            try:
-                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-                cur.execute("SHOW MASTER STATUS")
-                row = cur.fetchone()
-            finally:
-                cur.execute("UNLOCK TABLES")
-            if row is None:
-                msg = f"source {self.source.name}: the server's binary log is off: capture needs log_bin"
-                raise SnapshotError(msg)
-            return StreamState(BinlogPosition(str(row[0]), int(row[1])))
-
     def _table(
         self,
         conn: Any,
@@ -207,18 +184,14 @@ class Snapshot:
         record = self._schema_record(plan)
         if record is not None:
             appender.schemas.append(record)
-        kept = [shape.columns[i] for i in plan.kept]
-        converters = [text_converter(c, self.source.modes, f"{table}.{c.name}") for c in kept]
-        columns = ", ".join(_quote(c.name) for c in kept) or "1"
-        # The row filter as the server evaluates it (capture evaluates streamed rows alike: row_filter).
-        where = f" WHERE {plan.row_filter.condition}" if plan.row_filter is not None else ""
+        statement, converters = read_statement(plan, self.source.modes)
         ts_us = time.time_ns() // 1000
         index = first_index
         read: list[bytes] = []
         if keys is not None:
             keys.add(plan.topic, ())  # an empty table too: every key the log holds live for it is gone
         with conn.cursor() as cur:
-            cur.execute(f"SELECT {columns} FROM {_quote(database)}.{_quote(name)}{where}")
+            cur.execute(statement)
             chunk = cur.fetchmany(CHUNK_ROWS)
             while chunk:
                 following = cur.fetchmany(CHUNK_ROWS)
@@ -247,6 +220,54 @@ class Snapshot:
                 self.rows += len(chunk)
                 appender.flush(resume, None)
                 chunk = following
+
+
+def read_statement(plan: TablePlan, modes: TypeModes, *, ordered: bool = False) -> tuple[str, list[Converter]]:
+    """The SELECT of a table's captured rows (its kept columns, its row filter) and each column's converter.
+
+    A row's values, each through its converter, make the image :meth:`TablePlan.kept_image` writes;
+    ``ordered`` sorts the rows by the record key (the server's order of it).
+    """
+    shape = plan.shape
+    table = f"{shape.schema}.{shape.table}"
+    kept = [shape.columns[i] for i in plan.kept]
+    converters = [text_converter(c, modes, f"{table}.{c.name}") for c in kept]
+    columns = ", ".join(_quote(c.name) for c in kept) or "1"
+    # The row filter as the server evaluates it (capture evaluates streamed rows alike: row_filter).
+    where = f" WHERE {plan.row_filter.condition}" if plan.row_filter is not None else ""
+    order = f" ORDER BY {', '.join(_quote(n) for n in plan.key_names)}" if ordered and plan.key else ""
+    return f"SELECT {columns} FROM {_quote(shape.schema)}.{_quote(shape.table)}{where}{order}", converters
+
+
+def consistent_point(conn: Any, source: str) -> StreamState:
+    """Start ``conn``'s consistent-snapshot transaction; returns the binlog point its view holds exactly.
+
+    MariaDB: no lock (``binlog_snapshot_file``/``_position``); MySQL: ``FLUSH TABLES WITH READ LOCK``
+    only while the transaction starts (see the module docstring). The caller reads inside it.
+    """
+    with conn.cursor(pymysql.cursors.Cursor) as cur:
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cur.execute("SELECT VERSION()")
+        mariadb = "mariadb" in str(cur.fetchone()[0]).lower()
+        if mariadb:
+            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+            status = {str(k).lower(): str(v) for k, v in cur.fetchall()}
+            position = BinlogPosition(status["binlog_snapshot_file"], int(status["binlog_snapshot_position"]))
+            cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (position.file, position.offset))
+            gtid = cur.fetchone()[0]
+            return StreamState(position, GtidPosition.parse(str(gtid or "")))
+        cur.execute("FLUSH TABLES WITH READ LOCK")
+        try:
+            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            cur.execute("SHOW MASTER STATUS")
+            row = cur.fetchone()
+        finally:
+            cur.execute("UNLOCK TABLES")
+        if row is None:
+            msg = f"source {source}: the server's binary log is off: capture needs log_bin"
+            raise SnapshotError(msg)
+        return StreamState(BinlogPosition(str(row[0]), int(row[1])))
 
 
 def _json(point: StreamState) -> dict[str, Any]:

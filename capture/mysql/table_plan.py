@@ -30,6 +30,8 @@ from capture.errors import ColumnSettingError, ConfiguredKeyError, KeyColumnExcl
 from capture.mysql.binlog.table_map import ColumnShape as BinlogColumn
 from capture.mysql.binlog.table_map import ColumnType, TableShape
 from capture.mysql.row_filter import RowFilter, RowFilterError, compile_filter
+from capture.mysql.settings import MySqlSource
+from capture.mysql.types.charsets import Charsets
 from capture.mysql.types.values import TypeModes
 from core.source_config import ColumnsConfig, column_table
 from log.topics import table_topic
@@ -191,3 +193,17 @@ class TablePlanner:
             listed = any(column_table(c) == table for c in self._columns.include)
             raise KeyColumnExcludedError(self.source, table, dropped, setting="include" if listed else "exclude")
         return positions, source
+
+
+def planner_of(source: MySqlSource, charsets: Callable[[], Charsets]) -> TablePlanner:
+    """The planner of ``source``'s settings; ``charsets`` gives the server's (read once capture connects)."""
+    return TablePlanner(
+        source.name,
+        source.modes,
+        columns=source.columns,
+        keys=source.keys,
+        filters=source.filters,
+        skipped_operations=source.skipped_operations,
+        collation_name=lambda c: charsets().collation_name(c),
+        max_bytes=lambda c: charsets().max_bytes(c),
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import operator
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from core.errors import PermanentError
 
@@ -113,3 +114,10 @@ class Charsets:
             raise CharsetError(msg)
         codecs.lookup(codec)
         return operator.methodcaller("decode", codec)
+
+
+def server_charsets(conn: Any) -> Charsets:
+    """The collations of the server ``conn`` is connected to (``information_schema.COLLATIONS``)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT ID, CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLLATIONS")
+        return Charsets(cur.fetchall())
