@@ -77,7 +77,7 @@ def test_a_mysql_source_from_add_to_remove(mariadb_database, unique_name, tmp_pa
         human = headwater(config, "status", password=password)
         assert "shop" in human.stdout and password not in human.stdout + human.stderr
 
-        # /metrics: up from the kind's own login, no PostgreSQL slot gauges; verify refused in one line.
+        # /metrics: up from the kind's own login, no PostgreSQL slot gauges; verify of a table not loaded refused in one line.
         monkeypatch.setenv(PASSWORD_VAR, password)
         assert source_metrics(config) == {"headwater_source_up": 1.0}
         monkeypatch.setenv(PASSWORD_VAR, "wrong")
@@ -90,8 +90,7 @@ def test_a_mysql_source_from_add_to_remove(mariadb_database, unique_name, tmp_pa
         verify = headwater(config, "verify", "customers_now", password=password, ok=False)
         assert verify.returncode != 0
         assert verify.stderr.strip().splitlines() == [
-            "error: verify is not available for mysql sources yet: 'customers_now' is loaded from source 'shop'; "
-            "compare it with its source table by hand"
+            "error: table 'customers_now' is not loaded yet; run 'headwater load customers_now --available-now'"
         ]
 
         removed = headwater(config, "source", "remove", "shop", "--yes", password=password)

@@ -103,16 +103,16 @@ def test_verify_a_mysql_table_through_the_cli(mariadb_database, tmp_path: Path, 
     unlogged(
         db,
         "DELETE FROM items WHERE id = 11",
-        "UPDATE items SET amount = 1.5, doc = '{\"n\": 0}' WHERE id = 12",
+        "UPDATE items SET amount = 2.25, doc = '{\"n\": 0}' WHERE id = 12",
         f"INSERT INTO items (id, name) VALUES ({ROWS + 100}, 'ghost ✓')",
     )
     differs = headwater(config, "verify", "items_now", ok=False)
     assert differs.returncode == 1, differs.stderr
     expected = [
         "id=11: only in the warehouse",
-        "id=12: amount: source '1.500', warehouse '1.500'",
+        "id=12: amount: source '2.250', warehouse '1.500'; doc: source '{\"n\": 0}', warehouse '{\"n\": 12, \"s\": \"ü\"}'",
         "id=340: missing in the warehouse",
-        "id=7: name: source 'naïve café 7', warehouse 'tampered'",
+        "id=7: name: source 'Ærøskøbing 7', warehouse 'tampered'",
         "4 key(s) differ",
     ]
     assert differs.stdout.strip().splitlines()[1:] == expected, differs.stdout
@@ -138,3 +138,39 @@ def test_verify_a_mysql_table_through_the_cli(mariadb_database, tmp_path: Path, 
     assert changed and settled.rounds == 2, settled.lines()
     assert [d.describe() for d in settled.differences] == expected[:-1], settled.lines()
     assert settled.unsettled == [] and settled.not_compared == []
+
+
+def test_verify_applies_the_source_column_settings_as_capture_does(mariadb_database, tmp_path: Path) -> None:
+    """Excluded and masked columns, a row filter and a configured key: the source is read as capture writes it."""
+    db = mariadb_database
+    db.script(
+        "CREATE TABLE t (id INT PRIMARY KEY, code VARCHAR(8) NOT NULL, secret VARCHAR(20), email VARCHAR(40), "
+        "region VARCHAR(4) COLLATE utf8mb4_bin, UNIQUE KEY (code))",
+        *[
+            f"INSERT INTO t VALUES ({i}, 'c{i:03d}', 'pw{i}', 'user{i}@example.com', '{'eu' if i % 3 else 'us'}')"
+            for i in range(1, 61)
+        ],
+    )
+    init_project(tmp_path)
+    config = tmp_path / "headwater.yaml"
+    headwater(config, "source", "add", "shop", "--kind", "mysql", "--dsn", db.dsn, "--tables", f"{db.name}.t", "--yes")
+    text = config.read_text().replace(
+        f"    tables: [{db.name}.t]\n",
+        f"    tables: [{db.name}.t]\n"
+        f"    columns: {{exclude: [{db.name}.t.secret], mask: {{{db.name}.t.email: {{truncate: 4}}}}}}\n"
+        f"    filters: {{{db.name}.t: \"region = 'eu'\"}}\n"
+        f"    keys: {{{db.name}.t: [code]}}\n",
+    ).replace("warehouse:\n  tables: {}", f"warehouse:\n  tables:\n    t_now: {{from: shop.{db.name}.t}}")
+    config.write_text(text)
+    headwater(config, "capture", "shop", "--until-caught-up")
+    headwater(config, "load", "--available-now")
+
+    equal = headwater(config, "verify", "t_now")
+    lines = equal.stdout.strip().splitlines()
+    assert lines[-1] == "equal" and "rows: source 40, warehouse 40" in lines[0], equal.stdout
+    unlogged(db, "UPDATE t SET email = 'other@example.com' WHERE id = 2", "UPDATE t SET secret = 'x' WHERE id = 4")
+    differs = headwater(config, "verify", "t_now", ok=False)
+    assert differs.stdout.strip().splitlines()[1:] == [
+        "code=c002: email: source 'othe', warehouse 'user'",
+        "1 key(s) differ",
+    ], differs.stdout
