@@ -77,7 +77,7 @@ def test_a_mysql_source_from_add_to_remove(mariadb_database, unique_name, tmp_pa
         human = headwater(config, "status", password=password)
         assert "shop" in human.stdout and password not in human.stdout + human.stderr
 
-        # /metrics: up from the kind's own login, no PostgreSQL slot gauges; verify of a table not loaded refused in one line.
+        # /metrics: up from the kind's own login, no PostgreSQL slot gauges; verify of an unloaded table refused.
         monkeypatch.setenv(PASSWORD_VAR, password)
         assert source_metrics(config) == {"headwater_source_up": 1.0}
         monkeypatch.setenv(PASSWORD_VAR, "wrong")

@@ -75,7 +75,9 @@ def test_verify_a_mysql_table_through_the_cli(mariadb_database, tmp_path: Path, 
     fill(db, ROWS)
     init_project(tmp_path)
     config = tmp_path / "headwater.yaml"
-    headwater(config, "source", "add", "shop", "--kind", "mysql", "--dsn", db.dsn, "--tables", f"{db.name}.items", "--yes")
+    headwater(
+        config, "source", "add", "shop", "--kind", "mysql", "--dsn", db.dsn, "--tables", f"{db.name}.items", "--yes"
+    )
     config.write_text(
         config.read_text().replace(
             "warehouse:\n  tables: {}", f"warehouse:\n  tables:\n    items_now: {{from: shop.{db.name}.items}}"
@@ -110,7 +112,8 @@ def test_verify_a_mysql_table_through_the_cli(mariadb_database, tmp_path: Path, 
     assert differs.returncode == 1, differs.stderr
     expected = [
         "id=11: only in the warehouse",
-        "id=12: amount: source '2.250', warehouse '1.500'; doc: source '{\"n\": 0}', warehouse '{\"n\": 12, \"s\": \"ü\"}'",
+        "id=12: amount: source '2.250', warehouse '1.500'; "
+        'doc: source \'{"n": 0}\', warehouse \'{"n": 12, "s": "ü"}\'',
         "id=340: missing in the warehouse",
         "id=7: name: source 'Ærøskøbing 7', warehouse 'tampered'",
         "4 key(s) differ",
@@ -154,13 +157,17 @@ def test_verify_applies_the_source_column_settings_as_capture_does(mariadb_datab
     init_project(tmp_path)
     config = tmp_path / "headwater.yaml"
     headwater(config, "source", "add", "shop", "--kind", "mysql", "--dsn", db.dsn, "--tables", f"{db.name}.t", "--yes")
-    text = config.read_text().replace(
-        f"    tables: [{db.name}.t]\n",
-        f"    tables: [{db.name}.t]\n"
-        f"    columns: {{exclude: [{db.name}.t.secret], mask: {{{db.name}.t.email: {{truncate: 4}}}}}}\n"
-        f"    filters: {{{db.name}.t: \"region = 'eu'\"}}\n"
-        f"    keys: {{{db.name}.t: [code]}}\n",
-    ).replace("warehouse:\n  tables: {}", f"warehouse:\n  tables:\n    t_now: {{from: shop.{db.name}.t}}")
+    text = (
+        config.read_text()
+        .replace(
+            f"    tables: [{db.name}.t]\n",
+            f"    tables: [{db.name}.t]\n"
+            f"    columns: {{exclude: [{db.name}.t.secret], mask: {{{db.name}.t.email: {{truncate: 4}}}}}}\n"
+            f"    filters: {{{db.name}.t: \"region = 'eu'\"}}\n"
+            f"    keys: {{{db.name}.t: [code]}}\n",
+        )
+        .replace("warehouse:\n  tables: {}", f"warehouse:\n  tables:\n    t_now: {{from: shop.{db.name}.t}}")
+    )
     config.write_text(text)
     headwater(config, "capture", "shop", "--until-caught-up")
     headwater(config, "load", "--available-now")
