@@ -28,6 +28,13 @@ buckets travel.
 delete (its tombstone) is at or past ``C`` changed after the snapshot: it is compared
 again at a new consistent point, up to ``rounds`` times; a key still changing then is
 reported as unsettled, never as a difference.
+
+**Other source kinds** (MySQL/MariaDB) offer :class:`capture.consistent_read.ConsistentReads`
+instead: a read of the table at a consistent point ``P`` as capture's own events, decoded and
+compared chunk by chunk (:mod:`operations.image_diff`). The table is compared once capture's
+saved position is at or past ``P`` (an idle capture is run here until caught up) and the load
+caught up as above; a differing key whose warehouse row or delete is at or past
+``Sequence(P + 1, 0)`` changed after the read and is compared again at a new point.
 """
 
 from __future__ import annotations
