@@ -182,7 +182,7 @@ def verify_table(
         target = _resolve(config, log, name)
     finally:
         log.close()
-    wait = _Waiting(deadline, load, spark, say)
+    wait = _Waiting(timeout_s, deadline, load, spark, say)
     # Held for every round: no vacuum removes the files of a version while it is compared.
     with reading(config.home_dir, table_path(config, name).name):
         if config.sources[target.source].kind == "postgres":
@@ -219,6 +219,8 @@ def verify_table(
 class _Waiting:
     """How a round waits for the table to pass its point (see :func:`_wait_load`)."""
 
+    #: Seconds a consistent point may take (PostgreSQL's slot waits for open transactions).
+    timeout_s: float
     deadline: float
     load: bool
     spark: SparkSession | None
@@ -254,7 +256,7 @@ def _pg_rounds(config: ProjectConfig, target: DiffTarget, rounds: int, wait: _Wa
     pending: set[str] | None = None  # None: the whole table
     for attempt in range(1, rounds + 1):
         out.rounds = attempt
-        with _Snapshot(target.dsn, wait.deadline - time.monotonic()) as snapshot:
+        with _Snapshot(target.dsn, wait.timeout_s) as snapshot:
             out.point = str(snapshot.lsn)
             if wait.say:
                 wait.say(
@@ -381,10 +383,10 @@ def _resolve(config: ProjectConfig, log: Log, name: str) -> DiffTarget:
 
 def _image_target(config: ProjectConfig, log: Log, name: str, topic: str, latest: Mapping[str, Any]) -> DiffTarget:
     """The target of a table whose source kind reads rows as events (:mod:`operations.image_diff`)."""
-    source_name = topic.split(".", 1)[0]
     from capture.consistent_read import ConsistentReads
     from capture.kinds import kind_of
 
+    source_name = topic.split(".", 1)[0]
     kind = config.sources[source_name].kind
     if not isinstance(kind_of(config, source_name), ConsistentReads):
         msg = (
@@ -524,7 +526,7 @@ def _wait_captured(
         time.sleep(0.2)
 
 
-def _wait_load(config: ProjectConfig, target: DiffTarget, at: str, wait: _Waiting) -> None:
+def _wait_load(config: ProjectConfig, target: DiffTarget, point: str, wait: _Waiting) -> None:
     """Return once the table's loader committed every offset its topic has now (capture passed the point)."""
     deadline, load, spark = wait.deadline, wait.load, wait.spark
     log = open_log(config)
@@ -551,7 +553,7 @@ def _wait_load(config: ProjectConfig, target: DiffTarget, at: str, wait: _Waitin
             lag = sum(end - at for at, end in behind.values())
             msg = (
                 f"warehouse table {target.name} has {lag} record(s) of {target.topic} to load before it passes the "
-                f"snapshot at {at}; start 'headwater load {target.name} --follow' (or pass --load when no "
+                f"snapshot at {point}; start 'headwater load {target.name} --follow' (or pass --load when no "
                 "loader runs) and retry, or raise --timeout"
             )
             raise VerifyWaitError(msg)
