@@ -122,6 +122,8 @@ def compare_images(  # noqa: PLR0917  (the read, its decoder, the table, the tar
             if len(found.differences) > before:
                 found.differing_chunks += 1
         found.not_compared = [c for c in compared if c in skipped]
+        if skipped:  # compared in earlier chunks only: never half-compared, so none of its values is reported
+            _forget(found, skipped)
         found.warehouse_rows = int(con.sql("SELECT count(*) FROM target").fetchall()[0][0])
         only_wh = f"SELECT {key_sql} FROM target ANTI JOIN seen USING ({listed}) {keep}"
         for (key,) in con.sql(only_wh).fetchall():
@@ -183,3 +185,15 @@ def _compare_chunk(
             "differs",
             [(name, values[2 * i], values[2 * i + 1]) for i, name in enumerate(columns) if differing[i]],
         )
+
+
+def _forget(found: ImageComparison, columns: set[str]) -> None:
+    """Drop ``columns`` from the differences found (a key left with no differing column is not reported)."""
+    for key, difference in list(found.differences.items()):
+        if difference.kind != "differs":
+            continue
+        kept = [c for c in difference.columns if c[0] not in columns]
+        if kept:
+            found.differences[key] = Difference(difference.key, difference.kind, kept)
+        else:
+            del found.differences[key]
