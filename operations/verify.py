@@ -350,11 +350,7 @@ def _resolve(config: ProjectConfig, log: Log, name: str) -> DiffTarget:
     latest = max(records, key=lambda record: int(record.get("version", 0)))
     if source.kind != "postgres":
         return _image_target(config, log, name, topic, latest)
-    path = table_path(config, name)
-    table = format_of(config, name).open(path)
-    if table is None:
-        msg = f"table {name!r} is not loaded yet; run 'headwater load {name} --available-now'"
-        raise VerifyError(msg)
+    _, table = _stored(config, name)
     keys = table_keys(config, log, name)
     stored = table.schema()
     by_name = {c["name"]: c for c in latest["columns"]}
@@ -398,9 +394,7 @@ def _image_target(config: ProjectConfig, log: Log, name: str, topic: str, latest
     if not keys:
         msg = f"{name!r}: its source table {latest['schema']}.{latest['table']} has no key: nothing to compare rows by"
         raise VerifyError(msg)
-    if format_of(config, name).open(table_path(config, name)) is None:
-        msg = f"table {name!r} is not loaded yet; run 'headwater load {name} --available-now'"
-        raise VerifyError(msg)
+    _stored(config, name)  # refused in one line when the table is not loaded yet
     return DiffTarget(
         name=name,
         build=load_identity(config, name)[0],
