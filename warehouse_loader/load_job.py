@@ -232,15 +232,13 @@ def _compact_if_buried(config: ProjectConfig, build: str, buried: BuriedRows, *,
     started = time.monotonic()
     done = buried.after_commit(changes)
     if done is not None:
-        record_runs(config.home_dir, build, ["compaction"], dt.datetime.now(dt.UTC))
-        removed, added, written = done
-        logger.warning(
-            "warehouse table %s: half its rows were removed ones; compacted %d files into %d (%d B) in %.1f s",
+        _compacted(
+            config,
             build,
-            removed,
-            added,
-            written,
-            time.monotonic() - started,
+            done,
+            started,
+            say=logger.warning,
+            what="half its rows were removed ones; compacted %d files into %d",
         )
 
 
@@ -249,16 +247,16 @@ def _compact_if_piled(config: ProjectConfig, build: str, piled: PiledFiles, *, f
     started = time.monotonic()
     done = piled.after_commit(files)
     if done is not None and done[0]:
-        record_runs(config.home_dir, build, ["compaction"], dt.datetime.now(dt.UTC))
-        removed, added, written = done
-        logger.info(
-            "warehouse table %s: compacted %d files its batches added into %d (%d B) in %.1f s",
-            build,
-            removed,
-            added,
-            written,
-            time.monotonic() - started,
-        )
+        _compacted(config, build, done, started, say=logger.info, what="compacted %d files its batches added into %d")
+
+
+def _compacted(
+    config: ProjectConfig, build: str, done: tuple[int, int, int], started: float, *, say: Any, what: str
+) -> None:
+    """Record the loader's compaction as the table's last one and say what it did (``what``: files removed, added)."""
+    record_runs(config.home_dir, build, ["compaction"], dt.datetime.now(dt.UTC))
+    removed, added, written = done
+    say(f"warehouse table %s: {what} (%d B) in %.1f s", build, removed, added, written, time.monotonic() - started)
 
 
 def follow_schema_changes(
