@@ -29,7 +29,9 @@ from typing import Any
 
 import orjson
 
+from capture.appender import Appender
 from capture.key_set import Candidates, KeySet, Latest, remove_key_set
+from capture.position import ResumePoint
 from capture.records import OutRecord
 from core.durable_files import replace_json
 from log.base import Log
@@ -159,6 +161,28 @@ def vanished_key_deletes(
             index += 1
     finally:
         candidates.close()
+
+
+def append_deletes(
+    appender: Appender, resume: ResumePoint, deletes: Generator[OutRecord, None, None], batch: int
+) -> int:
+    """Append ``deletes`` (:func:`vanished_key_deletes`) as they are generated; how many keys they deleted.
+
+    A mass delete is never held whole: the pending records are appended once ``batch`` are
+    pending, always right after a tombstone, so each delete shares its tombstone's atomic append.
+    Everything is appended when this returns.
+    """
+    pending = appender.records
+    deleted = 0
+    with contextlib.closing(deletes):
+        for record in deletes:
+            pending.append(record)
+            if record.value is None:
+                deleted += 1
+                if len(pending) >= batch:
+                    appender.flush(resume, None)
+    appender.flush(resume, None)
+    return deleted
 
 
 def _keys_and_values(

@@ -26,7 +26,6 @@ is the same. A run interrupted after the clearing streams on from the point the 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -40,7 +39,7 @@ from capture.mysql.events import EventBuilder
 from capture.mysql.snapshot import SNAPSHOT_FILE
 from capture.mysql.state import STATE_FILE, StreamState
 from capture.position import ResumePoint
-from capture.resync import DELETE_INDEX_BASE, ResyncRequest, vanished_key_deletes
+from capture.resync import DELETE_INDEX_BASE, ResyncRequest, append_deletes, vanished_key_deletes
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +78,6 @@ def append_vanished_key_deletes(
         first_index = max(first_index, highest.txn_index + 1)
     ts_us = time.time_ns() // 1000
     total = 0
-    pending = appender.records
 
     def delete_value(event: dict[str, Any], index: int) -> bytes:
         file, pos = point.position.file, point.position.offset
@@ -89,17 +87,7 @@ def append_vanished_key_deletes(
         deletes = vanished_key_deletes(
             appender.log, topic, keys, delete_value, commit_lsn=commit, first_index=first_index, end=ends.get(topic, {})
         )
-        deleted = 0
-        # Appended as generated (a mass delete is never held whole); a batch ends after a
-        # tombstone, so each delete shares its tombstone's atomic append.
-        with contextlib.closing(deletes):
-            for record in deletes:
-                pending.append(record)
-                if record.value is None:
-                    deleted += 1
-                    if len(pending) >= batch_records:
-                        appender.flush(resume, None)
-        appender.flush(resume, None)
+        deleted = append_deletes(appender, resume, deletes, batch_records)
         first_index += deleted
         total += deleted
         if deleted:

@@ -31,7 +31,6 @@ the keys the log holds but the re-snapshot did not find.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
@@ -56,7 +55,7 @@ from capture.postgres.snapshot.plan import Chunk, SnapshotState, plan_chunks
 from capture.postgres.snapshot.resync import snapshot_keys, vanished_key_deletes
 from capture.postgres.streaming.connection import pinned_options
 from capture.read_ahead import ReadAhead
-from capture.resync import DELETE_INDEX_BASE
+from capture.resync import DELETE_INDEX_BASE, append_deletes
 from capture.source_kind import SnapshotProgress
 from capture.tuples import TupleData
 from log.encoded_batches import AppendsEncodedBatches
@@ -310,7 +309,6 @@ class SnapshotReader:
                 quarantined.add(topic)
         ts_us = time.time_ns() // 1000
         first_index = DELETE_INDEX_BASE
-        pending = self._appender.records
         for topic in present.topics():
             if topic in quarantined:
                 # A quarantined row's key is not comparable with the log's keys: a delete
@@ -322,7 +320,6 @@ class SnapshotReader:
                     topic,
                 )
                 continue
-            deleted = 0
             deletes = vanished_key_deletes(
                 self._log,
                 topic,
@@ -332,16 +329,7 @@ class SnapshotReader:
                 ts_us=ts_us,
                 end=starts[topic],
             )
-            # Appended as generated (a mass delete is never held whole); a batch ends after a
-            # tombstone, so each delete shares its tombstone's atomic append.
-            with contextlib.closing(deletes):
-                for record in deletes:
-                    pending.append(record)
-                    if record.value is None:
-                        deleted += 1
-                        if len(pending) >= self._max_batch:
-                            self._appender.flush(resume, None)
-            self._appender.flush(resume, None)
+            deleted = append_deletes(self._appender, resume, deletes, self._max_batch)
             first_index += deleted
             self._stats.events += deleted
             if deleted:
