@@ -125,8 +125,13 @@ def test_capture_holder_is_named_and_a_standby_takes_over(pg_database, unique_na
     holder = Cli(project, "holder", "capture", "--follow")
     standby = None
     try:
-        wait_until(lambda: slot_application(pg_database, slot) is not None, 120, "the holder streams")
-        assert slot_application(pg_database, slot).startswith(f"headwater capture {holder.process.pid}@")
+        # The slot is active twice: while its creation's exported snapshot is read, then for streaming, with a
+        # moment between them when no one holds it; wait for the name rather than for the first sight of a holder.
+        wait_until(
+            lambda: (slot_application(pg_database, slot) or "").startswith(f"headwater capture {holder.process.pid}@"),
+            120,
+            "the holder streams under its name",
+        )
 
         second = headwater(project, "capture", "--until-caught-up", "--holder-timeout", "2")
         assert_names_the_holder(second, f"capture of source {name}", holder, "capture --follow")
