@@ -6,7 +6,8 @@ capture lag (WAL bytes the slot has not confirmed, seconds behind from
 and the binlog the server keeps before it, from its kind's ``status``), WAL each slot retains,
 records and seconds each feed and load is behind (its consumer group against its input's end),
 quarantined records per topic, and the size of every topic (file log) and warehouse table. A
-source that cannot be reached (server down, password variable unset) is ``headwater_source_up 0``; the rest is still shown.
+source that cannot be reached (server down, password variable unset) is ``headwater_source_up 0``;
+the rest is still shown.
 
 :class:`CaptureRecorder` and :class:`SparkRecorder` copy a running stage's own counters
 (capture statistics, Spark's progress per micro-batch) into :mod:`core.metrics` once a second.
