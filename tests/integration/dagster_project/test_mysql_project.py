@@ -5,7 +5,8 @@ no mocks: the module's fixture creates a database, a ``kind: mysql`` source, a f
 and ``quality:`` suites, and materialises capture and the loads with their checks once. The cases then
 read that project in order: the asset graph, the Great Expectations results (``headwater quality`` and
 the asset checks, a blocking failure failing the run), ``matches_source`` (verify against MariaDB), the
-new-data sensor, the feed, the SCD2 backfill by commit day, and the operator jobs.
+new-data sensor, the feed, the SCD2 backfill by commit day, the operator jobs, and CLI work recorded in the
+instance ``headwater ui`` serves.
 """
 
 from __future__ import annotations
@@ -246,3 +247,16 @@ def test_warehouse_loads_job_and_operator_jobs(project: Project) -> None:
     assert reprocess.success
     (event,) = reprocess.get_asset_materialization_events()
     assert event.asset_key == FEED and event.materialization.metadata["reprocess/version"].value == 2
+
+
+def test_cli_work_recorded_in_the_ui_instance_names_the_binlog_position(project: Project) -> None:
+    from dagster_project.recording import AssetRecorder
+    from dagster_project.ui import prepare_dagster_home
+
+    figures = {"acked": "binlog.000001:4", "events": 1, "records_written": 1}
+    assert AssetRecorder(project.config, "headwater capture").record(sources={project.source: figures}) >= 1
+    instance = DagsterInstance.from_config(str(prepare_dagster_home(project.config)))
+    event = instance.get_latest_materialization_event(project.raw)
+    assert event is not None and event.asset_materialization is not None
+    metadata = event.asset_materialization.metadata
+    assert metadata["capture/acked_position"].value == "binlog.000001:4" and "capture/acked_lsn" not in metadata
