@@ -210,7 +210,8 @@ class MySqlSourceKind:
     def status(self, config: ProjectConfig, name: str) -> dict[str, Any]:
         """The saved position against the server's binlogs: end, lag, what is kept before it (never the password).
 
-        Keys besides the protocol's: ``binlog_end``, ``lag_bytes``, ``lag_seconds``, ``last_commit``
+        ``active``: a capture on this host holds the source's lease. Keys besides the protocol's:
+        ``binlog_end``, ``lag_bytes``, ``lag_seconds``, ``last_commit``
         (the last captured transaction's binlog time), ``binlog_status`` (``present`` | ``purged``),
         ``oldest_binlog``, ``binlog_headroom_bytes``/``_files`` and ``binlog_expire_s``
         (:mod:`capture.mysql.backlog`).
@@ -219,6 +220,10 @@ class MySqlSourceKind:
         row: dict[str, Any] = {"source": name, "kind": self.name, "dsn": source.dsn_redacted}
         saved = load_state(state_dir(config, name))
         row["position"] = None if saved is None else str(saved.position)
+        # A capture on this host holds the source's lease (the server knows no slot to ask).
+        active = lease(config.home_dir, "capture", name).taken()
+        if active is not None:
+            row["active"] = active
         if saved is not None and saved.commit_ts is not None:
             row["last_commit"] = dt.datetime.fromtimestamp(saved.commit_ts, dt.UTC).isoformat().replace("+00:00", "Z")
         unset = unset_variables(source.dsn.get_secret_value())

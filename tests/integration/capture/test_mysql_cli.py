@@ -79,6 +79,7 @@ def test_a_mysql_source_from_add_to_remove(mariadb_database, unique_name, tmp_pa
         assert row["binlog_end"] == row["position"] and row["lag_bytes"] == 0 and row["lag_seconds"] == 0
         assert row["binlog_status"] == "present" and row["oldest_binlog"].startswith("binlog.")
         assert row["binlog_headroom_files"] >= 0 and row["last_commit"].endswith("Z")
+        assert row["active"] is False  # no capture holds the source's lease now
         human = headwater(config, "status", password=password)
         assert "shop" in human.stdout and password not in human.stdout + human.stderr
         assert f"source shop: binlog end {row['binlog_end']}; 0 B behind; oldest binlog kept" in human.stdout
