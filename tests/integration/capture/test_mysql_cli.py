@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 from harness.cli import run_headwater
+from prometheus_client import CollectorRegistry, generate_latest
 
 from core.config import load_config
 from operations.pipeline_metrics import PipelineCollector, Scope
@@ -105,6 +106,10 @@ def test_a_mysql_source_from_add_to_remove(mariadb_database, unique_name, tmp_pa
         assert source_metrics(config)["headwater_capture_lag_bytes"] == late["lag_bytes"]
         headwater(config, "capture", "shop", "--until-caught-up", password=password)
         assert source_metrics(config)["headwater_capture_lag_bytes"] == 0
+        registry = CollectorRegistry()
+        registry.register(PipelineCollector(load_config(config), Scope(sources=("shop",))))
+        scraped = generate_latest(registry).decode()
+        assert 'headwater_binlog_headroom_bytes{source="shop"}' in scraped and password not in scraped
         monkeypatch.setenv(PASSWORD_VAR, "wrong")
         assert source_metrics(config) == {"headwater_source_up": 0.0}
         config.write_text(
