@@ -60,8 +60,10 @@ prereqs:
 tools: venv
 	@$(PY) tests/harness/tool_cache.py
 
+# `make demo KIND=mysql`: the same shop on an embedded MariaDB, captured from its binlog.
+KIND ?= postgres
 demo: venv prereqs
-	$(VENV)/bin/headwater demo
+	$(VENV)/bin/headwater demo --kind $(KIND)
 
 lint: venv
 	$(VENV)/bin/ruff check .

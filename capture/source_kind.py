@@ -166,7 +166,8 @@ class SourceKind(Protocol):
 
         Keys: ``source``, ``dsn`` (redacted), and those that apply: ``kind``, ``slot`` (PostgreSQL)
         or ``position`` (the last position acknowledged, as the kind prints it), ``active``,
-        ``confirmed_flush_lsn``, ``wal_retained_bytes``, ``error`` (why it was not read).
+        ``confirmed_flush_lsn``, ``wal_retained_bytes``, ``lag_bytes`` and ``lag_seconds`` (how far
+        capture is behind the source's log end; ``/metrics`` shows them), ``error`` (why it was not read).
         """
 
     # -- capture ----------------------------------------------------------------------------

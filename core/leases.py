@@ -109,6 +109,23 @@ class Lease:
         except (orjson.JSONDecodeError, TypeError):
             return None
 
+    def taken(self) -> bool | None:
+        """Whether some process (this one included) holds it now; None where the kernel's lock table is unreadable.
+
+        Read from ``/proc/locks`` (Linux), so looking never takes the lock: a probe with ``flock``
+        could make a process starting that instant find the lease held and wait.
+        """
+        try:
+            status = self.path.stat()
+        except FileNotFoundError:
+            return False  # never taken on this host
+        try:
+            table = Path("/proc/locks").read_text()
+        except OSError:
+            return None
+        device = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
+        return any(line.split()[1:2] == ["FLOCK"] and device in line.split() for line in table.splitlines())
+
     def release(self) -> None:
         """Let go (idempotent); the next waiting process takes over."""
         if self._fd is not None:

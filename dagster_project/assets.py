@@ -35,14 +35,14 @@ from dagster_project.lineage import (
     upstream_key,
     warehouse_key,
 )
-from dagster_project.metadata import feed_metadata, table_metadata, topic_metadata
+from dagster_project.metadata import capture_metadata, feed_metadata, table_metadata, topic_metadata
 from dagster_project.partitions import INCREMENTAL, INCREMENTAL_TAG, history_partitions, partition_days
 from dagster_project.resources import HeadwaterLog, HeadwaterProject, HeadwaterSpark
 from log.factory import open_log
 
 
-def capture_asset(source: str, topics: list[str]) -> AssetsDefinition:
-    """One asset per raw topic of ``source``, all materialised by one capture run until caught up."""
+def capture_asset(source: str, topics: list[str], kind: str = "postgres") -> AssetsDefinition:
+    """One asset per raw topic of ``source`` (of source ``kind``), materialised by one capture run until caught up."""
     keys = {topic: topic_key(topic) for topic in topics}
 
     @multi_asset(
@@ -51,7 +51,7 @@ def capture_asset(source: str, topics: list[str]) -> AssetsDefinition:
             AssetSpec(
                 key,
                 group_name=SOURCES_GROUP,
-                kinds={"postgres"},
+                kinds={kind},
                 description=f"Change events of {topic.split('.', 1)[1]} captured from source {source!r} "
                 f"(topic {topic}, keyed, compacted).",
             )
@@ -73,8 +73,7 @@ def capture_asset(source: str, topics: list[str]) -> AssetsDefinition:
                     asset_key=key,
                     metadata={
                         **topic_metadata(config, handle, topic),
-                        "capture/acked_lsn": str(stats.acked),
-                        "capture/records_written": stats.records_written,
+                        **capture_metadata(kind, {"acked": str(stats.acked), "records_written": stats.records_written}),
                     },
                 )
 
@@ -217,7 +216,9 @@ def _history_from(config: ProjectConfig) -> dt.date:
 def build_assets(config: ProjectConfig) -> list[AssetsDefinition | AssetSpec]:
     """Every asset of the project: captures, feeds, warehouse tables."""
     assets: list[AssetsDefinition | AssetSpec] = [
-        capture_asset(source, topics) for source, topics in source_topics(config).items() if topics
+        capture_asset(source, topics, config.sources[source].kind)
+        for source, topics in source_topics(config).items()
+        if topics
     ]
     assets += [feed_asset(config, name) for name in config.feeds]
     history_from = _history_from(config)

@@ -18,6 +18,16 @@ from log.topics import load_group
 from operations.status import table_status
 
 
+def capture_metadata(kind: str, figures: Mapping[str, Any]) -> dict[str, Any]:
+    """A capture's figures as asset metadata (``acked``: the position capture last acknowledged).
+
+    The position is ``capture/acked_lsn`` for PostgreSQL, ``capture/acked_position`` for another
+    kind (MySQL: the saved binlog ``file:offset``).
+    """
+    acked = "acked_lsn" if kind == "postgres" else "acked_position"
+    return {f"capture/{acked if k == 'acked' else k}": v for k, v in figures.items()}
+
+
 def topic_metadata(config: ProjectConfig, log: Log, topic: str) -> dict[str, Any]:
     """End offsets and records of ``topic``, and the lag of every warehouse loader reading it."""
     if topic not in log.list_topics():

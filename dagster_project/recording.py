@@ -24,7 +24,7 @@ from dagster import AssetKey, AssetMaterialization, DagsterInstance
 
 from core.config import ProjectConfig
 from dagster_project.lineage import feed_key, source_topics, topic_key, warehouse_key
-from dagster_project.metadata import feed_metadata, table_metadata, topic_metadata
+from dagster_project.metadata import capture_metadata, feed_metadata, table_metadata, topic_metadata
 from dagster_project.ui import prepare_dagster_home
 from log.base import Log
 from log.factory import open_log
@@ -91,7 +91,8 @@ class AssetRecorder:
         topics = source_topics(self._config)
         for source, figures in sources.items():
             for topic in topics.get(source, ()):
-                metadata = topic_metadata(self._config, log, topic) | {f"capture/{k}": v for k, v in figures.items()}
+                kind = self._config.sources[source].kind
+                metadata = topic_metadata(self._config, log, topic) | capture_metadata(kind, figures)
                 events += self._changed(topic_key(topic), metadata)
         for name, stats in feeds.items():
             events += self._changed(feed_key(name), feed_metadata(self._config, log, name, stats))

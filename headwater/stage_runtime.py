@@ -149,4 +149,4 @@ def children_record_metrics(*, here_too: bool = False) -> Iterator[str | None]:
 
 def capture_figures(stats: CaptureStats) -> dict[str, Any]:
     """What a capture's materialization reports besides the topic's offsets."""
-    return {"acked_lsn": str(stats.acked), "events": stats.events, "records_written": stats.records_written}
+    return {"acked": str(stats.acked), "events": stats.events, "records_written": stats.records_written}

@@ -2,10 +2,12 @@
 
 :class:`PipelineCollector` reads, at each scrape, what only the log and the source know:
 capture lag (WAL bytes the slot has not confirmed, seconds behind from
-``pg_stat_replication``), WAL each slot retains, records and seconds each feed and load is
-behind (its consumer group against its input's end), quarantined records per topic, and
-the size of every topic (file log) and warehouse table. A source that cannot be reached
-(server down, password variable unset) is ``headwater_source_up 0``; the rest is still shown.
+``pg_stat_replication``; a MySQL source's binlog bytes past its saved position, across files,
+and the binlog the server keeps before it, from its kind's ``status``), WAL each slot retains,
+records and seconds each feed and load is behind (its consumer group against its input's end),
+quarantined records per topic, and the size of every topic (file log) and warehouse table. A
+source that cannot be reached (server down, password variable unset) is ``headwater_source_up 0``;
+the rest is still shown.
 
 :class:`CaptureRecorder` and :class:`SparkRecorder` copy a running stage's own counters
 (capture statistics, Spark's progress per micro-batch) into :mod:`core.metrics` once a second.
@@ -104,12 +106,30 @@ class PipelineCollector(Collector):
         )
         lag_bytes = GaugeMetricFamily(
             "headwater_capture_lag_bytes",
-            "WAL bytes from the slot's confirmed flush LSN to the server's current WAL end.",
+            "Source log bytes capture has not stored: WAL from the slot's confirmed flush LSN to the server's WAL "
+            "end (PostgreSQL); binlog from the saved position to the server's end, across files (MySQL).",
             labels=["source"],
         )
         lag_seconds = GaugeMetricFamily(
             "headwater_capture_lag_seconds",
-            "Seconds capture is behind: its walsender's flush_lag while WAL is unconfirmed, else 0.",
+            "Seconds capture is behind, 0 when nothing is unconfirmed: its walsender's flush_lag (PostgreSQL); "
+            "since the last captured commit, an upper bound (MySQL).",
+            labels=["source"],
+        )
+        last_commit = GaugeMetricFamily(
+            "headwater_capture_last_commit_timestamp_seconds",
+            "Binlog time of the last source transaction capture stored (Unix time, the server's clock; MySQL).",
+            labels=["source"],
+        )
+        headroom = GaugeMetricFamily(
+            "headwater_binlog_headroom_bytes",
+            "Binlog bytes the server keeps in files older than the saved position's, purged before it (MySQL); "
+            "0 outside the current file: the next purge loses changes not captured yet.",
+            labels=["source"],
+        )
+        purged = GaugeMetricFamily(
+            "headwater_binlog_position_purged",
+            "1 when the server no longer has the binlog file capture resumes from (MySQL: source resync).",
             labels=["source"],
         )
         retained = GaugeMetricFamily(
@@ -121,13 +141,21 @@ class PipelineCollector(Collector):
         for name in self._scope.sources:
             row = source_gauges(self._config, name)
             up.add_metric([name], 1.0 if row is not None else 0.0)
-            if row is None or "slot" not in row:  # down, or a kind without a slot (MySQL: up alone)
+            if row is None:
                 continue
-            lag_bytes.add_metric([name], row["lag_bytes"])
-            lag_seconds.add_metric([name], row["lag_seconds"])
-            retained.add_metric([name, row["slot"]], row["wal_retained_bytes"])
-            active.add_metric([name], 1.0 if row["active"] else 0.0)
-        yield from (up, lag_bytes, lag_seconds, retained, active)
+            if row.get("lag_bytes") is not None:
+                lag_bytes.add_metric([name], float(row["lag_bytes"]))
+            if row.get("lag_seconds") is not None:
+                lag_seconds.add_metric([name], float(row["lag_seconds"]))
+            if "slot" in row:
+                retained.add_metric([name, row["slot"]], row["wal_retained_bytes"])
+                active.add_metric([name], 1.0 if row["active"] else 0.0)
+            if row.get("commit_ts") is not None:
+                last_commit.add_metric([name], float(row["commit_ts"]))
+            if "binlog_status" in row:
+                headroom.add_metric([name], float(row["binlog_headroom_bytes"]))
+                purged.add_metric([name], 1.0 if row["binlog_status"] == "purged" else 0.0)
+        yield from (up, lag_bytes, lag_seconds, retained, active, last_commit, headroom, purged)
 
     def _log_metrics(self, log: Log) -> Iterator[Metric]:
         from derived_feeds.feed_spec import feed_spec
@@ -210,10 +238,11 @@ class PipelineCollector(Collector):
 
 
 def source_gauges(config: ProjectConfig, name: str) -> dict[str, Any] | None:
-    """Slot lag, activity and retained WAL of source ``name``; None when it cannot be reached now.
+    """Lag gauges of source ``name``; None when it cannot be reached now.
 
-    Only PostgreSQL sources have these gauges; another kind's source gives ``{}`` when its server
-    answers (the kind's own login check), so it shows as up without PostgreSQL's slot gauges.
+    PostgreSQL: the slot's lag, activity and retained WAL. Another kind: its ``status`` row
+    (:meth:`capture.source_kind.SourceKind.status`; MySQL: ``lag_bytes``, ``lag_seconds``, the binlog's
+    headroom and whether the position is purged) when its server answered, plus ``commit_ts``.
     """
     import psycopg
 
@@ -222,7 +251,7 @@ def source_gauges(config: ProjectConfig, name: str) -> dict[str, Any] | None:
     if unset_variables(dsn):
         return None
     if source.kind != "postgres":
-        return {} if _answers(config, name) else None
+        return _kind_gauges(config, name)
     slot = source.slot or f"headwater_{name}"
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S) as conn:
@@ -250,15 +279,21 @@ def source_gauges(config: ProjectConfig, name: str) -> dict[str, Any] | None:
     }
 
 
-def _answers(config: ProjectConfig, name: str) -> bool:
-    """True when source ``name``'s server lets its kind log in now."""
+def _kind_gauges(config: ProjectConfig, name: str) -> dict[str, Any] | None:
+    """Source ``name``'s status row from its kind; None when the kind cannot log in (or read its status) now."""
     from capture.kinds import kind_of
 
     try:
-        kind_of(config, name).check(config, name)
+        kind = kind_of(config, name)
+        kind.check(config, name)
+        row = kind.status(config, name)
     except HeadwaterError:
-        return False
-    return True
+        return None
+    if "error" in row:
+        return None
+    if row.get("last_commit"):
+        row["commit_ts"] = dt.datetime.fromisoformat(str(row["last_commit"]).replace("Z", "+00:00")).timestamp()
+    return row
 
 
 def consumer_lag(log: Log, group: str, topic: str, now_s: float | None = None) -> tuple[int, float]:

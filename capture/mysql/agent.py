@@ -121,6 +121,8 @@ class MySqlAgent:
         #: Shapes whose schema record is known to be written (by identity, kept alive here).
         self._checked: dict[int, TableShape] = {}
         self._state: StreamState | None = None
+        #: The binlog timestamp of the last transaction read (saved with the next position).
+        self._commit_ts: int | None = None
         #: ``transactions: true``: BEGIN/END records in ``<source>.transaction``.
         self._boundaries = TransactionBoundaries(source.name) if source.transactions else None
 
@@ -263,6 +265,7 @@ class MySqlAgent:
                     if transaction is not None:
                         if transaction.gtid is not None:
                             gtids = gtids.advanced(transaction.gtid)
+                        self._commit_ts = transaction.timestamp
                         try:
                             complete = self._add(appender, resume, transaction)
                         except _StoppedWhileFull:  # its last spill batch waited for room
@@ -366,7 +369,7 @@ class MySqlAgent:
         appender.flush(resume, None)
         if position is not None and self._state is not None and position != self._state.position:
             # Saved only now: every transaction before ``position`` is durable in the log.
-            self._state = StreamState(position, gtids)
+            self._state = StreamState(position, gtids, self._commit_ts or self._state.commit_ts)
             save_state(self.state_dir, self._state)
             self.stats.acked = position
 

@@ -18,7 +18,9 @@ Not yet: incremental snapshots (``headwater snapshot``).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from ruamel.yaml.comments import CommentedMap
 from capture import config_document
 from capture.errors import CancelledError, CaptureError, PrerequisiteError, SourceExistsError
 from capture.mysql.agent import MySqlAgent
+from capture.mysql.backlog import binlog_backlog, read_server_binlogs
 from capture.mysql.consistent_read import MySqlConsistentRead
 from capture.mysql.prerequisites import check as check_prerequisites
 from capture.mysql.resync import request_resync
@@ -35,7 +38,7 @@ from capture.mysql.settings import MySqlSource, default_server_id
 from capture.mysql.state import load_state
 from capture.mysql.types.values import TypeModes
 from capture.source_kind import Confirm, Outcome, SnapshotProgress, SnapshotRequest, SourceRequest, SourceView
-from core.config import ProjectConfig
+from core.config import ProjectConfig, unset_variables
 from core.errors import HeadwaterError
 from core.leases import Holder, lease
 from core.source_config import SourceConfig
@@ -205,19 +208,57 @@ class MySqlSourceKind:
             raise CaptureError(msg, source=name) from None
 
     def status(self, config: ProjectConfig, name: str) -> dict[str, Any]:
-        """The saved position and the server's binlog end (never the password)."""
+        """The saved position against the server's binlogs: end, lag, what is kept before it (never the password).
+
+        ``active``: a capture on this host holds the source's lease. Keys besides the protocol's:
+        ``binlog_end``, ``lag_bytes``, ``lag_seconds``, ``last_commit``
+        (the last captured transaction's binlog time), ``binlog_status`` (``present`` | ``purged``),
+        ``oldest_binlog``, ``binlog_headroom_bytes``/``_files`` and ``binlog_expire_s``
+        (:mod:`capture.mysql.backlog`).
+        """
         source = config.sources[name]
         row: dict[str, Any] = {"source": name, "kind": self.name, "dsn": source.dsn_redacted}
         saved = load_state(state_dir(config, name))
         row["position"] = None if saved is None else str(saved.position)
+        # A capture on this host holds the source's lease (the server knows no slot to ask).
+        active = lease(config.home_dir, "capture", name).taken()
+        if active is not None:
+            row["active"] = active
+        if saved is not None and saved.commit_ts is not None:
+            row["last_commit"] = dt.datetime.fromtimestamp(saved.commit_ts, dt.UTC).isoformat().replace("+00:00", "Z")
+        unset = unset_variables(source.dsn.get_secret_value())
+        if unset:
+            row["error"] = (
+                f"not checked: environment variable {unset[0]} (in its dsn) is not set; export it to see the binlog"
+            )
+            return row
         settings = settings_of(name, source)
         try:
             with settings.address.connect() as conn, conn.cursor() as cur:
-                cur.execute("SHOW MASTER STATUS")
-                end = cur.fetchone()
-            row["binlog_end"] = None if end is None else f"{end[0]}:{end[1]}"
+                server = read_server_binlogs(cur)
         except Exception as exc:
             row["error"] = _one_line(exc, settings)
+            return row
+        if server is None:
+            row["error"] = "the server's binary log is off: capture needs log_bin"
+            return row
+        row["binlog_end"] = str(server.end)
+        row["binlog_expire_s"] = server.expire_s
+        row["oldest_binlog"] = server.files[0].name if server.files else None
+        if saved is None:
+            return row
+        backlog = binlog_backlog(saved.position, server)
+        row.update(
+            binlog_status="present" if backlog.present else "purged",
+            lag_bytes=backlog.lag_bytes,
+            binlog_headroom_bytes=backlog.headroom_bytes,
+            binlog_headroom_files=backlog.headroom_files,
+        )
+        if backlog.lag_bytes == 0:
+            row["lag_seconds"] = 0.0
+        elif saved.commit_ts is not None:
+            # An upper bound: the changes not read yet are younger than the last one captured.
+            row["lag_seconds"] = max(time.time() - saved.commit_ts, 0.0)
         return row
 
     # -- capture ----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Where MySQL capture resumes: the binlog position after the last transaction the log holds.
 
-``<home>/capture/<source>/binlog.json``: ``{"file", "offset", "gtid", "server_uuid"}``, replaced
+``<home>/capture/<source>/binlog.json``: ``{"file", "offset", "gtid", "commit_ts"}``, replaced
 whole (``core.durable_files``) only after the appends of the transactions before it returned, so
 it is at or before what the log holds. A restart reads the binlog from there, and records the log
 already holds are skipped (:class:`capture.position.ResumePoint`): nothing is lost or doubled
@@ -22,20 +22,31 @@ _NO_GTIDS = GtidPosition()
 
 @dataclass(frozen=True)
 class StreamState:
-    """The resume position: a file position, and the GTID position (MariaDB) at the same point."""
+    """The resume position: a file position, and the GTID position (MariaDB) at the same point.
+
+    ``commit_ts`` is the binlog timestamp (Unix seconds, the server's clock) of the last captured
+    transaction before the position, when one was streamed (``status`` and ``/metrics`` lag).
+    """
 
     position: BinlogPosition
     gtids: GtidPosition = _NO_GTIDS
+    commit_ts: int | None = None
 
     def to_json(self) -> dict[str, object]:
         """The file's content."""
-        return {"file": self.position.file, "offset": self.position.offset, "gtid": str(self.gtids)}
+        data: dict[str, object] = {"file": self.position.file, "offset": self.position.offset, "gtid": str(self.gtids)}
+        if self.commit_ts is not None:
+            data["commit_ts"] = self.commit_ts
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> StreamState:
         """Inverse of :meth:`to_json`."""
+        committed = data.get("commit_ts")
         return cls(
-            BinlogPosition(str(data["file"]), int(str(data["offset"]))), GtidPosition.parse(str(data.get("gtid", "")))
+            BinlogPosition(str(data["file"]), int(str(data["offset"]))),
+            GtidPosition.parse(str(data.get("gtid", ""))),
+            None if committed is None else int(str(committed)),
         )
 
 

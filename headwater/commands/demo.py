@@ -1,4 +1,4 @@
-"""``headwater demo``: embedded Postgres + sample shop workload + the pipeline stages that exist."""
+"""``headwater demo``: an embedded Postgres (or MariaDB, ``--kind mysql``) + sample shop workload + the pipeline."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from core.config import load_config
-from operations.demo import DEMO_QUERIES, PASSWORD_VAR, DemoSettings, run_demo
+from operations.demo import DEMO_QUERIES, PASSWORD_VAR, DemoKind, DemoSettings, run_demo
 
 
 def _capture_stage(config_path: Path) -> str:
@@ -48,12 +48,20 @@ def _pipeline_stage(config_path: Path) -> list[str]:
 @click.command("demo")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path), default="headwater-demo")
 @click.option("--small", is_flag=True, help="A smaller workload (what CI runs).")
-def demo_command(directory: Path, small: bool) -> None:
+@click.option(
+    "--kind",
+    type=click.Choice(["postgres", "mysql"]),
+    default="postgres",
+    show_default=True,
+    help="The source: an embedded PostgreSQL, or an embedded MariaDB captured from its binlog.",
+)
+def demo_command(directory: Path, small: bool, kind: DemoKind) -> None:
     """Run the sample shop through the pipeline in DIRECTORY (wiped first)."""
     settings = DemoSettings(customers=300, orders=600, big_transaction_rows=3_000) if small else DemoSettings()
     result = run_demo(
         directory,
         settings,
+        kind=kind,
         say=lambda line: click.echo(f"- {line}"),
         capture=_capture_stage,
         pipeline=_pipeline_stage,
@@ -63,26 +71,28 @@ def demo_command(directory: Path, small: bool) -> None:
     config = shlex.quote(str(result.config_path))
     headwater = headwater_command()
     click.echo("")
-    click.echo(f"done. Postgres was stopped; the log, the warehouse and the config remain in {result.directory}")
+    server = result.server_name
+    click.echo(f"done. {server} was stopped; the log, the warehouse and the config remain in {result.directory}")
     click.echo(f"quality report: {result.directory / '.headwater' / 'quality' / 'report.html'} (open it in a browser)")
     click.echo("try next:")
-    for command in NEXT_STEPS:
+    for command in next_steps(result.topic_prefix):
         click.echo(f"  {headwater} --config {config} {command}")
     click.echo(
-        f"(status reports the source as unreachable: the demo's Postgres is stopped and {PASSWORD_VAR} is not kept; "
+        f"(status reports the source as unreachable: the demo's {server} is stopped and {PASSWORD_VAR} is not kept; "
         "everything else works without them)"
     )
 
 
-#: What the demo suggests next, after ``headwater --config <file>`` (tested one by one, as printed).
-NEXT_STEPS = (
-    # ORDER BY: without it DuckDB returns any five rows (its scan is parallel), not the first customers
-    "query 'SELECT id, email, country, balance FROM customers ORDER BY id LIMIT 5'",
-    "status",
-    "log topics",
-    "log tail shop.public.orders --limit 5 --json",
-    "ui      # the Dagster UI on http://127.0.0.1:3000 (Ctrl-C to stop)",
-)
+def next_steps(topic_prefix: str) -> tuple[str, ...]:
+    """What the demo suggests next, after ``headwater --config <file>`` (tested one by one, as printed)."""
+    return (
+        # ORDER BY: without it DuckDB returns any five rows (its scan is parallel), not the first customers
+        "query 'SELECT id, email, country, balance FROM customers ORDER BY id LIMIT 5'",
+        "status",
+        "log topics",
+        f"log tail {topic_prefix}.orders --limit 5 --json",
+        "ui      # the Dagster UI on http://127.0.0.1:3000 (Ctrl-C to stop)",
+    )
 
 
 def headwater_command() -> str:

@@ -1,6 +1,8 @@
-"""``headwater status``: slots, WAL retained, log ends, lag and table freshness."""
+"""``headwater status``: slots (MySQL: binlog positions), WAL retained, log ends, lag and table freshness."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import click
 from rich.console import Console
@@ -29,9 +31,10 @@ def status_command(context: Context, as_json: bool) -> None:
     console = Console()
     deployment = status["deployment"]
     console.print(f"spark: {deployment['spark']['master']}   warehouse: {deployment['warehouse']['path']}")
-    sources = Table("source", "slot", "active", "confirmed flush", "WAL retained", "note", title="sources")
+    sources = Table("source", "slot", "active", "confirmed flush", "WAL retained", "behind", "note", title="sources")
     for row in status["sources"]:
         retained = row.get("wal_retained_bytes")
+        behind = row.get("lag_bytes")
         sources.add_row(
             row["source"],
             # A PostgreSQL source's slot; a MySQL source's saved binlog position.
@@ -39,12 +42,15 @@ def status_command(context: Context, as_json: bool) -> None:
             str(row.get("active", "-")),
             row.get("confirmed_flush_lsn") or "-",
             f"{retained:,} B" if isinstance(retained, int) else "-",
-            "see below" if "error" in row else "",
+            f"{behind:,} B" if isinstance(behind, int) else "-",
+            "see below" if "error" in row or "binlog_end" in row else "",
         )
     console.print(sources)
     for row in status["sources"]:
         if "error" in row:  # in full, not cut to the table's width
             click.echo(f"source {row['source']}: {row['error']}")
+        if "binlog_end" in row:
+            click.echo(f"source {row['source']}: {binlog_line(row)}")
         if "problem" in row:
             click.echo(f"source {row['source']}: stopped: {row['problem']}")
         if row.get("rereading"):
@@ -115,6 +121,33 @@ def status_command(context: Context, as_json: bool) -> None:
             console.print(f"[yellow]warning:[/] {row['problem']}")
     for row in status["errors"]:  # in full, not cut to a table's width
         click.echo(f"{row['stage']}: last stopped at {row['at']} (exit {row['exit_code']}): {row['error']}")
+
+
+def binlog_line(row: dict[str, Any]) -> str:
+    """A MySQL source's binlog: the server's end, how far behind, what the server keeps before the position."""
+    parts = [f"binlog end {row['binlog_end']}"]
+    if row.get("binlog_status") == "purged":
+        parts.append(
+            f"saved position {row['position']} is purged (oldest binlog kept {row.get('oldest_binlog') or '-'}): "
+            f"run 'headwater source resync {row['source']}'"
+        )
+    elif "lag_bytes" in row:
+        seconds = row.get("lag_seconds")
+        parts.append(f"{row['lag_bytes']:,} B behind" + (f" (at most {seconds:.0f} s)" if seconds else ""))
+        parts.append(
+            f"oldest binlog kept {row.get('oldest_binlog') or '-'}, {row['binlog_headroom_files']} file(s) "
+            f"({row['binlog_headroom_bytes']:,} B) before the position's"
+        )
+    expire = row.get("binlog_expire_s")
+    parts.append("binlogs kept forever" if expire is None else f"binlogs kept {_duration(expire)}")
+    if row.get("last_commit"):
+        parts.append(f"last commit captured {row['last_commit']}")
+    return "; ".join(parts)
+
+
+def _duration(seconds: int) -> str:
+    days, rest = divmod(seconds, 86400)
+    return f"{days} d {rest // 3600} h" if days else f"{rest // 3600} h {rest % 3600 // 60} min"
 
 
 def register(cli: click.Group) -> None:

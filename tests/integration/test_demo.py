@@ -127,3 +127,40 @@ def test_demo_runs_the_pipeline_again_and_leaves_a_queryable_warehouse(tmp_path)
     assert {t["table"] for t in body["tables"]} == {"customers", "orders", "orders_hist"}
     assert all(t["state"] == "loaded" and t["lag"] == 0 for t in body["tables"])
     assert [(f["feed"], f["lag"]) for f in body["feeds"]] == [("orders_enriched", 0)]
+
+
+def test_the_mysql_demo_captures_an_embedded_mariadb_through_the_same_pipeline(tmp_path):
+    result = run("demo", "--kind", "mysql", "--small", "demo", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert "starting embedded MariaDB (binlog_format=ROW)" in out
+    assert "feeds: orders_enriched caught up" in out
+    assert "warehouse: customers, orders, orders_hist loaded" in out
+    assert "quality: pass rate 100%" in out
+    assert "done. MariaDB was stopped" in out and "log tail shop.shop.orders --limit 5 --json" in out
+    config = "demo/headwater.yaml"
+    assert "mysql://capture:${HEADWATER_DEMO_PASSWORD}@127.0.0.1:" in (tmp_path / config).read_text()
+
+    def query(sql: str) -> list[dict]:
+        answer = run("--config", config, "query", sql, "--format", "json", cwd=tmp_path)
+        assert answer.returncode == 0, answer.stderr
+        return orjson.loads(answer.stdout)
+
+    # The same workload as PostgreSQL's, so the same warehouse (see the test above).
+    assert query("SELECT count(*) AS n, count(*) FILTER (WHERE loyalty_points > 0) AS p FROM customers") == [
+        {"n": 3300, "p": 100}
+    ]
+    assert query("SELECT count(*) AS n, count(country) AS c FROM orders") == [{"n": 588, "c": 588}]
+    assert query(
+        "SELECT count(*) AS versions, count(*) FILTER (WHERE __END_AT IS NULL) AS current FROM orders_hist"
+    ) == [{"versions": 960, "current": 588}]
+    # The deleted orders' items are deleted in the log too (each with its tombstone).
+    tail = run("--config", config, "log", "tail", "shop.shop.order_items", "--from-beginning", "--json", cwd=tmp_path)
+    ops = [(orjson.loads(line)["value"] or {"op": "tombstone"})["op"] for line in tail.stdout.splitlines()]
+    assert ops.count("c") == 1800 and ops.count("d") == ops.count("tombstone") == 36
+
+    env = {**os.environ, "HEADWATER_DEMO_PASSWORD": "x"}
+    status = run("--config", config, "status", "--json", cwd=tmp_path, env=env)
+    assert status.returncode == 0, status.stderr
+    (source,) = orjson.loads(status.stdout)["sources"]
+    assert source["kind"] == "mysql" and source["position"].startswith("binlog.") and "error" in source

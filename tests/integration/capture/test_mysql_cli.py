@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import orjson
 from harness.cli import run_headwater
+from prometheus_client import CollectorRegistry, generate_latest
 
 from core.config import load_config
 from operations.pipeline_metrics import PipelineCollector, Scope
@@ -74,12 +76,40 @@ def test_a_mysql_source_from_add_to_remove(mariadb_database, unique_name, tmp_pa
         status = orjson.loads(headwater(config, "status", "--json", password=password).stdout)
         (row,) = [s for s in status["sources"] if s["source"] == "shop"]
         assert row["position"].startswith("binlog.") and "error" not in row
+        # Caught up: the saved position is the server's end; what the server keeps before it is listed.
+        assert row["binlog_end"] == row["position"] and row["lag_bytes"] == 0 and row["lag_seconds"] == 0
+        assert row["binlog_status"] == "present" and row["oldest_binlog"].startswith("binlog.")
+        assert row["binlog_headroom_files"] >= 0 and row["last_commit"].endswith("Z")
+        assert row["active"] is False  # no capture holds the source's lease now
         human = headwater(config, "status", password=password)
         assert "shop" in human.stdout and password not in human.stdout + human.stderr
+        assert f"source shop: binlog end {row['binlog_end']}; 0 B behind; oldest binlog kept" in human.stdout
 
-        # /metrics: up from the kind's own login, no PostgreSQL slot gauges; verify of an unloaded table refused.
+        # /metrics: up from the kind's own login, the binlog's lag and headroom, no PostgreSQL slot gauges.
         monkeypatch.setenv(PASSWORD_VAR, password)
-        assert source_metrics(config) == {"headwater_source_up": 1.0}
+        gauges = source_metrics(config)
+        assert gauges.pop("headwater_capture_last_commit_timestamp_seconds") > time.time() - 600
+        assert gauges == {
+            "headwater_source_up": 1.0,
+            "headwater_capture_lag_bytes": 0.0,
+            "headwater_capture_lag_seconds": 0.0,
+            "headwater_binlog_headroom_bytes": float(row["binlog_headroom_bytes"]),
+            "headwater_binlog_position_purged": 0.0,
+        }
+        # Changes not captured yet: lag in bytes up to the server's end (across a file switch).
+        mariadb_database.script("INSERT INTO customers VALUES (4, 'di')", "FLUSH BINARY LOGS")
+        mariadb_database.script("INSERT INTO customers VALUES (5, 'ed')")
+        behind = orjson.loads(headwater(config, "status", "--json", password=password).stdout)
+        (late,) = [s for s in behind["sources"] if s["source"] == "shop"]
+        assert late["position"] == row["position"] and late["binlog_end"] != row["binlog_end"]
+        assert late["lag_bytes"] > 0 and late["lag_seconds"] >= 0
+        assert source_metrics(config)["headwater_capture_lag_bytes"] == late["lag_bytes"]
+        headwater(config, "capture", "shop", "--until-caught-up", password=password)
+        assert source_metrics(config)["headwater_capture_lag_bytes"] == 0
+        registry = CollectorRegistry()
+        registry.register(PipelineCollector(load_config(config), Scope(sources=("shop",))))
+        scraped = generate_latest(registry).decode()
+        assert 'headwater_binlog_headroom_bytes{source="shop"}' in scraped and password not in scraped
         monkeypatch.setenv(PASSWORD_VAR, "wrong")
         assert source_metrics(config) == {"headwater_source_up": 0.0}
         config.write_text(

@@ -88,3 +88,20 @@ def test_leases_taken_before_a_timeout_are_let_go(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_taken_says_whether_a_process_holds_the_lease_without_taking_it(tmp_path):
+    assert lease(tmp_path, "capture", "shop").taken() is False  # never taken: no file yet
+    child = hold_in_child(tmp_path)
+    try:
+        looker = lease(tmp_path, "capture", "shop")
+        assert looker.taken() is True
+        assert not looker.try_acquire()  # looking took nothing; the holder still has it
+    finally:
+        child.kill()
+        child.wait()
+    assert lease(tmp_path, "capture", "shop").taken() is False  # the kernel dropped the lock of the killed holder
+    mine = lease(tmp_path, "capture", "shop")
+    assert mine.try_acquire() and mine.taken() is True
+    mine.release()
+    assert mine.taken() is False
