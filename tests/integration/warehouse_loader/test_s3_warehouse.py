@@ -290,3 +290,114 @@ def test_storage_problems_are_one_line_and_fail_fast(
     assert delta_exists(old)
     old.remove()  # what reprocess --drop-old does to a previous version
     assert not delta_exists(old) and delta_exists(table_path(config, "users_hist"))
+
+
+# --------------------------------------------------------------------------- merge-on-read on S3 (issue 34)
+
+
+def latest_per_key(batches: list[Any]) -> list[tuple[Any, ...]]:
+    """The SCD1 table the change stream implies: per key its highest-sequence change, absent when a delete."""
+    newest: dict[int, dict[str, Any]] = {}
+    for batch in batches:
+        for change in batch.to_pylist():
+            kept = newest.get(change["userId"])
+            if kept is None or change["__hw_seq"] > kept["__hw_seq"]:
+                newest[change["userId"]] = change
+    return sorted(((r["userId"], r["name"], r["city"]) for r in newest.values() if r["__hw_op"] != "d"), key=repr)
+
+
+def three_reads(config: ProjectConfig, table: str) -> dict[str, list[tuple[Any, ...]]]:
+    """The table's ``(userId, name, city[, __START_AT, __END_AT])`` rows, sorted, by each reader.
+
+    delta-rs's query engine and DuckDB's delta extension (delta-kernel-rs), which nobody here
+    wrote, and ``headwater query`` (Headwater's DuckDB view, its own deletion vector filter).
+    """
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+    from harness.delta_reader import read_delta
+
+    location = table_path(config, table)
+    columns = ["userId", "name", "city"] + (["__START_AT", "__END_AT"] if table.endswith("_hist") else [])
+
+    def rows(read: Any) -> list[tuple[Any, ...]]:
+        return sorted((tuple(row[c] for c in columns) for row in read.select(columns).to_pylist()), key=repr)
+
+    delta = DeltaTable(location.uri, storage_options=location.storage_options)
+    theirs = QueryBuilder().register("t", delta).execute("SELECT * FROM t").read_all()
+    tables = {name: table_path(config, name) for name in config.warehouse.tables}
+    return {
+        "delta-rs": rows(pa.table(theirs)),
+        "duckdb delta extension": rows(read_delta(location.uri, location.storage_options)),
+        "headwater query": rows(run_query(f"SELECT * FROM {table}", tables)),
+    }
+
+
+def s3_keys(config: ProjectConfig, table: str, under: str) -> set[str]:
+    """Names of the objects under ``<table>/<under>/`` in the bucket."""
+    import pyarrow.fs as pafs
+
+    fs, root = table_path(config, table).filesystem()
+    selector = pafs.FileSelector(f"{root}/{under}", allow_not_found=True)
+    return {info.base_name for info in fs.get_file_info(selector) if info.type == pafs.FileType.File}
+
+
+@pytest.mark.parametrize("mode", ["scd1", "scd2"])
+def test_merge_on_read_on_s3_stays_equal_to_the_source_for_every_reader(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique_name: Any, mode: str
+) -> None:
+    """Random batches (updates, deletes, re-inserts, late changes) merged on read into an S3 table.
+
+    After every batch the table equals the source (SCD1: the newest change per key; SCD2: the
+    history delta-rs's copy-on-write MERGE keeps for the same batches on a local table) as
+    delta-rs, DuckDB's delta extension and ``headwater query`` read it. Mid-way the loader's
+    maintenance runs on S3 (compaction purging deletion vectors, checkpoint, vacuum with no
+    retention, deletion vector files no version uses collected), then loading goes on.
+    """
+    from deltalake import DeltaTable
+    from harness.auto_cdc_examples import random_batches
+
+    from warehouse_loader.delta import log_entry, merge_on_read
+    from warehouse_loader.delta.deletion_vectors import DV_DIR, referenced_files
+    from warehouse_loader.delta.maintenance import DeltaMaintainer
+    from warehouse_loader.delta.table_files import S3Files, table_files
+
+    monkeypatch.setattr(merge_on_read, "MIN_TABLE_BYTES", 0)  # deletion vectors from the second batch on
+    monkeypatch.setattr(log_entry, "CHECKPOINT_INTERVAL", 5)  # our commits also write checkpoints on S3
+    config = project(tmp_path, s3, monkeypatch, unique_name("mor"))
+    table = "users" if mode == "scd1" else "users_hist"
+    location = table_path(config, table)
+    reference = tmp_path / "copy-on-write"
+    assert isinstance(table_files(location), S3Files)
+    batches = random_batches(11, 16)
+    for batch_id, batch in enumerate(batches):
+        settings = config.warehouse.tables[table]
+        write_batch(location, batch, table=table, batch_id=batch_id, keys=KEYS, config=settings, merge_on_read=True)
+        write_batch(reference, batch, table=table, batch_id=batch_id, keys=KEYS, config=settings)
+        newest = DeltaTable(location.uri, storage_options=location.storage_options).history(1)[0]
+        assert batch_id == 0 or newest.get("engineInfo") == "headwater merge-on-read", newest  # 0 creates it
+        if mode == "scd1":
+            expected = latest_per_key(batches[: batch_id + 1])
+        else:
+            versions = DeltaTable(str(reference)).to_pyarrow_table().to_pylist()
+            expected = sorted(
+                ((r["userId"], r["name"], r["city"], r["__START_AT"], r["__END_AT"]) for r in versions), key=repr
+            )
+        if batch_id % 3 == 0 or batch_id == len(batches) - 1:  # DuckDB's reader is a process: not every batch
+            for reader, rows in three_reads(config, table).items():
+                assert rows == expected, f"batch {batch_id}: {reader}"
+        if batch_id == 8:
+            maintainer = DeltaMaintainer(location)
+            assert s3_keys(config, table, DV_DIR), "no deletion vector file on S3 yet"
+            removed, written, _ = maintainer.compact(1 << 20, 1 << 16, 0.05)
+            assert removed >= 2 and written >= 1, "nothing compacted: the case tests nothing"
+            assert maintainer.shape(1 << 16).deleted_rows == 0  # the purge left no row behind a vector
+            assert maintainer.checkpoint()
+            time.sleep(1.1)
+            maintainer.expire(0.5)
+            dv_files = s3_keys(config, table, DV_DIR)
+            assert dv_files == referenced_files(S3Files(location)), "a vector file no version uses was kept"
+            for reader, rows in three_reads(config, table).items():
+                assert rows == expected, f"after maintenance: {reader}"
+    assert s3_keys(config, table, DV_DIR), "no deletion vector file on S3"
+    assert committed_batch(location, table) == len(batches) - 1
+    assert not (config.home_dir / "warehouse").exists(), "nothing may be written locally"
