@@ -401,3 +401,101 @@ def test_merge_on_read_on_s3_stays_equal_to_the_source_for_every_reader(
     assert s3_keys(config, table, DV_DIR), "no deletion vector file on S3"
     assert committed_batch(location, table) == len(batches) - 1
     assert not (config.home_dir / "warehouse").exists(), "nothing may be written locally"
+
+
+def test_a_merge_on_read_commit_whose_version_another_writer_took_is_replanned_and_lands(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique_name: Any
+) -> None:
+    """Another writer puts ``_delta_log/<N>.json`` between our read of the table and our commit of N.
+
+    Our conditional PUT of N is refused (412): the winner's entry stays as it was written, and
+    the batch is planned again on version N and committed as N + 1, so both batches' rows are there.
+    """
+    import orjson
+
+    from warehouse_loader.delta import merge_on_read
+    from warehouse_loader.delta import writer as delta_writer
+    from warehouse_loader.delta.table_files import S3Files
+    from warehouse_loader.errors import CommitConflictError
+
+    monkeypatch.setattr(merge_on_read, "MIN_TABLE_BYTES", 0)
+    config = project(tmp_path, s3, monkeypatch, unique_name("morconflict"))
+    location = table_path(config, "users")
+    settings = config.warehouse.tables["users"]
+
+    def write(rows: list[tuple[Any, ...]], writer: str, batch_id: int = 0) -> Any:
+        return write_batch(
+            location, changes(rows), table=writer, batch_id=batch_id, keys=KEYS, config=settings, merge_on_read=True
+        )
+
+    write([(1, "a", "x", "INSERT", 1), (2, "b", "x", "INSERT", 1), (3, "c", "x", "INSERT", 1)], "seed")
+    write([(1, "a2", "y", "UPDATE", 2)], "seed", batch_id=1)  # deletion vectors from here on
+    raced_at = open_delta(location).version() + 1
+    real_open, real_scd1 = delta_writer.open_table, delta_writer.write_scd1
+    events: list[str] = []
+
+    def open_then_lose(path: Any) -> Any:
+        target = real_open(path)
+        if str(path) == str(location) and "raced" not in events:
+            events.append("raced")
+            write([(2, "other", "z", "UPDATE", 3)], "other")  # a real merge-on-read commit takes the version
+        return target
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return real_scd1(*args, **kwargs)
+        except CommitConflictError:
+            events.append("conflict")
+            raise
+
+    monkeypatch.setattr(delta_writer, "open_table", open_then_lose)
+    monkeypatch.setattr(delta_writer, "write_scd1", counting)
+    result = write([(2, "mine", "w", "UPDATE", 4), (3, None, None, "DELETE", 4)], "mine")
+    assert events == ["raced", "conflict"], events  # lost once, re-planned on the winner's version
+    assert not result.skipped and result.version == raced_at + 1
+
+    files = S3Files(location)
+
+    def entry(version: int) -> list[dict[str, Any]]:
+        return [orjson.loads(line) for line in files.read(f"_delta_log/{version:020d}.json").splitlines()]
+
+    winner, ours = entry(raced_at), entry(raced_at + 1)
+    assert [a["txn"]["appId"] for a in winner if "txn" in a] == ["other"]  # the winner's entry, not overwritten
+    assert [a["txn"]["appId"] for a in ours if "txn" in a] == ["mine"]
+    # Our replanned commit restates the file the winner gave a deletion vector, that vector included.
+    removed = {a["remove"]["path"]: a["remove"].get("deletionVector") for a in ours if "remove" in a}
+    added = {a["add"]["path"]: a["add"].get("deletionVector") for a in winner if "add" in a}
+    assert any(removed.get(path) == vector for path, vector in added.items() if vector), (removed, added)
+    expected = [(1, "a2", "y"), (2, "mine", "w")]
+    for reader, rows in three_reads(config, "users").items():
+        assert rows == expected, reader
+    assert committed_batch(location, "other") == committed_batch(location, "mine") == 0
+
+
+def test_the_conditional_put_creates_once_and_refuses_in_one_line_without_the_secret(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique_name: Any
+) -> None:
+    """``S3Files.create`` against moto: put-if-absent, a retried PUT of our own bytes, refused credentials."""
+    from harness.moto import StrictMotoS3
+
+    from warehouse_loader.delta.table_files import S3Files
+    from warehouse_loader.location import storage_error
+
+    config = project(tmp_path / "a", s3, monkeypatch, unique_name("put"))
+    files = S3Files(table_path(config, "users"))
+    assert files.create("_delta_log/00000000000000000000.json", b"first\n")
+    assert not files.create("_delta_log/00000000000000000000.json", b"second\n")  # 412: nothing written
+    assert files.read("_delta_log/00000000000000000000.json") == b"first\n"
+    # A PUT that landed but whose answer was lost is retried and finds the key: its own bytes, so a success.
+    assert files.create("_delta_log/00000000000000000000.json", b"first\n")
+
+    strict = StrictMotoS3().start()
+    try:
+        refused = project(tmp_path / "b", s3, monkeypatch, "x", AWS_ENDPOINT_URL=strict.endpoint)
+        with pytest.raises(OSError) as caught:
+            S3Files(table_path(refused, "users")).create("_delta_log/00000000000000000000.json", b"x")
+        error = storage_error(caught.value, table_path(refused, "users"))
+        assert isinstance(error, WarehouseStorageError) and "refused the credentials" in str(error), error
+        assert SECRET not in str(error) and SECRET not in str(caught.value)
+    finally:
+        strict.stop()
