@@ -152,12 +152,12 @@ class DeltaMaintainer:
         small = [path for path, size in sizes.items() if size < small_below]
         heavy = [path for path, count in removed_per_file.items() if count >= purge_share * (physical.get(path) or 1)]
         bins = pack(sizes, set((small if len(small) >= 2 else []) + heavy), target_file_size)
-        return self._rewrite(self.files, table, bins, gone) if bins else (0, 0, 0)
+        return self._rewrite(table, bins, gone) if bins else (0, 0, 0)
 
-    def _rewrite(
-        self, store: TableFiles, table: DeltaTable, bins: list[list[str]], gone: pa.Table | None
-    ) -> tuple[int, int, int]:
+    def _rewrite(self, table: DeltaTable, bins: list[list[str]], gone: pa.Table | None) -> tuple[int, int, int]:
         """One commit replacing each bin of files by one file of their rows (removed rows left out)."""
+        store = self.files
+        assert store is not None, "a rewrite on a store without conditional writes (compact() says so)"
         current = add_actions.current_adds(store, table.version())
         schema = pa.schema(table.schema().to_arrow())
         gone = (
