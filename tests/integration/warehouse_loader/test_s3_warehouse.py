@@ -146,26 +146,14 @@ def test_tables_on_s3_are_read_by_query_status_quality_and_dagster(
     assert not (config.home_dir / "warehouse").exists(), "nothing may be written locally"
 
 
-def test_a_merge_that_loses_its_version_to_another_writer_is_replanned_and_lands(
-    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique_name: Any
-) -> None:
-    """Deterministic: another writer commits the same key between our read of the table and our MERGE.
+def lose_the_race_once(monkeypatch: pytest.MonkeyPatch, location: Any, other: Any) -> list[str]:
+    """Make the next SCD1 write to ``location`` lose its version: ``other()`` commits right after its read.
 
-    (Writers of disjoint keys do not conflict: delta-rs narrows a MERGE's read to the batch's
-    keys, ``predicate: "userId" = 2`` in the commit, and both commits stand.)
+    The returned list records ``"raced"`` when ``other`` ran and ``"conflict"`` per attempt that lost.
     """
     from warehouse_loader.delta import writer as delta_writer
     from warehouse_loader.errors import CommitConflictError
 
-    config = project(tmp_path, s3, monkeypatch, unique_name("conflict"))
-    location = table_path(config, "users")
-    settings = config.warehouse.tables["users"]
-
-    def write(key: int, writer: str, at: int) -> Any:
-        rows = changes([(key, writer, "c", "UPDATE", at)])
-        return write_batch(location, rows, table=writer, batch_id=0, keys=["userId"], config=settings)
-
-    write(1, "seed", 1)
     real_open, real_scd1 = delta_writer.open_table, delta_writer.write_scd1
     events: list[str] = []
 
@@ -173,7 +161,7 @@ def test_a_merge_that_loses_its_version_to_another_writer_is_replanned_and_lands
         target = real_open(path)
         if str(path) == str(location) and "raced" not in events:
             events.append("raced")
-            write(2, "other", 2)  # a real commit (conditional put on moto) takes the next version
+            other()
         return target
 
     def counting(*args: Any, **kwargs: Any) -> Any:
@@ -185,6 +173,28 @@ def test_a_merge_that_loses_its_version_to_another_writer_is_replanned_and_lands
 
     monkeypatch.setattr(delta_writer, "open_table", open_then_lose)
     monkeypatch.setattr(delta_writer, "write_scd1", counting)
+    return events
+
+
+def test_a_merge_that_loses_its_version_to_another_writer_is_replanned_and_lands(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique_name: Any
+) -> None:
+    """Deterministic: another writer commits the same key between our read of the table and our MERGE.
+
+    (Writers of disjoint keys do not conflict: delta-rs narrows a MERGE's read to the batch's
+    keys, ``predicate: "userId" = 2`` in the commit, and both commits stand.)
+    """
+    config = project(tmp_path, s3, monkeypatch, unique_name("conflict"))
+    location = table_path(config, "users")
+    settings = config.warehouse.tables["users"]
+
+    def write(key: int, writer: str, at: int) -> Any:
+        rows = changes([(key, writer, "c", "UPDATE", at)])
+        return write_batch(location, rows, table=writer, batch_id=0, keys=["userId"], config=settings)
+
+    write(1, "seed", 1)
+    # A real commit (conditional put on moto) takes the next version.
+    events = lose_the_race_once(monkeypatch, location, lambda: write(2, "other", 2))
     result = write(2, "mine", 3)
     assert events == ["raced", "conflict"], events  # lost once, re-planned on the winner's version
     assert not result.skipped
@@ -414,9 +424,7 @@ def test_a_merge_on_read_commit_whose_version_another_writer_took_is_replanned_a
     import orjson
 
     from warehouse_loader.delta import merge_on_read
-    from warehouse_loader.delta import writer as delta_writer
     from warehouse_loader.delta.table_files import S3Files
-    from warehouse_loader.errors import CommitConflictError
 
     monkeypatch.setattr(merge_on_read, "MIN_TABLE_BYTES", 0)
     config = project(tmp_path, s3, monkeypatch, unique_name("morconflict"))
@@ -431,25 +439,8 @@ def test_a_merge_on_read_commit_whose_version_another_writer_took_is_replanned_a
     write([(1, "a", "x", "INSERT", 1), (2, "b", "x", "INSERT", 1), (3, "c", "x", "INSERT", 1)], "seed")
     write([(1, "a2", "y", "UPDATE", 2)], "seed", batch_id=1)  # deletion vectors from here on
     raced_at = open_delta(location).version() + 1
-    real_open, real_scd1 = delta_writer.open_table, delta_writer.write_scd1
-    events: list[str] = []
-
-    def open_then_lose(path: Any) -> Any:
-        target = real_open(path)
-        if str(path) == str(location) and "raced" not in events:
-            events.append("raced")
-            write([(2, "other", "z", "UPDATE", 3)], "other")  # a real merge-on-read commit takes the version
-        return target
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return real_scd1(*args, **kwargs)
-        except CommitConflictError:
-            events.append("conflict")
-            raise
-
-    monkeypatch.setattr(delta_writer, "open_table", open_then_lose)
-    monkeypatch.setattr(delta_writer, "write_scd1", counting)
+    # A real merge-on-read commit (its own conditional PUT) takes the version.
+    events = lose_the_race_once(monkeypatch, location, lambda: write([(2, "other", "z", "UPDATE", 3)], "other"))
     result = write([(2, "mine", "w", "UPDATE", 4), (3, None, None, "DELETE", 4)], "mine")
     assert events == ["raced", "conflict"], events  # lost once, re-planned on the winner's version
     assert not result.skipped and result.version == raced_at + 1
