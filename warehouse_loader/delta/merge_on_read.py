@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 from deltalake import DeltaTable, TableFeatures
+from deltalake.exceptions import CommitFailedError
 
 from warehouse_loader.delta import add_actions, deletion_vectors, log_entry
 from warehouse_loader.delta.scan import deleted_rows, live_files
@@ -78,9 +79,12 @@ def enable_when_large(location: TableLocation, target: DeltaTable) -> bool:
     size = sum(target.get_add_actions(flatten=True).column("size_bytes").to_pylist())
     if size < MIN_TABLE_BYTES:
         return False
-    target.alter.add_feature(TableFeatures.DeletionVectors, allow_protocol_versions_increase=True)
+    try:
+        target.alter.add_feature(TableFeatures.DeletionVectors, allow_protocol_versions_increase=True)
+    except CommitFailedError:
+        pass  # another writer committed first (it may have added the feature): this batch looks again below
     target.update_incremental()
-    return True
+    return has_deletion_vectors(target)
 
 
 def _deleted_in(table: TableFiles, target: DeltaTable, files: list[str]) -> dict[str, np.ndarray]:

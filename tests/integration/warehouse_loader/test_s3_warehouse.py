@@ -204,9 +204,22 @@ def test_a_merge_that_loses_its_version_to_another_writer_is_replanned_and_lands
     assert open_delta(location).version() == 2  # seed, other, mine: no version written twice
 
 
+@pytest.mark.parametrize("merge_on_read", [False, True], ids=["delta-rs-merge", "merge-on-read"])
 def test_two_writers_racing_on_one_s3_table_both_land_every_batch(
-    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique_name: Any
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique_name: Any, merge_on_read: bool
 ) -> None:
+    """Two processes x 12 batches from the same instant: every batch lands once (delta-rs's or our conditional PUT).
+
+    Merge-on-read (deletion vectors from each writer's second batch): a commit conflicts with any
+    other commit made since its read (no disjoint-key resolution as delta-rs's), so a batch may
+    lose all its attempts to the other writer; it then fails cleanly (``CommitConflictError``,
+    nothing of it committed) and is written again, as the loader replays a failed batch. Either
+    way no batch is committed twice: each ``(writer, batch)`` app transaction is in exactly one entry.
+    """
+    import orjson
+
+    from warehouse_loader.delta.table_files import S3Files
+
     config = project(tmp_path, s3, monkeypatch, unique_name("race"))
     location = table_path(config, "users")
     batches = 12
@@ -214,7 +227,7 @@ def test_two_writers_racing_on_one_s3_table_both_land_every_batch(
         f"""
         import json, sys, time
         from core.config import load_config
-        from warehouse_loader.delta import writer as delta_writer
+        from warehouse_loader.delta import merge_on_read, writer as delta_writer
         from warehouse_loader.errors import CommitConflictError
         from warehouse_loader.load_job import table_path
         sys.path.insert(0, {str(Path(__file__).parents[2])!r})
@@ -222,7 +235,7 @@ def test_two_writers_racing_on_one_s3_table_both_land_every_batch(
 
         writer, start_at = int(sys.argv[1]), float(sys.argv[2])
         config = load_config({str(config.config_path)!r})
-        conflicts = 0
+        conflicts = failed = 0
         real = delta_writer.write_scd1
 
         def counting(*args, **kwargs):
@@ -234,16 +247,26 @@ def test_two_writers_racing_on_one_s3_table_both_land_every_batch(
                 raise
 
         delta_writer.write_scd1 = counting
+        merge_on_read.MIN_TABLE_BYTES = 0
         while time.time() < start_at:
             time.sleep(0.001)
         for batch in range({batches}):
             key = writer * 1000 + batch
-            rows = changes([(key, f"w{{writer}}", f"b{{batch}}", "INSERT", batch + 1)])
-            delta_writer.write_batch(
-                table_path(config, "users"), rows, table=f"writer{{writer}}", batch_id=batch,
-                keys=["userId"], config=config.warehouse.tables["users"],
+            # a new key, and the key of the writer's previous batch updated (a deletion vector when merged on read)
+            rows = changes(
+                [(key, f"w{{writer}}", f"b{{batch}}", "INSERT", batch + 1)]
+                + ([(key - 1, f"w{{writer}}", f"u{{batch}}", "UPDATE", batch + 1)] if batch else [])
             )
-        print(json.dumps({{"conflicts": conflicts}}))
+            while True:
+                try:
+                    delta_writer.write_batch(
+                        table_path(config, "users"), rows, table=f"writer{{writer}}", batch_id=batch,
+                        keys=["userId"], config=config.warehouse.tables["users"], merge_on_read={merge_on_read},
+                    )
+                    break
+                except CommitConflictError:  # every attempt lost: the batch failed cleanly; replay it
+                    failed += 1
+        print(json.dumps({{"conflicts": conflicts, "failed": failed}}))
         """
     )
     start_at = time.time() + 8  # both processes have imported deltalake by then
@@ -260,11 +283,24 @@ def test_two_writers_racing_on_one_s3_table_both_land_every_batch(
     outputs = [w.communicate(timeout=300) for w in writers]
     for writer, (_, err) in zip(writers, outputs, strict=True):
         assert writer.returncode == 0, err.decode()[-3000:]
-    conflicts = sum(json.loads(out.decode().splitlines()[-1])["conflicts"] for out, _ in outputs)
-    keys = run_query('SELECT "userId" FROM users ORDER BY 1', {"users": location}).column("userId").to_pylist()
-    assert keys == sorted(w * 1000 + b for w in (1, 2) for b in range(batches))
+    counts = [json.loads(out.decode().splitlines()[-1]) for out, _ in outputs]
+    conflicts, failed = sum(c["conflicts"] for c in counts), sum(c["failed"] for c in counts)
+    found = run_query('SELECT "userId", city FROM users ORDER BY 1', {"users": location}).to_pylist()
+    assert found == [
+        {"userId": w * 1000 + b, "city": f"u{b + 1}" if b < batches - 1 else f"b{b}"}
+        for w in (1, 2)
+        for b in range(batches)
+    ]
     assert committed_batch(location, "writer1") == committed_batch(location, "writer2") == batches - 1
-    print(f"\n2 writers x {batches} MERGEs on one S3 table: {conflicts} commit conflicts re-planned and retried")
+    files, transactions = S3Files(location), []
+    for version in range(open_delta(location).version() + 1):
+        entry = files.read(f"_delta_log/{version:020d}.json").splitlines()
+        transactions += [(a["txn"]["appId"], a["txn"]["version"]) for a in map(orjson.loads, entry) if "txn" in a]
+    assert sorted(transactions) == [(f"writer{w}", b) for w in (1, 2) for b in range(batches)]  # each exactly once
+    print(
+        f"\n2 writers x {batches} MERGEs on one S3 table ({'merge-on-read' if merge_on_read else 'delta-rs'}): "
+        f"{conflicts} commit conflicts re-planned and retried, {failed} batches failed cleanly and replayed"
+    )
 
 
 def test_storage_problems_are_one_line_and_fail_fast(
