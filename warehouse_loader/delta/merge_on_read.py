@@ -34,6 +34,7 @@ share grows) and a small log entry.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Sequence
@@ -79,10 +80,9 @@ def enable_when_large(location: TableLocation, target: DeltaTable) -> bool:
     size = sum(target.get_add_actions(flatten=True).column("size_bytes").to_pylist())
     if size < MIN_TABLE_BYTES:
         return False
-    try:
+    # Another writer committing first (it may have added the feature) is no failure: looked at again below.
+    with contextlib.suppress(CommitFailedError):
         target.alter.add_feature(TableFeatures.DeletionVectors, allow_protocol_versions_increase=True)
-    except CommitFailedError:
-        pass  # another writer committed first (it may have added the feature): this batch looks again below
     target.update_incremental()
     return has_deletion_vectors(target)
 
