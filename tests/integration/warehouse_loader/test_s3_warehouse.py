@@ -44,18 +44,9 @@ FEED = "users_feed"
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[Any]:
-    from harness.broker import MotoS3
-    from harness.moto import create_bucket, moto_unavailable
+    from harness.moto import serve
 
-    missing = moto_unavailable()
-    if missing:
-        pytest.skip(missing)
-    server = MotoS3().start()
-    create_bucket(server, "warehouse")
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from serve("warehouse")
 
 
 def project(
