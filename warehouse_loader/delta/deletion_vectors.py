@@ -21,16 +21,16 @@ measured), so they are removed by Headwater's maintenance (:func:`referenced_fil
 
 from __future__ import annotations
 
-import os
 import struct
 import uuid
 import zlib
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+from warehouse_loader.delta.add_actions import LOG_DIR
+from warehouse_loader.delta.table_files import TableFiles
 
 #: The table subdirectory holding deletion vector files (also the descriptors' path prefix).
 DV_DIR = "_hw_dv"
@@ -90,15 +90,13 @@ def encode(positions: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def write_file(table_dir: Path, vectors: list[np.ndarray]) -> list[dict[str, Any]]:
+def write_file(files: TableFiles, vectors: list[np.ndarray]) -> list[dict[str, Any]]:
     """Write ``vectors`` into one new deletion vector file of the table; their descriptors, in order.
 
-    The file is fsynced before the descriptors are returned: a commit naming them never
+    The file is durable before the descriptors are returned: a commit naming them never
     names bytes that a crash could lose.
     """
     name = uuid.uuid4()
-    directory = table_dir / DV_DIR
-    directory.mkdir(exist_ok=True)
     chunks, descriptors, offset = [b"\x01"], [], 1
     for positions in vectors:
         data = encode(positions)
@@ -113,11 +111,7 @@ def write_file(table_dir: Path, vectors: list[np.ndarray]) -> list[dict[str, Any
             }
         )
         offset += len(chunks[-1])
-    path = directory / f"deletion_vector_{name}.bin"
-    with path.open("wb") as handle:
-        handle.write(b"".join(chunks))
-        handle.flush()
-        os.fsync(handle.fileno())
+    files.write(f"{DV_DIR}/deletion_vector_{name}.bin", b"".join(chunks))
     return descriptors
 
 
@@ -136,21 +130,21 @@ def file_name(descriptor: dict[str, Any]) -> str | None:
     return f"deletion_vector_{uuid.UUID(bytes=data)}.bin"
 
 
-def referenced_files(table_dir: Path) -> set[str]:
+def referenced_files(files: TableFiles) -> set[str]:
     """Names of our deletion vector files any version still in the log uses (its checkpoints and JSON entries)."""
     names: set[str] = set()
-    log_dir = table_dir / "_delta_log"
-    for entry in log_dir.iterdir():
+    for entry in files.listing(LOG_DIR):
         descriptors: list[Any] = []
-        if entry.name.endswith(".json") and not entry.name.startswith("."):
-            for line in entry.read_bytes().splitlines():
+        relative = f"{LOG_DIR}/{entry.base_name}"
+        if entry.base_name.endswith(".json") and not entry.base_name.startswith("."):
+            for line in files.read(relative).splitlines():
                 action = orjson.loads(line) if line.strip() else {}
                 descriptors.extend((action.get(kind) or {}).get("deletionVector") for kind in ("add", "remove"))
-        elif ".checkpoint" in entry.name and entry.name.endswith(".parquet"):
-            columns = pq.read_schema(entry).names
+        elif ".checkpoint" in entry.base_name and entry.base_name.endswith(".parquet"):
+            columns = files.metadata(relative).schema.to_arrow_schema().names
             for kind in ("add", "remove"):
                 if kind in columns:
-                    rows = pq.read_table(entry, columns=[kind]).column(kind).to_pylist()
+                    rows = files.parquet(relative, [kind]).column(kind).to_pylist()
                     descriptors.extend((row or {}).get("deletionVector") for row in rows)
         names.update(name for d in descriptors if d and (name := file_name(d)) is not None)
     return names
@@ -187,12 +181,18 @@ def decode(data: bytes) -> np.ndarray | None:
     return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
 
-def read(table_dir: Path, descriptor: dict[str, Any]) -> np.ndarray | None:
-    """The row positions a descriptor of ours (``_hw_dv/`` file) names; None for any other deletion vector."""
+def read(files: TableFiles, descriptor: dict[str, Any]) -> np.ndarray | None:
+    """The row positions a descriptor of ours (``_hw_dv/`` file) names; None for any other deletion vector.
+
+    One read: the size field and the vector (its size is in the descriptor too).
+    """
     name = file_name(descriptor)
     if name is None:
         return None
-    with (table_dir / DV_DIR / name).open("rb") as handle:
-        handle.seek(int(descriptor.get("offset") or 1))
-        (size,) = struct.unpack(">i", handle.read(4))
-        return decode(handle.read(size))
+    size = int(descriptor["sizeInBytes"])
+    data = files.read_at(f"{DV_DIR}/{name}", int(descriptor.get("offset") or 1), 4 + size)
+    (stored,) = struct.unpack_from(">i", data, 0)
+    if stored != size:
+        msg = f"deletion vector {name}: {stored} bytes stored, {size} in the descriptor"
+        raise ValueError(msg)
+    return decode(data[4:])

@@ -2,19 +2,18 @@
 
 What delta-rs's Python API cannot express (an add action carrying a deletion vector, a
 remove naming one) is committed here, as the protocol writes it: one JSON line per action
-in ``_delta_log/<version>.json``, created with ``link`` from a fsynced staging file so
-the entry appears whole or not at all and an existing version is never overwritten
-(put-if-absent on a local filesystem). After every :data:`CHECKPOINT_INTERVAL` versions a
-checkpoint is written, as delta-rs does after its own commits.
+in ``_delta_log/<version>.json``, created by :meth:`~warehouse_loader.delta.table_files.TableFiles.create`
+(put-if-absent: ``link`` from a fsynced staging file locally, a conditional ``PutObject`` on
+S3), so the entry appears whole or not at all and an existing version is never overwritten.
+After every :data:`CHECKPOINT_INTERVAL` versions a checkpoint is written, as delta-rs does
+after its own commits.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -25,6 +24,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from warehouse_loader.delta import add_actions
+from warehouse_loader.delta.table_files import TableFiles
 
 #: ``engineInfo`` of the entries written here.
 ENGINE = "headwater merge-on-read"
@@ -32,36 +32,40 @@ ENGINE = "headwater merge-on-read"
 CHECKPOINT_INTERVAL = 100
 
 
-def write_data_file(table_dir: Path, rows: pa.Table, *, data_change: bool = True) -> dict[str, Any]:
+def write_data_file(files: TableFiles, rows: pa.Table, *, data_change: bool = True) -> dict[str, Any]:
     """Write ``rows`` (at least one) as a new data file; its add action (record count, null counts, integer bounds)."""
-    added = write_data_file_batches(table_dir, rows.schema, [rows], data_change=data_change)
+    added = write_data_file_batches(files, rows.schema, [rows], data_change=data_change)
     assert added is not None, "a data file of no rows"
     return added
 
 
 def write_data_file_batches(
-    table_dir: Path, schema: pa.Schema, batches: Iterable[pa.Table | pa.RecordBatch], *, data_change: bool = True
+    files: TableFiles, schema: pa.Schema, batches: Iterable[pa.Table | pa.RecordBatch], *, data_change: bool = True
 ) -> dict[str, Any] | None:
     """:func:`write_data_file` for rows that arrive in batches: one row group per batch, one batch held at a time.
 
-    None (and no file) when the batches hold no row.
+    None (and no file) when the batches hold no row. The file is durable before its add action is returned.
     """
     name = f"part-00000-{uuid.uuid4()}-c000.hw.zstd.parquet"
-    path = table_dir / name
     stats = _Stats(schema)
-    try:
-        with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+    with files.output(name) as stream:
+        with pq.ParquetWriter(stream, schema, compression="zstd") as writer:
             for batch in batches:
                 if batch.num_rows:
                     writer.write(batch)
                     stats.add(batch)
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
+        size = stream.tell()
     if stats.rows == 0:
-        path.unlink()
+        files.delete(name)
         return None
-    return _added(path, stats, data_change)
+    return {
+        "path": name,
+        "partitionValues": {},
+        "size": size,
+        "modificationTime": int(time.time() * 1000),
+        "dataChange": data_change,
+        "stats": stats.json(),
+    }
 
 
 class _Stats:
@@ -92,22 +96,8 @@ class _Stats:
         return orjson.dumps(stats).decode()
 
 
-def _added(path: Path, stats: _Stats, data_change: bool) -> dict[str, Any]:
-    """The add action of the data file at ``path`` (fsynced here)."""
-    with path.open("rb") as handle:
-        os.fsync(handle.fileno())
-    return {
-        "path": path.name,
-        "partitionValues": {},
-        "size": path.stat().st_size,
-        "modificationTime": int(time.time() * 1000),
-        "dataChange": data_change,
-        "stats": stats.json(),
-    }
-
-
 def commit(
-    table_dir: Path,
+    files: TableFiles,
     number: int,
     actions: list[dict[str, Any]],
     *,
@@ -128,30 +118,17 @@ def commit(
         "operationMetrics": metrics,
         "engineInfo": ENGINE,
         "isBlindAppend": False,
+        "txnId": str(uuid.uuid4()),  # makes the entry's bytes ours alone (TableFiles.create on S3)
         **metadata,
     }
     lines: list[dict[str, Any]] = [{"commitInfo": info}]
     if transaction is not None:
         lines.append({"txn": {"appId": transaction[0], "version": transaction[1], "lastUpdated": now}})
     lines.extend(actions)
-    log_dir = table_dir / "_delta_log"
-    staged = log_dir / f".{number:020d}.json.{uuid.uuid4().hex}.tmp"
-    with staged.open("wb") as handle:
-        handle.write(b"\n".join(orjson.dumps(line) for line in lines) + b"\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    try:
-        os.link(staged, log_dir / f"{number:020d}.json")  # fails when the version exists: put-if-absent
-    except FileExistsError:
-        add_actions.forget(table_dir)
+    entry = b"\n".join(orjson.dumps(line) for line in lines) + b"\n"
+    if not files.create(f"{add_actions.LOG_DIR}/{number:020d}.json", entry):
+        add_actions.forget(files)
         msg = f"Version {number} already exists (another writer committed first)"
-        raise CommitFailedError(msg) from None
-    finally:
-        staged.unlink(missing_ok=True)
-    fd = os.open(log_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        raise CommitFailedError(msg)
     if number % CHECKPOINT_INTERVAL == 0:
-        DeltaTable(str(table_dir)).create_checkpoint()
+        DeltaTable(files.location.uri, storage_options=files.location.storage_options).create_checkpoint()

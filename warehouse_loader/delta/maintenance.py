@@ -3,8 +3,9 @@
 * **compact**: the small files, and the files deletion vectors removed a share of rows from,
   are rewritten without the removed rows, in bins of the target size, in one commit that
   removes them and adds the new files (``dataChange: false``: streaming readers of the table
-  see no new data). On an object store delta-rs's ``optimize.compact`` packs small files
-  (it keeps deletion vectors exact when it rewrites a file: tested).
+  see no new data), locally and on S3 (:mod:`warehouse_loader.delta.table_files`). On another
+  object store delta-rs's ``optimize.compact`` packs small files (it keeps deletion vectors
+  exact when it rewrites a file: tested).
 * **checkpoint**: ``create_checkpoint`` (delta-rs also writes one by itself every
   ``delta.checkpointInterval`` commits, 100 by default, in the committing process).
 * **expire**: the table's ``delta.logRetentionDuration`` and
@@ -32,7 +33,6 @@ from typing import Any
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.fs as pafs  # type: ignore[import-untyped]
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from deltalake import CommitProperties, DeltaTable
 
 from warehouse_loader.delta import add_actions, log_entry
@@ -40,6 +40,7 @@ from warehouse_loader.delta.deletion_vectors import DV_DIR, referenced_files
 from warehouse_loader.delta.merge_on_read import conform
 from warehouse_loader.delta.scan import deleted_rows
 from warehouse_loader.delta.table import open_delta
+from warehouse_loader.delta.table_files import TableFiles, table_files
 from warehouse_loader.delta.writer import KEY_METADATA, recorded_key
 from warehouse_loader.duckdb_connection import duckdb_connection
 from warehouse_loader.location import TableLocation, storage_error
@@ -62,6 +63,8 @@ class DeltaMaintainer:
 
     def __init__(self, location: TableLocation) -> None:
         self.location = location
+        #: The table's files where Headwater writes them itself (local, S3), else None (delta-rs does).
+        self.files = table_files(location)
 
     def _open(self) -> DeltaTable | None:
         return open_delta(self.location)
@@ -97,12 +100,12 @@ class DeltaMaintainer:
     def _removed_rows(self, table: DeltaTable, version: int, paths: list[str]) -> int:
         """Rows deletion vectors remove from the current files ``paths``.
 
-        Locally the sum of the vectors' cardinalities (every descriptor records it) from the log
+        The sum of the vectors' cardinalities (every descriptor records it) from the log
         alone: the loader asks after its merge-on-read batches (:class:`~warehouse_loader.maintenance.BuriedRows`),
-        and delta-rs would read every vector. On an object store through delta-rs.
+        and delta-rs would read every vector. On another object store through delta-rs.
         """
-        if not self.location.is_remote:
-            adds = add_actions.current_adds(self.location.path, version)
+        if self.files is not None:
+            adds = add_actions.current_adds(self.files, version)
             if all(path in adds for path in paths):
                 vectors = [adds[path].get("deletionVector") or {} for path in paths]
                 if all("cardinality" in vector for vector in vectors if vector):
@@ -126,27 +129,25 @@ class DeltaMaintainer:
     def compact(self, target_file_size: int, small_below: int, purge_share: float) -> tuple[int, int, int]:
         """Rewrite the small files, and files with ``purge_share`` of their rows removed, into files of the target size.
 
-        A local table is rewritten here, in one commit (``OPTIMIZE``, ``dataChange: false``): only
+        A local or S3 table is rewritten here, in one commit (``OPTIMIZE``, ``dataChange: false``): only
         the chosen files, so a table's large files are not rewritten with its small ones (delta-rs's
         bin-packing takes every file below the target size, and never a large file whatever its
-        deletion vector holds). On an object store delta-rs's ``optimize.compact`` packs the small files.
+        deletion vector holds). On another object store delta-rs's ``optimize.compact`` packs the small files.
         """
         table = self._open()
         if table is None:
             return 0, 0, 0
-        if self.location.is_remote:
+        if self.files is None:
             metrics = table.optimize.compact(target_size=target_file_size, commit_properties=self._commit("compact"))
             added = orjson.loads(metrics.get("filesAdded", "{}"))
             removed, written = int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0))
             return removed, written, int(added.get("totalSize", 0))
-        table_dir = self.location.path
         files = table.get_add_actions(flatten=True)
         sizes = dict(zip(files.column("path").to_pylist(), files.column("size_bytes").to_pylist(), strict=True))
         physical = dict(zip(files.column("path").to_pylist(), files.column("num_records").to_pylist(), strict=True))
         gone = deleted_rows(table)
         removed_per_file = Counter(
-            add_actions.relative_path(table_dir, uri)
-            for uri in ([] if gone is None else gone.column("__hw_file").to_pylist())
+            self.files.relative(uri) for uri in ([] if gone is None else gone.column("__hw_file").to_pylist())
         )
         small = [path for path, size in sizes.items() if size < small_below]
         heavy = [path for path, count in removed_per_file.items() if count >= purge_share * (physical.get(path) or 1)]
@@ -155,8 +156,9 @@ class DeltaMaintainer:
 
     def _rewrite(self, table: DeltaTable, bins: list[list[str]], gone: pa.Table | None) -> tuple[int, int, int]:
         """One commit replacing each bin of files by one file of their rows (removed rows left out)."""
-        table_dir = self.location.path
-        current = add_actions.current_adds(table_dir, table.version())
+        store = self.files
+        assert store is not None, "a rewrite on a store without conditional writes (compact() says so)"
+        current = add_actions.current_adds(store, table.version())
         schema = pa.schema(table.schema().to_arrow())
         gone = (
             gone
@@ -170,16 +172,16 @@ class DeltaMaintainer:
         try:
             con.register("gone", gone)
             for paths in bins:
-                uris = [str(table_dir / path) for path in paths]
+                uris = [store.uri(path) for path in paths]
                 options = "filename = '__hw_file', file_row_number = true, union_by_name = true"
                 # Streamed: one batch of rows in memory at a time, whatever the bin's size (the whole
                 # bin as one Arrow table peaked at ~1.25 GB rewriting 1M rows of ~450 bytes).
                 reader = con.sql(
                     f"SELECT t.* EXCLUDE (__hw_file, file_row_number) FROM read_parquet({sql_list(uris)}, {options}) t "
                     "ANTI JOIN gone g ON g.__hw_file = t.__hw_file AND g.pos = t.file_row_number"
-                ).to_arrow_reader(_batch_rows(uris))
+                ).to_arrow_reader(_batch_rows(store, paths))
                 added = log_entry.write_data_file_batches(
-                    table_dir,
+                    store,
                     schema,
                     (conform(pa.Table.from_batches([batch]), schema) for batch in reader),
                     data_change=False,
@@ -205,9 +207,7 @@ class DeltaMaintainer:
         removed = sum(len(paths) for paths in bins)
         added_files = sum(1 for action in actions if "add" in action)
         metrics = {"numFilesRemoved": removed, "numFilesAdded": added_files}
-        log_entry.commit(
-            table_dir, table.version() + 1, actions, operation="OPTIMIZE", metrics=metrics, metadata=metadata
-        )
+        log_entry.commit(store, table.version() + 1, actions, operation="OPTIMIZE", metrics=metrics, metadata=metadata)
         return removed, added_files, written
 
     def checkpoint(self) -> bool:
@@ -302,19 +302,23 @@ class DeltaMaintainer:
         delta-rs's vacuum skips ``_``-prefixed directories; run after :meth:`_expire_log`, so
         the log holds exactly the versions still readable.
         """
-        if self.location.is_remote:
+        if self.files is None:
             return 0, 0
-        directory = self.location.path / DV_DIR
-        if not directory.is_dir():
+        stored = [
+            info
+            for info in self.files.listing(DV_DIR)
+            if info.base_name.startswith("deletion_vector_") and info.base_name.endswith(".bin")
+        ]
+        if not stored:
             return 0, 0
-        used = referenced_files(self.location.path)
+        used = referenced_files(self.files)
         cutoff = time.time() - retention_s
         removed, freed = 0, 0
-        for path in directory.glob("deletion_vector_*.bin"):
-            stat = path.stat()
-            if path.name not in used and stat.st_mtime < cutoff:
-                path.unlink()
-                removed, freed = removed + 1, freed + stat.st_size
+        for info in stored:
+            written = info.mtime.timestamp() if info.mtime is not None else time.time()
+            if info.base_name not in used and written < cutoff:
+                self.files.delete(f"{DV_DIR}/{info.base_name}")
+                removed, freed = removed + 1, freed + int(info.size or 0)
         return removed, freed
 
     @staticmethod
@@ -340,11 +344,11 @@ class DeltaMaintainer:
         return len(present), int(sum(present))
 
 
-def _batch_rows(uris: list[str]) -> int:
+def _batch_rows(store: TableFiles, paths: list[str]) -> int:
     """Rows per compaction batch for these files: :data:`COMPACTION_BATCH_BYTES` at their mean uncompressed width."""
     rows = width = 0
-    for uri in uris:
-        footer = pq.read_metadata(uri)
+    for path in paths:
+        footer = store.metadata(path)
         rows += footer.num_rows
         width += sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))
     low, high = COMPACTION_BATCH_ROWS

@@ -17,9 +17,11 @@ earlier deletion vectors removed). Every reader that applies deletion vectors se
 rows delta-rs's MERGE would have left: delta-rs's own query engine and MERGE, DuckDB
 through :func:`warehouse_loader.delta.scan.register_delta`, Spark with Delta.
 
-When: the table is on local disk (a commit is created with ``link``, which fails when the
-version exists: a lost race is a conflict, re-planned by the writer; object stores need a
-conditional put delta-rs does not expose) and has the ``deletionVectors`` table feature
+When: the table is on local disk or S3, where its files go through
+:mod:`warehouse_loader.delta.table_files` (the commit is a put-if-absent: ``link`` locally, a
+conditional ``PutObject`` on S3, which fails when the version exists: a lost race is a
+conflict, re-planned by the writer; other object stores stay copy-on-write), and has the
+``deletionVectors`` table feature
 (:func:`enable_when_large` adds it once a table outgrows :data:`MIN_TABLE_BYTES`, 1 MiB, so small
 tables stay readable by readers without deletion vector support, such as delta-rs's
 ``to_pyarrow_dataset``). Batches that add columns or truncate use delta-rs's MERGE.
@@ -32,18 +34,20 @@ share grows) and a small log entry.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 from deltalake import DeltaTable, TableFeatures
+from deltalake.exceptions import CommitFailedError
 
 from warehouse_loader.delta import add_actions, deletion_vectors, log_entry
 from warehouse_loader.delta.scan import deleted_rows, live_files
+from warehouse_loader.delta.table_files import TableFiles, table_files
 from warehouse_loader.duckdb_connection import duckdb_connection
 from warehouse_loader.location import TableLocation
 from warehouse_loader.sql_text import key_match, quote, sql_list
@@ -62,46 +66,48 @@ def has_deletion_vectors(target: DeltaTable) -> bool:
 
 
 def usable(location: TableLocation, target: DeltaTable) -> bool:
-    """Whether a MERGE into ``target`` is done here: a local table with deletion vectors, no reserved column."""
+    """Whether a MERGE into ``target`` is done here: a table with deletion vectors, no reserved column, local or S3."""
     names = set(target.schema().to_arrow().names) if has_deletion_vectors(target) else set()
-    return not location.is_remote and bool(names) and not names & {_FILE, _ROW}
+    return table_files(location) is not None and bool(names) and not names & {_FILE, _ROW}
 
 
 def enable_when_large(location: TableLocation, target: DeltaTable) -> bool:
-    """Add the ``deletionVectors`` feature to a local table of at least :data:`MIN_TABLE_BYTES`; whether it has it."""
+    """Add the ``deletionVectors`` feature to a local or S3 table past :data:`MIN_TABLE_BYTES`; whether it has it."""
     if has_deletion_vectors(target):
         return True
-    if location.is_remote:
+    if table_files(location) is None:
         return False
     size = sum(target.get_add_actions(flatten=True).column("size_bytes").to_pylist())
     if size < MIN_TABLE_BYTES:
         return False
-    target.alter.add_feature(TableFeatures.DeletionVectors, allow_protocol_versions_increase=True)
+    # Another writer committing first (it may have added the feature) is no failure: looked at again below.
+    with contextlib.suppress(CommitFailedError):
+        target.alter.add_feature(TableFeatures.DeletionVectors, allow_protocol_versions_increase=True)
     target.update_incremental()
-    return True
+    return has_deletion_vectors(target)
 
 
-def _deleted_in(table_dir: Path, target: DeltaTable, files: list[str]) -> dict[str, np.ndarray]:
+def _deleted_in(table: TableFiles, target: DeltaTable, files: list[str]) -> dict[str, np.ndarray]:
     """Row positions earlier deletion vectors remove from ``files``, by table-relative path.
 
     Read from the ``_hw_dv/`` files the add actions name; a deletion vector not written here
     (another engine's) is read through delta-rs, which materializes every file's.
     """
-    current = add_actions.current_adds(table_dir, target.version())
+    current = add_actions.current_adds(table, target.version())
     found: dict[str, np.ndarray] = {}
     for uri in files:
-        path = add_actions.relative_path(table_dir, uri)
+        path = table.relative(uri)
         descriptor = current[path].get("deletionVector")
         if not descriptor:
             continue
-        positions = deletion_vectors.read(table_dir, descriptor)
+        positions = deletion_vectors.read(table, descriptor)
         if positions is None:
-            return _by_file(table_dir, deleted_rows(target))
+            return _by_file(table, deleted_rows(target))
         found[path] = positions
     return found
 
 
-def _by_file(table_dir: Path, gone: pa.Table | None) -> dict[str, np.ndarray]:
+def _by_file(table: TableFiles, gone: pa.Table | None) -> dict[str, np.ndarray]:
     """The positions in ``gone`` (:func:`~warehouse_loader.delta.scan.deleted_rows`) by table-relative file path."""
     if gone is None:
         return {}
@@ -110,10 +116,10 @@ def _by_file(table_dir: Path, gone: pa.Table | None) -> dict[str, np.ndarray]:
     found: dict[str, list[int]] = {}
     for index, name in enumerate(names):
         found.setdefault(name, []).append(index)
-    return {add_actions.relative_path(table_dir, f): positions[rows] for f, rows in found.items()}
+    return {table.relative(f): positions[rows] for f, rows in found.items()}
 
 
-def _removed_candidates(table_dir: Path, candidates: pa.Table, deleted: dict[str, np.ndarray]) -> pa.Table:
+def _removed_candidates(table: TableFiles, candidates: pa.Table, deleted: dict[str, np.ndarray]) -> pa.Table:
     """``(__hw_file, pos)`` of the ``candidates`` rows that earlier deletion vectors removed.
 
     Matched per file in numpy, so only those rows are built, not a row (with its file's path)
@@ -128,7 +134,7 @@ def _removed_candidates(table_dir: Path, candidates: pa.Table, deleted: dict[str
         order = np.argsort(indices, kind="stable")
         bounds = np.searchsorted(indices[order], np.arange(len(files.dictionary) + 1))
         for index, name in enumerate(files.dictionary.to_pylist()):
-            gone = deleted.get(add_actions.relative_path(table_dir, name))
+            gone = deleted.get(table.relative(name))
             if gone is None:
                 continue
             mine = rows[order[bounds[index] : bounds[index + 1]]]
@@ -160,7 +166,8 @@ def merge(
     Raises :class:`~deltalake.exceptions.CommitFailedError` when another commit took the version.
     """
     started = time.monotonic()
-    table_dir = location.path
+    table = table_files(location)
+    assert table is not None, "merge-on-read on a store without conditional writes (usable() said so)"
     schema = pa.schema(target.schema().to_arrow())
     files = live_files(target)
     on = key_match(keys, "t", "s") + (f" AND {also_on}" if also_on else "")
@@ -182,8 +189,8 @@ def merge(
             f"SEMI JOIN (SELECT DISTINCT {key_cols} FROM s_batch) k ON {key_match(keys, 't', 'k')}"
         )
         candidates = con.sql(f"SELECT {_FILE}, {_ROW} FROM candidates").to_arrow_table()
-        deleted = _deleted_in(table_dir, target, candidates.column(_FILE).unique().to_pylist())
-        con.register("gone", _removed_candidates(table_dir, candidates, deleted))
+        deleted = _deleted_in(table, target, candidates.column(_FILE).unique().to_pylist())
+        con.register("gone", _removed_candidates(table, candidates, deleted))
         con.execute(
             f"CREATE TEMP TABLE live AS SELECT t.* FROM candidates t "
             f"ANTI JOIN gone g ON g.{_FILE} = t.{_FILE} AND g.pos = t.{_ROW}"
@@ -201,9 +208,9 @@ def merge(
     finally:
         con.close()
     updated = int(matched_inserts[0]) if matched_inserts else 0
-    actions = _file_actions(table_dir, target, dropped, deleted)
+    actions = _file_actions(table, target, dropped, deleted)
     if inserted.num_rows:
-        actions.append({"add": log_entry.write_data_file(table_dir, conform(inserted, schema))})
+        actions.append({"add": log_entry.write_data_file(table, conform(inserted, schema))})
     metrics = {
         "num_source_rows": source.num_rows,
         "num_target_rows_inserted": inserted.num_rows - updated,
@@ -214,7 +221,7 @@ def merge(
         "execution_time_ms": int((time.monotonic() - started) * 1000),
     }
     log_entry.commit(
-        table_dir,
+        table,
         target.version() + 1,
         actions,
         operation="MERGE",
@@ -235,19 +242,19 @@ def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def _file_actions(
-    table_dir: Path, target: DeltaTable, dropped: pa.Table, deleted: dict[str, np.ndarray]
+    table: TableFiles, target: DeltaTable, dropped: pa.Table, deleted: dict[str, np.ndarray]
 ) -> list[dict[str, Any]]:
     """A remove and an add with the new deletion vector for every file that loses rows."""
     if dropped.num_rows == 0:
         return []
     names = dropped.column("f").to_pylist()
-    relative = {name: add_actions.relative_path(table_dir, name) for name in set(names)}
+    relative = {name: table.relative(name) for name in set(names)}
     paths = np.array([relative[name] for name in names])
     rows = dropped.column("r").to_numpy().astype(np.uint64)
     touched = sorted(set(paths.tolist()))
-    current = add_actions.current_adds(table_dir, target.version())
+    current = add_actions.current_adds(table, target.version())
     vectors = [np.concatenate([deleted.get(path, np.zeros(0, np.uint64)), rows[paths == path]]) for path in touched]
-    descriptors = deletion_vectors.write_file(table_dir, vectors)
+    descriptors = deletion_vectors.write_file(table, vectors)
     now = int(time.time() * 1000)
     actions: list[dict[str, Any]] = []
     for path, descriptor in zip(touched, descriptors, strict=True):

@@ -21,7 +21,6 @@ keep-mask (see :func:`_live_rows`).
 from __future__ import annotations
 
 import posixpath
-from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import unquote
 
@@ -32,8 +31,9 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from deltalake import DeltaTable
 
 from warehouse_loader.delta import add_actions, deletion_vectors
+from warehouse_loader.delta.table_files import LocalFiles
 from warehouse_loader.duckdb_connection import duckdb_connection, store_errors
-from warehouse_loader.location import TableLocation
+from warehouse_loader.location import TableLocation, as_location
 from warehouse_loader.sql_text import quote, sql_list
 
 #: Columns a scan of a table with deletion vectors adds (and drops again).
@@ -165,14 +165,14 @@ def _our_keep_masks(table: DeltaTable) -> dict[str, KeepMask] | None:
     uri = table.table_uri
     if "://" in uri and not uri.startswith("file://"):
         return None
-    table_dir = Path(_plain(uri))
-    live = {posixpath.relpath(path, table_dir): path for path in live_files(table)}
+    files = LocalFiles(as_location(_plain(uri)))
+    live = {posixpath.relpath(path, files.location.uri): path for path in live_files(table)}
     masks: dict[str, KeepMask] = {}
-    for relative, add in add_actions.current_adds(table_dir, table.version()).items():
+    for relative, add in add_actions.current_adds(files, table.version()).items():
         descriptor = add.get("deletionVector")
         if not descriptor:
             continue
-        positions = deletion_vectors.read(table_dir, descriptor)
+        positions = deletion_vectors.read(files, descriptor)
         name = live.get(unquote(relative))
         if positions is None or name is None:
             return None

@@ -97,7 +97,7 @@ def write_batch(
     options apply first (:mod:`warehouse_loader.cdc_options`). A commit conflict with
     another writer re-plans the batch on the table's new version (up to :data:`COMMIT_ATTEMPTS`).
     ``reread_points``: where the input's schema changes that read the table again start (SCD2).
-    ``merge_on_read``: a local table that outgrew 1 MiB gets the deletion vector feature, and
+    ``merge_on_read``: a table (local or on S3) that outgrew 1 MiB gets the deletion vector feature, and
     from then on its MERGEs are merge-on-read (:mod:`warehouse_loader.delta.merge_on_read`).
     """
     changes, options = prepare_changes(changes, keys, config, reread_points=reread_points)

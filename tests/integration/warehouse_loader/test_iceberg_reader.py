@@ -40,18 +40,9 @@ def scd2_view(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[Any]:
-    from harness.broker import MotoS3
-    from harness.moto import create_bucket, moto_unavailable
+    from harness.moto import serve
 
-    missing = moto_unavailable()
-    if missing:
-        pytest.skip(missing)
-    server = MotoS3().start()
-    create_bucket(server, "icewh")
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from serve("icewh")
 
 
 def place(tmp_path: Path, where: str, s3: Any, name: str) -> tuple[IcebergTableRef, dict[str, str] | None]:

@@ -39,8 +39,13 @@ FORMATS = ["delta", "iceberg"]
 SCD1, SCD2 = "cur", "hist"
 
 
-def make_project(pg_database, unique_name, tmp_path: Path, initial_rows: int, seed: int, table_format: str = "delta"):
-    """Source table with ``initial_rows`` (captured by the snapshot), publication, config; returns config, workload."""
+def make_project(
+    pg_database, unique_name, tmp_path: Path, initial_rows: int, seed: int, table_format: str = "delta", **warehouse
+):
+    """Source table with ``initial_rows`` (captured by the snapshot), publication, config; returns config, workload.
+
+    ``warehouse``: more ``warehouse`` settings (``path`` and ``storage_options`` of an object store).
+    """
     name = unique_name("src")
     conn = pg_database.connect()
     conn.execute(SCHEMA)
@@ -59,6 +64,7 @@ def make_project(pg_database, unique_name, tmp_path: Path, initial_rows: int, se
         "warehouse": {
             "format": table_format,
             "tables": {SCD1: {"from": topic, "mode": "scd1"}, SCD2: {"from": topic, "mode": "scd2"}},
+            **warehouse,
         },
     }
     path.write_text(yaml.safe_dump(document))
@@ -196,13 +202,27 @@ def test_random_workload_loads_exactly(spark, pg_database, unique_name, tmp_path
     assert_scd2_exact(config, pg_database)
 
 
+@pytest.fixture(scope="module")
+def s3():
+    from harness.moto import serve
+
+    yield from serve("exactwh")
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
 def test_the_loader_compacts_a_merge_on_read_table_between_batches_and_it_stays_exact(
-    spark, pg_database, unique_name, tmp_path, monkeypatch
+    spark, pg_database, unique_name, tmp_path, monkeypatch, request, where
 ):
-    """No maintenance stage runs: the load itself compacts once removed rows pile up (issue 31)."""
+    """No maintenance stage runs: the load itself compacts once removed rows pile up (issue 31).
+
+    On S3 too (issue 34): the Spark loader's batches are merge-on-read commits by conditional PUT.
+    """
+    from pyarrow.fs import FileSelector
+
     from operations.maintain import last_runs
     from warehouse_loader import maintenance
     from warehouse_loader.delta import merge_on_read
+    from warehouse_loader.delta.deletion_vectors import DV_DIR
 
     # Thresholds for a table of a few hundred rows: merge-on-read from the start, a look after every
     # batch, compaction once a fifth of the rows are removed ones.
@@ -210,7 +230,13 @@ def test_the_loader_compacts_a_merge_on_read_table_between_batches_and_it_stays_
     monkeypatch.setattr(maintenance, "LOOK_AFTER_CHANGES", 1)
     monkeypatch.setattr(maintenance, "LOOK_EVERY_SHARE", 0.0)
     monkeypatch.setattr(maintenance, "BURIED_SHARE", 0.2)
-    config, workload = make_project(pg_database, unique_name, tmp_path, 150, 31)
+    warehouse = {}
+    if where == "s3":
+        from harness.moto import warehouse_options
+
+        options = warehouse_options(request.getfixturevalue("s3"))
+        warehouse = {"path": f"s3://exactwh/{unique_name('wh')}", "storage_options": options}
+    config, workload = make_project(pg_database, unique_name, tmp_path, 150, 31, **warehouse)
     capture(config)
     assert load(spark, config, max_records=150) == {SCD1: None, SCD2: None}  # the initial rows
     workload.transactions(150)
@@ -219,6 +245,13 @@ def test_the_loader_compacts_a_merge_on_read_table_between_batches_and_it_stays_
     assert "last_compaction" in last_runs(config, SCD1), "the loader never compacted"
     assert_scd1_exact(config, pg_database)
     assert_scd2_exact(config, pg_database)
+    for name in (SCD1, SCD2):
+        location = table_path(config, name)
+        assert location.is_remote == (where == "s3")
+        fs, root = location.filesystem()
+        assert fs.get_file_info(FileSelector(f"{root}/{DV_DIR}", allow_not_found=True)), f"{name}: no deletion vector"
+        history = delta_writer.open_table(location).history()
+        assert any(c.get("engineInfo") == "headwater merge-on-read" for c in history), name
 
 
 class InjectedCrash(RuntimeError):

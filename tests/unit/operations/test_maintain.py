@@ -145,8 +145,9 @@ def test_merge_on_read_table_is_purged_and_its_old_deletion_vectors_collected(
     assert rows(path) == before
     left = {p.name for p in (path / DV_DIR).glob("*.bin")}
     from warehouse_loader.delta.deletion_vectors import referenced_files
+    from warehouse_loader.delta.table_files import table_files
 
-    assert left == referenced_files(path)  # exactly those the remaining log names
+    assert left == referenced_files(table_files(location))  # exactly those the remaining log names
 
 
 def test_log_expiry_keeps_every_version_inside_the_retention_readable(

@@ -8,7 +8,6 @@ must be equal, including after compaction and checkpoints of the merge-on-read t
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, QueryBuilder
-from harness.auto_cdc_examples import KEYS, changes
+from harness.auto_cdc_examples import KEYS, random_batches
 
 from core.warehouse_config import TableConfig
 from warehouse_loader.delta import log_entry, merge_on_read, scan
@@ -45,26 +44,6 @@ def ours(path: Path) -> list[dict[str, Any]]:
     """Every row as Headwater's DuckDB view reads it."""
     table = select_rows(as_location(path), DeltaTable(str(path)), "SELECT * FROM target")
     return sorted(table.to_pylist(), key=repr)
-
-
-def random_batches(seed: int, count: int) -> list[pa.Table]:
-    rng = random.Random(seed)
-    sequence = 10
-    out = []
-    for _ in range(count):
-        rows, used = [], set()
-        for _ in range(rng.randrange(1, 12)):
-            key = rng.randrange(40)
-            sequence += rng.randrange(1, 4)
-            late = sequence - rng.randrange(0, 3) * 7 if rng.random() < 0.2 else sequence
-            if (key, late) in used:
-                continue
-            used.add((key, late))
-            op = rng.choice(["INSERT", "UPDATE", "UPDATE", "DELETE"])
-            name = None if rng.random() < 0.15 else f"n{rng.randrange(1000)}"
-            rows.append((key, name, f"c{rng.randrange(5)}", op, late))
-        out.append(changes(rows))
-    return out
 
 
 def merge_on_read_table(path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, count: int) -> DeltaTable:
