@@ -11,9 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from capture.errors import UnknownSourceError
-from capture.incremental_queue import request_done, write_request
+from capture.incremental_queue import IncrementalSnapshotError, request_done, write_request
 from capture.postgres.identifiers import TableName, parse_tables
-from capture.postgres.snapshot.incremental import IncrementalSnapshotError
 from core.config import ProjectConfig
 
 __all__ = ["request_done", "request_incremental_snapshot", "snapshot_tables"]
