@@ -145,6 +145,30 @@ def chunk_statement(
     return statement, params, converters
 
 
+def snapshot_problem(source: MySqlSource, tables: Sequence[str]) -> str | None:
+    """Why ``tables`` cannot be snapshotted incrementally, asked of the server (None: they can)."""
+    with source.address.connect() as conn, conn.cursor() as cur:
+        cur.execute("SELECT VERSION()")
+        if "mariadb" not in str((cur.fetchone() or ("",))[0]).lower():
+            return (
+                "incremental snapshots need MariaDB (a MySQL server has no binlog point of a consistent snapshot "
+                "without a global read lock); use headwater source resync"
+            )
+        for table in tables:
+            if table in source.keys:
+                return f"table {table} has a configured record key; incremental snapshots chunk by the primary key"
+            database, _, name = table.partition(".")
+            cur.execute(
+                "SELECT COUNT(*) FROM information_schema.TABLE_CONSTRAINTS WHERE TABLE_SCHEMA = %s "
+                "AND TABLE_NAME = %s AND CONSTRAINT_TYPE = 'PRIMARY KEY'",
+                (database, name),
+            )
+            row = cur.fetchone()
+            if not row or not row[0]:
+                return f"table {table} has no primary key (or does not exist), which incremental snapshots need"
+    return None
+
+
 class MySqlIncremental(IncrementalQueue):
     """The MySQL agent's side of incremental snapshots (see the module docstring).
 
@@ -160,13 +184,13 @@ class MySqlIncremental(IncrementalQueue):
         state_dir: Path,
         schema_record: Callable[[TablePlan], SchemaRecord | None],
         *,
-        chunk_rows: int = CHUNK_ROWS,
+        chunk_rows: int | None = None,
     ) -> None:
         super().__init__(state_dir)
         self._source = source
         self._builder = builder
         self._schema_record = schema_record
-        self._chunk_rows = chunk_rows
+        self._chunk_rows = chunk_rows or CHUNK_ROWS
         self._chunk: ChunkWindow | None = None
         self.chunks_emitted = 0
         self.rows_emitted = 0

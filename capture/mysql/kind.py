@@ -32,6 +32,7 @@ from capture.errors import CancelledError, CaptureError, PrerequisiteError, Sour
 from capture.incremental_queue import IncrementalSnapshotError, request_done, write_request
 from capture.mysql.agent import MySqlAgent
 from capture.mysql.consistent_read import MySqlConsistentRead
+from capture.mysql.incremental import snapshot_problem
 from capture.mysql.prerequisites import check as check_prerequisites
 from capture.mysql.resync import request_resync
 from capture.mysql.settings import MySqlSource, default_server_id
@@ -257,6 +258,10 @@ class MySqlSourceKind:
                 "captures (its tables, or tables of its schemas)"
             )
             raise IncrementalSnapshotError(msg, source=name, table=missing[0])
+        problem = snapshot_problem(settings, names)
+        if problem is not None:
+            msg = f"source {name}: {problem}"
+            raise IncrementalSnapshotError(msg, source=name)
         return SnapshotRequest(write_request(state_dir(config, name), names), tuple(names))
 
     def snapshot_done(self, config: ProjectConfig, name: str, request_id: str) -> bool:

@@ -20,6 +20,7 @@ import pymysql
 
 from capture import signals
 from capture.incremental_queue import IncrementalQueue
+from capture.mysql.incremental import snapshot_problem
 from capture.mysql.settings import MySqlSource
 from capture.records import OutRecord
 from capture.signals import SIGNAL_COLUMNS, Signal, SignalError, quoted
@@ -146,6 +147,9 @@ class MySqlSignalTable:
         if not self._settings.wants(database, table):
             msg = f"table {quoted(name)} is not captured by source {self.source}"
             raise SignalError(msg)
+        problem = snapshot_problem(self._settings, [f"{database}.{table}"])
+        if problem is not None:
+            raise SignalError(problem)
         if condition is None:
             return
         problem = condition_problem(condition)
