@@ -299,7 +299,7 @@ class MySqlAgent:
                     if self._stop.is_set():
                         self._flush(appender, resume, assembler.position, gtids)
                         return True
-                    if self.incremental.pending and stream.idle():
+                    if stream.idle() and self.incremental.pending:
                         self._snapshot_chunks(appender, resume, assembler.position, gtids, stream.idle)
                         pending_since = None
                     if pending_since is not None:

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import orjson
 import pymysql
 
-from capture import signals
+from capture import signals, sql_condition
 from capture.incremental_queue import IncrementalQueue
 from capture.mysql.incremental import snapshot_problem
 from capture.mysql.settings import MySqlSource
@@ -35,33 +35,20 @@ class SignalTableError(SignalError):
     """The configured signal table cannot be used (not captured, no such table); capture does not start."""
 
 
-def condition_problem(text: str) -> str | None:
-    """Why ``text`` is not one SQL condition that can be put in parentheses in a ``WHERE`` (None: it is).
+def _quoted_span(text: str, i: int) -> int | str | None:
+    """MySQL's quoting: ``'...'`` and ``"..."`` with backslash escapes, `` `...` `` identifiers."""
+    char = text[i]
+    if char not in "'\"`":
+        return None
+    i += 1
+    while i < len(text) and text[i] != char:
+        i += 2 if text[i] == "\\" and char != "`" else 1
+    return i if i < len(text) else f"a {char} quote is not closed"
 
-    Quoted text (``'...'``, ``"..."`` with backslash escapes, `` `...` ``) is stepped over; a
-    parenthesis closed before it was opened would let the condition escape its parentheses.
-    """
-    depth, i, n = 0, 0, len(text)
-    while i < n:
-        char = text[i]
-        if char in "'\"`":
-            i += 1
-            while i < n and text[i] != char:
-                i += 2 if text[i] == "\\" and char != "`" else 1
-            if i >= n:
-                return f"a {char} quote is not closed"
-        elif text.startswith(("--", "/*", "#"), i):
-            return "comments are not allowed in a condition"
-        elif char == ";":
-            return "';' is not allowed in a condition"
-        elif char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-            if depth < 0:
-                return "a ')' closes a parenthesis that was not opened"
-        i += 1
-    return "a '(' is not closed" if depth else None
+
+def condition_problem(text: str) -> str | None:
+    """Why ``text`` is not one SQL condition that can be put in parentheses in a ``WHERE`` (None: it is)."""
+    return sql_condition.condition_problem(text, _quoted_span, comments=("--", "/*", "#"))
 
 
 def _quote(name: str) -> str:
