@@ -51,6 +51,7 @@ import pymysql
 import pymysql.cursors
 
 from capture.incremental_queue import IncrementalQueue, IncrementalSnapshotError, TableProgress
+from capture.mysql.binlog.client import BinlogStreamError
 from capture.mysql.binlog.position import BinlogPosition
 from capture.mysql.catalog import describe
 from capture.mysql.events import EventBuilder, event_key
@@ -66,6 +67,10 @@ logger = logging.getLogger(__name__)
 
 #: Rows per chunk: one short index range scan between two reads of the stream.
 CHUNK_ROWS = 1024
+#: ER_TABLE_DEF_CHANGED: a table altered after the consistent snapshot began.
+_TABLE_DEFINITION_CHANGED = 1412
+#: Error codes from 2000 on are the client's (CR_*): the connection, not the statement, failed.
+_CLIENT_ERRORS = 2000
 #: Chunk rows' first ``txn_index``: past any streamed transaction's events, before a resync's deletes.
 INCREMENTAL_INDEX_BASE = DELETE_INDEX_BASE >> 1
 
@@ -216,9 +221,17 @@ class MySqlIncremental(IncrementalQueue):
             progress = self._state.tables[0]
             try:
                 self._chunk = self._read(progress, schemas)
-            except pymysql.err.OperationalError:
-                raise  # the server is gone: the agent reconnects, the chunk is read again
-            except (IncrementalSnapshotError, pymysql.err.MySQLError) as exc:
+            except pymysql.err.MySQLError as exc:
+                if exc.args and exc.args[0] == _TABLE_DEFINITION_CHANGED:
+                    # A DDL after the view began: the chunk is read again at a new point.
+                    logger.info("incremental snapshot of %s: %s; reading the chunk again", progress.table, exc)
+                    return schemas
+                if isinstance(exc, pymysql.err.OperationalError) and exc.args and exc.args[0] >= _CLIENT_ERRORS:
+                    # The server is gone: the agent reconnects from its saved position, the chunk is read again.
+                    msg = f"incremental snapshot of {progress.table}: the connection failed: {exc}"
+                    raise BinlogStreamError(msg) from exc
+                self._skip_first(exc)
+            except IncrementalSnapshotError as exc:
                 self._skip_first(exc)
         return schemas
 

@@ -20,6 +20,7 @@ import pymysql
 
 from capture import signals, sql_condition
 from capture.incremental_queue import IncrementalQueue
+from capture.mysql.binlog.client import BinlogStreamError
 from capture.mysql.incremental import snapshot_problem
 from capture.mysql.settings import MySqlSource
 from capture.records import OutRecord
@@ -112,8 +113,14 @@ class MySqlSignalTable:
     def act(self, incremental: IncrementalQueue) -> None:
         """Carry out the signals collected so far (their records are durable now)."""
         found, self._found = self._found, []
-        if found:
+        if not found:
+            return
+        try:
             signals.act(found, incremental, self)
+        except pymysql.err.OperationalError as exc:
+            # Not carried out (capture.signals restored the position): read again after the reconnect.
+            msg = f"signal table {self.table}: the connection failed: {exc}"
+            raise BinlogStreamError(msg) from exc
 
     def reset(self) -> None:
         """Forget collected signals (their transactions are read again)."""

@@ -29,6 +29,7 @@ from capture.mysql.settings import MySqlSource
 from core.config import load_config
 from core.log_config import LogConfig
 from log.file.backend import FileLog
+from log.topics import SCHEMAS_TOPIC
 from operations.scaffold import init_project
 
 CHILD = Path(__file__).parents[2] / "harness" / "mysql_capture_child.py"
@@ -177,6 +178,10 @@ def test_an_incremental_snapshot_while_a_writer_changes_the_keys(mariadb_databas
     assert agent.incremental.chunks_emitted >= ROWS // 200  # 100-row chunks of what the deletes left
     reads = check_exact(log, f"inc.{db.name}.items", source_rows(db))
     assert reads > ROWS // 2
+    # The chunks' table shape (from the catalog) is the streamed one (from the TABLE_MAPs): one schema version.
+    schemas = [orjson.loads(r.value) for r in read_topic(log, SCHEMAS_TOPIC) if r.value is not None]
+    versions = [v["version"] for v in schemas if v["topic"] == f"inc.{db.name}.items"]
+    assert versions == [1]
     log.close()
 
 
