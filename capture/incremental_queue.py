@@ -215,10 +215,10 @@ class IncrementalQueue:
         self._chunk = None
         self._staged = None
 
-    def _take_requests(self, *, now: float | None = None) -> None:
-        """Move request files into the state, at most every :data:`REQUEST_POLL_S`."""
+    def _take_requests(self, *, now: float | None = None, force: bool = False) -> None:
+        """Move request files into the state, at most every :data:`REQUEST_POLL_S` (``force``: now)."""
         now = time.monotonic() if now is None else now
-        if now < self._next_request_check:
+        if now < self._next_request_check and not force:
             return
         self._next_request_check = now + REQUEST_POLL_S
         if not self._requests.is_dir():

@@ -281,7 +281,9 @@ class MySqlAgent:
                         if transaction.gtid is not None:
                             gtids = gtids.advanced(transaction.gtid)
                         assert transaction.commit is not None
-                        appender.records.extend(self.incremental.before(transaction.commit, resume.highest()))
+                        rows = self.incremental.before(transaction.commit, resume.highest())
+                        appender.records.extend(rows)
+                        self.stats.events += len(rows)
                         try:
                             complete = self._add(appender, resume, transaction)
                         except _StoppedWhileFull:  # its last spill batch waited for room

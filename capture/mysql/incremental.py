@@ -207,7 +207,7 @@ class MySqlIncremental(IncrementalQueue):
 
     def wants_chunk(self) -> bool:
         """True when the next chunk can be read: none in flight, the last one saved, a table queued, not paused."""
-        self._take_requests()
+        self._take_requests(force=not self._state.tables)  # with nothing queued, a request is taken at once
         return self._chunk is None and self._staged is None and bool(self._state.tables) and not self._state.paused
 
     def read_chunk(self) -> list[SchemaRecord]:

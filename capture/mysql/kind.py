@@ -29,7 +29,13 @@ from ruamel.yaml.comments import CommentedMap
 
 from capture import config_document
 from capture.errors import CancelledError, CaptureError, PrerequisiteError, SourceExistsError
-from capture.incremental_queue import IncrementalSnapshotError, request_done, write_request
+from capture.incremental_queue import (
+    STATE_FILE,
+    IncrementalSnapshotError,
+    IncrementalState,
+    request_done,
+    write_request,
+)
 from capture.mysql.agent import MySqlAgent
 from capture.mysql.consistent_read import MySqlConsistentRead
 from capture.mysql.incremental import snapshot_problem
@@ -205,6 +211,9 @@ class MySqlSourceKind:
         row: dict[str, Any] = {"source": name, "kind": self.name, "dsn": source.dsn_redacted}
         saved = load_state(state_dir(config, name))
         row["position"] = None if saved is None else str(saved.position)
+        queued = IncrementalState.load(state_dir(config, name) / STATE_FILE).tables
+        if queued:  # incremental snapshots taken by an agent, queued or in progress
+            row["incremental_snapshots"] = [t.table for t in queued]
         settings = settings_of(name, source)
         try:
             with settings.address.connect() as conn, conn.cursor() as cur:
