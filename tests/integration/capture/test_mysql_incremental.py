@@ -10,17 +10,19 @@ per key must equal the source.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from signal import SIGTERM
 from typing import Any
 
 import orjson
 import pytest
-from harness.cli import run_headwater
+from harness.cli import ROOT, run_headwater
 from harness.topics import read_topic
 
 from capture.incremental_queue import STATE_FILE, IncrementalState, request_done, write_request
@@ -352,6 +354,28 @@ def test_headwater_snapshot_through_the_cli_and_its_one_line_refusals(mariadb_da
     ]
     state = IncrementalState.load(load_config(config).home_dir / "capture" / "shop" / STATE_FILE)
     assert state.tables == []
+
+    # A running `capture --follow` picks a request up while it streams.
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "headwater", "--config", str(config), "capture", "shop", "--follow"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        db.script("INSERT INTO t VALUES (3, 3)")
+        run_headwater(config, "snapshot", "shop", "--tables", f"{db.name}.t")
+
+        def reads() -> int:
+            tail = run_headwater(config, "log", "tail", f"shop.{db.name}.t", "--from-beginning", "--json")
+            return sum(orjson.loads(line)["value"]["op"] == "r" for line in tail.stdout.splitlines())
+
+        wait_for("the running capture's snapshot", lambda: reads() == 5)
+    finally:
+        follow.send_signal(SIGTERM)
+        _, errors = follow.communicate(timeout=60)
+    assert follow.returncode == 0, errors
 
 
 def test_a_mysql_source_refuses_a_signal_table_it_does_not_capture(mariadb_database, tmp_path: Path) -> None:
