@@ -4,7 +4,9 @@ The table is created empty and captured from its first row on (``snapshot: never
 streamed change of every key is in the log: each ``op: r`` row must then equal the key's state
 that the streamed changes before its sequence define (the source's state at the chunk's binlog
 point), each key's events must keep increasing sequences in log order, and the log's final state
-per key must equal the source.
+per key must equal the source. Under a concurrent writer in process, and across a SIGKILL of the
+capture process mid-snapshot; then the signal table, ``headwater snapshot`` through the CLI (the
+next capture and a running ``capture --follow`` pick it up) and the one-line refusals.
 """
 
 from __future__ import annotations
