@@ -171,6 +171,20 @@ def snapshot_problem(source: MySqlSource, tables: Sequence[str]) -> str | None:
             row = cur.fetchone()
             if not row or not row[0]:
                 return f"table {table} has no primary key (or does not exist), which incremental snapshots need"
+            cur.execute(
+                "SELECT c.COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE k JOIN information_schema.COLUMNS c "
+                "ON c.TABLE_SCHEMA = k.TABLE_SCHEMA AND c.TABLE_NAME = k.TABLE_NAME AND c.COLUMN_NAME = k.COLUMN_NAME "
+                "WHERE k.TABLE_SCHEMA = %s AND k.TABLE_NAME = %s AND k.CONSTRAINT_NAME = 'PRIMARY' "
+                "AND (c.CHARACTER_SET_NAME = 'binary' OR c.DATA_TYPE IN ('binary', 'varbinary', 'tinyblob', 'blob', "
+                "'mediumblob', 'longblob', 'bit'))",
+                (database, name),
+            )
+            binary = cur.fetchone()
+            if binary:
+                return (
+                    f"table {table} has a binary primary key column ({binary[0]}), which incremental snapshots "
+                    "do not chunk"
+                )
     return None
 
 

@@ -323,12 +323,13 @@ def test_headwater_snapshot_through_the_cli_and_its_one_line_refusals(mariadb_da
     db.script(
         "CREATE TABLE t (id INT PRIMARY KEY, n INT)",
         "CREATE TABLE keyless (n INT)",
+        "CREATE TABLE bin (id VARBINARY(8) PRIMARY KEY)",
         "INSERT INTO t VALUES (1, 1), (2, 2)",
         "INSERT INTO keyless VALUES (1)",
     )
     init_project(tmp_path)
     config = tmp_path / "headwater.yaml"
-    tables = f"{db.name}.t,{db.name}.keyless"
+    tables = f"{db.name}.t,{db.name}.keyless,{db.name}.bin"
     run_headwater(config, "source", "add", "shop", "--kind", "mysql", "--dsn", db.dsn, "--tables", tables, "--yes")
     config.write_text(config.read_text().replace("snapshot: initial", "snapshot: never"))
     run_headwater(config, "capture", "shop", "--until-caught-up")
@@ -339,6 +340,11 @@ def test_headwater_snapshot_through_the_cli_and_its_one_line_refusals(mariadb_da
     assert refused.stderr.strip().splitlines() == [
         f"error: source shop: table {db.name}.keyless has no primary key (or does not exist), which incremental "
         "snapshots need"
+    ]
+    binary = run_headwater(config, "snapshot", "shop", "--tables", f"{db.name}.bin", ok=False)
+    assert binary.stderr.strip().splitlines() == [
+        f"error: source shop: table {db.name}.bin has a binary primary key column (id), which incremental "
+        "snapshots do not chunk"
     ]
     other = run_headwater(config, "snapshot", "shop", "--tables", f"{db.name}.nope", ok=False)
     assert other.returncode != 0 and len(other.stderr.strip().splitlines()) == 1
