@@ -34,7 +34,7 @@ Invariants:
 
 Limits: MariaDB only (MySQL has no binlog point of a consistent snapshot without ``FLUSH TABLES
 WITH READ LOCK``; its tables are refused in one line); tables need a primary key that is also the
-record key (a configured ``keys`` entry is refused), and not a binary one; a chunk's table shape is
+record key (a configured ``keys`` entry is refused), and not a binary one (refused too); a chunk's table shape is
 the catalog's when it is read (a DDL between the read and ``P`` is not reconciled).
 """
 
