@@ -34,8 +34,12 @@ Invariants:
 
 Limits: MariaDB only (MySQL has no binlog point of a consistent snapshot without ``FLUSH TABLES
 WITH READ LOCK``; its tables are refused in one line); tables need a primary key that is also the
-record key (a configured ``keys`` entry is refused), and not a binary one (refused too); a chunk's table shape is
-the catalog's when it is read (a DDL between the read and ``P`` is not reconciled).
+record key (a configured ``keys`` entry is refused) and not a binary one (refused too). Chunks are
+read only while the stream has nothing waiting (as PostgreSQL's), so sustained traffic delays
+them. A chunk's table shape is the catalog's when it is read: a table altered after the view began
+is read again (``ER_TABLE_DEF_CHANGED``), but when the stream still has an ``ALTER`` of the table
+ahead of ``P``, the chunk's schema record is written before the stream's older shape comes by
+again (the rows and images are right; the schema topic's versions then go new, old, new).
 """
 
 from __future__ import annotations
