@@ -50,7 +50,7 @@ from capture.mysql.binlog.position import BinlogPosition, GtidPosition
 from capture.mysql.binlog.rows import RowDecoder
 from capture.mysql.binlog.table_map import TableShape
 from capture.mysql.events import EventBuilder
-from capture.mysql.incremental import MySqlIncremental
+from capture.mysql.incremental import ChunkRows, MySqlIncremental
 from capture.mysql.resync import append_vanished_key_deletes
 from capture.mysql.schema_records import schema_record
 from capture.mysql.settings import MySqlSource
@@ -281,9 +281,9 @@ class MySqlAgent:
                         if transaction.gtid is not None:
                             gtids = gtids.advanced(transaction.gtid)
                         assert transaction.commit is not None
-                        rows = self.incremental.before(transaction.commit, resume.highest())
-                        appender.records.extend(rows)
-                        self.stats.events += len(rows)
+                        self._append_chunk(
+                            appender, resume, self.incremental.before(transaction.commit, resume.highest())
+                        )
                         try:
                             complete = self._add(appender, resume, transaction)
                         except _StoppedWhileFull:  # its last spill batch waited for room
@@ -345,14 +345,26 @@ class MySqlAgent:
         if position is None:
             return
         while not self._stop.is_set():
-            rows = self.incremental.at(position, resume.highest())
-            if rows:
-                appender.records.extend(rows)
-                self.stats.events += len(rows)
+            chunk = self.incremental.at(position, resume.highest())
+            if chunk is not None:
+                self._append_chunk(appender, resume, chunk)
                 self._flush(appender, resume, position, gtids)
             if self.incremental.in_flight or not self.incremental.wants_chunk() or not idle():
                 return
-            appender.schemas.extend(self.incremental.read_chunk())
+            self.incremental.read_chunk()
+
+    def _append_chunk(self, appender: Appender, resume: ResumePoint, chunk: ChunkRows | None) -> None:
+        """Add a chunk due to the pending records, after appending the stream's changes before it (saves no position).
+
+        Its schema record (a shape new to the topic) must follow those changes, which may be in an older shape.
+        """
+        if chunk is None:
+            return
+        appender.flush(resume, None)
+        if chunk.schema is not None:
+            appender.schemas.append(chunk.schema)
+        appender.records.extend(chunk.rows)
+        self.stats.events += len(chunk.rows)
 
     def _spill_directory(self) -> SpillDirectory:
         """This session's spill directory, emptied (what a killed run left is read again from the binlog)."""

@@ -36,10 +36,9 @@ Limits: MariaDB only (MySQL has no binlog point of a consistent snapshot without
 WITH READ LOCK``; its tables are refused in one line); tables need a primary key that is also the
 record key (a configured ``keys`` entry is refused) and not a binary one (refused too). Chunks are
 read only while the stream has nothing waiting (as PostgreSQL's), so sustained traffic delays
-them. A chunk's table shape is the catalog's when it is read: a table altered after the view began
-is read again (``ER_TABLE_DEF_CHANGED``), but when the stream still has an ``ALTER`` of the table
-ahead of ``P``, the chunk's schema record is written before the stream's older shape comes by
-again (the rows and images are right; the schema topic's versions then go new, old, new).
+them. A chunk's table shape is the catalog's when it is read (a table altered after the view began is
+read again: ``ER_TABLE_DEF_CHANGED``); its schema record, when the shape is new to the topic, is
+written with the rows, after the stream's changes up to ``P`` in their own shapes.
 """
 
 from __future__ import annotations
@@ -116,6 +115,14 @@ class ChunkWindow:
             )
             for i, image in enumerate(self.images.values())
         ]
+
+
+@dataclass(frozen=True)
+class ChunkRows:
+    """A chunk due: its shape's schema record when that shape is new to the topic, and its events."""
+
+    schema: SchemaRecord | None
+    rows: list[OutRecord]
 
 
 def first_index(point: BinlogPosition, highest: Seq | None) -> int:
@@ -228,22 +235,20 @@ class MySqlIncremental(IncrementalQueue):
         self._take_requests(force=not self._state.tables)  # with nothing queued, a request is taken at once
         return self._chunk is None and self._staged is None and bool(self._state.tables) and not self._state.paused
 
-    def read_chunk(self) -> list[SchemaRecord]:
+    def read_chunk(self) -> None:
         """Read the next chunk of the first queued table at a new consistent point.
 
-        Returns schema records of shapes not written yet (append them before the chunk's rows).
         A table that cannot be snapshotted is dropped from the queue with a warning.
         """
-        schemas: list[SchemaRecord] = []
         while self.wants_chunk():
             progress = self._state.tables[0]
             try:
-                self._chunk = self._read(progress, schemas)
+                self._chunk = self._read(progress)
             except pymysql.err.MySQLError as exc:
                 if exc.args and exc.args[0] == _TABLE_DEFINITION_CHANGED:
                     # A DDL after the view began: the chunk is read again at a new point.
                     logger.info("incremental snapshot of %s: %s; reading the chunk again", progress.table, exc)
-                    return schemas
+                    return
                 if isinstance(exc, pymysql.err.OperationalError) and exc.args and exc.args[0] >= _CLIENT_ERRORS:
                     # The server is gone: the agent reconnects from its saved position, the chunk is read again.
                     msg = f"incremental snapshot of {progress.table}: the connection failed: {exc}"
@@ -251,9 +256,8 @@ class MySqlIncremental(IncrementalQueue):
                 self._skip_first(exc)
             except IncrementalSnapshotError as exc:
                 self._skip_first(exc)
-        return schemas
 
-    def _read(self, progress: TableProgress, schemas: list[SchemaRecord]) -> ChunkWindow:
+    def _read(self, progress: TableProgress) -> ChunkWindow:
         source = self._source
         database, _, name = progress.table.partition(".")
         if not name or not source.wants(database, name):
@@ -285,9 +289,6 @@ class MySqlIncremental(IncrementalQueue):
                 cur.execute(statement, params)
                 rows = cur.fetchall()
             conn.rollback()
-        record = self._schema_record(plan)
-        if record is not None:
-            schemas.append(record)
         key_at = [plan.kept.index(i) for i in plan.key]
         images: dict[bytes | None, dict[str, Any]] = {}
         for row in rows:
@@ -302,24 +303,27 @@ class MySqlIncremental(IncrementalQueue):
             last_key = [str(v) for v in last]
         return ChunkWindow(point.position, plan, images, last_key, len(rows) < self._chunk_rows)
 
-    def before(self, commit: BinlogPosition, highest: Seq | None) -> list[OutRecord]:
-        """The chunk's rows when a transaction committed at ``commit`` follows its point (append them first)."""
+    def before(self, commit: BinlogPosition, highest: Seq | None) -> ChunkRows | None:
+        """The chunk when a transaction committed at ``commit`` follows its point (append it first)."""
         chunk = self._chunk
         if chunk is None or not chunk.due_before(commit):
-            return []
+            return None
         return self._emit(chunk, highest)
 
-    def at(self, position: BinlogPosition, highest: Seq | None) -> list[OutRecord]:
-        """The chunk's rows when the stream, between transactions at ``position``, reached its point."""
+    def at(self, position: BinlogPosition, highest: Seq | None) -> ChunkRows | None:
+        """The chunk when the stream, between transactions at ``position``, reached its point."""
         chunk = self._chunk
         if chunk is None or not chunk.due_at(position):
-            return []
+            return None
         return self._emit(chunk, highest)
 
-    def _emit(self, chunk: ChunkWindow, highest: Seq | None) -> list[OutRecord]:
+    def _emit(self, chunk: ChunkWindow, highest: Seq | None) -> ChunkRows:
+        # The shape's schema record now, where the rows go: a stream still in the table's older
+        # shape up to the point has written its version by then.
+        schema = self._schema_record(chunk.plan)
         out = chunk.records(self._builder, first_index=first_index(chunk.point, highest), ts_us=time.time_ns() // 1000)
         self._staged = (self._state.tables[0], chunk.last_key, chunk.last_of_table)
         self._chunk = None
         self.chunks_emitted += 1
         self.rows_emitted += len(out)
-        return out
+        return ChunkRows(schema, out)
