@@ -21,13 +21,20 @@ crash between pieces reads the whole transaction again and :class:`capture.posit
 skips the records the log holds; a stop between pieces ends the session there the same way.
 Every spill file is removed once its transaction is built, when a session ends, and at every
 session start (what a killed run left is read again from the binlog).
+
+Incremental snapshots (:mod:`capture.mysql.incremental`): a chunk is read when the stream is
+between transactions with nothing more waiting, and its rows are appended before the first
+transaction committed past the chunk's binlog point (or as soon as the stream is at or past it).
+Signals (:mod:`capture.mysql.signals`) are carried out after the append that made their
+transaction durable and before the binlog position past it is saved, and the chunk progress is
+saved after the append of its rows.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -43,9 +50,11 @@ from capture.mysql.binlog.position import BinlogPosition, GtidPosition
 from capture.mysql.binlog.rows import RowDecoder
 from capture.mysql.binlog.table_map import TableShape
 from capture.mysql.events import EventBuilder
+from capture.mysql.incremental import ChunkRows, MySqlIncremental
 from capture.mysql.resync import append_vanished_key_deletes
 from capture.mysql.schema_records import schema_record
 from capture.mysql.settings import MySqlSource
+from capture.mysql.signals import MySqlSignalTable
 from capture.mysql.snapshot import Snapshot
 from capture.mysql.source_checks import check_source_settings
 from capture.mysql.state import StreamState, load_state, save_state
@@ -125,6 +134,8 @@ class MySqlAgent:
         self._commit_ts: int | None = None
         #: ``transactions: true``: BEGIN/END records in ``<source>.transaction``.
         self._boundaries = TransactionBoundaries(source.name) if source.transactions else None
+        self.incremental = MySqlIncremental(source, self.builder, state_dir, self._schema_record)
+        self._signals = MySqlSignalTable(source, source.signal_table) if source.signal_table else None
 
     def stop(self) -> None:
         """Finish the transaction in hand, append it, then let :meth:`run` return."""
@@ -173,6 +184,8 @@ class MySqlAgent:
         self._charsets = self._server_charsets()
         # Settings naming what the database lacks, or a filter capture cannot evaluate: refused before reading.
         check_source_settings(self.source, self.planner)
+        if self._signals is not None:
+            self._signals.check()
         self._load_schemas()
         resume = ResumePoint.load(self.log, self.topics.of_source())
         appender = Appender(
@@ -198,7 +211,8 @@ class MySqlAgent:
             try:
                 caught_up = self._stream(appender, resume, blocking=not until_caught_up)
                 failures = 0
-                if caught_up:
+                # --until-caught-up returns once the incremental snapshots queued are done too.
+                if caught_up and (self._stop.is_set() or not self.incremental.pending):
                     break
             except BinlogPurgedError as exc:
                 msg = (
@@ -209,6 +223,9 @@ class MySqlAgent:
             except BinlogStreamError as exc:
                 failures += 1
                 appender.clear()
+                self.incremental.reset()  # the chunk in flight and its unsaved progress: read again
+                if self._signals is not None:
+                    self._signals.reset()
                 resume = ResumePoint.load(self.log, self.topics.of_source())
                 if failures > _RECONNECTS:
                     raise
@@ -266,6 +283,10 @@ class MySqlAgent:
                         if transaction.gtid is not None:
                             gtids = gtids.advanced(transaction.gtid)
                         self._commit_ts = transaction.timestamp
+                        assert transaction.commit is not None
+                        self._append_chunk(
+                            appender, resume, self.incremental.before(transaction.commit, resume.highest())
+                        )
                         try:
                             complete = self._add(appender, resume, transaction)
                         except _StoppedWhileFull:  # its last spill batch waited for room
@@ -283,6 +304,9 @@ class MySqlAgent:
                     if self._stop.is_set():
                         self._flush(appender, resume, assembler.position, gtids)
                         return True
+                    if stream.idle() and self.incremental.pending:
+                        self._snapshot_chunks(appender, resume, assembler.position, gtids, stream.idle)
+                        pending_since = None
                     if pending_since is not None:
                         # Between transactions: append when the server has nothing more for now (lowest
                         # latency), else in big batches (fewer fsyncs while reading a backlog).
@@ -301,7 +325,49 @@ class MySqlAgent:
             finally:
                 assembler.discard()
         self._flush(appender, resume, assembler.position, gtids)
+        if self.incremental.pending and not self._stop.is_set():
+            # The binlog's end: chunks read now are at it (emitted at once) or past it (read on, next session).
+            self._snapshot_chunks(appender, resume, assembler.position, gtids, lambda: True)
         return True
+
+    def _snapshot_chunks(
+        self,
+        appender: Appender,
+        resume: ResumePoint,
+        position: BinlogPosition | None,
+        gtids: GtidPosition,
+        idle: Callable[[], bool],
+    ) -> None:
+        """Between transactions at ``position``: emit the chunk in flight once due, read the next ones while ``idle``.
+
+        Everything pending is appended first (the chunk's rows follow every streamed change before
+        them); on a quiet source each chunk's point is ``position`` itself, so chunk after chunk is
+        read and emitted until the server sends something.
+        """
+        self._flush(appender, resume, position, gtids)
+        if position is None:
+            return
+        while not self._stop.is_set():
+            chunk = self.incremental.at(position, resume.highest())
+            if chunk is not None:
+                self._append_chunk(appender, resume, chunk)
+                self._flush(appender, resume, position, gtids)
+            if self.incremental.in_flight or not self.incremental.wants_chunk() or not idle():
+                return
+            self.incremental.read_chunk()
+
+    def _append_chunk(self, appender: Appender, resume: ResumePoint, chunk: ChunkRows | None) -> None:
+        """Add a chunk due to the pending records, after appending the stream's changes before it (saves no position).
+
+        Its schema record (a shape new to the topic) must follow those changes, which may be in an older shape.
+        """
+        if chunk is None:
+            return
+        appender.flush(resume, None)
+        if chunk.schema is not None:
+            appender.schemas.append(chunk.schema)
+        appender.records.extend(chunk.rows)
+        self.stats.events += len(chunk.rows)
 
     def _spill_directory(self) -> SpillDirectory:
         """This session's spill directory, emptied (what a killed run left is read again from the binlog)."""
@@ -354,6 +420,8 @@ class MySqlAgent:
             if begin is not None:
                 pending.append(begin)
             pending.extend(piece)
+            if self._signals is not None:
+                self._signals.collect(piece)
             piece = list(islice(built, PIECE_RECORDS))
             if piece and len(pending) >= FLUSH_RECORDS:
                 appender.flush(resume, None)  # saves no position: this transaction is not whole in the log yet
@@ -367,6 +435,10 @@ class MySqlAgent:
         self, appender: Appender, resume: ResumePoint, position: BinlogPosition | None, gtids: GtidPosition
     ) -> None:
         appender.flush(resume, None)
+        # Both only now that what they follow is durable, before the position past it is saved.
+        if self._signals is not None:
+            self._signals.act(self.incremental)
+        self.incremental.flushed()
         if position is not None and self._state is not None and position != self._state.position:
             # Saved only now: every transaction before ``position`` is durable in the log.
             self._state = StreamState(position, gtids, self._commit_ts or self._state.commit_ts)

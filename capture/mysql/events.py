@@ -114,7 +114,7 @@ class EventBuilder:
             for op, before, after in _operations(item, plan):
                 image_before = None if before is None else plan.image(before)
                 image_after = None if after is None else plan.image(after)
-                key = _key(image_before if op == "d" else image_after, plan)
+                key = event_key(image_before if op == "d" else image_after, plan)
                 source = self._source(item.shape.schema, item.shape.table, item, transaction)
                 yield OutRecord(
                     plan.topic, key, value(op, image_before, image_after, source, plan.topic), commit, index
@@ -155,7 +155,7 @@ class EventBuilder:
         source = self._read_source(
             shape.schema, shape.table, commit=commit, index=index, marker=marker, ts_us=ts_us, file=file, pos=pos
         )
-        return OutRecord(plan.topic, _key(image, plan), _envelope("r", None, image, source), commit, index)
+        return OutRecord(plan.topic, event_key(image, plan), _envelope("r", None, image, source), commit, index)
 
     def vanished_delete(
         self, event: dict[str, Any], *, commit: int, index: int, ts_us: int, file: str, pos: int
@@ -226,7 +226,8 @@ def _envelope(
     )
 
 
-def _key(image: dict[str, Any] | None, plan: TablePlan) -> bytes | None:
+def event_key(image: dict[str, Any] | None, plan: TablePlan) -> bytes | None:
+    """The record key of a row image (None: the table has no key)."""
     if not plan.key or image is None:
         return None
     return dumps_kept({name: image[name] for name in plan.key_names})

@@ -13,7 +13,9 @@ that the source no longer has, so the log converges to the source (:mod:`capture
 
 ``consistent_read`` reads a table at a new consistent point as capture's events (``headwater verify``).
 
-Not yet: incremental snapshots (``headwater snapshot``).
+``headwater snapshot`` and the signal table queue incremental snapshots that the running (or
+next) capture agent reads between binlog points while it streams (:mod:`capture.mysql.incremental`,
+:mod:`capture.mysql.signals`; MariaDB servers only).
 """
 
 from __future__ import annotations
@@ -29,9 +31,17 @@ from ruamel.yaml.comments import CommentedMap
 
 from capture import config_document
 from capture.errors import CancelledError, CaptureError, PrerequisiteError, SourceExistsError
+from capture.incremental_queue import (
+    STATE_FILE,
+    IncrementalSnapshotError,
+    IncrementalState,
+    request_done,
+    write_request,
+)
 from capture.mysql.agent import MySqlAgent
 from capture.mysql.backlog import binlog_backlog, read_server_binlogs
 from capture.mysql.consistent_read import MySqlConsistentRead
+from capture.mysql.incremental import snapshot_problem
 from capture.mysql.prerequisites import check as check_prerequisites
 from capture.mysql.resync import request_resync
 from capture.mysql.settings import MySqlSource, default_server_id
@@ -46,10 +56,6 @@ from log.base import Log
 from log.topics import table_topic
 
 logger = logging.getLogger(__name__)
-
-
-class UnsupportedByMySqlError(CaptureError):
-    """A command the MySQL kind does not offer yet."""
 
 
 def state_dir(config: ProjectConfig, name: str) -> Path:
@@ -84,6 +90,7 @@ def settings_of(name: str, source: SourceConfig) -> MySqlSource:
         filters=dict(source.filters),
         skipped_operations=tuple(source.skipped_operations),
         spill_threshold_bytes=source.spill_threshold_bytes,
+        signal_table=source.signal_table,
     )
 
 
@@ -93,12 +100,6 @@ def refuse_unsupported(name: str, source: SourceConfig) -> None:
     ``max_transaction_bytes`` (the bound of a transaction held whole before MySQL capture
     spilled) is accepted with a warning: an old config still loads and captures.
     """
-    if source.signal_table is not None:
-        msg = (
-            f"sources.{name}.signal_table: signal tables (incremental snapshots) are not supported for MySQL "
-            "sources yet; remove it from the source"
-        )
-        raise UnsupportedByMySqlError(msg, source=name)
     if source.max_transaction_bytes is not None:
         # Accepted, not applied: it bounded a transaction held whole in memory; large ones spill now.
         logger.warning(
@@ -226,6 +227,9 @@ class MySqlSourceKind:
             row["active"] = active
         if saved is not None and saved.commit_ts is not None:
             row["last_commit"] = dt.datetime.fromtimestamp(saved.commit_ts, dt.UTC).isoformat().replace("+00:00", "Z")
+        queued = IncrementalState.load(state_dir(config, name) / STATE_FILE).tables
+        if queued:  # incremental snapshots taken by an agent, queued or in progress
+            row["incremental_snapshots"] = [t.table for t in queued]
         unset = unset_variables(source.dsn.get_secret_value())
         if unset:
             row["error"] = (
@@ -291,15 +295,28 @@ class MySqlSourceKind:
     def request_snapshot(
         self, config: ProjectConfig, name: str, tables: Sequence[str], *, captured_only: bool = False
     ) -> SnapshotRequest:
-        """Not offered yet."""
-        msg = (
-            f"source {name}: incremental snapshots of MySQL sources are not supported yet; use headwater source resync"
-        )
-        raise UnsupportedByMySqlError(msg, source=name)
+        """Queue an incremental snapshot of captured ``database.table`` names (:mod:`capture.mysql.incremental`)."""
+        settings = settings_of(name, config.sources[name])
+        names = [t.replace("`", "").strip() for t in tables if t.strip()]
+        if not names:
+            msg = f"give at least one table of source {name!r} to snapshot, e.g. shop.orders"
+            raise IncrementalSnapshotError(msg, source=name)
+        missing = [t for t in names if "." not in t or not settings.wants(*t.split(".", 1))]
+        if missing:
+            msg = (
+                f"source {name!r} does not capture {', '.join(missing)}; snapshot only database.table names it "
+                "captures (its tables, or tables of its schemas)"
+            )
+            raise IncrementalSnapshotError(msg, source=name, table=missing[0])
+        problem = snapshot_problem(settings, names)
+        if problem is not None:
+            msg = f"source {name}: {problem}"
+            raise IncrementalSnapshotError(msg, source=name)
+        return SnapshotRequest(write_request(state_dir(config, name), names), tuple(names))
 
     def snapshot_done(self, config: ProjectConfig, name: str, request_id: str) -> bool:
-        """Not offered yet."""
-        return False
+        """True once the agent took the request and every chunk of its tables is durably in the log."""
+        return request_done(state_dir(config, name), request_id)
 
     def rereading(self, config: ProjectConfig, name: str) -> frozenset[str]:
         """None: a MySQL source reads no table again after a schema change (its DDL is not followed by re-reads yet)."""

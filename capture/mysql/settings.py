@@ -74,6 +74,8 @@ class MySqlSource:
     skipped_operations: tuple[str, ...] = ()
     #: Estimated memory of decoded changes an open transaction may hold; past it its row events spill to disk.
     spill_threshold_bytes: int = SPILL_THRESHOLD_BYTES
+    #: ``database.table`` whose inserts are signals (:mod:`capture.mysql.signals`); None: no signal table.
+    signal_table: str | None = None
 
     @classmethod
     def from_dsn(

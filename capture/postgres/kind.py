@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from capture.errors import CaptureError
+from capture.incremental_queue import STATE_FILE, IncrementalState
 from capture.postgres.agent import CaptureAgent
 from capture.postgres.catalog import typemap_decoders
 from capture.postgres.identifiers import TableName, split_list
@@ -21,7 +22,7 @@ from capture.postgres.registration import registry
 from capture.postgres.registration.slot import slot_status
 from capture.postgres.registration.slot_holder import application_name, slot_holder
 from capture.postgres.snapshot import incremental_request, resync
-from capture.postgres.snapshot.incremental import SCHEMA_REQUEST, STATE_FILE, IncrementalState, reread_topics
+from capture.postgres.snapshot.incremental import SCHEMA_REQUEST, reread_topics
 from capture.postgres.snapshot.resync import capture_state_dir
 from capture.source_kind import Confirm, Outcome, SnapshotProgress, SnapshotRequest, SourceRequest, SourceView
 from core.config import ProjectConfig, unset_variables

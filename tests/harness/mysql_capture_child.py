@@ -13,6 +13,9 @@ resync (:mod:`capture.mysql.resync`), exiting 0 if it never got there:
 * ``deletes``: once the first batch of its deletes is durable (batches of about 10 deletes);
 * ``clear``: with everything durable, just before the request is cleared;
 * ``save``: after the request was cleared, before the stream's start is saved.
+
+``KILL_AT`` ``chunks=N`` instead follows the binlog (until killed) with incremental snapshot chunks
+of ``N`` rows (:mod:`capture.mysql.incremental`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from capture import resync
 from capture.appender import Appender
 from capture.mysql import agent as mysql_agent
-from capture.mysql import snapshot
+from capture.mysql import incremental, snapshot
 from capture.mysql.agent import MySqlAgent
 from capture.mysql.settings import MySqlSource
 from core.log_config import LogConfig
@@ -68,7 +71,10 @@ def kill_at(point: str) -> None:
 def main() -> None:
     name, dsn, tables, home = sys.argv[1:5]
     point = sys.argv[5] if len(sys.argv) > 5 else None
-    if point is not None:
+    if point is not None and point.startswith("chunks="):
+        incremental.CHUNK_ROWS = int(point.removeprefix("chunks="))
+        point = None
+    elif point is not None:
         kill_at(point)
     source = MySqlSource.from_dsn(name, dsn, tuple(tables.split(",")))
     agent = MySqlAgent(source, FileLog(Path(home) / "log"), LogConfig(), Path(home) / "capture" / name)

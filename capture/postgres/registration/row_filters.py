@@ -24,6 +24,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from capture import sql_condition
 from capture.errors import ColumnSettingError, PublicationError
 from capture.postgres.registration.publication import as_text
 from core.durable_files import replace_json
@@ -35,39 +36,26 @@ _VAR_ATTNO = re.compile(r"\{VAR :varno 1 :varattno (\d+)")
 ROW_FILTER_VERSION = 150000
 
 
+def _quoted_span(text: str, i: int) -> int | str | None:
+    """PostgreSQL's quoting: ``'...'``, ``"..."`` (doubled quotes inside, ``E'...'`` escapes), dollar quotes."""
+    char = text[i]
+    if char in "'\"":
+        escapes = char == "'" and i > 0 and text[i - 1] in "eE"
+        i += 1
+        while i < len(text) and not (text[i] == char and not text.startswith(char * 2, i)):
+            i += 2 if text.startswith(char * 2, i) or (escapes and text[i] == "\\") else 1
+        return i if i < len(text) else f"a {char} quote is not closed"
+    if char == "$" and (tag := _DOLLAR_TAG.match(text, i)) is not None:
+        end = text.find(tag.group(0), tag.end())
+        if end < 0:
+            return f"the dollar quote {tag.group(0)} is not closed"
+        return end + len(tag.group(0)) - 1
+    return None
+
+
 def condition_problem(text: str) -> str | None:
     """Why ``text`` is not one SQL condition this module puts into a statement (None: it is)."""
-    depth, i, n = 0, 0, len(text)
-    while i < n:
-        char = text[i]
-        if char in "'\"":
-            # A quoted literal or identifier; a doubled quote stays inside. E'...' strings
-            # also take backslash escapes.
-            escapes = char == "'" and i > 0 and text[i - 1] in "eE"
-            i += 1
-            while i < n and not (text[i] == char and not text.startswith(char * 2, i)):
-                i += 2 if text.startswith(char * 2, i) or (escapes and text[i] == "\\") else 1
-            if i >= n:
-                return f"a {char} quote is not closed"
-        elif char == "$" and (tag := _DOLLAR_TAG.match(text, i)) is not None:
-            end = text.find(tag.group(0), tag.end())
-            if end < 0:
-                return f"the dollar quote {tag.group(0)} is not closed"
-            i = end + len(tag.group(0)) - 1
-        elif text.startswith(("--", "/*"), i):
-            return "comments are not allowed in a condition"
-        elif char == ";":
-            return "';' is not allowed in a condition"
-        elif char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-            if depth < 0:
-                return "a ')' closes a parenthesis that was not opened"
-        i += 1
-    if depth:
-        return "a '(' is not closed"
-    return None
+    return sql_condition.condition_problem(text, _quoted_span)
 
 
 def condition_sql(*conditions: str | None) -> sql.Composable | None:

@@ -57,17 +57,15 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 from psycopg import sql
 
-from capture.errors import CaptureError
+from capture.incremental_queue import IncrementalQueue, IncrementalSnapshotError, TableProgress
 from capture.key_set import KeySet
 from capture.postgres.catalog import primary_key_lookup, relation_from_catalog
 from capture.postgres.decoding.pgoutput_messages import LogicalMessage
@@ -82,8 +80,6 @@ from capture.postgres.streaming.transactions import Change, Transaction
 from capture.records import OutRecord, SchemaRecord
 from capture.resync import DELETE_INDEX_BASE
 from capture.tuples import TupleData
-from core.durable_files import replace_json
-from core.errors import PermanentError
 from log.base import Log
 from log.envelope import SnapshotMarker
 from log.sequence import Sequence as Seq
@@ -96,99 +92,15 @@ CHUNK_ROWS = 1024
 #: Rows per chunk of a re-read after a schema change: a whole table at one chunk per stream poll
 #: (1,024-row chunks: minutes per million rows); one index range scan of tens of milliseconds.
 SCHEMA_CHUNK_ROWS = 50_000
-REQUESTS_DIR = "incremental-requests"
-STATE_FILE = "incremental.json"
-#: How often the agent looks for new request files.
-REQUEST_POLL_S = 1.0
 #: The prefix of the request ids of re-reads after schema changes (``schema:<topic>:v<version>``).
 SCHEMA_REQUEST = "schema:"
 #: Where a reconciling re-read keeps the keys it saw once they no longer fit in memory (scratch).
 RECONCILE_KEYS_FILE = "reread_keys.sqlite"
 
 
-class IncrementalSnapshotError(CaptureError, PermanentError):
-    """An incremental snapshot cannot be requested or run for a table."""
-
-
 def reread_topics(requests: Iterable[str]) -> frozenset[str]:
     """The topics of the schema changes' re-reads among request ids (``schema:<topic>:v<version>``)."""
     return frozenset(r[len(SCHEMA_REQUEST) :].rsplit(":", 1)[0] for r in requests if r.startswith(SCHEMA_REQUEST))
-
-
-@dataclass(frozen=True)
-class SnapshotTable:
-    """A table to snapshot, and the condition its rows must meet besides the source's filter (None: none)."""
-
-    table: str
-    condition: str | None = None
-
-
-@dataclass
-class TableProgress:
-    """One table of a request; ``last_key`` is the text of the last key emitted (None: none yet)."""
-
-    table: str
-    request: str
-    last_key: list[str] | None = None
-    condition: str | None = None
-    #: Also delete keys the log holds live that the table lost with no change in the stream (a partition
-    #: detached); read from its first chunk again after a restart (the keys seen are not kept).
-    reconcile: bool = False
-    #: The table's oid (re-reads after schema changes): read under its name then, renamed or not.
-    oid: int | None = None
-
-
-@dataclass
-class IncrementalState:
-    """Queued tables of incremental snapshots, the first one in progress; stored as JSON.
-
-    ``paused`` (a ``pause-snapshot`` signal) keeps chunks from being read; ``last_signal`` is
-    the position of the last signal carried out (:mod:`capture.postgres.streaming.signals`).
-    """
-
-    path: Path
-    tables: list[TableProgress] = field(default_factory=list)
-    paused: bool = False
-    last_signal: Seq | None = None
-
-    @classmethod
-    def load(cls, path: Path) -> IncrementalState:
-        """Read the state file (missing: nothing queued)."""
-        if not path.exists():
-            return cls(path)
-        data = orjson.loads(path.read_bytes())
-        tables = [
-            TableProgress(
-                t["table"],
-                t["request"],
-                None if t.get("reconcile") else t.get("last_key"),  # its seen keys are gone: read it all again
-                t.get("condition"),
-                bool(t.get("reconcile")),
-                t.get("oid"),
-            )
-            for t in data["tables"]
-        ]
-        last = data.get("last_signal")
-        return cls(path, tables, bool(data.get("paused")), None if last is None else Seq(int(last[0]), int(last[1])))
-
-    def save(self) -> None:
-        """Write atomically."""
-        tables = []
-        for t in self.tables:
-            table: dict[str, Any] = {"table": t.table, "request": t.request, "last_key": t.last_key}
-            if t.condition is not None:
-                table["condition"] = t.condition
-            if t.reconcile:
-                table["reconcile"] = True
-            if t.oid is not None:
-                table["oid"] = t.oid
-            tables.append(table)
-        body: dict[str, Any] = {"tables": tables}  # what is not set stays out (the file of earlier versions)
-        if self.paused:
-            body["paused"] = True
-        if self.last_signal is not None:
-            body["last_signal"] = [self.last_signal.commit_lsn, self.last_signal.txn_index]
-        replace_json(self.path, body)
 
 
 @dataclass
@@ -204,7 +116,7 @@ class _Chunk:
     opened: bool = False  # LOW watermark seen in the stream
 
 
-class IncrementalSnapshotter:
+class IncrementalSnapshotter(IncrementalQueue):
     """The agent's side of incremental snapshots (see the module docstring).
 
     The agent calls :meth:`poll` between stream polls, :meth:`on_transaction` for each
@@ -221,54 +133,18 @@ class IncrementalSnapshotter:
         filters: Mapping[str, str] | None = None,
         log: Log | None = None,
     ) -> None:
-        self._requests = state_dir / REQUESTS_DIR
-        self._state_dir = state_dir
+        super().__init__(state_dir)
         self._log = log  # read to find the keys a reconciling re-read deletes
         #: A reconciling table in progress: the keys its chunks read and the stream changed since its first chunk.
         self._seen: KeySet | None = None
         self._seen_for: TableProgress | None = None
-        self._state = IncrementalState.load(state_dir / STATE_FILE)
         self._publication = publication
         self._filters = dict(filters or {})  # the source's row filters, by schema.table
         self._chunk_rows = chunk_rows
         self._chunk: _Chunk | None = None
-        self._staged: tuple[TableProgress, list[str] | None, bool] | None = None
-        self._next_request_check = 0.0
         self.chunks_emitted = 0
         self.rows_emitted = 0
         self.keys_dropped = 0  # buffered rows left out because a change in the window touched them
-
-    @property
-    def pending(self) -> bool:
-        """True while a chunk is in flight, or (unless paused) a table is queued or a request file waits."""
-        if self._chunk or self._staged:
-            return True
-        if self._state.paused:
-            return False
-        return bool(self._state.tables or (self._requests.is_dir() and any(self._requests.glob("*.json"))))
-
-    # -- signals (capture.postgres.streaming.signals) -------------------------------------------------------
-
-    @property
-    def last_signal(self) -> Seq | None:
-        """The position of the last signal carried out (None: none yet)."""
-        return self._state.last_signal
-
-    def carrying_out(self, sequence: Seq | None) -> None:
-        """The signal at ``sequence`` is being carried out: saved with the state it changes or by :meth:`signal_done`.
-
-        None (or the position before) when carrying it out failed: it is carried out when sent again.
-        """
-        self._state.last_signal = sequence
-
-    def signal_done(self) -> None:
-        """Save that the signal being carried out was (a crash before leaves it to be carried out again)."""
-        self._state.save()
-
-    def request(self, tables: Sequence[SnapshotTable], request: str) -> None:
-        """Queue incremental snapshots of ``tables`` (``execute-snapshot``)."""
-        self._state.tables.extend(TableProgress(t.table, request, condition=t.condition) for t in tables)
-        self._state.save()
 
     def request_once(self, table: str, request: str, *, reconcile: bool = False, oid: int | None = None) -> bool:
         """Queue a snapshot of ``table`` unless request ``request`` is queued already; True when queued now.
@@ -283,39 +159,6 @@ class IncrementalSnapshotter:
         self._state.save()
         return True
 
-    def queued(self) -> list[tuple[str, str]]:
-        """``(table, request id)`` of every table queued or in progress, in order."""
-        return [(t.table, t.request) for t in self._state.tables]
-
-    def stop(self, tables: Sequence[str] | None) -> str:
-        """Drop ``tables`` (None: all) from the queue, the chunk in flight with them; what was dropped."""
-        dropped = self._drop([t for t in self._state.tables if tables is None or t.table in tables])
-        return ", ".join(t.table for t in dropped) if dropped else "nothing queued"
-
-    def drop_requests(self, requests: Collection[str]) -> bool:
-        """Drop the tables queued by ``requests`` (ids), the chunk in flight with them; True when any was."""
-        return bool(self._drop([t for t in self._state.tables if t.request in requests]))
-
-    def _drop(self, dropped: list[TableProgress]) -> list[TableProgress]:
-        queued = self._state.tables
-        if not dropped:
-            return dropped
-        if queued[0] in dropped:
-            self.reset()  # the chunk in flight belongs to the first table
-        self._state.tables = [t for t in queued if t not in dropped]
-        self._state.save()
-        return dropped
-
-    def pause(self, paused: bool) -> None:
-        """Stop reading chunks (the one in flight still completes), or go on."""
-        self._state.paused = paused
-        self._state.save()
-
-    def reset(self) -> None:
-        """Forget the chunk in flight and unsaved progress (the chunk is read again later)."""
-        self._chunk = None
-        self._staged = None
-
     # -- reading chunks ------------------------------------------------------------------
 
     def poll(self, conn: psycopg.Connection[Any], builder: EventBuilder) -> list[SchemaRecord]:
@@ -323,10 +166,7 @@ class IncrementalSnapshotter:
 
         Returns schema records of tables the builder had not seen yet (append them first).
         """
-        now = time.monotonic()
-        if now >= self._next_request_check:
-            self._next_request_check = now + REQUEST_POLL_S
-            self._take_requests()
+        self._take_requests()
         schemas: list[SchemaRecord] = []
         while self._chunk is None and self._staged is None and self._state.tables and not self._state.paused:
             progress = self._state.tables[0]
@@ -335,24 +175,8 @@ class IncrementalSnapshotter:
             except psycopg.OperationalError:
                 raise  # the connection is gone: the agent reconnects, the chunk is read again
             except (IncrementalSnapshotError, psycopg.Error) as exc:
-                logger.warning("incremental snapshot of %s: %s; skipping the table", progress.table, exc)
-                self._state.tables.pop(0)
-                self._state.save()
+                self._skip_first(exc)
         return schemas
-
-    def _take_requests(self) -> None:
-        if not self._requests.is_dir():
-            return
-        files = sorted(self._requests.glob("*.json"))
-        if not files:
-            return
-        for path in files:
-            body = orjson.loads(path.read_bytes())
-            self._state.tables.extend(TableProgress(table, str(body["id"])) for table in body["tables"])
-        # Saved before the request files go: a crash in between repeats a request, never loses one.
-        self._state.save()
-        for path in files:
-            path.unlink()
 
     def _read_chunk(
         self, conn: psycopg.Connection[Any], builder: EventBuilder, progress: TableProgress, schemas: list[SchemaRecord]
@@ -512,17 +336,6 @@ class IncrementalSnapshotter:
             )
         return out
 
-    def flushed(self) -> None:
-        """The agent appended everything pending: the chunk emitted last is durable, save its progress."""
-        if self._staged is None:
-            return
-        progress, last_key, done = self._staged
-        self._staged = None
-        if done:
-            self._state.tables.remove(progress)
-            if progress is self._seen_for:
-                self._drop_seen()
-            logger.info("incremental snapshot of %s (request %s) done", progress.table, progress.request)
-        else:
-            progress.last_key = last_key
-        self._state.save()
+    def _table_done(self, progress: TableProgress) -> None:
+        if progress is self._seen_for:
+            self._drop_seen()

@@ -7,36 +7,27 @@ to completion for any source kind.
 
 from __future__ import annotations
 
-import secrets
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from capture.errors import UnknownSourceError
+from capture.incremental_queue import IncrementalSnapshotError, request_done, write_request
 from capture.postgres.identifiers import TableName, parse_tables
-from capture.postgres.snapshot.incremental import (
-    REQUESTS_DIR,
-    STATE_FILE,
-    IncrementalSnapshotError,
-    IncrementalState,
-)
 from core.config import ProjectConfig
-from core.durable_files import replace_json
+
+__all__ = ["request_done", "request_incremental_snapshot", "snapshot_tables"]
 
 
 def request_incremental_snapshot(state_dir: Path, tables: Sequence[str]) -> tuple[str, tuple[TableName, ...]]:
     """Record a request to re-snapshot ``tables`` (``schema.table``); return its id and the parsed names.
 
-    The source's capture agent picks it up within :data:`REQUEST_POLL_S` when it runs,
-    else at its next start.
+    The source's capture agent picks it up (:func:`capture.incremental_queue.write_request`).
     """
     names = parse_tables(list(tables))
     if not names:
         msg = "give at least one table, e.g. --tables public.orders"
         raise IncrementalSnapshotError(msg)
-    request_id = f"{time.time_ns():020d}-{secrets.token_hex(4)}"
-    replace_json(state_dir / REQUESTS_DIR / f"{request_id}.json", {"id": request_id, "tables": [str(t) for t in names]})
-    return request_id, names
+    return write_request(state_dir, [str(t) for t in names]), names
 
 
 def snapshot_tables(config: ProjectConfig, source: str, tables: Sequence[str]) -> tuple[TableName, ...]:
@@ -64,10 +55,3 @@ def snapshot_tables(config: ProjectConfig, source: str, tables: Sequence[str]) -
         )
         raise IncrementalSnapshotError(msg, source=source, table=str(missing[0]))
     return names
-
-
-def request_done(state_dir: Path, request_id: str) -> bool:
-    """True once an agent took request ``request_id`` and emitted (durably) every chunk of its tables."""
-    if (state_dir / REQUESTS_DIR / f"{request_id}.json").exists():
-        return False
-    return all(t.request != request_id for t in IncrementalState.load(state_dir / STATE_FILE).tables)

@@ -322,7 +322,7 @@ def test_signals_while_capture_streams(pg_server, unique_name, tmp_path, caplog)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("INSERT INTO signals VALUES (%s, %s, %s)", (ident, kind, data))
 
-    caplog.set_level(logging.INFO, logger="capture.postgres.streaming.signals")
+    caplog.set_level(logging.INFO, logger="capture.signals")  # the orders are carried out there
     run = agent(dsn, name, log, tmp_path, **settings)
     with following(run):
         signal("s1", "log", '{"message": "hello from SQL"}')

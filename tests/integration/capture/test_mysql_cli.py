@@ -179,8 +179,8 @@ def test_a_whole_database_with_column_settings_and_filters_through_the_cli(maria
     refused = headwater(config, "capture", "shop", "--until-caught-up", password="", ok=False)
     assert refused.returncode != 0
     assert refused.stderr.strip().splitlines() == [
-        "error: sources.shop.signal_table: signal tables (incremental snapshots) are not supported for MySQL "
-        "sources yet; remove it from the source"
+        f"error: sources.shop.signal_table: {db.name}.signals does not exist; a signal table has the columns id, "
+        "type and data"
     ]
 
 
