@@ -21,7 +21,8 @@ def snapshot_command(context: Context, name: str, tables: str) -> None:
     request = kind.request_snapshot(config, name, kind.split_tables(tables, what="--tables"))
     click.echo(
         f"requested incremental snapshot {request.request_id} of {', '.join(request.tables)}: a running "
-        f"'headwater capture' for {name} picks it up within a second, otherwise the next one does"
+        f"'headwater capture' for {name} picks it up within seconds (PostgreSQL: a second; MySQL: at the "
+        "binlog heartbeat on an idle server), otherwise the next one does"
     )
 
 
