@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +36,12 @@ from capture.appender import Appender
 from capture.key_set import KeySet
 from capture.mysql.binlog.position import BinlogPosition
 from capture.mysql.events import EventBuilder
+from capture.mysql.settings import MySqlSource
 from capture.mysql.snapshot import SNAPSHOT_FILE
 from capture.mysql.state import STATE_FILE, StreamState
 from capture.position import ResumePoint
 from capture.resync import DELETE_INDEX_BASE, ResyncRequest, append_deletes, vanished_key_deletes
+from log.topics import is_quarantine_topic, table_topic
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,31 @@ def request_resync(state_dir: Path, reason: str, lost_from: BinlogPosition | Non
     for name in (STATE_FILE, SNAPSHOT_FILE):
         (state_dir / name).unlink(missing_ok=True)
     return request
+
+
+def register_gone_tables(source: MySqlSource, topics: Iterable[str], keys: KeySet) -> list[str]:
+    """Register in ``keys``, with no keys, every captured table's topic the re-snapshot did not read; returns them.
+
+    A table the source captures (listed in ``tables``, or in a database of ``databases``)
+    whose topic the log holds but which did not exist at the re-snapshot's point was
+    dropped or renamed away while the binlog was not read: the source holds none of its
+    rows, so every key its topic holds live is deleted (a renamed table's rows are read
+    under its new name, as a table captured whole). Topics of tables no longer captured
+    are left alone: the source says nothing about them.
+    """
+    listed = {table_topic(source.name, *table.split(".", 1)) for table in source.tables if "." in table}
+    prefixes = tuple(table_topic(source.name, database, "") for database in source.databases)
+    read = set(keys.topics())
+    gone = [
+        topic
+        for topic in topics
+        if topic not in read
+        and not is_quarantine_topic(topic)
+        and (topic in listed or (prefixes and topic.startswith(prefixes)))
+    ]
+    for topic in gone:
+        keys.add(topic, ())
+    return gone
 
 
 def append_vanished_key_deletes(
