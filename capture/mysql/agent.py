@@ -244,7 +244,8 @@ class MySqlAgent:
         with KeySet(key_set_path(self.state_dir)) as keys:
             state = snapshot.run(appender, resume, keys=keys)
             self.stats.events += snapshot.rows
-            for topic in register_gone_tables(self.source, ends, keys):
+            gone = register_gone_tables(self.source, ends, keys)
+            for topic in gone:
                 logger.warning(
                     "source %s: %s: its table does not exist at the resync's binlog point (dropped or renamed "
                     "while the binlog was not read), so every row the log holds for it is deleted",
@@ -259,7 +260,7 @@ class MySqlAgent:
                 )
             else:
                 self.stats.events += append_vanished_key_deletes(
-                    appender, resume, self.builder, keys, state, ends=ends, batch_records=FLUSH_RECORDS
+                    appender, resume, self.builder, keys, state, ends=ends, gone=gone, batch_records=FLUSH_RECORDS
                 )
         # Only now that the re-snapshot and its deletes are durable; a crash between these two lines
         # streams from the point the completed snapshot recorded (Snapshot.run returns it at once).

@@ -32,6 +32,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from capture.appender import Appender
 from capture.key_set import KeySet
 from capture.mysql.binlog.position import BinlogPosition
@@ -40,7 +42,10 @@ from capture.mysql.settings import MySqlSource
 from capture.mysql.snapshot import SNAPSHOT_FILE
 from capture.mysql.state import STATE_FILE, StreamState
 from capture.position import ResumePoint
+from capture.records import OutRecord
 from capture.resync import DELETE_INDEX_BASE, ResyncRequest, append_deletes, vanished_key_deletes
+from log.base import Log
+from log.envelope import Op
 from log.topics import is_quarantine_topic, table_topic
 
 logger = logging.getLogger(__name__)
@@ -88,13 +93,16 @@ def append_vanished_key_deletes(
     point: StreamState,
     *,
     ends: Mapping[str, Mapping[int, int]],
+    gone: Iterable[str] = (),
     batch_records: int,
 ) -> int:
     """Append deletes (+ tombstones) at ``point`` for keys the log holds live but the re-snapshot did not read.
 
     ``keys`` holds the re-snapshot's keys per table topic (every table it read, empty ones
     too); ``ends`` the topics' end offsets before it appended anything (its own records are
-    present keys' reads, so they are not read again). Returns how many keys were deleted.
+    present keys' reads, so they are not read again); ``gone`` the topics of tables gone at the
+    point (:func:`register_gone_tables`): one that holds a keyless table's rows also gets a
+    truncate. Returns how many events were written.
     """
     appender.flush(resume, None)  # every row of the re-snapshot first
     commit = point.position.sequence()
@@ -124,4 +132,39 @@ def append_vanished_key_deletes(
                 topic,
                 deleted,
             )
+    for topic in gone:
+        # A keyless table's rows have no key to delete them by: a truncate after its deletes empties it.
+        keyless = _keyless_event(appender.log, topic, ends.get(topic, {}))
+        if keyless is not None:
+            value = builder.vanished_truncate(
+                keyless,
+                commit=commit,
+                index=first_index,
+                ts_us=ts_us,
+                file=point.position.file,
+                pos=point.position.offset,
+            )
+            appender.records.append(OutRecord(topic, None, value, commit, first_index))
+            appender.flush(resume, None)
+            first_index += 1
+            total += 1
+            logger.warning(
+                "source %s: %s: its table is gone and had no key; a truncate empties it", builder.source, topic
+            )
     return total
+
+
+def _keyless_event(log: Log, topic: str, end: Mapping[int, int]) -> dict[str, Any] | None:
+    """The first keyless row event ``topic`` holds before ``end`` (a keyless table's), or None."""
+    for partition, stop in end.items():
+        offset = log.beginning_offset(topic, partition)
+        while offset < stop and (records := log.read(topic, partition, offset)):
+            for record in records:
+                if record.offset >= stop:
+                    return None
+                if record.key is None and record.value is not None:
+                    event = orjson.loads(record.value)
+                    if event.get("op") != Op.TRUNCATE and event.get("source"):
+                        return dict(event)
+            offset = records[-1].offset + 1
+    return None

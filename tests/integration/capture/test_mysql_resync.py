@@ -318,12 +318,15 @@ def test_resync_deletes_the_rows_of_a_table_dropped_meanwhile(server, tmp_path: 
         "CREATE TABLE g (id INT PRIMARY KEY, v VARCHAR(40))",
         "INSERT INTO g SELECT seq, 'g' FROM seq_1_to_7",
     )
-    listed = ("--tables", f"{db}.t,{db}.e,{db}.g") if scope == "tables" else ("--schemas", db)
+    execute(server, db, "CREATE TABLE h (id INT, v VARCHAR(40))", "INSERT INTO h SELECT seq, 'h' FROM seq_1_to_3")
+    listed = ("--tables", f"{db}.t,{db}.e,{db}.g,{db}.h") if scope == "tables" else ("--schemas", db)
     config, password, home = registered(server, tmp_path, name, db, *listed)
     execute(server, db, "DELETE FROM g WHERE id = 7")  # streamed: the log holds it deleted already
     headwater(config, "capture", name, "--until-caught-up", password=password)
     renamed = ["RENAME TABLE e TO e_new"] if scope == "schemas" else []
-    purged_gap_then_resync(server, config, name, password, db, "DROP TABLE g", *renamed, "DELETE FROM t WHERE id <= 3")
+    purged_gap_then_resync(
+        server, config, name, password, db, "DROP TABLE g", "DROP TABLE h", *renamed, "DELETE FROM t WHERE id <= 3"
+    )
     headwater(config, "capture", name, "--until-caught-up", password=password)
     execute(server, db, "INSERT INTO t VALUES (1, 'after resync')")
     headwater(config, "capture", name, "--until-caught-up", password=password)
@@ -332,6 +335,10 @@ def test_resync_deletes_the_rows_of_a_table_dropped_meanwhile(server, tmp_path: 
     gone = table_events(home, f"{name}.{db}.g")
     assert live_state(gone, "id") == {}, "the dropped table's rows are live in the log"
     assert Counter(e["before"]["id"] for e in reconciling_deletes(gone)) == Counter(range(1, 7))
+    # The keyless table's rows have no key to delete: a truncate after all of them empties it.
+    keyless = [e for _, _, e in table_events(home, f"{name}.{db}.h") if e is not None]
+    last = max(keyless, key=sequence)
+    assert last["op"] == "t" and last["source"]["snapshot"] == "true" and len(keyless) == 4, keyless
     if scope == "schemas":
         assert live_state(table_events(home, f"{name}.{db}.e"), "k") == {}, "the renamed-away name is live"
         KEYS["e_new"] = "k"
