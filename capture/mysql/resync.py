@@ -14,7 +14,11 @@ capture sees the request and (whatever the source's ``snapshot`` mode: the opera
    (:func:`append_vanished_key_deletes`, over :func:`capture.resync.vanished_key_deletes`): rows
    deleted while the binlog was gone. They carry the point and indexes from
    :data:`~capture.resync.DELETE_INDEX_BASE` (past the rows'), so they sort after everything in
-   the log and before every change streamed after the point;
+   the log and before every change streamed after the point. A captured table gone at the point
+   (dropped or renamed away: :func:`register_gone_tables`) has no rows, so every key its topic
+   holds live is deleted; one that had no key gets a truncate. A captured table that exists but
+   has no key (primary or configured) is refused before anything is appended
+   (:meth:`capture.mysql.snapshot.Snapshot.run`): its deleted rows could not be found;
 3. clears the request (and the spilled key set) once all of that is durable, then saves the
    point as the stream's start.
 
