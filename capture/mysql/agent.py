@@ -51,7 +51,7 @@ from capture.mysql.binlog.rows import RowDecoder
 from capture.mysql.binlog.table_map import TableShape
 from capture.mysql.events import EventBuilder
 from capture.mysql.incremental import ChunkRows, MySqlIncremental
-from capture.mysql.resync import append_vanished_key_deletes, register_gone_tables
+from capture.mysql.resync import append_vanished_key_deletes, confirm_gone, register_gone_tables
 from capture.mysql.schema_records import schema_record
 from capture.mysql.settings import MySqlSource
 from capture.mysql.signals import MySqlSignalTable
@@ -245,6 +245,9 @@ class MySqlAgent:
             state = snapshot.run(appender, resume, keys=keys)
             self.stats.events += snapshot.rows
             gone = register_gone_tables(self.source, ends, keys)
+            if gone:  # before any delete: a table hidden from the capture user is not a dropped one
+                with self.source.address.connect() as conn:
+                    confirm_gone(conn, self.source, gone)
             for topic in gone:
                 logger.warning(
                     "source %s: %s: its table does not exist at the resync's binlog point (dropped or renamed "

@@ -37,13 +37,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pymysql
 
 from capture.appender import Appender
 from capture.key_set import KeySet
 from capture.mysql.binlog.position import BinlogPosition
 from capture.mysql.events import EventBuilder
 from capture.mysql.settings import MySqlSource
-from capture.mysql.snapshot import SNAPSHOT_FILE
+from capture.mysql.snapshot import SNAPSHOT_FILE, SnapshotError
 from capture.mysql.state import STATE_FILE, StreamState
 from capture.position import ResumePoint
 from capture.records import OutRecord
@@ -87,6 +88,42 @@ def register_gone_tables(source: MySqlSource, topics: Iterable[str], keys: KeySe
     for topic in gone:
         keys.add(topic, ())
     return gone
+
+
+#: ER_NO_SUCH_TABLE: the one answer that says a table is gone (not merely hidden from the capture user).
+_NO_SUCH_TABLE = 1146
+
+
+def confirm_gone(conn: Any, source: MySqlSource, gone: Iterable[str]) -> None:
+    """Refuse in one line unless the table of every topic in ``gone`` really does not exist.
+
+    ``information_schema`` lists only the tables the capture user may see, so a table it lost
+    its privileges on looks dropped there; deleting its rows would be silently wrong. A
+    ``SELECT`` of no rows tells them apart: the server answers ``ER_NO_SUCH_TABLE`` only for a
+    table that is not there (a missing privilege is ``ER_TABLEACCESS_DENIED`` or
+    ``ER_DBACCESS_DENIED``, whether the table exists or not).
+    """
+    prefix = f"{source.name}."
+    for topic in gone:
+        database, _, name = topic.removeprefix(prefix).partition(".")
+        quoted = ".".join("`" + part.replace("`", "``") + "`" for part in (database, name))
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT 1 FROM {quoted} LIMIT 0")
+                cur.fetchall()
+        except pymysql.MySQLError as exc:
+            code = exc.args[0] if exc.args else None
+            if code == _NO_SUCH_TABLE:
+                continue
+            why = f"the server answered {code}: {exc.args[1] if len(exc.args) > 1 else exc}"
+        else:
+            why = "it exists but the re-snapshot did not read it"
+        msg = (
+            f"source {source.name}: the log holds table {database}.{name} but the resync cannot tell whether it "
+            f"was dropped ({why}); grant the capture user SELECT on it, or drop it from the source's tables, "
+            f"then run 'headwater capture {source.name}' again (the resync stays requested)"
+        )
+        raise SnapshotError(msg)
 
 
 def append_vanished_key_deletes(
