@@ -51,7 +51,7 @@ from capture.mysql.binlog.rows import RowDecoder
 from capture.mysql.binlog.table_map import TableShape
 from capture.mysql.events import EventBuilder
 from capture.mysql.incremental import ChunkRows, MySqlIncremental
-from capture.mysql.resync import append_vanished_key_deletes
+from capture.mysql.resync import append_vanished_key_deletes, confirm_gone, register_gone_tables
 from capture.mysql.schema_records import schema_record
 from capture.mysql.settings import MySqlSource
 from capture.mysql.signals import MySqlSignalTable
@@ -244,6 +244,17 @@ class MySqlAgent:
         with KeySet(key_set_path(self.state_dir)) as keys:
             state = snapshot.run(appender, resume, keys=keys)
             self.stats.events += snapshot.rows
+            gone = register_gone_tables(self.source, ends, keys)
+            if gone:  # before any delete: a table hidden from the capture user is not a dropped one
+                with self.source.address.connect() as conn:
+                    confirm_gone(conn, self.source, gone)
+            for topic in gone:
+                logger.warning(
+                    "source %s: %s: its table does not exist at the resync's binlog point (dropped or renamed "
+                    "while the binlog was not read), so every row the log holds for it is deleted",
+                    self.name,
+                    topic,
+                )
             if "d" in self.source.skipped_operations:
                 logger.warning(
                     "source %s: deletes are skipped (skipped_operations), so rows deleted while the binlog was "
@@ -252,7 +263,7 @@ class MySqlAgent:
                 )
             else:
                 self.stats.events += append_vanished_key_deletes(
-                    appender, resume, self.builder, keys, state, ends=ends, batch_records=FLUSH_RECORDS
+                    appender, resume, self.builder, keys, state, ends=ends, gone=gone, batch_records=FLUSH_RECORDS
                 )
         # Only now that the re-snapshot and its deletes are durable; a crash between these two lines
         # streams from the point the completed snapshot recorded (Snapshot.run returns it at once).

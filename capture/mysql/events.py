@@ -172,6 +172,16 @@ class EventBuilder:
         )
         return _envelope("d", event.get("after"), None, source)
 
+    def vanished_truncate(
+        self, event: dict[str, Any], *, commit: int, index: int, ts_us: int, file: str, pos: int
+    ) -> bytes:
+        """A resync's truncate (``op: "t"``, keyless) of the table of ``event``, found gone at ``file``/``pos``."""
+        old = event["source"]
+        source = self._read_source(
+            old["db"], old["table"], commit=commit, index=index, marker="true", ts_us=ts_us, file=file, pos=pos
+        )
+        return _envelope("t", None, None, source)
+
     def _read_source(
         self, db: str, table: str, *, commit: int, index: int, marker: str, ts_us: int, file: str, pos: int
     ) -> dict[str, Any]:

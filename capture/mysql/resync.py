@@ -14,7 +14,11 @@ capture sees the request and (whatever the source's ``snapshot`` mode: the opera
    (:func:`append_vanished_key_deletes`, over :func:`capture.resync.vanished_key_deletes`): rows
    deleted while the binlog was gone. They carry the point and indexes from
    :data:`~capture.resync.DELETE_INDEX_BASE` (past the rows'), so they sort after everything in
-   the log and before every change streamed after the point;
+   the log and before every change streamed after the point. A captured table gone at the point
+   (dropped or renamed away: :func:`register_gone_tables`) has no rows, so every key its topic
+   holds live is deleted; one that had no key gets a truncate. A captured table that exists but
+   has no key (primary or configured) is refused before anything is appended
+   (:meth:`capture.mysql.snapshot.Snapshot.run`): its deleted rows could not be found;
 3. clears the request (and the spilled key set) once all of that is durable, then saves the
    point as the stream's start.
 
@@ -28,18 +32,26 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+import orjson
+import pymysql
 
 from capture.appender import Appender
 from capture.key_set import KeySet
 from capture.mysql.binlog.position import BinlogPosition
 from capture.mysql.events import EventBuilder
-from capture.mysql.snapshot import SNAPSHOT_FILE
+from capture.mysql.settings import MySqlSource
+from capture.mysql.snapshot import SNAPSHOT_FILE, SnapshotError
 from capture.mysql.state import STATE_FILE, StreamState
 from capture.position import ResumePoint
+from capture.records import OutRecord
 from capture.resync import DELETE_INDEX_BASE, ResyncRequest, append_deletes, vanished_key_deletes
+from log.base import Log
+from log.envelope import Op
+from log.topics import is_quarantine_topic, table_topic
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +65,67 @@ def request_resync(state_dir: Path, reason: str, lost_from: BinlogPosition | Non
     return request
 
 
+def register_gone_tables(source: MySqlSource, topics: Iterable[str], keys: KeySet) -> list[str]:
+    """Register in ``keys``, with no keys, every captured table's topic the re-snapshot did not read; returns them.
+
+    A table the source captures (listed in ``tables``, or in a database of ``databases``)
+    whose topic the log holds but which did not exist at the re-snapshot's point was
+    dropped or renamed away while the binlog was not read: the source holds none of its
+    rows, so every key its topic holds live is deleted (a renamed table's rows are read
+    under its new name, as a table captured whole). Topics of tables no longer captured
+    are left alone: the source says nothing about them.
+    """
+    listed = {table_topic(source.name, *table.split(".", 1)) for table in source.tables if "." in table}
+    prefixes = tuple(table_topic(source.name, database, "") for database in source.databases)
+    read = set(keys.topics())
+    gone = [
+        topic
+        for topic in topics
+        if topic not in read
+        and not is_quarantine_topic(topic)
+        and (topic in listed or (prefixes and topic.startswith(prefixes)))
+    ]
+    for topic in gone:
+        keys.add(topic, ())
+    return gone
+
+
+#: ER_NO_SUCH_TABLE: the one answer that says a table is gone (not merely hidden from the capture user).
+_NO_SUCH_TABLE = 1146
+
+
+def confirm_gone(conn: Any, source: MySqlSource, gone: Iterable[str]) -> None:
+    """Refuse in one line unless the table of every topic in ``gone`` really does not exist.
+
+    ``information_schema`` lists only the tables the capture user may see, so a table it lost
+    its privileges on looks dropped there; deleting its rows would be silently wrong. A
+    ``SELECT`` of no rows tells them apart: the server answers ``ER_NO_SUCH_TABLE`` only for a
+    table that is not there (a missing privilege is ``ER_TABLEACCESS_DENIED`` or
+    ``ER_DBACCESS_DENIED``, whether the table exists or not).
+    """
+    prefix = f"{source.name}."
+    for topic in gone:
+        database, _, name = topic.removeprefix(prefix).partition(".")
+        quoted = ".".join("`" + part.replace("`", "``") + "`" for part in (database, name))
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT 1 FROM {quoted} LIMIT 0")
+                cur.fetchall()
+        except pymysql.MySQLError as exc:
+            code = exc.args[0] if exc.args else None
+            if code == _NO_SUCH_TABLE:
+                continue
+            why = f"the server answered {code}: {exc.args[1] if len(exc.args) > 1 else exc}"
+        else:
+            why = "it exists but the re-snapshot did not read it"
+        msg = (
+            f"source {source.name}: the log holds table {database}.{name} but the resync cannot tell whether it "
+            f"was dropped ({why}); grant the capture user SELECT on it, or drop it from the source's tables, "
+            f"then run 'headwater capture {source.name}' again (the resync stays requested)"
+        )
+        raise SnapshotError(msg)
+
+
 def append_vanished_key_deletes(
     appender: Appender,
     resume: ResumePoint,
@@ -61,13 +134,16 @@ def append_vanished_key_deletes(
     point: StreamState,
     *,
     ends: Mapping[str, Mapping[int, int]],
+    gone: Iterable[str] = (),
     batch_records: int,
 ) -> int:
     """Append deletes (+ tombstones) at ``point`` for keys the log holds live but the re-snapshot did not read.
 
     ``keys`` holds the re-snapshot's keys per table topic (every table it read, empty ones
     too); ``ends`` the topics' end offsets before it appended anything (its own records are
-    present keys' reads, so they are not read again). Returns how many keys were deleted.
+    present keys' reads, so they are not read again); ``gone`` the topics of tables gone at the
+    point (:func:`register_gone_tables`): one that holds a keyless table's rows also gets a
+    truncate. Returns how many events were written.
     """
     appender.flush(resume, None)  # every row of the re-snapshot first
     commit = point.position.sequence()
@@ -97,4 +173,39 @@ def append_vanished_key_deletes(
                 topic,
                 deleted,
             )
+    for topic in gone:
+        # A keyless table's rows have no key to delete them by: a truncate after its deletes empties it.
+        keyless = _keyless_event(appender.log, topic, ends.get(topic, {}))
+        if keyless is not None:
+            value = builder.vanished_truncate(
+                keyless,
+                commit=commit,
+                index=first_index,
+                ts_us=ts_us,
+                file=point.position.file,
+                pos=point.position.offset,
+            )
+            appender.records.append(OutRecord(topic, None, value, commit, first_index))
+            appender.flush(resume, None)
+            first_index += 1
+            total += 1
+            logger.warning(
+                "source %s: %s: its table is gone and had no key; a truncate empties it", builder.source, topic
+            )
     return total
+
+
+def _keyless_event(log: Log, topic: str, end: Mapping[int, int]) -> dict[str, Any] | None:
+    """The first keyless row event ``topic`` holds before ``end`` (a keyless table's), or None."""
+    for partition, stop in end.items():
+        offset = log.beginning_offset(topic, partition)
+        while offset < stop and (records := log.read(topic, partition, offset)):
+            for record in records:
+                if record.offset >= stop:
+                    return None
+                if record.key is None and record.value is not None:
+                    event = orjson.loads(record.value)
+                    if event.get("op") != Op.TRUNCATE and event.get("source"):
+                        return dict(event)
+            offset = records[-1].offset + 1
+    return None

@@ -112,6 +112,8 @@ class Snapshot:
             # Listed inside the snapshot's transaction: a table created before its point is listed
             # (its rows are read), one created after it is streamed from its CREATE on.
             pending = [t for t in self._tables(conn) if t not in state["done"]]
+            if keys is not None:
+                pending = self._resync_tables(conn, pending)
             if state["stream_from"] is None:
                 state["stream_from"] = _json(point)
                 self._save(state)
@@ -148,6 +150,34 @@ class Snapshot:
             )
             raise SnapshotError(msg)
         return highest.txn_index + 1
+
+    def _resync_tables(self, conn: Any, tables: list[str]) -> list[str]:
+        """The tables a resync reads: those that exist (a listed one gone has no rows); refuses a keyless one.
+
+        Checked before anything is appended. A keyless table's events have no key, so the
+        rows deleted while the binlog was not read cannot be told apart: re-reading it would
+        leave them live in the log (and add every row again), so the resync refuses instead.
+        """
+        present = []
+        with conn.cursor(pymysql.cursors.Cursor) as cur:
+            for table in tables:
+                database, _, name = table.partition(".")
+                cur.execute(
+                    "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+                    (database, name),
+                )
+                if not cur.fetchall():
+                    continue  # dropped or renamed away: register_gone_tables deletes what its topic holds
+                if not self.builder.plan_of(describe(cur, database, name)).key:
+                    msg = (
+                        f"source {self.source.name}: table {table} has no primary key and no configured key, so a "
+                        "resync cannot tell which of its rows were deleted while the binlog was not read; give it "
+                        f"a primary key or set sources.{self.source.name}.keys: {{{table}: [column, ...]}} in the "
+                        f"config, then run 'headwater capture {self.source.name}' again (the resync stays requested)"
+                    )
+                    raise SnapshotError(msg)
+                present.append(table)
+        return present
 
     def _tables(self, conn: Any) -> list[str]:
         """The configured tables, then every table of the databases captured whole (by name)."""

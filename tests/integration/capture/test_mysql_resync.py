@@ -285,3 +285,145 @@ def test_a_first_snapshot_writes_no_deletes(server, tmp_path: Path) -> None:
             path.unlink()
     capture_in_process(server, db, home, source)
     assert reconciling_deletes(table_events(home, f"{source}.{db}.t")) == []
+
+
+def purged_gap_then_resync(server: Any, config: Path, name: str, password: str, db: str, *changes: str) -> None:
+    """Capture stopped: ``changes`` in ``db``, the binlog purged, ``source resync``, capture."""
+    execute(server, db, *changes)
+    purge_binlogs(server)
+    failed = headwater(config, "capture", name, "--until-caught-up", password=password, ok=False)
+    assert failed.returncode != 0 and f"headwater source resync {name}" in failed.stderr, failed.stderr
+    headwater(config, "source", "resync", name, "--yes", password=password)
+
+
+def registered(server: Any, tmp_path: Path, name: str, db: str, *scope: str) -> tuple[Path, str, Path]:
+    """A project with source ``name`` (``scope``: ``--tables ...`` or ``--schemas ...``), captured once."""
+    init_project(tmp_path)
+    config = tmp_path / "headwater.yaml"
+    dsn = f"mysql://{server.admin}:${{{PASSWORD_VAR}}}@{server.host}:{server.port}/{db}"
+    password = server.password
+    headwater(config, "source", "add", name, "--kind", "mysql", "--dsn", dsn, *scope, "--yes", password=password)
+    headwater(config, "capture", name, "--until-caught-up", password=password)
+    return config, password, load_config(config, strict_env=False).home_dir
+
+
+@pytest.mark.parametrize("scope", ["tables", "schemas"])
+def test_resync_deletes_the_rows_of_a_table_dropped_meanwhile(server, tmp_path: Path, scope: str) -> None:
+    """A captured table dropped (or renamed away) while the binlog was gone holds no rows: its keys are deleted."""
+    db, name = f"dropped_{scope}", f"d{scope[0]}"
+    create(server, db, 40)
+    execute(
+        server,
+        db,
+        "CREATE TABLE g (id INT PRIMARY KEY, v VARCHAR(40))",
+        "INSERT INTO g SELECT seq, 'g' FROM seq_1_to_7",
+    )
+    execute(server, db, "CREATE TABLE h (id INT, v VARCHAR(40))", "INSERT INTO h SELECT seq, 'h' FROM seq_1_to_3")
+    listed = ("--tables", f"{db}.t,{db}.e,{db}.g,{db}.h") if scope == "tables" else ("--schemas", db)
+    config, password, home = registered(server, tmp_path, name, db, *listed)
+    execute(server, db, "DELETE FROM g WHERE id = 7")  # streamed: the log holds it deleted already
+    headwater(config, "capture", name, "--until-caught-up", password=password)
+    renamed = ["RENAME TABLE e TO e_new"] if scope == "schemas" else []
+    purged_gap_then_resync(
+        server, config, name, password, db, "DROP TABLE g", "DROP TABLE h", *renamed, "DELETE FROM t WHERE id <= 3"
+    )
+    headwater(config, "capture", name, "--until-caught-up", password=password)
+    execute(server, db, "INSERT INTO t VALUES (1, 'after resync')")
+    headwater(config, "capture", name, "--until-caught-up", password=password)
+
+    assert live_state(table_events(home, f"{name}.{db}.t"), "id") == source_rows(server, db, "t")
+    gone = table_events(home, f"{name}.{db}.g")
+    assert live_state(gone, "id") == {}, "the dropped table's rows are live in the log"
+    assert Counter(e["before"]["id"] for e in reconciling_deletes(gone)) == Counter(range(1, 7))
+    # The keyless table's rows have no key to delete: a truncate after all of them empties it.
+    keyless = [e for _, _, e in table_events(home, f"{name}.{db}.h") if e is not None]
+    last = max(keyless, key=sequence)
+    assert last["op"] == "t" and last["source"]["snapshot"] == "true" and len(keyless) == 4, keyless
+    if scope == "schemas":
+        assert live_state(table_events(home, f"{name}.{db}.e"), "k") == {}, "the renamed-away name is live"
+        KEYS["e_new"] = "k"
+        try:
+            assert live_state(table_events(home, f"{name}.{db}.e_new"), "k") == source_rows(server, db, "e_new")
+        finally:
+            del KEYS["e_new"]
+    else:
+        assert live_state(table_events(home, f"{name}.{db}.e"), "k") == source_rows(server, db, "e")
+
+
+def test_resync_refuses_a_keyless_table(server, tmp_path: Path) -> None:
+    """A keyless table's deleted rows cannot be found: the resync refuses in one line, appending nothing."""
+    db, name = "keyless", "nk"
+    create(server, db, 20)
+    execute(server, db, "CREATE TABLE n (id INT, v VARCHAR(40))", "INSERT INTO n SELECT seq, 'n' FROM seq_1_to_5")
+    config, password, home = registered(server, tmp_path, name, db, "--tables", f"{db}.t,{db}.n")
+    purged_gap_then_resync(server, config, name, password, db, "DELETE FROM n WHERE id <= 2")
+    before = {t: table_events(home, f"{name}.{db}.{t}") for t in ("t", "n")}
+    refused = headwater(config, "capture", name, "--until-caught-up", password=password, ok=False)
+    lines = [line for line in refused.stderr.splitlines() if "no primary key" in line]
+    assert refused.returncode != 0 and len(lines) == 1, refused.stderr
+    assert f"table {db}.n has no primary key and no configured key" in lines[0]
+    assert f"sources.{name}.keys" in lines[0] and f"'headwater capture {name}' again" in lines[0]
+    assert {t: table_events(home, f"{name}.{db}.{t}") for t in ("t", "n")} == before, "the refusal appended"
+    assert (home / "capture" / name / REQUEST_FILE).exists(), "the resync is no longer requested"
+
+    # With a configured key the resync proceeds: the keyed table converges.
+    text = config.read_text()
+    config.write_text(text.replace("snapshot: initial", f"keys: {{{db}.n: [id]}}\n    snapshot: initial", 1))
+    headwater(config, "capture", name, "--until-caught-up", password=password)
+    assert live_state(table_events(home, f"{name}.{db}.t"), "id") == source_rows(server, db, "t")
+    assert not (home / "capture" / name / REQUEST_FILE).exists()
+
+
+def test_resync_refuses_a_table_hidden_from_the_capture_user(server, tmp_path: Path) -> None:
+    """A table the capture user lost SELECT on looks dropped in information_schema: refused, no row deleted."""
+    db, name, user, password = "hidden", "hd", "hw_hidden", "hidden-pw"
+    create(server, db, 20)
+    execute(
+        server,
+        db,
+        "CREATE TABLE g (id INT PRIMARY KEY, v VARCHAR(40))",
+        "INSERT INTO g SELECT seq, 'g' FROM seq_1_to_6",
+    )
+    execute(
+        server,
+        "",
+        f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'",
+        f"GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO '{user}'@'127.0.0.1'",
+        *(f"GRANT SELECT ON `{db}`.`{table}` TO '{user}'@'127.0.0.1'" for table in ("t", "e", "g")),
+    )
+    init_project(tmp_path)
+    config = tmp_path / "headwater.yaml"
+    dsn = f"mysql://{user}:${{{PASSWORD_VAR}}}@{server.host}:{server.port}/{db}"
+    headwater(
+        config,
+        "source",
+        "add",
+        name,
+        "--kind",
+        "mysql",
+        "--dsn",
+        dsn,
+        "--tables",
+        f"{db}.t,{db}.e,{db}.g",
+        "--yes",
+        password=password,
+    )
+    headwater(config, "capture", name, "--until-caught-up", password=password)
+    home = load_config(config, strict_env=False).home_dir
+    execute(server, "", f"REVOKE SELECT ON `{db}`.`g` FROM '{user}'@'127.0.0.1'")
+    purged_gap_then_resync(server, config, name, password, db, "DELETE FROM t WHERE id <= 3")
+    refused = headwater(config, "capture", name, "--until-caught-up", password=password, ok=False)
+    lines = [line for line in refused.stderr.splitlines() if "cannot tell whether it was dropped" in line]
+    assert refused.returncode != 0 and len(lines) == 1, refused.stderr
+    assert f"table {db}.g" in lines[0] and "grant the capture user SELECT" in lines[0], lines[0]
+    assert password not in refused.stderr
+    gone = table_events(home, f"{name}.{db}.g")
+    assert reconciling_deletes(gone) == [] and len(live_state(gone, "id")) == 6, "a hidden table's rows were deleted"
+    assert (home / "capture" / name / REQUEST_FILE).exists(), "the resync is no longer requested"
+
+    # The privilege back, the resync completes and every table equals the source.
+    execute(server, "", f"GRANT SELECT ON `{db}`.`g` TO '{user}'@'127.0.0.1'")
+    headwater(config, "capture", name, "--until-caught-up", password=password)
+    assert live_state(table_events(home, f"{name}.{db}.t"), "id") == source_rows(server, db, "t")
+    assert set(live_state(table_events(home, f"{name}.{db}.g"), "id")) == set(range(1, 7))  # g was not changed
+    assert not (home / "capture" / name / REQUEST_FILE).exists()
