@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from log.columns import ColumnarReads
 from log.envelope import Op
 from log.position import Position
 from log.reading import read_range_columns
+from log.topics import is_quarantine_topic, table_topic
 
 REQUEST_FILE = "resync.json"
 #: ``txn_index`` of the first reconciling delete: above every snapshot row's index
@@ -161,6 +162,44 @@ def vanished_key_deletes(
             index += 1
     finally:
         candidates.close()
+
+
+def unread_captured_topics(
+    source: str, tables: Iterable[str], namespaces: Iterable[str], topics: Iterable[str], read: Iterable[str]
+) -> list[str]:
+    """The topics in ``topics`` of tables the source captures that the re-snapshot did not read (``read``).
+
+    Captured: listed in ``tables`` (``namespace.table``) or in a namespace of ``namespaces``.
+    Each is a candidate for a table gone at the re-snapshot's point, which the kind confirms
+    before deleting its keys. Topics of tables no longer captured are left alone: the source
+    says nothing about them.
+    """
+    listed = {table_topic(source, *table.split(".", 1)) for table in tables if "." in table}
+    prefixes = tuple(table_topic(source, namespace, "") for namespace in namespaces)
+    done = set(read)
+    return [
+        topic
+        for topic in topics
+        if topic not in done
+        and not is_quarantine_topic(topic)
+        and (topic in listed or (prefixes and topic.startswith(prefixes)))
+    ]
+
+
+def keyless_event(log: Log, topic: str, end: Mapping[int, int]) -> dict[str, Any] | None:
+    """The first keyless row event ``topic`` holds before ``end`` (a keyless table's), or None."""
+    for partition, stop in end.items():
+        offset = log.beginning_offset(topic, partition)
+        while offset < stop and (records := log.read(topic, partition, offset)):
+            for record in records:
+                if record.offset >= stop:
+                    return None
+                if record.key is None and record.value is not None:
+                    event = orjson.loads(record.value)
+                    if event.get("op") != Op.TRUNCATE and event.get("source"):
+                        return dict(event)
+            offset = records[-1].offset + 1
+    return None
 
 
 def append_deletes(

@@ -36,7 +36,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pymysql
 
 from capture.appender import Appender
@@ -48,10 +47,14 @@ from capture.mysql.snapshot import SNAPSHOT_FILE, SnapshotError
 from capture.mysql.state import STATE_FILE, StreamState
 from capture.position import ResumePoint
 from capture.records import OutRecord
-from capture.resync import DELETE_INDEX_BASE, ResyncRequest, append_deletes, vanished_key_deletes
-from log.base import Log
-from log.envelope import Op
-from log.topics import is_quarantine_topic, table_topic
+from capture.resync import (
+    DELETE_INDEX_BASE,
+    ResyncRequest,
+    append_deletes,
+    keyless_event,
+    unread_captured_topics,
+    vanished_key_deletes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,23 +71,11 @@ def request_resync(state_dir: Path, reason: str, lost_from: BinlogPosition | Non
 def register_gone_tables(source: MySqlSource, topics: Iterable[str], keys: KeySet) -> list[str]:
     """Register in ``keys``, with no keys, every captured table's topic the re-snapshot did not read; returns them.
 
-    A table the source captures (listed in ``tables``, or in a database of ``databases``)
-    whose topic the log holds but which did not exist at the re-snapshot's point was
-    dropped or renamed away while the binlog was not read: the source holds none of its
-    rows, so every key its topic holds live is deleted (a renamed table's rows are read
-    under its new name, as a table captured whole). Topics of tables no longer captured
-    are left alone: the source says nothing about them.
+    A captured table not there at the re-snapshot's point was dropped or renamed away while
+    the binlog was not read (a renamed table's rows are read under its new name, as a table
+    captured whole); :func:`confirm_gone` checks it.
     """
-    listed = {table_topic(source.name, *table.split(".", 1)) for table in source.tables if "." in table}
-    prefixes = tuple(table_topic(source.name, database, "") for database in source.databases)
-    read = set(keys.topics())
-    gone = [
-        topic
-        for topic in topics
-        if topic not in read
-        and not is_quarantine_topic(topic)
-        and (topic in listed or (prefixes and topic.startswith(prefixes)))
-    ]
+    gone = unread_captured_topics(source.name, source.tables, source.databases, topics, keys.topics())
     for topic in gone:
         keys.add(topic, ())
     return gone
@@ -175,7 +166,7 @@ def append_vanished_key_deletes(
             )
     for topic in gone:
         # A keyless table's rows have no key to delete them by: a truncate after its deletes empties it.
-        keyless = _keyless_event(appender.log, topic, ends.get(topic, {}))
+        keyless = keyless_event(appender.log, topic, ends.get(topic, {}))
         if keyless is not None:
             value = builder.vanished_truncate(
                 keyless,
@@ -193,19 +184,3 @@ def append_vanished_key_deletes(
                 "source %s: %s: its table is gone and had no key; a truncate empties it", builder.source, topic
             )
     return total
-
-
-def _keyless_event(log: Log, topic: str, end: Mapping[int, int]) -> dict[str, Any] | None:
-    """The first keyless row event ``topic`` holds before ``end`` (a keyless table's), or None."""
-    for partition, stop in end.items():
-        offset = log.beginning_offset(topic, partition)
-        while offset < stop and (records := log.read(topic, partition, offset)):
-            for record in records:
-                if record.offset >= stop:
-                    return None
-                if record.key is None and record.value is not None:
-                    event = orjson.loads(record.value)
-                    if event.get("op") != Op.TRUNCATE and event.get("source"):
-                        return dict(event)
-            offset = records[-1].offset + 1
-    return None

@@ -133,6 +133,7 @@ class CaptureAgent:
             progress=progress,
             table_order=parse_tables(source.tables or ()),
             filters=source.filters,
+            captured=(source.tables or (), source.schemas or ()),
         )
         self._slot_policy = SlotPolicy(
             name, source, self.slot, self._dsn, state_dir, snapshot=snapshot, stats=self.stats

@@ -52,10 +52,17 @@ from capture.postgres.snapshot.copy_reader import read_chunk
 from capture.postgres.snapshot.copy_text import CopyRows
 from capture.postgres.snapshot.pipeline import ChunkReaders, SnapshotPipeline
 from capture.postgres.snapshot.plan import Chunk, SnapshotState, plan_chunks
-from capture.postgres.snapshot.resync import snapshot_keys, vanished_key_deletes
+from capture.postgres.snapshot.resync import (
+    gone_tables,
+    refuse_keyless,
+    snapshot_keys,
+    vanished_key_deletes,
+    vanished_truncate,
+)
 from capture.postgres.streaming.connection import pinned_options
 from capture.read_ahead import ReadAhead
-from capture.resync import DELETE_INDEX_BASE, append_deletes
+from capture.records import OutRecord
+from capture.resync import DELETE_INDEX_BASE, append_deletes, keyless_event, unread_captured_topics
 from capture.source_kind import SnapshotProgress
 from capture.tuples import TupleData
 from log.encoded_batches import AppendsEncodedBatches
@@ -85,8 +92,11 @@ class SnapshotReader:
         progress: SnapshotProgress | None,
         table_order: tuple[TableName, ...] = (),
         filters: Mapping[str, str] | None = None,
+        captured: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
     ) -> None:
         self._source = source
+        # The configured tables (schema.table) and schemas: a resync deletes the rows of those gone.
+        self._captured = captured
         self._table_order = {table: position for position, table in enumerate(table_order)}
         self._filters = dict(filters or {})  # row filters by schema.table (capture.postgres.registration.row_filters)
         self._dsn = dsn
@@ -121,11 +131,15 @@ class SnapshotReader:
             if exported is not None:
                 reader.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(exported)))
             plan, total_rows = self._plan(reader, builder)
+            # Checked before anything is appended: a refusal leaves the log and the request as they are.
+            gone = self._resync_tables(reader, builder, plan, present) if present is not None else []
             if self._progress:
                 self._progress.start(total_rows)
             consistent = state.consistent_lsn or 0
             # Per topic, where the re-snapshot's records start: the reconcile reads only what is before.
             starts = self._starts(plan, builder) if present is not None else {}
+            for topic in gone:
+                starts[topic] = self._appender.topics.end_offsets(topic)
             # Natively encoded batches need the file log.
             if speedups is not None and isinstance(self._log, AppendsEncodedBatches):
                 pipeline = SnapshotPipeline(self._appender, builder, resume, self._progress)
@@ -133,7 +147,7 @@ class SnapshotReader:
             if pipeline is not None:
                 pipeline.drain()
             if present is not None:
-                self._reconcile(builder, resume, plan, present=present, starts=starts, consistent=consistent)
+                self._reconcile(builder, resume, plan, present=present, starts=starts, consistent=consistent, gone=gone)
             self._appender.flush(resume, None)
             reader.rollback()
         finally:
@@ -167,6 +181,27 @@ class SnapshotReader:
             estimate = reader.execute("SELECT reltuples FROM pg_class WHERE oid = %s", (relation.oid,)).fetchone()
             total_rows += max(int(estimate[0]) if estimate else 0, 0)
         return plan, total_rows
+
+    def _resync_tables(
+        self, reader: psycopg.Connection[Any], builder: EventBuilder, plan: _Plan, present: KeySet
+    ) -> list[str]:
+        """The topics of captured tables gone at the snapshot (registered in ``present``); refuses keyless tables.
+
+        A keyless table's events have no key, so the rows deleted while the slot was gone
+        cannot be told apart: re-reading it would leave them live in the log. A captured
+        table the log holds but the publication no longer lists is gone only if the
+        snapshot's catalog does not have it (:func:`gone_tables`); one it has is left alone.
+        """
+        for oid, relation, _chunks in plan:
+            if not builder.relations.tables[oid].key_names:
+                refuse_keyless(self._source, f"{relation.namespace}.{relation.name}")
+            present.add(builder.topic_of(oid), ())
+        tables, schemas = self._captured
+        unread = unread_captured_topics(self._source, tables, schemas, self._log.list_topics(), present.topics())
+        gone = gone_tables(reader, self._source, unread)
+        for topic in gone:
+            present.add(topic, ())
+        return gone
 
     def _starts(self, plan: _Plan, builder: EventBuilder) -> dict[str, dict[int, int]]:
         # Before anything is appended: a resync's reconcile reads each topic before these offsets
@@ -297,8 +332,13 @@ class SnapshotReader:
         present: KeySet,
         starts: dict[str, dict[int, int]],
         consistent: int,
+        gone: list[str],
     ) -> None:
-        """Deletes (+ tombstones) for keys the log holds live but the re-snapshot did not find."""
+        """Deletes (+ tombstones) for keys the log holds live but the re-snapshot did not find.
+
+        A table in ``gone`` has no rows: every key its topic holds live is deleted, and one
+        that holds keyless rows gets a truncate after them.
+        """
         self._appender.flush(resume, None)
         quarantined: set[str] = set()
         for oid, _relation, _chunks in plan:
@@ -339,6 +379,18 @@ class SnapshotReader:
                     topic,
                     deleted,
                 )
+        for topic in gone:
+            keyless = keyless_event(self._log, topic, starts[topic])
+            if keyless is None:
+                continue
+            value = vanished_truncate(keyless, commit_lsn=consistent, index=first_index, ts_us=ts_us)
+            self._appender.records.append(OutRecord(topic, None, value, consistent, first_index))
+            self._appender.flush(resume, None)
+            first_index += 1
+            self._stats.events += 1
+            logger.warning(
+                "source %s: %s: its table is gone and had no key; a truncate empties it", self._source, topic
+            )
 
 
 class MarkedRows:

@@ -34,13 +34,19 @@ the new snapshot covers everything before it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from capture import resync as reconcile
-from capture.errors import CancelledError, PublicationError, SlotError, UnknownSourceError
+from capture.errors import (
+    CancelledError,
+    PrerequisiteError,
+    PublicationError,
+    SlotError,
+    UnknownSourceError,
+)
 from capture.key_set import KeySet
 from capture.postgres.events.source_block import postgres_source
 from capture.postgres.registration import publication as pub
@@ -104,24 +110,73 @@ def vanished_key_deletes(
     """
 
     def delete_value(event: dict[str, Any], index: int) -> bytes:
-        old = event["source"]
-        source = postgres_source(
-            name=old["name"],
-            db=old["db"],
-            schema=old["schema"],
-            table=old["table"],
-            tx_id=None,
-            lsn=commit_lsn,
-            commit_lsn=commit_lsn,
-            txn_index=index,
-            ts_us=ts_us,
-            snapshot=marker,
-        )
-        return encode_value(ChangeEvent(op=Op.DELETE, source=source, before=event.get("after"), ts_us=ts_us))
+        return _reconciling_event(Op.DELETE, event, commit_lsn=commit_lsn, index=index, ts_us=ts_us, marker=marker)
 
     return reconcile.vanished_key_deletes(
         log, topic, present, delete_value, commit_lsn=commit_lsn, first_index=first_index, end=end
     )
+
+
+def vanished_truncate(
+    event: dict[str, Any], *, commit_lsn: int, index: int, ts_us: int, marker: SnapshotMarker = SnapshotMarker.TRUE
+) -> bytes:
+    """A resync's truncate (keyless) of the table of ``event``, found gone at the re-snapshot's point."""
+    return _reconciling_event(Op.TRUNCATE, event, commit_lsn=commit_lsn, index=index, ts_us=ts_us, marker=marker)
+
+
+def _reconciling_event(
+    op: Op, event: dict[str, Any], *, commit_lsn: int, index: int, ts_us: int, marker: SnapshotMarker
+) -> bytes:
+    """A delete (``before``: the last event's ``after``) or truncate of the last event's table at the point."""
+    old = event["source"]
+    source = postgres_source(
+        name=old["name"],
+        db=old["db"],
+        schema=old["schema"],
+        table=old["table"],
+        tx_id=None,
+        lsn=commit_lsn,
+        commit_lsn=commit_lsn,
+        txn_index=index,
+        ts_us=ts_us,
+        snapshot=marker,
+    )
+    before = event.get("after") if op == Op.DELETE else None
+    return encode_value(ChangeEvent(op=op, source=source, before=before, ts_us=ts_us))
+
+
+def gone_tables(conn: Any, source: str, unread: Iterable[str]) -> list[str]:
+    """The topics in ``unread`` whose table does not exist in the snapshot's catalog.
+
+    ``conn`` is in the re-snapshot's transaction, so ``pg_class`` is read as of its point,
+    and the catalog lists every table whatever the capture user may read: only a table that
+    is not there counts as dropped. One that exists was taken out of the publication on
+    purpose (a published table the capture user cannot read fails the snapshot instead), so
+    its topic is left alone.
+    """
+    prefix = f"{source}."
+    gone = []
+    for topic in unread:
+        schema, _, table = topic.removeprefix(prefix).partition(".")
+        found = conn.execute(
+            "SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s",
+            (schema, table),
+        ).fetchone()
+        if found is None:
+            gone.append(topic)
+    return gone
+
+
+def refuse_keyless(source: str, table: str) -> None:
+    """Refuse a resync of a keyless table in one line: its rows deleted meanwhile cannot be found."""
+    msg = (
+        f"source {source}: table {table} has no primary key and no configured key, so a resync cannot tell which "
+        f"of its rows were deleted while the slot was gone; give it a primary key or set "
+        f"sources.{source}.keys: {{{table}: [column, ...]}} in the config, then run "
+        f"'headwater capture {source}' again (the resync stays requested)"
+    )
+    raise PrerequisiteError(msg, source=source)
 
 
 # -- the command's library side -----------------------------------------------------------------
