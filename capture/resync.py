@@ -186,6 +186,40 @@ def unread_captured_topics(
     ]
 
 
+def keyless_refusal(source: str, table: str, gap: str) -> str:
+    """The one line refusing a resync of a keyless table that still exists; ``gap`` says what was not read.
+
+    A keyless table's events have no key, so the rows deleted during the gap cannot be told
+    apart: re-reading it would leave them live in the log (and add every row again).
+    """
+    return (
+        f"source {source}: table {table} has no primary key and no configured key, so a resync cannot tell which "
+        f"of its rows were deleted while {gap}; give it a primary key or set "
+        f"sources.{source}.keys: {{{table}: [column, ...]}} in the config, then run "
+        f"'headwater capture {source}' again (the resync stays requested)"
+    )
+
+
+def topic_table(log: Log, topic: str, namespace_field: str) -> tuple[str, str] | None:
+    """The ``(namespace, table)`` a table topic's row events name, or None when it holds none.
+
+    A topic's name is made Kafka-safe (:func:`log.topics.table_topic`), so the table's own
+    names are taken from an event's ``source`` block (``namespace_field``: PostgreSQL's
+    ``schema``, MySQL's ``db``). A topic with no row event holds no live key either.
+    """
+    for partition in range(log.describe_topic(topic).partitions):
+        offset, stop = log.beginning_offset(topic, partition), log.end_offset(topic, partition)
+        while offset < stop and (records := log.read(topic, partition, offset)):
+            for record in records:
+                if record.value is None:
+                    continue
+                source = orjson.loads(record.value).get("source") or {}
+                if namespace_field in source and "table" in source:
+                    return str(source[namespace_field]), str(source["table"])
+            offset = records[-1].offset + 1
+    return None
+
+
 def keyless_event(log: Log, topic: str, end: Mapping[int, int]) -> dict[str, Any] | None:
     """The first keyless row event ``topic`` holds before ``end`` (a keyless table's), or None."""
     for partition, stop in end.items():

@@ -247,7 +247,7 @@ class MySqlAgent:
             gone = register_gone_tables(self.source, ends, keys)
             if gone:  # before any delete: a table hidden from the capture user is not a dropped one
                 with self.source.address.connect() as conn:
-                    confirm_gone(conn, self.source, gone)
+                    confirm_gone(conn, self.source, appender.log, gone)
             for topic in gone:
                 logger.warning(
                     "source %s: %s: its table does not exist at the resync's binlog point (dropped or renamed "

@@ -52,9 +52,11 @@ from capture.resync import (
     ResyncRequest,
     append_deletes,
     keyless_event,
+    topic_table,
     unread_captured_topics,
     vanished_key_deletes,
 )
+from log.base import Log
 
 logger = logging.getLogger(__name__)
 
@@ -85,19 +87,22 @@ def register_gone_tables(source: MySqlSource, topics: Iterable[str], keys: KeySe
 _NO_SUCH_TABLE = 1146
 
 
-def confirm_gone(conn: Any, source: MySqlSource, gone: Iterable[str]) -> None:
+def confirm_gone(conn: Any, source: MySqlSource, log: Log, gone: Iterable[str]) -> None:
     """Refuse in one line unless the table of every topic in ``gone`` really does not exist.
 
     ``information_schema`` lists only the tables the capture user may see, so a table it lost
     its privileges on looks dropped there; deleting its rows would be silently wrong. A
     ``SELECT`` of no rows tells them apart: the server answers ``ER_NO_SUCH_TABLE`` only for a
     table that is not there (a missing privilege is ``ER_TABLEACCESS_DENIED`` or
-    ``ER_DBACCESS_DENIED``, whether the table exists or not).
+    ``ER_DBACCESS_DENIED``, whether the table exists or not). The table's names are its
+    events' (:func:`capture.resync.topic_table`); a topic with none holds no live key.
     """
-    prefix = f"{source.name}."
     for topic in gone:
-        database, _, name = topic.removeprefix(prefix).partition(".")
-        quoted = ".".join("`" + part.replace("`", "``") + "`" for part in (database, name))
+        names = topic_table(log, topic, "db")
+        if names is None:
+            continue
+        database, name = names
+        quoted = ".".join("`" + part.replace("`", "``") + "`" for part in names)
         try:
             with conn.cursor() as cur:
                 cur.execute(f"SELECT 1 FROM {quoted} LIMIT 0")

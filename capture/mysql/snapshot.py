@@ -45,6 +45,7 @@ from capture.mysql.types.text_values import Converter, text_converter
 from capture.mysql.types.values import TypeModes
 from capture.position import ResumePoint
 from capture.records import SchemaRecord
+from capture.resync import keyless_refusal
 from core.durable_files import replace_json
 from core.errors import PermanentError
 from log.envelope import SnapshotMarker
@@ -154,9 +155,7 @@ class Snapshot:
     def _resync_tables(self, conn: Any, tables: list[str]) -> list[str]:
         """The tables a resync reads: those that exist (a listed one gone has no rows); refuses a keyless one.
 
-        Checked before anything is appended. A keyless table's events have no key, so the
-        rows deleted while the binlog was not read cannot be told apart: re-reading it would
-        leave them live in the log (and add every row again), so the resync refuses instead.
+        Checked before anything is appended (:func:`capture.resync.keyless_refusal` says why).
         """
         present = []
         with conn.cursor(pymysql.cursors.Cursor) as cur:
@@ -169,12 +168,7 @@ class Snapshot:
                 if not cur.fetchall():
                     continue  # dropped or renamed away: register_gone_tables deletes what its topic holds
                 if not self.builder.plan_of(describe(cur, database, name)).key:
-                    msg = (
-                        f"source {self.source.name}: table {table} has no primary key and no configured key, so a "
-                        "resync cannot tell which of its rows were deleted while the binlog was not read; give it "
-                        f"a primary key or set sources.{self.source.name}.keys: {{{table}: [column, ...]}} in the "
-                        f"config, then run 'headwater capture {self.source.name}' again (the resync stays requested)"
-                    )
+                    msg = keyless_refusal(self.source.name, table, "the binlog was not read")
                     raise SnapshotError(msg)
                 present.append(table)
         return present

@@ -198,7 +198,7 @@ class SnapshotReader:
             present.add(builder.topic_of(oid), ())
         tables, schemas = self._captured
         unread = unread_captured_topics(self._source, tables, schemas, self._log.list_topics(), present.topics())
-        gone = gone_tables(reader, self._source, unread)
+        gone = gone_tables(reader, self._log, unread)
         for topic in gone:
             present.add(topic, ())
         return gone

@@ -145,23 +145,24 @@ def _reconciling_event(
     return encode_value(ChangeEvent(op=op, source=source, before=before, ts_us=ts_us))
 
 
-def gone_tables(conn: Any, source: str, unread: Iterable[str]) -> list[str]:
+def gone_tables(conn: Any, log: Log, unread: Iterable[str]) -> list[str]:
     """The topics in ``unread`` whose table does not exist in the snapshot's catalog.
 
     ``conn`` is in the re-snapshot's transaction, so ``pg_class`` is read as of its point,
     and the catalog lists every table whatever the capture user may read: only a table that
     is not there counts as dropped. One that exists was taken out of the publication on
     purpose (a published table the capture user cannot read fails the snapshot instead), so
-    its topic is left alone.
+    its topic is left alone. The table's names are its events' (:func:`capture.resync.topic_table`).
     """
-    prefix = f"{source}."
     gone = []
     for topic in unread:
-        schema, _, table = topic.removeprefix(prefix).partition(".")
+        names = reconcile.topic_table(log, topic, "schema")
+        if names is None:
+            continue  # no row event, so no live key to delete
         found = conn.execute(
             "SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = %s AND c.relname = %s",
-            (schema, table),
+            names,
         ).fetchone()
         if found is None:
             gone.append(topic)
@@ -169,14 +170,8 @@ def gone_tables(conn: Any, source: str, unread: Iterable[str]) -> list[str]:
 
 
 def refuse_keyless(source: str, table: str) -> None:
-    """Refuse a resync of a keyless table in one line: its rows deleted meanwhile cannot be found."""
-    msg = (
-        f"source {source}: table {table} has no primary key and no configured key, so a resync cannot tell which "
-        f"of its rows were deleted while the slot was gone; give it a primary key or set "
-        f"sources.{source}.keys: {{{table}: [column, ...]}} in the config, then run "
-        f"'headwater capture {source}' again (the resync stays requested)"
-    )
-    raise PrerequisiteError(msg, source=source)
+    """Refuse a resync of a keyless table in one line (:func:`capture.resync.keyless_refusal`)."""
+    raise PrerequisiteError(reconcile.keyless_refusal(source, table, "the slot was gone"), source=source)
 
 
 # -- the command's library side -----------------------------------------------------------------

@@ -36,6 +36,7 @@ from core.config import load_config
 from core.leases import lease
 from core.log_config import LogConfig
 from log.file.backend import FileLog
+from log.topics import table_topic
 from operations.scaffold import init_project
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -377,19 +378,21 @@ def test_resync_refuses_a_keyless_table(server, tmp_path: Path) -> None:
 def test_resync_refuses_a_table_hidden_from_the_capture_user(server, tmp_path: Path) -> None:
     """A table the capture user lost SELECT on looks dropped in information_schema: refused, no row deleted."""
     db, name, user, password = "hidden", "hd", "hw_hidden", "hidden-pw"
+    # Its topic is hd.hidden.g_1 (made Kafka-safe): the server is asked for the events' name, g$1.
+    g, g_topic = "g$1", table_topic(name, db, "g$1")
     create(server, db, 20)
     execute(
         server,
         db,
-        "CREATE TABLE g (id INT PRIMARY KEY, v VARCHAR(40))",
-        "INSERT INTO g SELECT seq, 'g' FROM seq_1_to_6",
+        "CREATE TABLE `g$1` (id INT PRIMARY KEY, v VARCHAR(40))",
+        "INSERT INTO `g$1` SELECT seq, 'g' FROM seq_1_to_6",
     )
     execute(
         server,
         "",
         f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'",
         f"GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO '{user}'@'127.0.0.1'",
-        *(f"GRANT SELECT ON `{db}`.`{table}` TO '{user}'@'127.0.0.1'" for table in ("t", "e", "g")),
+        *(f"GRANT SELECT ON `{db}`.`{table}` TO '{user}'@'127.0.0.1'" for table in ("t", "e", g)),
     )
     init_project(tmp_path)
     config = tmp_path / "headwater.yaml"
@@ -404,26 +407,26 @@ def test_resync_refuses_a_table_hidden_from_the_capture_user(server, tmp_path: P
         "--dsn",
         dsn,
         "--tables",
-        f"{db}.t,{db}.e,{db}.g",
+        f"{db}.t,{db}.e,{db}.{g}",
         "--yes",
         password=password,
     )
     headwater(config, "capture", name, "--until-caught-up", password=password)
     home = load_config(config, strict_env=False).home_dir
-    execute(server, "", f"REVOKE SELECT ON `{db}`.`g` FROM '{user}'@'127.0.0.1'")
+    execute(server, "", f"REVOKE SELECT ON `{db}`.`{g}` FROM '{user}'@'127.0.0.1'")
     purged_gap_then_resync(server, config, name, password, db, "DELETE FROM t WHERE id <= 3")
     refused = headwater(config, "capture", name, "--until-caught-up", password=password, ok=False)
     lines = [line for line in refused.stderr.splitlines() if "cannot tell whether it was dropped" in line]
     assert refused.returncode != 0 and len(lines) == 1, refused.stderr
-    assert f"table {db}.g" in lines[0] and "grant the capture user SELECT" in lines[0], lines[0]
+    assert f"table {db}.{g}" in lines[0] and "grant the capture user SELECT" in lines[0], lines[0]
     assert password not in refused.stderr
-    gone = table_events(home, f"{name}.{db}.g")
+    gone = table_events(home, g_topic)
     assert reconciling_deletes(gone) == [] and len(live_state(gone, "id")) == 6, "a hidden table's rows were deleted"
     assert (home / "capture" / name / REQUEST_FILE).exists(), "the resync is no longer requested"
 
     # The privilege back, the resync completes and every table equals the source.
-    execute(server, "", f"GRANT SELECT ON `{db}`.`g` TO '{user}'@'127.0.0.1'")
+    execute(server, "", f"GRANT SELECT ON `{db}`.`{g}` TO '{user}'@'127.0.0.1'")
     headwater(config, "capture", name, "--until-caught-up", password=password)
     assert live_state(table_events(home, f"{name}.{db}.t"), "id") == source_rows(server, db, "t")
-    assert set(live_state(table_events(home, f"{name}.{db}.g"), "id")) == set(range(1, 7))  # g was not changed
+    assert set(live_state(table_events(home, g_topic), "id")) == set(range(1, 7))  # g was not changed
     assert not (home / "capture" / name / REQUEST_FILE).exists()
