@@ -34,11 +34,13 @@ from capture.key_set import Candidates, KeySet, Latest, remove_key_set
 from capture.position import ResumePoint
 from capture.records import OutRecord
 from core.durable_files import replace_json
-from log.base import Log
+from log.base import Log, end_offsets
 from log.columns import ColumnarReads
 from log.envelope import Op
 from log.position import Position
 from log.reading import read_range_columns
+from log.sequence import Sequence
+from log.table_schemas import read_schema_records, schema_key
 from log.topics import is_quarantine_topic, table_topic
 
 REQUEST_FILE = "resync.json"
@@ -234,6 +236,40 @@ def keyless_event(log: Log, topic: str, end: Mapping[int, int]) -> dict[str, Any
                         return dict(event)
             offset = records[-1].offset + 1
     return None
+
+
+#: Builds a truncate's value from an event of the table (decoded) and the truncate's sequence.
+TruncateValue = Callable[[dict[str, Any], int, int], bytes]
+
+
+def rekeyed_truncates(
+    log: Log, topics: Iterable[str], highest: Sequence | None, truncate_value: TruncateValue
+) -> list[OutRecord]:
+    """Truncates for the ``topics`` (tables that have a key now) that hold a keyless row event.
+
+    A table captured without a key (before ``keys`` gave it one, say to let a refused resync
+    go on) has keyless events in its topic; deletes by key cannot remove those rows, so the
+    re-snapshot's rows must follow a truncate of the table. Each truncate sorts right after
+    everything in the log (``highest``, the highest sequence stored: index + 1, + 2, ...), so
+    before the re-snapshot's rows (at its point, after ``highest``; a kind whose rows may share
+    ``highest``'s point indexes them past these). Only topics whose schema history has a
+    keyless version are read, up to their first keyless row event.
+    """
+    if highest is None:
+        return []
+    histories = read_schema_records(log, list(topics))
+    records = []
+    index = highest.txn_index + 1
+    for topic, versions in histories.items():
+        if topic not in log.list_topics() or not any(schema_key(version) == () for version in versions):
+            continue
+        event = keyless_event(log, topic, end_offsets(log, topic))
+        if event is not None:
+            records.append(
+                OutRecord(topic, None, truncate_value(event, highest.commit_lsn, index), highest.commit_lsn, index)
+            )
+            index += 1
+    return records
 
 
 def append_deletes(

@@ -25,6 +25,7 @@ none of them is skipped as already held and the key set is that of the whole sna
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,10 +46,13 @@ from capture.mysql.types.text_values import Converter, text_converter
 from capture.mysql.types.values import TypeModes
 from capture.position import ResumePoint
 from capture.records import SchemaRecord
-from capture.resync import keyless_refusal
+from capture.resync import keyless_refusal, rekeyed_truncates
 from core.durable_files import replace_json
 from core.errors import PermanentError
 from log.envelope import SnapshotMarker
+from log.topics import table_topic
+
+logger = logging.getLogger(__name__)
 
 SNAPSHOT_FILE = "snapshot.json"
 #: PyMySQL's parameter encoders without its result decoders: values arrive as the server's text.
@@ -115,6 +119,8 @@ class Snapshot:
             pending = [t for t in self._tables(conn) if t not in state["done"]]
             if keys is not None:
                 pending = self._resync_tables(conn, pending)
+                if self._truncate_rekeyed(appender, resume, pending, point):
+                    first_index = self._past_the_log(point, resume)  # the rows after the truncates
             if state["stream_from"] is None:
                 state["stream_from"] = _json(point)
                 self._save(state)
@@ -172,6 +178,31 @@ class Snapshot:
                     raise SnapshotError(msg)
                 present.append(table)
         return present
+
+    def _truncate_rekeyed(self, appender: Appender, resume: ResumePoint, tables: list[str], point: StreamState) -> bool:
+        """Append a truncate for each of ``tables`` whose topic holds keyless events; whether any was.
+
+        Such a table had no key when those events were captured (:func:`capture.resync.rekeyed_truncates`).
+        """
+        ts_us = time.time_ns() // 1000
+        file, pos = point.position.file, point.position.offset
+
+        def value(event: dict[str, Any], commit: int, index: int) -> bytes:
+            return self.builder.vanished_truncate(event, commit=commit, index=index, ts_us=ts_us, file=file, pos=pos)
+
+        topics = [table_topic(self.source.name, *table.split(".", 1)) for table in tables]
+        truncates = rekeyed_truncates(appender.log, topics, resume.highest(), value)
+        for record in truncates:
+            logger.warning(
+                "source %s: %s: the log holds events of it from when it had no key, which deletes by key cannot "
+                "remove; a truncate before its re-snapshot empties it",
+                self.source.name,
+                record.topic,
+            )
+        if truncates:
+            appender.records.extend(truncates)
+            appender.flush(resume, None)
+        return bool(truncates)
 
     def _tables(self, conn: Any) -> list[str]:
         """The configured tables, then every table of the databases captured whole (by name)."""

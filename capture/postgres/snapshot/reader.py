@@ -62,7 +62,13 @@ from capture.postgres.snapshot.resync import (
 from capture.postgres.streaming.connection import pinned_options
 from capture.read_ahead import ReadAhead
 from capture.records import OutRecord
-from capture.resync import DELETE_INDEX_BASE, append_deletes, keyless_event, unread_captured_topics
+from capture.resync import (
+    DELETE_INDEX_BASE,
+    append_deletes,
+    keyless_event,
+    rekeyed_truncates,
+    unread_captured_topics,
+)
 from capture.source_kind import SnapshotProgress
 from capture.tuples import TupleData
 from log.encoded_batches import AppendsEncodedBatches
@@ -133,6 +139,8 @@ class SnapshotReader:
             plan, total_rows = self._plan(reader, builder)
             # Checked before anything is appended: a refusal leaves the log and the request as they are.
             gone = self._resync_tables(reader, builder, plan, present) if present is not None else []
+            if present is not None:
+                self._truncate_rekeyed(builder, resume, plan)
             if self._progress:
                 self._progress.start(total_rows)
             consistent = state.consistent_lsn or 0
@@ -202,6 +210,29 @@ class SnapshotReader:
         for topic in gone:
             present.add(topic, ())
         return gone
+
+    def _truncate_rekeyed(self, builder: EventBuilder, resume: ResumePoint, plan: _Plan) -> None:
+        """Before the re-snapshot's rows: a truncate for each table whose topic holds keyless events.
+
+        Such a table had no key when those events were captured (:func:`capture.resync.rekeyed_truncates`).
+        """
+        ts_us = time.time_ns() // 1000
+
+        def value(event: dict[str, Any], commit: int, index: int) -> bytes:
+            return vanished_truncate(event, commit_lsn=commit, index=index, ts_us=ts_us)
+
+        topics = [builder.topic_of(oid) for oid, _relation, _chunks in plan]
+        truncates = rekeyed_truncates(self._log, topics, resume.highest(), value)
+        for record in truncates:
+            logger.warning(
+                "source %s: %s: the log holds events of it from when it had no key, which deletes by key cannot "
+                "remove; a truncate before its re-snapshot empties it",
+                self._source,
+                record.topic,
+            )
+        if truncates:
+            self._appender.records.extend(truncates)
+            self._appender.flush(resume, None)
 
     def _starts(self, plan: _Plan, builder: EventBuilder) -> dict[str, dict[int, int]]:
         # Before anything is appended: a resync's reconcile reads each topic before these offsets

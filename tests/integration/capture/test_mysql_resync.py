@@ -107,15 +107,14 @@ def sequence(event: dict[str, Any]) -> tuple[int, int]:
 
 
 def live_state(records: list[tuple[int, bytes, dict[str, Any] | None]], key: str) -> dict[int, dict[str, Any]]:
-    """The table the log defines: per key the latest event by sequence, deleted keys left out."""
+    """The table the log defines: its events in sequence order (a truncate empties it), deleted keys left out."""
     latest: dict[int, dict[str, Any]] = {}
-    for _, _, event in records:
-        if event is None:
+    for event in sorted((e for _, _, e in records if e is not None), key=sequence):
+        if event["op"] == "t":
+            latest.clear()
             continue
         image = event["after"] if event["op"] != "d" else event["before"]
-        k = image[key]
-        if k not in latest or sequence(latest[k]) < sequence(event):
-            latest[k] = event
+        latest[image[key]] = event
     return {k: e["after"] for k, e in latest.items() if e["op"] != "d"}
 
 
@@ -367,11 +366,16 @@ def test_resync_refuses_a_keyless_table(server, tmp_path: Path) -> None:
     assert {t: table_events(home, f"{name}.{db}.{t}") for t in ("t", "n")} == before, "the refusal appended"
     assert (home / "capture" / name / REQUEST_FILE).exists(), "the resync is no longer requested"
 
-    # With a configured key the resync proceeds: the keyed table converges.
+    # With a configured key the resync proceeds and both tables converge: n's keyless events (rows 1
+    # and 2 among them, deleted meanwhile) are emptied by one truncate before its re-snapshot.
     text = config.read_text()
     config.write_text(text.replace("snapshot: initial", f"keys: {{{db}.n: [id]}}\n    snapshot: initial", 1))
     headwater(config, "capture", name, "--until-caught-up", password=password)
     assert live_state(table_events(home, f"{name}.{db}.t"), "id") == source_rows(server, db, "t")
+    n_live = live_state(table_events(home, f"{name}.{db}.n"), "id")
+    assert n_live == {i: {"id": i, "v": "n"} for i in (3, 4, 5)}, n_live
+    n_events = [e for _, _, e in table_events(home, f"{name}.{db}.n") if e is not None]
+    assert [e["op"] for e in n_events].count("t") == 1, [e["op"] for e in n_events]
     assert not (home / "capture" / name / REQUEST_FILE).exists()
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import orjson
 import psycopg
+import yaml
 from harness.topics import read_topic
 
 from log.file.backend import FileLog
@@ -145,3 +146,16 @@ def test_resync_refuses_a_keyless_table(pg_server, unique_name, tmp_path):
     assert f"sources.{project.name}.keys" in lines[0] and f"'headwater capture {project.name}' again" in lines[0]
     assert {table: project.records(table) for table in ("t", "n")} == before, "the refusal appended"
     assert project.request.exists(), "the resync is no longer requested"
+
+    # With a configured key the resync proceeds and both tables converge: n's keyless events (rows 1
+    # and 2 among them, deleted meanwhile) are emptied by one truncate before its re-snapshot.
+    document = yaml.safe_load(project.config.read_text())
+    document["sources"][project.name]["keys"] = {"public.n": ["id"]}
+    project.config.write_text(yaml.safe_dump(document))
+    done = project.cli("capture", "--until-caught-up")
+    assert done.returncode == 0, done.stderr
+    assert live_ids(project.records("t")) == {1, 2, 3, 4, 5}
+    assert live_ids(project.records("n")) == {3, 4, 5}, "rows deleted while the slot was gone are live"
+    n_ops = [orjson.loads(r.value)["op"] for r in project.records("n") if r.value is not None]
+    assert n_ops.count("t") == 1, n_ops
+    assert not project.request.exists()
