@@ -198,7 +198,7 @@ class SnapshotReader:
         A keyless table's events have no key, so the rows deleted while the slot was gone
         cannot be told apart: re-reading it would leave them live in the log. A captured
         table the log holds but the publication no longer lists is gone only if the
-        snapshot's catalog does not have it (:func:`gone_tables`); one it has is left alone.
+        snapshot's catalog does not have it (:func:`gone_tables`); one it has is refused.
         """
         for oid, relation, _chunks in plan:
             if not builder.relations.tables[oid].key_names:
@@ -206,7 +206,7 @@ class SnapshotReader:
             present.add(builder.topic_of(oid), ())
         tables, schemas = self._captured
         unread = unread_captured_topics(self._source, tables, schemas, self._log.list_topics(), present.topics())
-        gone = gone_tables(reader, self._log, unread)
+        gone = gone_tables(reader, self._log, self._source, self._publication, unread)
         for topic in gone:
             present.add(topic, ())
         return gone

@@ -49,6 +49,7 @@ from capture.errors import (
 )
 from capture.key_set import KeySet
 from capture.postgres.events.source_block import postgres_source
+from capture.postgres.identifiers import TableName, quote_part
 from capture.postgres.registration import publication as pub
 from capture.postgres.registration import slot as slots
 from capture.postgres.registration.registry import connect, object_names
@@ -145,14 +146,16 @@ def _reconciling_event(
     return encode_value(ChangeEvent(op=op, source=source, before=before, ts_us=ts_us))
 
 
-def gone_tables(conn: Any, log: Log, unread: Iterable[str]) -> list[str]:
-    """The topics in ``unread`` whose table does not exist in the snapshot's catalog.
+def gone_tables(conn: Any, log: Log, source: str, publication: str, unread: Iterable[str]) -> list[str]:
+    """The topics in ``unread`` whose table does not exist in the snapshot's catalog; refuses one that does.
 
     ``conn`` is in the re-snapshot's transaction, so ``pg_class`` is read as of its point,
     and the catalog lists every table whatever the capture user may read: only a table that
-    is not there counts as dropped. One that exists was taken out of the publication on
-    purpose (a published table the capture user cannot read fails the snapshot instead), so
-    its topic is left alone. The table's names are its events' (:func:`capture.resync.topic_table`).
+    is not there counts as dropped. One that is there but not published (dropped and
+    re-created under its name while the slot was gone, as a drop takes a table out of its
+    publications, or taken out by hand) is refused in one line: the resync cannot re-read it,
+    and its old rows would stay live. The table's names are its events'
+    (:func:`capture.resync.topic_table`).
     """
     gone = []
     for topic in unread:
@@ -166,6 +169,15 @@ def gone_tables(conn: Any, log: Log, unread: Iterable[str]) -> list[str]:
         ).fetchone()
         if found is None:
             gone.append(topic)
+            continue
+        table = str(TableName(*names))
+        msg = (
+            f"source {source}: table {table} is captured but publication {publication} does not publish it (dropped "
+            f"and re-created while the slot was gone, or taken out of the publication), so the resync cannot re-read "
+            f"it; run ALTER PUBLICATION {quote_part(publication)} ADD TABLE {table}, or take it out of "
+            f"sources.{source}.tables, then run 'headwater capture {source}' again (the resync stays requested)"
+        )
+        raise PrerequisiteError(msg, source=source)
     return gone
 
 

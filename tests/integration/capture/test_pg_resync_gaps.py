@@ -87,7 +87,11 @@ def live_ids(records: list) -> set[int]:
 
 
 def test_resync_deletes_the_rows_of_a_table_dropped_meanwhile(pg_server, unique_name, tmp_path):
-    """A captured table dropped while the slot was gone: every key its topic holds live is deleted."""
+    """A captured table dropped while the slot was gone: every key its topic holds live is deleted.
+
+    One that exists but is not published (re-created under its name, or taken out of the
+    publication) is refused in one line until it is published again, then re-read.
+    """
     project = Project(
         pg_server,
         unique_name("pgr"),
@@ -102,25 +106,43 @@ def test_resync_deletes_the_rows_of_a_table_dropped_meanwhile(pg_server, unique_
         # Its topic's name is p_1 (made Kafka-safe): the catalog is asked for the events' name, p$1.
         "CREATE TABLE p$1 (id int PRIMARY KEY, v text)",
         "INSERT INTO p$1 SELECT g, 'p' FROM generate_series(1, 4) g",
-        tables="public.t,public.d,public.k,public.p$1",
+        "CREATE TABLE r (id int PRIMARY KEY, v text)",
+        "INSERT INTO r SELECT g, 'old' FROM generate_series(1, 4) g",
+        tables="public.t,public.d,public.k,public.p$1,public.r",
     )
     publication = project.publication()
     project.gap_then_resync(
         "DROP TABLE d",
         "DROP TABLE k",
         "DELETE FROM t WHERE id = 1",
-        # Taken out of the publication on purpose (it still exists): its topic is left alone.
+        # Taken out of the publication (it still exists), and dropped and re-created under its name.
         f"ALTER PUBLICATION {publication} DROP TABLE p$1",
         "DELETE FROM p$1 WHERE id = 1",
+        "DROP TABLE r",
+        "CREATE TABLE r (id int PRIMARY KEY, v text)",
+        "INSERT INTO r SELECT g, 'new' FROM generate_series(3, 6) g",
     )
-    before_p = project.records("p$1")
-    assert before_p
+    before = {table: project.records(table) for table in ("t", "d", "k", "p$1", "r")}
+    assert before["p$1"] and before["r"]
+    refused = project.cli("capture", "--until-caught-up")
+    lines = [line for line in refused.stderr.splitlines() if "does not publish it" in line]
+    assert refused.returncode != 0 and len(lines) == 1, refused.stderr
+    assert f"table public.p$1 is captured but publication {publication} does not publish it" in lines[0], lines[0]
+    assert f"ALTER PUBLICATION {publication} ADD TABLE public.p$1" in lines[0], lines[0]
+    assert {table: project.records(table) for table in before} == before, "the refusal appended"
+    assert project.request.exists(), "the resync is no longer requested"
+
+    project.execute(f"ALTER PUBLICATION {publication} ADD TABLE p$1")
+    refused = project.cli("capture", "--until-caught-up")
+    assert refused.returncode != 0 and "table public.r is captured but" in refused.stderr, refused.stderr
+    project.execute(f"ALTER PUBLICATION {publication} ADD TABLE r")
     done = project.cli("capture", "--until-caught-up")
     assert done.returncode == 0, done.stderr
     assert live_ids(project.records("t")) == {2, 3, 4, 5}
     assert live_ids(project.records("d")) == set(), "the dropped table's rows are still live"
     assert live_ids(project.records("k")) == set(), "the dropped keyless table's rows are still live"
-    assert project.records("p$1") == before_p, "a table taken out of the publication was touched"
+    assert live_ids(project.records("p$1")) == {2, 3, 4}
+    assert live_ids(project.records("r")) == {3, 4, 5, 6}, "the re-created table's old rows are still live"
     assert not project.request.exists()
 
 
