@@ -93,6 +93,9 @@ static int buf_json_string(Buf *b, const char *s, Py_ssize_t n) {
     return buf_byte(b, '"');
 }
 
+/* For the other translation units of the extension (speedups.h). */
+int hw_buf_json_string(Buf *b, const char *s, Py_ssize_t n) { return buf_json_string(b, s, n); }
+
 /* ------------------------------------------------------------------------------------ */
 /* Kafka's murmur2 partitioner (log/partitioner.py).                                      */
 
@@ -1413,6 +1416,12 @@ static PyObject *make_record(PyTypeObject *rt, PyObject *topic, PyObject *key, P
     return r;
 }
 
+/* For the other translation units of the extension (speedups.h). */
+PyObject *hw_make_record(PyTypeObject *rt, PyObject *topic, PyObject *key, PyObject *value, PyObject *commit,
+                         PyObject *index) {
+    return make_record(rt, topic, key, value, commit, index);
+}
+
 /* events(changes, lsns, pos, relation_oid, pieces, index, order, commit, topic, record_type, out,
  *        images, old_images, limit) -> (consumed, index, order)
  *
@@ -2244,7 +2253,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyModule_AddObjectRef(m, "RowEncoder", (PyObject *)&RowEncoderType) < 0 ||
         PyModule_AddFunctions(m, hw_log_columns_methods) < 0 || PyModule_AddFunctions(m, hw_batch_columns_methods) < 0 ||
         PyModule_AddFunctions(m, hw_column_masks_methods) < 0 || PyModule_AddFunctions(m, hw_sink_rows_methods) < 0 ||
-        PyModule_AddFunctions(m, hw_log_records_methods) < 0 || PyModule_AddFunctions(m, hw_binlog_rows_methods) < 0) {
+        PyModule_AddFunctions(m, hw_log_records_methods) < 0 || PyModule_AddFunctions(m, hw_binlog_rows_methods) < 0 ||
+        PyModule_AddFunctions(m, hw_binlog_events_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -190,3 +190,27 @@ def binlog_rows(
 
     None: the Python readers decode the event (capture/mysql/binlog/rows.py).
     """
+
+def binlog_events(
+    changes: list[Any],
+    pos: int,
+    shape: object,
+    names: tuple[bytes, ...],
+    emit: bytes,
+    key: tuple[int, ...],
+    skipped: int,
+    dumps: Callable[[Any], bytes],
+    pieces: tuple[bytes, ...],
+    commit: int,
+    index: int,
+    order: int,
+    topic: str,
+    record_type: type,
+    out: list[Any],
+    limit: int,
+    /,
+) -> tuple[int, int, int]:
+    """The records of the run of MySQL row changes of ``shape`` from ``pos``: ``(consumed, index, order)`` after it.
+
+    See capture/mysql/events.py (EventBuilder.records is the twin).
+    """

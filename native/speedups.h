@@ -52,6 +52,14 @@ static inline void buf_free(Buf *b) {
     b->len = b->cap = 0;
 }
 
+/* s[0:n] (UTF-8) as a JSON string, escaped as orjson escapes it. */
+int hw_buf_json_string(Buf *b, const char *s, Py_ssize_t n);
+
+/* record_type(topic, key, value, commit, index, (), None) of a tuple subclass (capture.records.OutRecord);
+ * steals key, value and index. */
+PyObject *hw_make_record(PyTypeObject *rt, PyObject *topic, PyObject *key, PyObject *value, PyObject *commit,
+                         PyObject *index);
+
 /* CRC-32C (Castagnoli), chained like zlib.crc32; SSE4.2 when the CPU has it. */
 uint32_t hw_crc32c(uint32_t crc, const void *data, size_t n);
 
@@ -72,5 +80,6 @@ extern PyMethodDef hw_column_masks_methods[];  /* column_masks.c: the hash mask,
 extern PyMethodDef hw_log_records_methods[];  /* log_records.c: file-log batches -> StoredRecord tuples */
 extern PyMethodDef hw_sink_rows_methods[];     /* sink_rows.c: the PostgreSQL sink's ops and COPY text */
 extern PyMethodDef hw_binlog_rows_methods[];   /* binlog_rows.c: MySQL row images -> Debezium values */
+extern PyMethodDef hw_binlog_events_methods[]; /* binlog_events.c: MySQL row changes -> change records */
 
 #endif

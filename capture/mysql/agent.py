@@ -43,6 +43,7 @@ from typing import Any
 import orjson
 
 from capture.appender import Appender
+from capture.collector import restore_collections, space_young_collections
 from capture.key_set import KeySet, key_set_path
 from capture.mysql.binlog.client import BinlogPurgedError, BinlogStream, BinlogStreamError
 from capture.mysql.binlog.event_types import EventType
@@ -181,6 +182,13 @@ class MySqlAgent:
 
     def run(self, *, until_caught_up: bool) -> CaptureStats:
         """Snapshot on the first run (``snapshot: initial``), then stream; see the module docstring."""
+        collector = space_young_collections()
+        try:
+            return self._run(until_caught_up=until_caught_up)
+        finally:
+            restore_collections(collector)
+
+    def _run(self, *, until_caught_up: bool) -> CaptureStats:
         self._charsets = self._server_charsets()
         # Settings naming what the database lacks, or a filter capture cannot evaluate: refused before reading.
         check_source_settings(self.source, self.planner)

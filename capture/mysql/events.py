@@ -20,6 +20,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import orjson
+
+import native
 from capture.mysql.binlog.table_map import TableShape
 from capture.mysql.state import StreamState as StreamPoint
 from capture.mysql.streaming.transactions import RowChange, Statement, Transaction
@@ -29,6 +32,11 @@ from log.envelope import EVENT_VERSION
 from log.topics import table_topic
 
 CONNECTOR = "mysql"
+_binlog_events = native.speedups.binlog_events if native.speedups is not None else None
+#: Changes handed to ``binlog_events`` per call (its records are yielded before the next call).
+_NATIVE_RUN = 1000
+#: ``binlog_events``'s skipped-operation bits.
+_SKIP_BITS = {"c": 1, "u": 2, "d": 4}
 
 
 def _now_us() -> int:
@@ -49,11 +57,15 @@ class EventBuilder:
         captures: Callable[[str, str], bool],
         *,
         skipped_operations: frozenset[str] = frozenset(),
+        native: bool = True,
     ) -> None:
         self.source = source
         self.plan_of = plan_of
         self._captures = captures
         self._skipped = skipped_operations
+        self._native = native and _binlog_events is not None
+        #: Per plan (by identity, kept alive here): its ``binlog_events`` arguments, or None (the Python path).
+        self._native_plans: dict[int, tuple[TablePlan, _NativePlan | None]] = {}
 
     def _source(self, db: str, table: str, item: RowChange | Statement, transaction: Transaction) -> dict[str, Any]:
         ts_us = item.timestamp * 1_000_000
@@ -80,7 +92,11 @@ class EventBuilder:
         }
 
     def records(self, transaction: Transaction) -> Iterator[OutRecord]:
-        """Every record of ``transaction``, in its order, built as they are taken (a spilled one: a piece at a time)."""
+        """Every record of ``transaction``, in its order, built as they are taken (a spilled one: a piece at a time).
+
+        A run of changes of one table whose plan has no row filter and no masks is built by
+        ``native/binlog_events.c`` (:func:`_native_pieces`), this method's twin; the rest here.
+        """
         assert transaction.commit is not None
         commit = transaction.commit.sequence()
         txn_id = str(transaction.gtid) if transaction.gtid is not None else str(transaction.commit)
@@ -95,6 +111,54 @@ class EventBuilder:
             transaction_block = {"id": txn_id, "total_order": index + 1, "data_collection_order": per_table[topic]}
             return _envelope(op, before, after, source, transaction=transaction_block, now_us=now_us)
 
+        def change_records(item: RowChange, plan: TablePlan) -> Iterator[OutRecord]:
+            nonlocal index
+            for op, before, after in _operations(item, plan):
+                image_before = None if before is None else plan.image(before)
+                image_after = None if after is None else plan.image(after)
+                key = event_key(image_before if op == "d" else image_after, plan)
+                source = self._source(item.shape.schema, item.shape.table, item, transaction)
+                yield OutRecord(
+                    plan.topic, key, value(op, image_before, image_after, source, plan.topic), commit, index
+                )
+                if op == "d":
+                    yield OutRecord(plan.topic, key, None, commit, index)
+                index += 1
+
+        if self._native and not transaction.statements:
+            pieces: dict[int, tuple[bytes, ...]] = {}
+            for changes in transaction.change_lists():
+                at, end = 0, len(changes)
+                while at < end:
+                    change = changes[at]
+                    plan = self.plan_of(change.shape)
+                    native_plan = self._native_plan(plan)
+                    if native_plan is not None and _binlog_events is not None:
+                        shared = pieces.get(id(plan))
+                        if shared is None:
+                            shared = pieces[id(plan)] = _native_pieces(self.source, plan, transaction, txn_id, now_us)
+                        out: list[OutRecord] = []
+                        taken, index, per_table[plan.topic] = _binlog_events(
+                            changes,
+                            at,
+                            change.shape,
+                            *native_plan,
+                            shared,
+                            commit,
+                            index,
+                            per_table.get(plan.topic, 0),
+                            plan.topic,
+                            OutRecord,
+                            out,
+                            _NATIVE_RUN,
+                        )
+                        yield from out
+                        if taken:
+                            at += taken
+                            continue
+                    yield from change_records(change, plan)  # a change the native run left to Python
+                    at += 1
+            return
         for item in transaction.items():
             if isinstance(item, Statement):
                 if item.truncated is None or "t" in self._skipped or not self._captures(*item.truncated):
@@ -110,18 +174,25 @@ class EventBuilder:
                 )
                 index += 1
                 continue
-            plan = self.plan_of(item.shape)
-            for op, before, after in _operations(item, plan):
-                image_before = None if before is None else plan.image(before)
-                image_after = None if after is None else plan.image(after)
-                key = event_key(image_before if op == "d" else image_after, plan)
-                source = self._source(item.shape.schema, item.shape.table, item, transaction)
-                yield OutRecord(
-                    plan.topic, key, value(op, image_before, image_after, source, plan.topic), commit, index
-                )
-                if op == "d":
-                    yield OutRecord(plan.topic, key, None, commit, index)
-                index += 1
+            yield from change_records(item, self.plan_of(item.shape))
+
+    def _native_plan(self, plan: TablePlan) -> _NativePlan | None:
+        """``plan``'s arguments of ``binlog_events`` (None: a row filter or masks keep its events in Python)."""
+        found = self._native_plans.get(id(plan))
+        if found is not None and found[0] is plan:
+            return found[1]
+        native_plan: _NativePlan | None = None
+        if plan.row_filter is None and not plan.masks:
+            kept = set(plan.kept)
+            native_plan = (
+                tuple(orjson.dumps(name) + b":" for name in plan.names),
+                bytes(int(i in kept) for i in range(len(plan.names))),
+                plan.key,
+                sum(_SKIP_BITS[op] for op in plan.skipped_operations if op in _SKIP_BITS),
+                orjson.dumps,
+            )
+        self._native_plans[id(plan)] = (plan, native_plan)
+        return native_plan
 
     def snapshot_record(
         self, plan: TablePlan, image: dict[str, Any], *, point: StreamPoint, index: int, marker: str, ts_us: int
@@ -233,6 +304,42 @@ def _envelope(
             "ts_ns": now_us * 1000,
             "transaction": transaction,
         }
+    )
+
+
+#: ``binlog_events``'s per-plan arguments: each column's ``b'"name":'``, which columns the images
+#: write (a byte each), the key's positions, the skipped-operation bits, and the JSON writer of other values.
+_NativePlan = tuple[tuple[bytes, ...], bytes, tuple[int, ...], int, Callable[[Any], bytes]]
+
+
+def _native_pieces(
+    source: str, plan: TablePlan, transaction: Transaction, txn_id: str, now_us: int
+) -> tuple[bytes, ...]:
+    """The bytes of a streamed event's value that are the same for every event of ``plan`` in ``transaction``.
+
+    ``native/binlog_events.c`` writes between them, in order: the before image, the after image,
+    ``source``'s ``ts_ms``, ``ts_us``, ``ts_ns``, ``server_id``, ``pos``, ``row`` and ``txn_index``,
+    the op, ``total_order``, ``data_collection_order``: the fields of :meth:`EventBuilder._source`,
+    ``value`` and :func:`_envelope`, in their order (the equality test pins every byte).
+    """
+    j = orjson.dumps
+    gtid = None if transaction.gtid is None else str(transaction.gtid)
+    assert transaction.commit is not None
+    return (
+        b'{"before":',
+        b',"after":',
+        b',"source":{"version":%b,"connector":%b,"name":%b,"ts_ms":' % (j(EVENT_VERSION), j(CONNECTOR), j(source)),
+        b',"snapshot":"false","db":%b,"sequence":null,"ts_us":' % j(plan.shape.schema),
+        b',"ts_ns":',
+        b',"schema":null,"table":%b,"server_id":' % j(plan.shape.table),
+        b',"gtid":%b,"file":%b,"pos":' % (j(gtid), j(transaction.file)),
+        b',"row":',
+        b',"thread":null,"query":null,"commit_lsn":%d,"txn_index":' % transaction.commit.sequence(),
+        b'},"op":"',
+        b'","ts_ms":%d,"ts_us":%d,"ts_ns":%d,"transaction":{"id":%b,"total_order":'
+        % (now_us // 1000, now_us, now_us * 1000, j(txn_id)),
+        b',"data_collection_order":',
+        b"}}",
     )
 
 

@@ -173,7 +173,7 @@ class Transaction:
             yield from self.changes
             return
         at = 0
-        for piece in self._pieces():
+        for piece in self.change_lists():
             for change in piece:
                 while at < len(statements) and statements[at].event_start < change.event_start:
                     yield statements[at]
@@ -181,7 +181,8 @@ class Transaction:
                 yield change
         yield from statements[at:]
 
-    def _pieces(self) -> Iterator[list[RowChange]]:
+    def change_lists(self) -> Iterator[list[RowChange]]:
+        """Its row changes in binlog order: the held ones, then the spilled ones a spill batch at a time."""
         yield self.changes
         if self.spilled is not None:
             yield from self.spilled.pieces()
