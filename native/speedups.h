@@ -70,7 +70,7 @@ extern PyMethodDef hw_log_columns_methods[];   /* log_columns.c: file-log batche
 extern PyMethodDef hw_batch_columns_methods[]; /* batch_columns.c: Arrow columns -> file-log batches */
 extern PyMethodDef hw_column_masks_methods[];  /* column_masks.c: the hash mask, for its twin's tests */
 extern PyMethodDef hw_log_records_methods[];  /* log_records.c: file-log batches -> StoredRecord tuples */
-extern PyMethodDef hw_sink_rows_methods[];     /* sink_rows.c: the PostgreSQL sink's ops and COPY text */
+extern PyMethodDef hw_sink_rows_methods[];     /* sink_rows.c: sink records; the PostgreSQL sink's ops and COPY text */
 extern PyMethodDef hw_binlog_rows_methods[];   /* binlog_rows.c: MySQL row images -> Debezium values */
 
 #endif
