@@ -279,3 +279,34 @@ def test_sink_records_hand_other_items_to_the_twin() -> None:
     assert speedups.sink_records([record, "not a record"], SinkRecord) is None
     with pytest.raises(TypeError):
         speedups.sink_records([record], dict)
+
+
+_string_parts = st.lists(
+    st.sampled_from(
+        [b"a", b"plain text", b"x" * 17, b'"', b"\\", b"\\n", b'\\"', b"\\u00e9", b"\x01", b"\x1f", b"\x7f",
+         b"\xc3\xa9", b"\xe2\x82\xac", b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80"]
+    ),
+    max_size=24,
+)  # fmt: skip
+
+
+@settings(max_examples=500, deadline=None)
+@given(_string_parts, st.sampled_from([b"note", b"name"]))
+def test_long_strings_are_read_as_json_reads_them(parts: list[bytes], column: bytes) -> None:
+    """Plain bytes are passed 8 at a time: a quote, backslash, control or non-ASCII byte anywhere in a word counts."""
+    text = b"".join(parts)
+    row = b'{"id":1,"%s":"%s"}' % (column, text)
+    value = b'{"before":null,"after":%s,"source":{"commit_lsn":5,"txn_index":0},"op":"c"}' % row
+    try:
+        orjson.loads(value)
+    except orjson.JSONDecodeError:
+        valid = False
+    else:
+        valid = True
+    assert speedups is not None
+    assert speedups.event_ops([value]) == (b"c" if valid else b"?")
+    got = native([value], ["id", "name", "note"], "iii")
+    if not valid:
+        assert got is None
+    elif got is not None:
+        assert got == twin([value], ["id", "name", "note"], "iii")
