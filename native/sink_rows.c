@@ -764,6 +764,7 @@ static PyObject *py_sink_records(PyObject *self, PyObject *args) {
         }
         for (Py_ssize_t i = 0; i < 6; i++) PyTuple_SET_ITEM(record, i, Py_NewRef(PyTuple_GET_ITEM(item, i)));
         PyTuple_SET_ITEM(record, 6, Py_NewRef(value));
+        hw_untrack_record(record);
         PyList_SET_ITEM(out, at++, record);
     }
     return out;

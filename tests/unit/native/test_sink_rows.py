@@ -310,3 +310,13 @@ def test_long_strings_are_read_as_json_reads_them(parts: list[bytes], column: by
         assert got is None
     elif got is not None:
         assert got == twin([value], ["id", "name", "note"], "iii")
+
+
+def test_sink_records_of_plain_values_are_left_to_reference_counting() -> None:
+    import gc
+
+    assert speedups is not None
+    plain = StoredRecord("t", 0, 1, 2, b"k", b"v", ())
+    odd = StoredRecord("t", 0, 1, 2, [b"k"], b"v", ())  # a container: it could be part of a cycle
+    built = speedups.sink_records([plain, odd], SinkRecord)
+    assert [gc.is_tracked(r) for r in built] == [False, True]
