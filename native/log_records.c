@@ -100,7 +100,12 @@ static PyObject *py_decode_records(PyObject *self, PyObject *args) {
         PyTuple_SET_ITEM(item, 4, key);
         PyTuple_SET_ITEM(item, 5, value);
         PyTuple_SET_ITEM(item, 6, Py_NewRef(empty));
-        if (offset == NULL || stamp == NULL || key == NULL || value == NULL || PyList_Append(out, item) < 0) {
+        if (offset == NULL || stamp == NULL || key == NULL || value == NULL) {
+            Py_DECREF(item);
+            goto fail;
+        }
+        hw_untrack_record(item);
+        if (PyList_Append(out, item) < 0) {
             Py_DECREF(item);
             goto fail;
         }

@@ -87,13 +87,29 @@ static const unsigned char STRING_BYTE[256] = {
     [0x00 ... 0x1F] = 3, ['"'] = 1, ['\\'] = 2, [0x80 ... 0xFF] = 4,
 };
 
+#define BYTES_OF(c) (0x0101010101010101ULL * (c))
+#define HIGH_BITS BYTES_OF(0x80)
+
+/* Whether none of the 8 bytes at s is a closing quote, a backslash, a control character or a
+ * UTF-8 byte: all STRING_BYTE 0 (exact: each test says whether any byte of the word matches). */
+static inline int plain_word(const unsigned char *s) {
+    uint64_t x;
+    memcpy(&x, s, 8);
+    uint64_t quote = x ^ BYTES_OF('"'), backslash = x ^ BYTES_OF('\\');
+    uint64_t special = ((quote - BYTES_OF(1)) & ~quote) | ((backslash - BYTES_OF(1)) & ~backslash) |
+                       ((x - BYTES_OF(0x20)) & ~x) | x;
+    return (special & HIGH_BITS) == 0;
+}
+
 /* Past a valid JSON string whose opening quote is at j->i; 0 on success. *escaped: it holds a backslash.
- * Runs of plain bytes are passed by one table look-up each (most of an event's bytes are these). */
+ * Runs of plain bytes are passed 8 at a time, then by one table look-up each (most of an event's
+ * bytes are these). */
 static int skip_string(Json *j, int *escaped) {
     const unsigned char *s = j->s;
     Py_ssize_t i = j->i + 1, n = j->n;
     *escaped = 0;
     for (;;) {
+        while (n - i >= 8 && plain_word(s + i)) i += 8;
         while (i < n && STRING_BYTE[s[i]] == 0) i++;
         if (i >= n) return -1;
         switch (STRING_BYTE[s[i]]) {
@@ -713,7 +729,50 @@ static PyObject *py_copy_arrays(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* -- a batch's sink records ------------------------------------------------------------------- */
+
+/* sink_records(records, record_type) -> list | None: each StoredRecord (topic, partition, offset,
+ * timestamp_ms, key, value, headers) that has a value as record_type(topic, partition, offset,
+ * timestamp_ms, key, value, value), in order; tombstones (value None) left out. The twin is
+ * sinks/records.py's as_sent loop. None (the twin's turn) when an item is not a 7-tuple. */
+static PyObject *py_sink_records(PyObject *self, PyObject *args) {
+    PyObject *records, *record_type;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &records, &PyType_Type, &record_type)) return NULL;
+    PyTypeObject *type = (PyTypeObject *)record_type;
+    if (!PyType_IsSubtype(type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "sink_records takes a tuple type");
+        return NULL;
+    }
+    const Py_ssize_t n = PyList_GET_SIZE(records);
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *item = PyList_GET_ITEM(records, k);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 7) Py_RETURN_NONE;
+        kept += PyTuple_GET_ITEM(item, 5) != Py_None;
+    }
+    PyObject *out = PyList_New(kept);
+    if (out == NULL) return NULL;
+    Py_ssize_t at = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *item = PyList_GET_ITEM(records, k);
+        PyObject *value = PyTuple_GET_ITEM(item, 5);
+        if (value == Py_None) continue;
+        PyObject *record = type->tp_alloc(type, 7);
+        if (record == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < 6; i++) PyTuple_SET_ITEM(record, i, Py_NewRef(PyTuple_GET_ITEM(item, i)));
+        PyTuple_SET_ITEM(record, 6, Py_NewRef(value));
+        hw_untrack_record(record);
+        PyList_SET_ITEM(out, at++, record);
+    }
+    return out;
+}
+
 PyMethodDef hw_sink_rows_methods[] = {
+    {"sink_records", py_sink_records, METH_VARARGS,
+     "sink_records(records, record_type) -> list | None: the records with a value, each with it as its payload."},
     {"event_ops", py_event_ops, METH_O, "event_ops(values) -> bytes: each event's one-character op, ' ' or '?'."},
     {"copy_text", py_copy_text, METH_VARARGS,
      "copy_text(values, names, kinds) -> bytes | None: COPY text of each event's row image, or None for the twin."},

@@ -73,12 +73,25 @@ int hw_mask_sha256_hex(char hex[64], const char *salt, Py_ssize_t salt_len, cons
 /* Bytes of the first `chars` characters of the UTF-8 text s[0:n] (all of it when shorter). */
 Py_ssize_t hw_utf8_prefix(const char *s, Py_ssize_t n, Py_ssize_t chars);
 
+/* Stop the cyclic GC from tracking `record`, a just-filled instance of a tuple subclass, when it can
+ * never be part of a reference cycle: its type gives instances no __dict__ and every item is of a
+ * type the GC does not track, or an untracked exact tuple (the rule CPython applies to exact
+ * tuples only). A batch's records then cost the collector nothing while they live. */
+static inline void hw_untrack_record(PyObject *record) {
+    if (Py_TYPE(record)->tp_dictoffset != 0) return;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(record); i++) {
+        PyObject *item = PyTuple_GET_ITEM(record, i);
+        if (PyObject_IS_GC(item) && !(PyTuple_CheckExact(item) && !PyObject_GC_IsTracked(item))) return;
+    }
+    PyObject_GC_UnTrack(record);
+}
+
 /* Functions each file adds to the module (a {NULL} terminated table). */
 extern PyMethodDef hw_log_columns_methods[];   /* log_columns.c: file-log batches -> Arrow columns */
 extern PyMethodDef hw_batch_columns_methods[]; /* batch_columns.c: Arrow columns -> file-log batches */
 extern PyMethodDef hw_column_masks_methods[];  /* column_masks.c: the hash mask, for its twin's tests */
 extern PyMethodDef hw_log_records_methods[];  /* log_records.c: file-log batches -> StoredRecord tuples */
-extern PyMethodDef hw_sink_rows_methods[];     /* sink_rows.c: the PostgreSQL sink's ops and COPY text */
+extern PyMethodDef hw_sink_rows_methods[];     /* sink_rows.c: sink records; the PostgreSQL sink's ops and COPY text */
 extern PyMethodDef hw_binlog_rows_methods[];   /* binlog_rows.c: MySQL row images -> Debezium values */
 extern PyMethodDef hw_binlog_events_methods[]; /* binlog_events.c: MySQL row changes -> change records */
 

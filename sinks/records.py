@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
+
+from log.base import StoredRecord
+from native import speedups
+
+_tuple_new = tuple.__new__
 
 
 class SinkRecord(NamedTuple):
@@ -25,6 +31,21 @@ class SinkRecord(NamedTuple):
     def event_id(self) -> str:
         """The idempotency key ``<topic>/<partition>/<offset>``: a receiver that saw it may drop a repeat."""
         return f"{self.topic}/{self.partition}/{self.offset}"
+
+
+def as_sent(records: Sequence[StoredRecord]) -> list[SinkRecord]:
+    """``records`` with a value (tombstones dropped), each as a :class:`SinkRecord` whose payload is its value.
+
+    What a sink without a transform delivers. The extension builds the batch in one C loop
+    (``native.speedups.sink_records``); this loop is its twin.
+    """
+    if speedups is not None and isinstance(records, list):
+        built: list[SinkRecord] | None = speedups.sink_records(records, SinkRecord)
+        if built is not None:
+            return built
+    # Each record's fields unpacked, no call per record but the tuple's own (a named tuple's
+    # __new__ is a Python function: half this loop's time).
+    return [_tuple_new(SinkRecord, (t, p, o, ts, k, v, v)) for t, p, o, ts, k, v, _ in records if v is not None]
 
 
 class Rejection(NamedTuple):

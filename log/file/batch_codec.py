@@ -407,6 +407,25 @@ def decode_records(
     take the bytes past ``max_bytes`` (a non-empty ``out`` only: a read returns at least one).
     """
     buf, p = records_section(buf, pos, header)  # type: ignore[assignment]  # plain: buf itself
+    return decode_section(
+        buf, p, header, topic=topic, partition=partition, min_offset=min_offset, out=out,
+        max_records=max_records, max_bytes=max_bytes,
+    )  # fmt: skip
+
+
+def decode_section(
+    buf: bytes | memoryview,
+    p: int,
+    header: BatchHeader,
+    *,
+    topic: str,
+    partition: int,
+    min_offset: int,
+    out: list[StoredRecord],
+    max_records: int,
+    max_bytes: int,
+) -> int:
+    """:func:`decode_records` over the batch's plain records at ``p`` (:func:`records_section`'s result)."""
     if _native is not None:
         # The extension reads a plain batch without headers; it hands anything else back (None).
         decoded: tuple[list[StoredRecord], int] | None = _native.decode_records(

@@ -3,6 +3,10 @@
 Every read sees the whole, CRC-checked batches the directory holds when it looks
 (:meth:`~log.file.partition_segments.PartitionSegments.batches`), so a batch appended by
 another process is seen whole or not at all, and a torn tail is never read.
+
+A read that stops inside a compressed batch keeps that batch's decompressed records for the
+next read, which usually starts there (a consumer polling fewer records than a batch holds):
+they are used again only for a batch whose stored bytes are the same, byte for byte.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from log.base import StoredRecord
-from log.file.batch_codec import NO_TIMESTAMP, decode_records, records_section
+from log.file.batch_codec import ATTR_CODEC, NO_TIMESTAMP, BatchHeader, decode_records, decode_section, records_section
 from log.file.partition_segments import LISTING_RETRIES, PartitionSegments, open_for_reading
 from log.file.segment import ScanStop, scan
 
@@ -28,6 +32,8 @@ class PartitionReader:
         self.partition = partition
         self._segments = segments
         self._lock = lock
+        #: The compressed batch the last read stopped inside: its stored bytes and its plain records.
+        self._held: tuple[bytes, bytes] | None = None
 
     def read(self, offset: int, max_records: int, max_bytes: int) -> list[StoredRecord]:
         """Records at or after ``offset``: at most ``max_records``, about ``max_bytes``, at least one."""
@@ -36,10 +42,12 @@ class PartitionReader:
             return out
         budget = max_bytes
         with self._lock:
+            held, self._held = self._held, None
             for header, buf, off in self._segments.batches(offset):
-                used = decode_records(
-                    buf,
-                    off,
+                plain, start, stored = self._records_section(buf, off, header, held)
+                used = decode_section(
+                    plain,
+                    start,
                     header,
                     topic=self.topic,
                     partition=self.partition,
@@ -49,9 +57,28 @@ class PartitionReader:
                     max_bytes=budget,
                 )
                 if used < 0:
+                    if stored is not None:
+                        self._held = (stored, plain)  # type: ignore[assignment]  # compressed: bytes
                     break
                 budget -= used
         return out
+
+    @staticmethod
+    def _records_section(
+        buf: bytes, off: int, header: BatchHeader, held: tuple[bytes, bytes] | None
+    ) -> tuple[bytes | memoryview, int, bytes | None]:
+        """The batch's plain records and where they start, and its stored bytes when compressed.
+
+        A compressed batch whose stored bytes are ``held``'s is not decompressed again.
+        """
+        if not header.attributes & ATTR_CODEC:
+            plain, start = records_section(buf, off, header)
+            return plain, start, None
+        stored = buf[off : off + header.length]
+        if held is not None and held[0] == stored:
+            return held[1], 0, stored
+        plain, start = records_section(buf, off, header)
+        return plain, start, stored
 
     def read_columns(self, offset: int, end: int, max_records: int, max_bytes: int) -> tuple[RecordColumns, int]:
         """The records :meth:`read` gives at ``offset`` (those before ``end``) as columns, and where to go on.

@@ -94,3 +94,13 @@ def test_a_batch_with_headers_a_memoryview_or_a_cut_buffer_goes_to_the_twin() ->
     assert speedups.decode_records(memoryview(buf), *args) is None
     assert speedups.decode_records(buf[:-1], *args) is None  # the last value cut short
     assert speedups.decode_records(buf, *args) is not None
+
+
+def test_records_of_plain_values_are_left_to_reference_counting() -> None:
+    """StoredRecords hold no container: the cyclic GC need not track them (a held batch costs it nothing)."""
+    import gc
+
+    buf, p, header = _batch([Record(b"k", b"v"), Record(None, None)], 0, "none")
+    decoded = speedups.decode_records(buf, p, header.record_count, 0, 0, "t", 0, StoredRecord, 9, 1 << 30, 0)  # type: ignore[union-attr]
+    assert decoded is not None
+    assert [gc.is_tracked(r) for r in decoded[0]] == [False, False]

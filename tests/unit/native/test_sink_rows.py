@@ -5,7 +5,8 @@ image with its position, each column's converter and psycopg's ``COPY`` text. ``
 must give the same bytes for every event it answers, answer the events capture writes, and
 return None (the twin's turn) for anything it cannot write exactly; ``event_ops`` must give
 each event's op as the twin reads it, or ``?`` where only the twin can tell; ``copy_arrays`` must
-turn that text into the twin's array literals (sinks/postgres/arrays.py).
+turn that text into the twin's array literals (sinks/postgres/arrays.py). ``sink_records`` must
+build the batch every sink delivers without a transform as ``sinks.records.as_sent``'s loop does.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ from hypothesis import strategies as st
 from psycopg._copy_base import _format_row_text
 from psycopg.adapt import Transformer
 
+from log.base import StoredRecord
 from native import speedups
+from sinks import records as records_module
 from sinks.postgres.arrays import column_arrays
 from sinks.postgres.columns import _date, _timestamp, copy_rows, same
 from sinks.postgres.sink import _parsed_event
 from sinks.postgres.truncates import INDEX_COLUMN, LSN_COLUMN
+from sinks.records import SinkRecord
 
 pytestmark = pytest.mark.skipif(speedups is None, reason="the extension is not built (HEADWATER_NATIVE=0, no compiler)")
 
@@ -238,3 +242,81 @@ def test_event_ops_are_the_twins_op(op: Any, dumps: Callable[[Any], bytes], pres
 def test_event_ops_hand_what_json_or_orjson_refuses_to_the_twin(raw: bytes) -> None:
     assert speedups is not None
     assert speedups.event_ops([raw]) in (b"?",)
+
+
+_stored = st.builds(
+    StoredRecord,
+    st.sampled_from(["shop.public.orders", "t"]),
+    st.integers(0, 7),
+    st.integers(0, 2**62),
+    st.integers(-(2**40), 2**62),
+    st.none() | st.binary(max_size=12),
+    st.none() | st.binary(max_size=40),
+    st.just(()) | st.just((("h", b"v"),)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_stored, max_size=20))
+def test_sink_records_are_the_twins(records: list[StoredRecord]) -> None:
+    built = records_module.as_sent(records)
+    records_module.speedups = None  # the twin (no fixture: Hypothesis runs the body many times)
+    try:
+        expected = records_module.as_sent(records)
+    finally:
+        records_module.speedups = speedups
+    assert speedups is not None
+    assert speedups.sink_records(records, SinkRecord) == built
+    assert built == expected
+    assert all(type(r) is SinkRecord for r in built)
+    assert [r.payload for r in built] == [r.value for r in records if r.value is not None]
+
+
+def test_sink_records_hand_other_items_to_the_twin() -> None:
+    assert speedups is not None
+    record = StoredRecord("t", 0, 1, 2, b"k", b"v", ())
+    assert speedups.sink_records([record, ("t", 0, 1)], SinkRecord) is None
+    assert speedups.sink_records([record, "not a record"], SinkRecord) is None
+    with pytest.raises(TypeError):
+        speedups.sink_records([record], dict)
+
+
+_string_parts = st.lists(
+    st.sampled_from(
+        [b"a", b"plain text", b"x" * 17, b'"', b"\\", b"\\n", b'\\"', b"\\u00e9", b"\x01", b"\x1f", b"\x7f",
+         b"\xc3\xa9", b"\xe2\x82\xac", b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80"]
+    ),
+    max_size=24,
+)  # fmt: skip
+
+
+@settings(max_examples=500, deadline=None)
+@given(_string_parts, st.sampled_from([b"note", b"name"]))
+def test_long_strings_are_read_as_json_reads_them(parts: list[bytes], column: bytes) -> None:
+    """Plain bytes are passed 8 at a time: a quote, backslash, control or non-ASCII byte anywhere in a word counts."""
+    text = b"".join(parts)
+    row = b'{"id":1,"%s":"%s"}' % (column, text)
+    value = b'{"before":null,"after":%s,"source":{"commit_lsn":5,"txn_index":0},"op":"c"}' % row
+    try:
+        orjson.loads(value)
+    except orjson.JSONDecodeError:
+        valid = False
+    else:
+        valid = True
+    assert speedups is not None
+    assert speedups.event_ops([value]) == (b"c" if valid else b"?")
+    got = native([value], ["id", "name", "note"], "iii")
+    if not valid:
+        assert got is None
+    elif got is not None:
+        assert got == twin([value], ["id", "name", "note"], "iii")
+
+
+def test_sink_records_of_plain_values_are_left_to_reference_counting() -> None:
+    import gc
+
+    assert speedups is not None
+    plain = StoredRecord("t", 0, 1, 2, b"k", b"v", ())
+    odd = StoredRecord("t", 0, 1, 2, [b"k"], b"v", ())  # a container: it could be part of a cycle
+    built = speedups.sink_records([plain, odd], SinkRecord)
+    assert [gc.is_tracked(r) for r in built] == [False, True]
