@@ -5,9 +5,11 @@ files itself (projection and filter pushdown kept), matching columns by their Ic
 IDs, not their names: a file written before a column was renamed, widened or added is read
 under the table's current schema (``read_parquet``'s ``schema`` map; a column the file lacks
 is NULL, a dropped one is not read). Position deletes (merge-on-read snapshots,
-:mod:`warehouse_loader.iceberg.row_delta`) are applied by an anti-join on each row's file and
-position; equality deletes, which Headwater never writes, are refused in one line rather than
-read wrong.
+:mod:`warehouse_loader.iceberg.row_delta`) are applied as in Delta tables: each data file with
+deletes is read beside its keep-mask (:mod:`warehouse_loader.keep_mask`), the others as they are;
+past :data:`~warehouse_loader.keep_mask.POSITIONAL_FILES` such files, by an anti-join on each
+row's file and position. Equality deletes, which Headwater never writes, are refused in one
+line rather than read wrong.
 
 Tables on an object store are read through the same fsspec-over-pyarrow filesystem as Delta
 tables (:func:`warehouse_loader.duckdb_connection.duckdb_connection`): no DuckDB extension is
@@ -22,10 +24,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import duckdb
+import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from warehouse_loader.duckdb_connection import duckdb_connection, store_errors
 from warehouse_loader.errors import WarehouseError
+from warehouse_loader.keep_mask import POSITIONAL_FILES, KeepMask, masked_rows, whole_mask
 from warehouse_loader.location import TableLocation
 from warehouse_loader.sql_text import quote, sql_list, sql_literal
 
@@ -191,6 +196,15 @@ class TableFiles:
             source = self._source(chosen, filename=filename, positions=positions)
             con.execute(f"CREATE TEMP VIEW {quote(name)} AS SELECT * FROM {source}")
             return
+        masks = self._keep_masks(chosen)
+        if masks is not None:
+            plain = [path for path in chosen if path not in masks]
+            parts = [f"SELECT * FROM {self._source(plain, filename=filename, positions=positions)}"] if plain else []
+            for at, (path, mask) in enumerate(sorted(masks.items())):
+                source = self._source([path], filename=filename, positions=positions)
+                parts.append(masked_rows(con, f"__hw_keep_{name}_{at}", source, mask))
+            con.execute(f"CREATE TEMP VIEW {quote(name)} AS {' UNION ALL BY NAME '.join(parts)}")
+            return
         hidden = [c for c, wanted in (("filename", filename), ("file_row_number", positions)) if not wanted]
         exclude = f" EXCLUDE ({', '.join(hidden)})" if hidden else ""
         con.execute(
@@ -201,6 +215,54 @@ class TableFiles:
                     FROM read_parquet({sql_list(deletes)})
                 ) x ON d.filename = x.f AND d.file_row_number = x.pos"""
         )
+
+    def _keep_masks(self, paths: list[str]) -> dict[str, KeepMask] | None:
+        """Each of ``paths`` with removed rows -> its ``whole`` keep-mask (row count from its footer).
+
+        None, for the anti-join to read them, with more such files than :data:`POSITIONAL_FILES`,
+        a delete file not in Parquet (a v3 deletion vector) or a position past its file's end.
+        Only the delete files pyiceberg planned for a data file apply to it (sequence numbers).
+        """
+        from pyiceberg.manifest import FileFormat
+
+        touched = [path for path in paths if self.deletes.get(path)]
+        if len(touched) > POSITIONAL_FILES:
+            return None
+        read: dict[str, dict[str, list[np.ndarray]]] = {}
+        masks: dict[str, KeepMask] = {}
+        for path in touched:
+            removed: list[np.ndarray] = []
+            for delete in self.deletes[path]:
+                if delete.file_format != FileFormat.PARQUET:
+                    return None
+                if delete.file_path not in read:
+                    read[delete.file_path] = self._positions(delete.file_path)
+                removed.extend(read[delete.file_path].get(_local(path), []))
+            if not removed:
+                continue
+            with self.table.io.new_input(path).open() as stream:
+                rows = pq.read_metadata(stream).num_rows
+            mask = whole_mask(np.concatenate(removed), rows)
+            if mask is None:
+                return None
+            masks[path] = mask
+        return masks
+
+    def _positions(self, delete_path: str) -> dict[str, list[np.ndarray]]:
+        """The positions a position-delete file removes, by data file (named as DuckDB's ``filename``)."""
+        with self.table.io.new_input(delete_path).open() as stream:  # ParquetFile: 0.9 ms against 1.3 for 59k rows
+            rows = pq.ParquetFile(stream, read_dictionary=["file_path"]).read(["file_path", "pos"], use_threads=False)
+        found: dict[str, list[np.ndarray]] = {}
+        for names, chunk in zip(rows.column("file_path").chunks, rows.column("pos").chunks, strict=True):
+            pos = chunk.to_numpy()
+            files = [_local(name) for name in names.dictionary.to_pylist()]
+            if len(files) == 1:  # the usual: a delete file per data file, or a chunk of one file's
+                found.setdefault(files[0], []).append(pos)
+                continue
+            indices = names.indices.to_numpy()
+            for at, file in enumerate(files):
+                found.setdefault(file, []).append(pos[indices == at])
+        return found
 
     def _schema(self) -> Schema:
         return self.table.schema() if self.snapshot_id is None else _schema_at(self.table, self.snapshot_id)
