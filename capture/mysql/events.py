@@ -35,6 +35,8 @@ CONNECTOR = "mysql"
 _binlog_events = native.speedups.binlog_events if native.speedups is not None else None
 #: Changes handed to ``binlog_events`` per call (its records are yielded before the next call).
 _NATIVE_RUN = 1000
+#: The most key columns ``binlog_events`` takes (``Shape.key`` in ``native/binlog_events.c``).
+_NATIVE_MAX_KEYS = 64
 #: ``binlog_events``'s skipped-operation bits.
 _SKIP_BITS = {"c": 1, "u": 2, "d": 4}
 
@@ -182,7 +184,8 @@ class EventBuilder:
         if found is not None and found[0] is plan:
             return found[1]
         native_plan: _NativePlan | None = None
-        if plan.row_filter is None and not plan.masks:
+        # The C side holds up to 64 key columns (a configured key may name more).
+        if plan.row_filter is None and not plan.masks and len(plan.key) <= _NATIVE_MAX_KEYS:
             kept = set(plan.kept)
             native_plan = (
                 tuple(orjson.dumps(name) + b":" for name in plan.names),
