@@ -6,7 +6,10 @@ another process is seen whole or not at all, and a torn tail is never read.
 
 A read that stops inside a compressed batch keeps that batch's decompressed records for the
 next read, which usually starts there (a consumer polling fewer records than a batch holds):
-they are used again only for a batch whose stored bytes are the same, byte for byte.
+they are used again only for a batch whose stored bytes are the same, byte for byte. Only a
+batch of at most :data:`HELD_MAX_BYTES` decompressed is kept, so a process reading many
+partitions holds at most that much per partition (a snapshot's batches, megabytes each, are
+decompressed again instead).
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from log.file.segment import ScanStop, scan
 
 if TYPE_CHECKING:
     from log.columns import RecordColumns
+
+
+#: The largest decompressed batch a reader keeps for its next read.
+HELD_MAX_BYTES = 1 << 20
 
 
 class PartitionReader:
@@ -57,7 +64,7 @@ class PartitionReader:
                     max_bytes=budget,
                 )
                 if used < 0:
-                    if stored is not None:
+                    if stored is not None and len(plain) <= HELD_MAX_BYTES:
                         self._held = (stored, plain)  # type: ignore[assignment]  # compressed: bytes
                     break
                 budget -= used

@@ -3,7 +3,7 @@
 import shutil
 
 from log.base import Record, TopicSpec
-from log.file import batch_codec
+from log.file import batch_codec, partition_reader
 from log.file.backend import FileLog
 from log.file.segment import list_segments
 
@@ -32,6 +32,18 @@ def test_reads_in_chunks_decompress_a_batch_once(tmp_path, monkeypatch):
     assert _chunks(log, 7) == whole
     assert [r.offset for r in whole] == list(range(100))
     assert len(calls) == 1
+    log.close()
+
+
+def test_a_batch_larger_than_the_bound_is_not_kept(tmp_path, monkeypatch):
+    log = _fill(tmp_path / "log", b"a")  # ~16 kB decompressed
+    whole = log.read("t", 0, 0, max_records=1000)
+    monkeypatch.setattr(partition_reader, "HELD_MAX_BYTES", 4096)
+    calls = []
+    decompress = batch_codec._zstd_decompress
+    monkeypatch.setattr(batch_codec, "_zstd_decompress", lambda *a: calls.append(1) or decompress(*a))
+    assert _chunks(log, 50) == whole
+    assert len(calls) == 2  # decompressed by each read
     log.close()
 
 
