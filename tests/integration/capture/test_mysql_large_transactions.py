@@ -50,8 +50,9 @@ MIB = 1 << 20
 #: more changes held.
 FLAT_MIB = 40
 #: The stated bound at this threshold (1 MiB): the process at rest plus the held changes (~1 MiB), a
-#: spill batch decoded (~1 MiB of events), and the pending records (``FLUSH_RECORDS`` + a piece: ~60
-#: MiB of built events at most); measured 62 MiB above rest at 300,000 changes.
+#: spill batch decoded (~1 MiB of events), and the pending records (``FLUSH_RECORDS`` + a piece: ~30
+#: MiB of built events at most); measured 34-37 MiB above rest at 300,000 changes (62 with pieces
+#: of 50,000 records, and Python-built events).
 BOUND_MIB = 100
 SMALL, BIG = 60_000, 300_000
 
