@@ -30,9 +30,8 @@ os.environ.setdefault("HEADWATER_RETENTION_FLOOR_S", "0")
 import iceberg_upkeep_bench as bench
 
 from operations.maintain import maintain_table
-from warehouse_loader.formats import format_of, merge_on_read
+from warehouse_loader.formats import format_of
 from warehouse_loader.load_job import table_path
-from warehouse_loader.maintenance import PiledFiles
 
 BATCHES, PER_BATCH, EVERY, SEED = 200, 300, 60, 7
 
@@ -43,22 +42,8 @@ def build(rows: int, home: Path) -> None:
     home.mkdir(parents=True)
     config = bench.project(home, True)
     fmt, location = format_of(config, "t"), table_path(config, "t")
-    settings = config.warehouse.tables["t"]
-    piled = PiledFiles(fmt.maintainer(location), config.warehouse.maintenance_of("t"))
+    write = bench.batch_writer(config)
     rng = np.random.default_rng(SEED)
-
-    def write(name: str, batch: object, batch_id: int) -> None:
-        written = fmt.write_batch(
-            table_path(config, name),
-            batch,
-            table=name,
-            batch_id=batch_id,
-            keys=["id"],
-            config=settings,
-            merge_on_read=merge_on_read(config, name),
-        )
-        if name == "t":
-            piled.after_commit(written.files)  # the loader's own compaction once files pile up
 
     write("t", bench.changes(np.arange(rows), 1, "c"), 0)
     for n in range(1, BATCHES + 1):

@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,28 +112,36 @@ def measure(config: ProjectConfig, name: str) -> dict[str, Any]:
     }
 
 
+def batch_writer(config: ProjectConfig) -> Callable[[str, pa.Table, int], float]:
+    """Writes a batch into table ``t`` (compacting once its files pile up, as the loader does) or another; seconds."""
+    fmt, location = format_of(config, "t"), table_path(config, "t")
+    settings = config.warehouse.tables["t"]
+    piled = PiledFiles(fmt.maintainer(location), config.warehouse.maintenance_of("t"))
+
+    def write(name: str, batch: pa.Table, batch_id: int) -> float:
+        started = time.perf_counter()
+        written = fmt.write_batch(
+            table_path(config, name),
+            batch,
+            table=name,
+            batch_id=batch_id,
+            keys=["id"],
+            config=settings,
+            merge_on_read=merge_on_read(config, name),
+        )
+        if name == "t":
+            piled.after_commit(written.files)  # as the loader does, under the batch's lease
+        return time.perf_counter() - started
+
+    return write
+
+
 def run(rows: int, batches: int, per_batch: int, every: int, mor: bool, maintained: bool) -> dict[str, Any]:
     rng = np.random.default_rng(7)
     with tempfile.TemporaryDirectory(prefix="iceberg-upkeep-") as scratch:
         config = project(Path(scratch), mor)
         fmt, location = format_of(config, "t"), table_path(config, "t")
-        settings = config.warehouse.tables["t"]
-        piled = PiledFiles(fmt.maintainer(location), config.warehouse.maintenance_of("t"))
-
-        def write(name: str, batch: pa.Table, batch_id: int) -> float:
-            started = time.perf_counter()
-            written = fmt.write_batch(
-                table_path(config, name),
-                batch,
-                table=name,
-                batch_id=batch_id,
-                keys=["id"],
-                config=settings,
-                merge_on_read=merge_on_read(config, name),
-            )
-            if name == "t":
-                piled.after_commit(written.files)  # as the loader does, under the batch's lease
-            return time.perf_counter() - started
+        write = batch_writer(config)
 
         write("t", changes(np.arange(rows), 1, "c"), 0)
         times = []
