@@ -258,10 +258,11 @@ def rekeyed_truncates(
     if highest is None:
         return []
     histories = read_schema_records(log, list(topics))
+    existing = set(log.list_topics())
     records = []
     index = highest.txn_index + 1
     for topic, versions in histories.items():
-        if topic not in log.list_topics() or not any(schema_key(version) == () for version in versions):
+        if topic not in existing or not any(schema_key(version) == () for version in versions):
             continue
         event = keyless_event(log, topic, end_offsets(log, topic))
         if event is not None:
