@@ -70,7 +70,7 @@ def table_metadata(config: ProjectConfig, log: Log, name: str) -> dict[str, Any]
     from warehouse_loader.formats import format_of
     from warehouse_loader.load_job import table_path
 
-    status = next(row for row in table_status(config, log) if row["table"] == name)
+    (status,) = table_status(config, log, names=(name,))
     path = table_path(config, name)  # a local path or an object store URL (never its credentials)
     metadata: dict[str, Any] = {"warehouse/state": status["state"], "warehouse/path": str(path)}
     fmt = format_of(config, name)

@@ -17,6 +17,7 @@ that need them, so a process that uses one part of this module does not load the
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any
 
 from core.config import ProjectConfig
@@ -65,8 +66,14 @@ def topic_status(log: Log) -> list[dict[str, Any]]:
     return rows
 
 
-def table_status(config: ProjectConfig, log: Log, now_s: float | None = None) -> list[dict[str, Any]]:
-    """Last commit time, freshness, lag, size and shape (files, dirty ratio, last maintenance) of every table."""
+def table_status(
+    config: ProjectConfig, log: Log, now_s: float | None = None, *, names: Collection[str] | None = None
+) -> list[dict[str, Any]]:
+    """Last commit time, freshness, lag, size and shape (files, dirty ratio, last maintenance) of every table.
+
+    ``names``: only these tables (each table's status opens and reads it: a caller after one
+    table must not pay for all of them).
+    """
     from operations.maintain import maintenance_status
     from warehouse_loader.formats import format_of
     from warehouse_loader.load_job import load_identity, table_key_problem, table_path
@@ -75,6 +82,8 @@ def table_status(config: ProjectConfig, log: Log, now_s: float | None = None) ->
     topics = set(log.list_topics())
     rows = []
     for name, table in config.warehouse.tables.items():
+        if names is not None and name not in names:
+            continue
         row: dict[str, Any] = {"table": name, "from": table.from_, "mode": table.mode}
         build, source_topic = load_identity(config, name)
         path = table_path(config, name)
