@@ -56,20 +56,25 @@ def test_project_options_follow_the_variable_and_an_empty_variable_adds_nothing(
 
 
 @pytest.mark.parametrize("quieted", [True, False])
-def test_a_jvm_hanging_up_on_the_accumulator_server_prints_no_traceback(quieted, tmp_path, capfd):
+@pytest.mark.parametrize("hang_up", ["close", "reset"])
+def test_a_jvm_hanging_up_on_the_accumulator_server_prints_no_traceback(quieted, hang_up, tmp_path, capfd):
     """The JVM closing its accumulator connection (it stops, or is gone) is not an error to print.
 
     Seen as a traceback in ``run --follow``'s output when a stop came during a feed's first
-    micro-batch. pyspark's own server (as every session here starts it: a Unix socket), hung up
-    on as the JVM would; unquieted, it prints the traceback (so the check can fail).
+    micro-batch (``EOFError``), and when a SIGTERM came at a load's first micro-batch
+    (``ConnectionResetError``: the JVM exited with the server's acknowledgement of its last
+    updates unread). pyspark's own server (as every session here starts it: a Unix socket), hung
+    up on as the JVM would; unquieted, it prints the traceback (so the check can fail).
     """
     import socket
+    import struct
     import time
 
     from pyspark.accumulators import _start_update_server
 
     from spark_log.session import quiet_accumulator_hangups
 
+    error = "EOFError" if hang_up == "close" else "ConnectionResetError"
     server = _start_update_server("", True, str(tmp_path / "accumulators.sock"))
     try:
         if quieted:
@@ -77,11 +82,15 @@ def test_a_jvm_hanging_up_on_the_accumulator_server_prints_no_traceback(quieted,
         capfd.readouterr()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
             connection.connect(server.server_address)
+            if hang_up == "reset":
+                connection.sendall(struct.pack("!i", 0))  # no updates: the server acknowledges with one byte
+                connection.settimeout(10)
+                assert connection.recv(1, socket.MSG_PEEK) == b"\x01"  # left unread: closing resets
         deadline = time.monotonic() + 5
         err = ""
-        while time.monotonic() < deadline and "EOFError" not in err:
-            time.sleep(0.2)  # the handler polls once a second and reads the EOF on the next poll
+        while time.monotonic() < deadline and error not in err:
+            time.sleep(0.2)  # the handler polls once a second and reads the hang-up on the next poll
             err += capfd.readouterr().err
     finally:
         server.shutdown()
-    assert ("EOFError" in err) is not quieted, err
+    assert (error in err) is not quieted, err
