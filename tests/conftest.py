@@ -55,6 +55,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="write each test module's seconds (setup+call+teardown) as JSON, e.g. tests/module_times.json",
     )
+    parser.addoption(
+        "--cpu-profile-out",
+        type=Path,
+        default=None,
+        help="sample every process's CPU and write it per test module and kind of process (harness.suite_cpu)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -80,6 +86,11 @@ def pytest_configure(config: pytest.Config) -> None:
         from harness.suite_order import ModuleTimes
 
         config.pluginmanager.register(ModuleTimes(out), "headwater-module-times")
+    cpu_out = config.getoption("--cpu-profile-out")
+    if cpu_out is not None and not hasattr(config, "workerinput"):
+        from harness.suite_cpu import SuiteCpu
+
+        config.pluginmanager.register(SuiteCpu(cpu_out), "headwater-suite-cpu")
 
 
 @pytest.hookimpl(trylast=True)
