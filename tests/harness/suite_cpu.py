@@ -120,9 +120,11 @@ class SuiteCpu:
         self.samples: list[tuple[float, str, str, float]] = []  # (time, worker, kind, CPU seconds)
         self._seen: dict[tuple[str, int], _Seen] = {}  # by (pid, start tick)
         self._workers: dict[str, str] = {}  # pid -> id of each pytest-xdist worker process (set after it started)
+        self.started: Counter[str] = Counter()  # processes seen per kind (a program exec'd counts again)
         self._stop = threading.Event()
         self._sample()  # the baseline: CPU spent before the run is not the suite's
         self.samples.clear()
+        self.started.clear()
         self._thread = threading.Thread(target=self._run, name="suite-cpu", daemon=True)
         self._thread.start()
 
@@ -147,6 +149,7 @@ class SuiteCpu:
             if known is None or known.comm != comm:  # new, or it exec'd another program
                 cmdline, worker = _describe(pid)
                 known = _Seen(comm, kind_of(comm, cmdline), worker, known.ticks if known is not None else 0)
+                self.started[known.kind] += 1
             if ticks > known.ticks:
                 worker = known.worker or self._workers.get(pid, "")
                 self.samples.append((now, worker, known.kind, (ticks - known.ticks) / _TICK))
@@ -166,11 +169,16 @@ class SuiteCpu:
         self._stop.set()
         self._thread.join(timeout=10)
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.out.write_text(report(self.samples, self.timeline))
+        self.out.write_text(report(self.samples, self.timeline, self.started))
 
 
-def report(samples: list[tuple[float, str, str, float]], timeline: Timeline, modules: int = 40) -> str:
-    """CPU seconds by kind of process, then by module (the largest first) with each module's top kinds."""
+def report(
+    samples: list[tuple[float, str, str, float]],
+    timeline: Timeline,
+    started: Counter[str] | None = None,
+    modules: int = 40,
+) -> str:
+    """CPU seconds by kind of process (with how many were seen, when known), then by module (the largest first)."""
     by_kind: Counter[str] = Counter()
     by_module: Counter[str] = Counter()
     module_kinds: defaultdict[str, Counter[str]] = defaultdict(Counter)
@@ -182,7 +190,10 @@ def report(samples: list[tuple[float, str, str, float]], timeline: Timeline, mod
     total = sum(by_kind.values()) or 1.0
     lines = [f"CPU seconds sampled: {total:,.0f}", "", "by kind of process:"]
     shown = [(kind, seconds) for kind, seconds in by_kind.most_common() if seconds >= 0.5]
-    lines += [f"{seconds:9,.0f}  {100 * seconds / total:5.1f} %  {kind}" for kind, seconds in shown]
+    for kind, seconds in shown:
+        count = (started or Counter())[kind]
+        each = f"  ({count:,} processes, {seconds / count:.2f} s each)" if count else ""
+        lines.append(f"{seconds:9,.0f}  {100 * seconds / total:5.1f} %  {kind}{each}")
     lines += ["", f"by test module (the {modules} largest):"]
     for module, seconds in by_module.most_common(modules):
         top = ", ".join(f"{kind} {s:,.0f}" for kind, s in module_kinds[module].most_common(4))

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 
 from harness.suite_cpu import OUTSIDE, Timeline, kind_of, report
 
@@ -29,7 +30,10 @@ def test_a_sample_goes_to_the_module_its_worker_ran_then():
     assert timeline.module_at("gw0", 250.0) == "tests/b/test_y.py"
     assert timeline.module_at("gw1", 120.0) == "(worker start)"
     assert timeline.module_at("", 150.0) == OUTSIDE
-    text = report([(150.0, "gw0", "java: Spark driver", 3.0), (250.0, "gw0", "postgres", 1.0)], timeline)
+    samples = [(150.0, "gw0", "java: Spark driver", 3.0), (250.0, "gw0", "postgres", 1.0)]
+    text = report(samples, timeline, Counter({"java: Spark driver": 2}))
+    assert "3   75.0 %  java: Spark driver  (2 processes, 1.50 s each)" in text
+    assert "1   25.0 %  postgres\n" in text
     assert "tests/a/test_x.py  (java: Spark driver 3)" in text
     assert "tests/b/test_y.py  (postgres 1)" in text
 
@@ -63,4 +67,5 @@ def test_a_run_counts_its_childs_cpu_for_the_running_module(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     lines = out.read_text().splitlines()
     burned = next(line for line in lines if "test_burn.py" in line)
+    assert any("(1 processes" in line for line in lines if "python: other" in line), out.read_text()
     assert float(burned.split()[0].replace(",", "")) >= 0.5, out.read_text()
