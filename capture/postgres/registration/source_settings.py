@@ -16,8 +16,8 @@ import psycopg
 from psycopg import sql
 
 from capture.column_policy import ColumnPolicy
-from capture.errors import ColumnSettingError
-from capture.postgres.registration.publication import as_text
+from capture.errors import ColumnSettingError, PublicationError
+from capture.postgres.registration.publication import as_text, publication_info
 from capture.postgres.registration.row_filters import split_table, sync_publication_filters
 from capture.postgres.streaming.signals import SIGNAL_COLUMNS
 from core.source_config import SourceConfig
@@ -29,7 +29,19 @@ ROW_FILTERS_FILE = "row_filters.json"
 def check_source_settings(
     conn: psycopg.Connection[Any], name: str, source: SourceConfig, publication: str, *, state_dir: Path
 ) -> None:
-    """Refuse (:class:`ColumnSettingError`) what cannot be captured as configured; set the row filters."""
+    """Refuse (:class:`ColumnSettingError`) what cannot be captured as configured; set the row filters.
+
+    A missing publication is refused too (:class:`PublicationError`): without it the snapshot
+    reads no table and the run would report success with nothing captured.
+    """
+    if publication_info(conn, publication) is None:
+        targets = f"TABLES IN SCHEMA {', '.join(source.schemas)}" if source.schemas else f"TABLE {', '.join(source.tables or ())}"
+        msg = (
+            f"source {name}: publication {publication} does not exist, so nothing would be captured; register "
+            f"the source with 'headwater source add' (it creates it) or create it: CREATE PUBLICATION {publication} "
+            f"FOR {targets}"
+        )
+        raise PublicationError(msg, source=name, publication=publication)
     named = ColumnPolicy(source.columns).named_columns()
     for table, columns in source.keys.items():
         named.setdefault(table, []).extend(("keys", column) for column in columns)

@@ -278,6 +278,21 @@ def test_settings_naming_what_the_database_lacks_are_refused_in_one_line(
     log.close()
 
 
+def test_a_source_without_its_publication_is_refused_in_one_line_before_any_slot(pg_server, unique_name, tmp_path):
+    """Configured by hand, never registered: the snapshot would read no table and report success."""
+    name = unique_name("nopub")
+    dsn = make_source(pg_server, name, f"DROP PUBLICATION headwater_{name}")
+    log = FileLog(tmp_path / "log")
+    with pytest.raises(PublicationError) as refused:
+        agent(dsn, name, log, tmp_path).run(until_caught_up=True)
+    message = str(refused.value)
+    assert message.startswith(f"source {name}: publication headwater_{name} does not exist"), message
+    assert f"CREATE PUBLICATION headwater_{name} FOR TABLE public.items, public.notes" in message and "\n" not in message
+    assert _rows(dsn, "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()") == [(0,)]
+    assert not (tmp_path / "log").exists() or not log.list_topics()
+    log.close()
+
+
 @contextmanager
 def following(run: CaptureAgent) -> Iterator[None]:
     """The agent streaming in a thread (until the block ends)."""
