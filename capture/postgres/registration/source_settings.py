@@ -35,7 +35,11 @@ def check_source_settings(
     reads no table and the run would report success with nothing captured.
     """
     if publication_info(conn, publication) is None:
-        targets = f"TABLES IN SCHEMA {', '.join(source.schemas)}" if source.schemas else f"TABLE {', '.join(source.tables or ())}"
+        targets = (
+            f"TABLES IN SCHEMA {', '.join(source.schemas)}"
+            if source.schemas
+            else f"TABLE {', '.join(source.tables or ())}"
+        )
         msg = (
             f"source {name}: publication {publication} does not exist, so nothing would be captured; register "
             f"the source with 'headwater source add' (it creates it) or create it: CREATE PUBLICATION {publication} "

@@ -287,7 +287,9 @@ def test_a_source_without_its_publication_is_refused_in_one_line_before_any_slot
         agent(dsn, name, log, tmp_path).run(until_caught_up=True)
     message = str(refused.value)
     assert message.startswith(f"source {name}: publication headwater_{name} does not exist"), message
-    assert f"CREATE PUBLICATION headwater_{name} FOR TABLE public.items, public.notes" in message and "\n" not in message
+    assert (
+        f"CREATE PUBLICATION headwater_{name} FOR TABLE public.items, public.notes" in message and "\n" not in message
+    )
     assert _rows(dsn, "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()") == [(0,)]
     assert not (tmp_path / "log").exists() or not log.list_topics()
     log.close()
