@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -25,7 +24,7 @@ from dagster import AssetKey, AssetMaterialization, DagsterInstance
 from core.config import ProjectConfig
 from dagster_project.lineage import feed_key, source_topics, topic_key, warehouse_key
 from dagster_project.metadata import capture_metadata, feed_metadata, table_metadata, topic_metadata
-from dagster_project.ui import prepare_dagster_home
+from dagster_project.ui import creating_dagster_instance
 from log.base import Log
 from log.factory import open_log
 
@@ -49,11 +48,7 @@ class AssetRecorder:
 
     def _open(self) -> DagsterInstance:
         if self._instance is None:
-            home = prepare_dagster_home(self._config)
-            # A fresh instance's storages are created on first open; two processes doing it at
-            # once can leave two alembic heads (dagster#27390): one at a time.
-            with (home / ".create.lock").open("w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+            with creating_dagster_instance(self._config) as home:
                 self._instance = DagsterInstance.from_config(str(home))
         return self._instance
 
@@ -63,17 +58,19 @@ class AssetRecorder:
         sources: Mapping[str, Mapping[str, Any]] | None = None,
         feeds: Mapping[str, Mapping[str, int]] | None = None,
         tables: tuple[str, ...] = (),
+        only_unrecorded: bool = False,
     ) -> int:
         """Record the assets of ``sources`` (name -> capture figures), ``feeds`` (name -> run counts) and ``tables``.
 
         Returns how many materializations were recorded (assets whose figures did not change
-        since this recorder's last call are skipped).
+        since this recorder's last call are skipped; with ``only_unrecorded``, also every asset
+        the instance already has a materialization of).
         """
         with self._lock:
             try:
                 log = open_log(self._config)
                 try:
-                    return self._record(log, sources or {}, feeds or {}, tables)
+                    return self._record(log, sources or {}, feeds or {}, tables, only_unrecorded)
                 finally:
                     log.close()
             except Exception as exc:  # recording is a report on the work, never a reason for it to fail
@@ -86,6 +83,7 @@ class AssetRecorder:
         sources: Mapping[str, Mapping[str, Any]],
         feeds: Mapping[str, Mapping[str, int]],
         tables: tuple[str, ...],
+        only_unrecorded: bool = False,
     ) -> int:
         events: list[AssetMaterialization] = []
         topics = source_topics(self._config)
@@ -100,10 +98,15 @@ class AssetRecorder:
             metadata = table_metadata(self._config, log, name)
             days = self._history_days(name, metadata) if self._config.warehouse.tables[name].mode == "scd2" else None
             events += self._changed(warehouse_key(name), metadata, days)
-        if events:
-            instance = self._open()
-            for event in events:
-                instance.report_runless_asset_event(event)
+        if not events:
+            return 0
+        instance = self._open()
+        if only_unrecorded:
+            keys = {event.asset_key for event in events}
+            unrecorded = {key for key in keys if instance.get_latest_materialization_event(key) is None}
+            events = [event for event in events if event.asset_key in unrecorded]
+        for event in events:
+            instance.report_runless_asset_event(event)
         return len(events)
 
     def _changed(
@@ -135,6 +138,21 @@ class AssetRecorder:
         if metadata.get("warehouse/last_commit"):
             self._recorded[f"{name}/last_commit"] = str(metadata["warehouse/last_commit"])
         return [day.isoformat() for day in rows.column("day").to_pylist() if isinstance(day, dt.date)]
+
+
+def record_unrecorded(config: ProjectConfig) -> int:
+    """Record the current state of every asset the project's instance has no materialization of.
+
+    Stage commands record only into an existing instance (:func:`dagster_project.ui.dagster_instance_exists`):
+    what was captured, fed and loaded before ``headwater ui`` first created it is recorded here, once.
+    """
+    recorder = AssetRecorder(config, "headwater ui: found at its start (made before the instance existed)")
+    return recorder.record(
+        sources={name: {} for name in config.sources},
+        feeds={name: {} for name in config.feeds},
+        tables=tuple(config.warehouse.tables),
+        only_unrecorded=True,
+    )
 
 
 class PeriodicRecording:

@@ -14,6 +14,7 @@ with ``$HEADWATER_CONFIG`` set to the project's file.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -70,6 +71,29 @@ def prepare_dagster_home(config: ProjectConfig) -> Path:
     return home
 
 
+def dagster_instance_exists(config: ProjectConfig) -> bool:
+    """Whether the project has its Dagster instance (``headwater ui`` and ``headwater demo`` create it).
+
+    Stage commands record their work only into an existing instance: a project nobody watches in
+    Dagster does not pay ~1 CPU s per command for importing Dagster and opening its storages.
+    """
+    return (dagster_home(config) / "dagster.yaml").exists()
+
+
+@contextlib.contextmanager
+def creating_dagster_instance(config: ProjectConfig) -> Iterator[Path]:
+    """``DAGSTER_HOME`` prepared and held for creating its instance: yields the home, one process at a time.
+
+    A fresh instance's SQLite storages are created on first open; two processes doing that at once
+    (a webserver, a daemon, a code server, a stage command) can leave two alembic heads
+    (dagster#27390), so whoever may be first opens it under this lock.
+    """
+    home = prepare_dagster_home(config)
+    with (home / ".create.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield home
+
+
 def ui_environment(config: ProjectConfig) -> dict[str, str]:
     """The children's environment: ``DAGSTER_HOME`` and ``$HEADWATER_CONFIG`` for this project."""
     env = dict(os.environ)
@@ -119,13 +143,15 @@ def _dagster_command(script: str) -> list[str]:
 
 def start_ui(config: ProjectConfig, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> UiProcesses:
     """Start the webserver (``host:port``) and the daemon for ``config``'s project; return at once."""
-    home = prepare_dagster_home(config)
-    if not (home / "history" / "runs.db").exists():
-        # A fresh instance's SQLite storages are created on first open; the webserver, daemon and code
-        # server doing that at once can leave two alembic heads (dagster#27390): create them here first.
-        from dagster import DagsterInstance
+    from dagster_project.recording import record_unrecorded
 
-        DagsterInstance.from_config(str(home)).dispose()
+    with creating_dagster_instance(config) as home:
+        if not (home / "history" / "runs.db").exists():  # created here, before the webserver and daemon
+            from dagster import DagsterInstance
+
+            DagsterInstance.from_config(str(home)).dispose()
+    # Stage commands run before the instance existed recorded nothing: what they made is recorded now.
+    record_unrecorded(config)
     env = ui_environment(config)
     workspace = str(home / "workspace.yaml")
     cwd = str(config.home_dir.parent if config.config_path is None else config.config_path.parent)

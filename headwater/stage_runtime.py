@@ -4,8 +4,9 @@ Each stage command (``capture``, ``feeds run``, ``load``, ``run``) opens a
 :class:`StageRuntime` around its work. With ``--metrics-port`` it serves ``/metrics``
 (gauges of its own scope, read at scrape time, plus its counters); as a child of
 ``run --follow`` (``PROMETHEUS_MULTIPROC_DIR`` set) it only records counters for the
-parent's endpoint. Whatever it did is recorded in the project's Dagster instance when the
-work ends, and every 30 s while a ``--follow`` stage runs.
+parent's endpoint. Whatever it did is recorded in the project's Dagster instance (when the
+project has one: ``headwater ui`` and ``headwater demo`` create it) when the work ends, and
+every 30 s while a ``--follow`` stage runs.
 
 Stage libraries (prometheus-client, Dagster) are imported only when used: ``--help`` and
 quick commands do not pay for them.
@@ -92,7 +93,15 @@ class StageRuntime:
         self._capture = self._spark = None
 
     def record_assets(self) -> None:
-        """Record what this stage holds now as materializations in the project's Dagster instance."""
+        """Record what this stage holds now as materializations in the project's Dagster instance, if it has one.
+
+        Without one (``headwater ui`` creates it and records what exists then) nothing is
+        imported or read: a project nobody watches in Dagster does not pay for it.
+        """
+        from dagster_project.ui import dagster_instance_exists
+
+        if not dagster_instance_exists(self.config):
+            return
         recorder = self._asset_recorder()
         sources = {name: capture_figures(stats) for name, stats in self.capture_stats.items()}
         feeds = {name: self.feed_stats[name]() if name in self.feed_stats else {} for name in self.feeds}

@@ -223,6 +223,14 @@ def secured(pg_server: EmbeddedPostgres, tmp_path_factory: pytest.TempPathFactor
         ('it\'s "quoted"; drop table y; --', "plain"),
     )
 
+    # The project's Dagster instance first, as `headwater ui` creates it: every stage command of
+    # the run then records its work there, and those records are searched for the password too.
+    from dagster import DagsterInstance
+
+    from dagster_project.ui import creating_dagster_instance
+
+    with creating_dagster_instance(load_config(config)) as home:
+        DagsterInstance.from_config(str(home)).dispose()
     try:
         started = time.monotonic()
         _full_run(project)
@@ -369,6 +377,15 @@ def _file_text(path: Path) -> bytes:
     return data
 
 
+def _cli_records(project: SecuredProject) -> set[str]:
+    """The descriptions of the materializations stage commands recorded in the project's Dagster instance."""
+    from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
+
+    with DagsterInstance.from_config(str(project.home / "dagster")) as instance:
+        records = instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION))
+    return {r.asset_materialization.description or "" for r in records if r.asset_materialization is not None}
+
+
 def test_no_password_in_any_output_or_file_of_a_full_run(materialised: SecuredProject) -> None:
     project = materialised
     hits: list[str] = []
@@ -379,6 +396,7 @@ def test_no_password_in_any_output_or_file_of_a_full_run(materialised: SecuredPr
         hits += [f"Dagster {name} holds {n!r}" for n in NEEDLES if n in text]
     files = [p for p in project.directory.rglob("*") if p.is_file()]
     assert any(p.suffix == ".parquet" for p in files) and any("dagster_test_instance" in str(p) for p in files)
+    assert {"headwater capture", "headwater load"} <= _cli_records(project)  # the instance's files hold them
     assert any(p.name == "quality.html" for p in files)
     for path in files:
         data = _file_text(path)
