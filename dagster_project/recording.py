@@ -12,11 +12,10 @@ Recording never fails the work it records: an error is logged and the next call 
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from dagster import AssetKey, AssetMaterialization, DagsterInstance
@@ -30,8 +29,6 @@ from log.factory import open_log
 
 logger = logging.getLogger(__name__)
 
-#: How often a ``--follow`` stage records what changed.
-FOLLOW_INTERVAL_S = 30.0
 #: Metadata that changes at every look without new work (not part of "did anything change").
 _VOLATILE = ("warehouse/freshness_s",)
 
@@ -153,42 +150,3 @@ def record_unrecorded(config: ProjectConfig) -> int:
         tables=tuple(config.warehouse.tables),
         only_unrecorded=True,
     )
-
-
-class PeriodicRecording:
-    """Records at start, every ``interval_s`` (a daemon thread) and once more when stopped: for ``--follow`` stages.
-
-    The first record (which pays for importing Dagster and opening its instance: 10-30 s on a
-    busy machine) runs at start, beside the stage's own start, not when the stage is stopped. A
-    stop waits at most ``stop_wait_s`` for a record in flight; if one still runs then, the last
-    record is left to the next run, so a stop stays prompt (``run --follow`` kills a stage that
-    takes 60 s).
-    """
-
-    def __init__(
-        self, record: Callable[[], object], interval_s: float = FOLLOW_INTERVAL_S, stop_wait_s: float = 20.0
-    ) -> None:
-        self._record = record
-        self._interval_s = interval_s
-        self._stop_wait_s = stop_wait_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dagster-recording", daemon=True)
-
-    def _run(self) -> None:
-        self._record()
-        while not self._stop.wait(self._interval_s):
-            self._record()
-
-    @contextlib.contextmanager
-    def running(self) -> Iterator[None]:
-        """Record periodically while the block runs, then once more (see the class docstring)."""
-        self._thread.start()
-        try:
-            yield
-        finally:
-            self._stop.set()
-            self._thread.join(timeout=self._stop_wait_s)
-            if self._thread.is_alive():
-                logger.warning("recording in Dagster still running at the stop; the next run records the last state")
-            else:
-                self._record()

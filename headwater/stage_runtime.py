@@ -117,7 +117,7 @@ class StageRuntime:
                 self.stop_recorders()
             self.record_assets()
             return
-        from dagster_project.recording import PeriodicRecording
+        from dagster_project.periodic import PeriodicRecording
 
         try:
             with PeriodicRecording(self.record_assets).running():

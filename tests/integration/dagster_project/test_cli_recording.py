@@ -4,10 +4,16 @@ A project nobody watches in Dagster does not pay for Dagster in every command (i
 opening its storages took about 1 CPU s of a 2.3 CPU s ``capture --until-caught-up``): no
 instance is created and nothing is recorded. ``headwater ui`` creates the instance and records the
 state of every asset made before (:func:`dagster_project.recording.record_unrecorded`, which its
-start calls); from then on every stage command records its own work.
+start calls); from then on every stage command records its own work, a ``--follow`` one at its
+start, every 30 s and when stopped.
 """
 
 from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
 
 from dagster import AssetKey, DagsterInstance
 from harness.cli import run_headwater
@@ -15,6 +21,8 @@ from harness.cli import run_headwater
 from core.config import load_config
 from dagster_project.recording import record_unrecorded
 from dagster_project.ui import dagster_home, dagster_instance_exists
+from log.base import end_offsets
+from log.factory import open_log
 
 
 def _latest(config, key: AssetKey) -> tuple[str, int]:
@@ -22,6 +30,14 @@ def _latest(config, key: AssetKey) -> tuple[str, int]:
         event = instance.get_latest_materialization_event(key)
     assert event is not None and event.asset_materialization is not None
     return event.asset_materialization.description or "", event.asset_materialization.metadata["log/records"].value
+
+
+def _records(config, topic: str) -> int:
+    log = open_log(config)
+    try:
+        return sum(end_offsets(log, topic).values())
+    finally:
+        log.close()
 
 
 def test_commands_record_into_an_existing_instance_and_the_ui_records_what_came_before(
@@ -49,3 +65,24 @@ def test_commands_record_into_an_existing_instance_and_the_ui_records_what_came_
     pg_database.execute("INSERT INTO items VALUES (6, 'item 6')")
     run_headwater(path, "capture", "--until-caught-up")
     assert _latest(config, topic) == ("headwater capture", 6)
+
+    # A --follow stage records at its start, every 30 s and when stopped.
+    pg_database.execute("INSERT INTO items VALUES (7, 'item 7')")
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "headwater", "--config", str(path), "capture", "--follow"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while _latest(config, topic)[1] < 7 and time.monotonic() < deadline:
+            time.sleep(1)
+        pg_database.execute("INSERT INTO items VALUES (8, 'item 8')")
+        while _records(config, f"{source}.public.items") < 8 and time.monotonic() < deadline:
+            time.sleep(0.5)  # in the log before the stop: the last record must count it
+    finally:
+        follow.send_signal(signal.SIGINT)
+        _, err = follow.communicate(timeout=120)
+    assert follow.returncode == 0, err[-2000:]
+    assert _latest(config, topic) == ("headwater capture", 8)  # the record at the stop
