@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 
-logger = logging.getLogger("dagster_project.recording")
+logger = logging.getLogger(__name__)
 
 #: How often a ``--follow`` stage records what changed.
 FOLLOW_INTERVAL_S = 30.0
