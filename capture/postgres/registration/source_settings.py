@@ -35,15 +35,15 @@ def check_source_settings(
     reads no table and the run would report success with nothing captured.
     """
     if publication_info(conn, publication) is None:
-        targets = (
-            f"TABLES IN SCHEMA {', '.join(source.schemas)}"
-            if source.schemas
-            else f"TABLE {', '.join(source.tables or ())}"
-        )
+        names = [sql.Identifier(schema) for schema in source.schemas or ()] or [
+            sql.Identifier(*split_table(table)) for table in source.tables or ()
+        ]
+        kind = "TABLES IN SCHEMA" if source.schemas else "TABLE"
+        targets = f"{kind} {as_text(sql.SQL(', ').join(names))}"
         msg = (
             f"source {name}: publication {publication} does not exist, so nothing would be captured; register "
-            f"the source with 'headwater source add' (it creates it) or create it: CREATE PUBLICATION {publication} "
-            f"FOR {targets}"
+            f"the source with 'headwater source add' (it creates it) or create it: CREATE PUBLICATION "
+            f"{as_text(sql.Identifier(publication))} FOR {targets}"
         )
         raise PublicationError(msg, source=name, publication=publication)
     named = ColumnPolicy(source.columns).named_columns()

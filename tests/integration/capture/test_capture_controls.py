@@ -288,7 +288,8 @@ def test_a_source_without_its_publication_is_refused_in_one_line_before_any_slot
     message = str(refused.value)
     assert message.startswith(f"source {name}: publication headwater_{name} does not exist"), message
     assert (
-        f"CREATE PUBLICATION headwater_{name} FOR TABLE public.items, public.notes" in message and "\n" not in message
+        f'CREATE PUBLICATION "headwater_{name}" FOR TABLE "public"."items", "public"."notes"' in message
+        and "\n" not in message
     )
     assert _rows(dsn, "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()") == [(0,)]
     assert not (tmp_path / "log").exists() or not log.list_topics()
