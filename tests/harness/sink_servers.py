@@ -39,11 +39,13 @@ from operations.embedded_postgres import free_port
 HOST = "127.0.0.1"
 
 
-def _wait_for_port(port: int, process: subprocess.Popen[bytes], name: str, timeout_s: float) -> None:
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], name: str, timeout_s: float, output: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{name} exited with code {process.returncode} at start")
+            # Its own words, so a failed restart says why (CI saw RabbitMQ exit with 1 once, cause unknown).
+            tail = output.read_bytes()[-3000:].decode(errors="replace") if output.exists() else ""
+            raise RuntimeError(f"{name} exited with code {process.returncode} at start; its output ends:\n{tail}")
         try:
             with socket.create_connection((HOST, port), timeout=0.2):
                 return
@@ -80,16 +82,17 @@ class _Server:
 
     def start(self, timeout_s: float = 30.0) -> Any:
         """Start the server (again, on the same port and data) and wait until it accepts connections."""
+        output = self.dir / "out.log"
         self.process = subprocess.Popen(
             self.command(),
             stdin=subprocess.DEVNULL,
-            stdout=(self.dir / "out.log").open("ab"),
+            stdout=output.open("ab"),
             stderr=subprocess.STDOUT,
             preexec_fn=die_with_parent,
             start_new_session=True,
             env=self.env(),
         )
-        _wait_for_port(self.port, self.process, self.name, timeout_s)
+        _wait_for_port(self.port, self.process, self.name, timeout_s, output)
         return self
 
     def kill(self) -> None:
