@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import http.server
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -171,6 +172,26 @@ class NatsServer(_Server):
         return ["nats-server", "-a", HOST, "-p", str(self.port), "-js", "-sd", str(self.dir / "js")]
 
 
+def quiet_port(host: str = HOST) -> int:
+    """A free port below the kernel's ephemeral range, for a server that binds seconds after it is chosen.
+
+    A port from :func:`free_port` is an ephemeral one: while the Erlang VM starts (seconds under
+    load), any outgoing connection on the machine may take it as its local port, and the server
+    then fails to listen (suspected when RabbitMQ's first start exited with code 1 in a CI run).
+    Ports below the range are never handed out to outgoing connections.
+    """
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        port = secrets.randbelow(low - 20000) + 20000
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        return port
+    return free_port(host)
+
+
 class RabbitServer(_Server):
     """RabbitMQ with its own epmd (a child too, so nothing outlives the session)."""
 
@@ -178,8 +199,11 @@ class RabbitServer(_Server):
 
     def __init__(self) -> None:
         super().__init__()
-        self.epmd_port = free_port(HOST)
-        self.dist_port = free_port(HOST)
+        self.port = quiet_port()
+        self.epmd_port = quiet_port()
+        self.dist_port = quiet_port()
+        while len({self.port, self.epmd_port, self.dist_port}) < 3:
+            self.dist_port = quiet_port()
         self.node = f"hw{self.port}@localhost"
         self.epmd: subprocess.Popen[bytes] | None = None
 
