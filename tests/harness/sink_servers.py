@@ -44,7 +44,7 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes], name: str, timeo
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            # Its own words, so a failed restart says why (CI saw RabbitMQ exit with 1 once, cause unknown).
+            # Its own words, so a failed start says why (CI saw RabbitMQ's first start exit with 1 once, cause unknown).
             tail = output.read_bytes()[-3000:].decode(errors="replace") if output.exists() else ""
             raise RuntimeError(f"{name} exited with code {process.returncode} at start; its output ends:\n{tail}")
         try:
@@ -172,24 +172,29 @@ class NatsServer(_Server):
         return ["nats-server", "-a", HOST, "-p", str(self.port), "-js", "-sd", str(self.dir / "js")]
 
 
-def quiet_port(host: str = HOST) -> int:
+def quiet_port(host: str = HOST, *, besides: tuple[int, ...] = ()) -> int:
     """A free port below the kernel's ephemeral range, for a server that binds seconds after it is chosen.
 
     A port from :func:`free_port` is an ephemeral one: while the Erlang VM starts (seconds under
     load), any outgoing connection on the machine may take it as its local port, and the server
     then fails to listen (suspected when RabbitMQ's first start exited with code 1 in a CI run).
-    Ports below the range are never handed out to outgoing connections.
+    Ports below the range are never handed out to outgoing connections. ``besides``: ports already
+    chosen for the same server (not yet bound, so the bind test below cannot see them).
     """
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for _ in range(200):
         port = secrets.randbelow(low - 20000) + 20000
+        if port in besides:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue
         return port
-    return free_port(host)
+    while (port := free_port(host)) in besides:
+        pass
+    return port
 
 
 class RabbitServer(_Server):
@@ -200,10 +205,8 @@ class RabbitServer(_Server):
     def __init__(self) -> None:
         super().__init__()
         self.port = quiet_port()
-        self.epmd_port = quiet_port()
-        self.dist_port = quiet_port()
-        while len({self.port, self.epmd_port, self.dist_port}) < 3:
-            self.dist_port = quiet_port()
+        self.epmd_port = quiet_port(besides=(self.port,))
+        self.dist_port = quiet_port(besides=(self.port, self.epmd_port))
         self.node = f"hw{self.port}@localhost"
         self.epmd: subprocess.Popen[bytes] | None = None
 
