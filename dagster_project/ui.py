@@ -95,6 +95,16 @@ def creating_dagster_instance(config: ProjectConfig) -> Iterator[Path]:
         yield home
 
 
+def create_dagster_instance(config: ProjectConfig) -> Path:
+    """The project's Dagster instance with its storages created (kept if present); returns its home."""
+    with creating_dagster_instance(config) as home:
+        if not (home / "history" / "runs.db").exists():
+            from dagster import DagsterInstance
+
+            DagsterInstance.from_config(str(home)).dispose()
+    return home
+
+
 def ui_environment(config: ProjectConfig) -> dict[str, str]:
     """The children's environment: ``DAGSTER_HOME`` and ``$HEADWATER_CONFIG`` for this project."""
     env = dict(os.environ)
@@ -146,11 +156,7 @@ def start_ui(config: ProjectConfig, *, host: str = DEFAULT_HOST, port: int = DEF
     """Start the webserver (``host:port``) and the daemon for ``config``'s project; return at once."""
     from dagster_project.recording import record_unrecorded
 
-    with creating_dagster_instance(config) as home:
-        if not (home / "history" / "runs.db").exists():  # created here, before the webserver and daemon
-            from dagster import DagsterInstance
-
-            DagsterInstance.from_config(str(home)).dispose()
+    home = create_dagster_instance(config)  # here, before the webserver and daemon open it
     # Stage commands run before the instance existed recorded nothing: what they made is recorded now.
     record_unrecorded(config)
     env = ui_environment(config)

@@ -225,12 +225,9 @@ def secured(pg_server: EmbeddedPostgres, tmp_path_factory: pytest.TempPathFactor
 
     # The project's Dagster instance first, as `headwater ui` creates it: every stage command of
     # the run then records its work there, and those records are searched for the password too.
-    from dagster import DagsterInstance
+    from dagster_project.ui import create_dagster_instance
 
-    from dagster_project.ui import creating_dagster_instance
-
-    with creating_dagster_instance(load_config(config)) as home:
-        DagsterInstance.from_config(str(home)).dispose()
+    create_dagster_instance(load_config(config))
     try:
         started = time.monotonic()
         _full_run(project)
