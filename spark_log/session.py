@@ -165,6 +165,9 @@ def spark_session(
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Python workers import numpy, whose OpenBLAS threads spin ~0.1 CPU s each at start; Spark's
+    # workers never use them (executors on other hosts get the same through spark.executorEnv).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     with contextlib.suppress(OSError):  # no writable cache: Spark's own home (slower worker starts)
         os.environ.setdefault("SPARK_HOME", str(spark_home()))
 
@@ -186,6 +189,7 @@ def spark_session(
         "spark.python.unix.domain.socket.enabled": "true",
         # Micro-batches persisted by feeds are small and short-lived; CPU is the scarce resource.
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
+        "spark.executorEnv.OPENBLAS_NUM_THREADS": os.environ["OPENBLAS_NUM_THREADS"],
     }
     if loopback:
         conf["spark.driver.host"] = conf["spark.driver.bindAddress"] = "127.0.0.1"

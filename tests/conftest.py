@@ -25,6 +25,11 @@ started here is stopped at session end, also when the session fails or gets SIGT
 from __future__ import annotations
 
 import os
+
+# Before any import that may load numpy: no OpenBLAS threads spinning in pytest workers and the
+# processes they start, as the headwater CLI does for its own (headwater/__main__.py).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import sys
 from collections.abc import Iterator
 from pathlib import Path
