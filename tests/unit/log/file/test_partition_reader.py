@@ -11,7 +11,13 @@ from log.file.segment import list_segments
 def _fill(root, tag):
     log = FileLog(root, compression="zstd")
     log.create_topic(TopicSpec("t", partitions=1))
-    log.append("t", 0, [Record(b"k%03d" % i, b"%s-%03d " % (tag, i) * 20) for i in range(100)])
+    # Fixed timestamps: two fills then differ only in their tag's byte, so their compressed
+    # batches have the same length (stamped "now", a loaded machine's clock ticking during one
+    # fill and not the other changed it: 3079 against 2963 bytes, seen in CI).
+    records = [
+        Record(b"k%03d" % i, b"%s-%03d " % (tag, i) * 20, timestamp_ms=1_700_000_000_000 + i) for i in range(100)
+    ]
+    log.append("t", 0, records)
     return log
 
 
