@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -214,12 +215,32 @@ def register_log_source(spark: SparkSession) -> None:
     Registering again replaced the source with an equal one (a pickled copy and a warning each
     time), and failed with ``DATA_SOURCE_ALREADY_EXISTS`` while a query of another session of the
     same JVM ran (feeds run side by side, one thread and session each): so once, under a lock.
+
+    Spark refuses a name that the thread's *active* session already knows, whichever session is
+    being registered in: a session from ``newSession()`` failed so while its parent, still the
+    active one, had the source. ``spark`` is made the active session for the registration.
     """
     session = str(spark._jsparkSession.sessionUUID())
     with _REGISTERING:
         if session not in _REGISTERED:
-            spark.dataSource.register(HeadwaterLogDataSource)
+            with _active_session(spark):
+                spark.dataSource.register(HeadwaterLogDataSource)
             _REGISTERED.add(session)
+
+
+@contextmanager
+def _active_session(spark: SparkSession) -> Iterator[None]:
+    """``spark`` as this thread's active session in the JVM; the one before it afterwards."""
+    sessions = getattr(spark._jvm, "org.apache.spark.sql.classic.SparkSession")  # as pyspark names it
+    before = sessions.getActiveSession()
+    sessions.setActiveSession(spark._jsparkSession)
+    try:
+        yield
+    finally:
+        if before.isDefined():
+            sessions.setActiveSession(before.get())
+        else:
+            sessions.clearActiveSession()
 
 
 _REGISTERING = threading.Lock()

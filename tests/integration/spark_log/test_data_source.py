@@ -241,6 +241,24 @@ def test_available_now_resumes_from_checkpoint_without_duplicates(spark, unique_
     assert ids_of(seen) == []
 
 
+def test_a_new_session_registers_the_source_after_its_parent_did(spark, unique_name, tmp_path):
+    """A session made by ``newSession()`` registers and reads the source while its parent has it.
+
+    Spark checks a new name against the data sources of the thread's *active* session, which is
+    the parent here: registering in the child failed with ``DATA_SOURCE_ALREADY_EXISTS`` (seen
+    in CI when the maintained-feeds oracle's child sessions came after another module registered
+    the source in the worker's shared session).
+    """
+    config = write_config(tmp_path)
+    topic = unique_name("child")
+    make_topic(config, topic)
+    append(config, topic, range(0, 5))
+    assert batch_read(spark, config, topic).count() == 5  # the parent has the source
+    child = spark.newSession()
+    assert sorted(r["id"] for r in batch_read(child, config, topic).select("after.id").collect()) == list(range(5))
+    assert batch_read(spark, config, topic).count() == 5  # and the parent still reads it
+
+
 def drained(spark, config: Path, topic: str, checkpoint: Path, **options) -> list:
     """``(batch_id, rows)`` of an ``availableNow`` run of ``topic`` with ``options``, once it ended."""
     seen: list = []
