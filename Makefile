@@ -7,7 +7,9 @@ PG_BIN := $(firstword $(wildcard /usr/lib/postgresql/*/bin) $(dir $(shell comman
 PYTEST_ARGS ?=
 # The suite runs on TEST_WORKERS pytest-xdist workers, each with its own lazily started services
 # (tests/README.md); whole modules per worker, the longest first (tests/harness/suite_order.py).
-TEST_WORKERS ?= 3
+# Three workers' process trees held up to 9.0 GB together (PSS, sampled every 15 s in a clean-clone
+# run; one worker 4.5 GB at most): with less than 12 GB of memory the suite runs on two.
+TEST_WORKERS ?= $(shell awk '/^MemTotal:/ {print ($$2 >= 12 * 1024 * 1024 ? 3 : 2)}' /proc/meminfo 2>/dev/null || echo 3)
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # The project's own modules are not in the venv's precompiled bytecode (an editable install): with
 # PYTHONDONTWRITEBYTECODE set (as in CI here), every CLI process a test starts compiled the ~0.25 CPU s
