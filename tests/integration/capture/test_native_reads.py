@@ -115,6 +115,29 @@ def _frames(dsn: str, slot: str, publication: str, *, native: bool, monkeypatch:
     pytest.fail("the end marker did not arrive within 60 s")
 
 
+def _without_repeated_relations(messages: list[Any]) -> list[Any]:
+    """``messages`` less each Relation message that repeats the last one of its relation.
+
+    pgoutput sends a relation's Relation message again whenever its walsender processes an
+    invalidation of that relation (autovacuum's statistics update, or a reset of its
+    invalidation queue while other backends change catalogs), which happens at a moment of the
+    walsender's own, not at a WAL position: two slots read one after the other get the repeat at
+    different places (CI's clean-clone run of 7b237e8: one extra before frame 20,004 of one of
+    them). A repeat carries nothing new; every other frame must still be equal, and so must
+    each first (or changed) Relation message.
+    """
+    last: dict[bytes, bytes] = {}
+    kept = []
+    for message in messages:
+        if message.payload[:1] == b"R":  # no streamed transactions here: the relation's OID follows
+            oid = message.payload[1:5]
+            if last.get(oid) == message.payload:
+                continue
+            last[oid] = message.payload
+        kept.append(message)
+    return kept
+
+
 def test_native_frames_equal_python_frames(pg_database: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     pg_database.execute("CREATE TABLE t (id int PRIMARY KEY, label text)")
     publication = f"pub_{pg_database.name}"
@@ -130,7 +153,8 @@ def test_native_frames_equal_python_frames(pg_database: Any, monkeypatch: pytest
         native = _frames(pg_database.dsn, slots[0], publication, native=True, monkeypatch=monkeypatch)
         python = _frames(pg_database.dsn, slots[1], publication, native=False, monkeypatch=monkeypatch)
         assert len(native) > 20000 + 6666 + 4000
-        assert native == python
+        assert sum(m.payload[:1] == b"R" for m in native) >= 1
+        assert _without_repeated_relations(native) == _without_repeated_relations(python)
     finally:
         for slot in slots:
             pg_database.execute(f"SELECT pg_drop_replication_slot('{slot}')")
