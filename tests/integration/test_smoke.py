@@ -3,75 +3,14 @@
 A source table is snapshotted and streamed (inserts, updates, a delete) by one ``headwater run
 --until-caught-up`` (capture, a feed, an SCD1 table from the feed and an SCD2 table from the
 raw topic, in one Spark session), and ``headwater query`` shows the warehouse equal to the
-source. Every deeper property (exactness under faults, types, schema changes) has its own
+source (``harness.smoke``). Every deeper property (exactness under faults, types, schema changes) has its own
 module; this one only shows, in about a minute, that the stages still fit together.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-import orjson
-import yaml
-
-
-def headwater(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "headwater", "--config", str(config), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, f"headwater {' '.join(args)}: {result.stderr[-3000:]}"
-    return result
+from harness.smoke import run_pipeline_once
 
 
 def test_run_carries_changes_through_a_feed_into_scd1_and_scd2(pg_database, unique_name, tmp_path):
-    source = unique_name("smoke")
-    raw = f"{source}.public.people"
-    pg_database.execute("CREATE TABLE people (id int PRIMARY KEY, name text NOT NULL, country text)")
-    pg_database.execute("INSERT INTO people SELECT n, 'name ' || n, 'NZ' FROM generate_series(1, 20) n")
-    pg_database.execute(f"CREATE PUBLICATION headwater_{source} FOR TABLE people")
-    config = tmp_path / "headwater.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "project": "smoke",
-                "log": {"partitions": 2},
-                "sources": {source: {"dsn": pg_database.dsn, "tables": ["public.people"], "heartbeat_interval_s": 1}},
-                "feeds": {
-                    "people_clean": {"from": raw, "sql": "SELECT id, upper(name) AS name FROM source", "key": ["id"]}
-                },
-                "warehouse": {
-                    "tables": {
-                        "people": {"from": "people_clean", "mode": "scd1"},
-                        "people_hist": {"from": raw, "mode": "scd2"},
-                    }
-                },
-            }
-        )
-    )
-    headwater(config, "capture", "--until-caught-up")  # the snapshot
-    pg_database.execute("INSERT INTO people VALUES (21, 'name 21', 'DE')")
-    pg_database.execute("UPDATE people SET name = 'renamed', country = 'FR' WHERE id = 1")
-    pg_database.execute("DELETE FROM people WHERE id = 2")
-    headwater(config, "run", "--until-caught-up")
-
-    def query(sql: str) -> list[dict]:
-        return orjson.loads(headwater(config, "query", sql, "--format", "json").stdout)
-
-    expected = [(n, f"NAME {n}") for n in range(3, 22)]
-    assert [(r["id"], r["name"]) for r in query("SELECT id, name FROM people ORDER BY id")] == [
-        (1, "RENAMED"),
-        *expected,
-    ]
-    history = query(
-        'SELECT id, country, "__END_AT" IS NULL AS current FROM people_hist WHERE id <= 2 ORDER BY id, "__START_AT"'
-    )
-    assert [(r["id"], r["country"], r["current"]) for r in history] == [
-        (1, "NZ", False),
-        (1, "FR", True),
-        (2, "NZ", False),  # deleted: its only version is closed
-    ]
+    run_pipeline_once(pg_database, unique_name("smoke"), tmp_path)
