@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
-
-import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from log.base import StoredRecord
+
+if TYPE_CHECKING:  # imported where columns are built: capture imports this module, and streams without pyarrow
+    import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,8 @@ class RecordColumns:
     @classmethod
     def from_records(cls, topic: str, partition: int, records: Sequence[StoredRecord]) -> RecordColumns:
         """The columns of ``records`` (all of one partition), e.g. from a backend without a columnar read."""
+        import pyarrow as pa  # type: ignore[import-untyped]  # no stubs
+
         return RecordColumns(
             topic,
             partition,

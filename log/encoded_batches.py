@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from log.base import AppendResult, Record
-from log.column_records import ColumnRecords
+
+if TYPE_CHECKING:  # pyarrow: only a snapshot pass builds them, so a streaming capture never imports it
+    from log.column_records import ColumnRecords
 
 #: How a backend stores a batch's records: as they are, or zstd-compressed (``log.file.compression``).
 BatchCompression = Literal["none", "zstd"]

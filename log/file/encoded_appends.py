@@ -13,16 +13,18 @@ from typing import TYPE_CHECKING, Protocol
 
 from log.base import AppendResult, Record
 from log.file.batch_codec import ZSTD_LEVEL, Compression, EncodedBatch
-from log.file.column_batches import BatchScratch, column_batches
 
 if TYPE_CHECKING:
     from log.column_records import ColumnRecords
+    from log.file.column_batches import BatchScratch
 
 _scratch = threading.local()
 
 
 def _thread_scratch() -> BatchScratch:
     """This thread's batch buffers (a feed's ``foreachBatch`` calls come on one thread at a time)."""
+    from log.file.column_batches import BatchScratch  # pyarrow: a streaming capture never gets here
+
     scratch: BatchScratch | None = getattr(_scratch, "buffers", None)
     if scratch is None:
         scratch = _scratch.buffers = BatchScratch()
@@ -52,4 +54,6 @@ class EncodedAppends:
 
     def column_batches(self, records: ColumnRecords, partitions: int, now_ms: int) -> list[EncodedBatch | None]:
         """Per partition, the records as one file-log batch, built in this thread's reused buffers."""
+        from log.file.column_batches import column_batches  # pyarrow, as in _thread_scratch
+
         return column_batches(records, partitions, now_ms, _thread_scratch())
