@@ -1,7 +1,7 @@
 """The pipeline runs on every Java that Spark runs on and this machine has, not only the suite's.
 
 ``make test`` runs Spark on the newest installed Java of 17, 21 and 25 (the Makefile sets
-``JAVA_HOME``; Java 25 costs each Spark job about a third less CPU), so every other one installed
+``JAVA_HOME``; on Java 25 a small Spark job used ~30 % less CPU than on 17), so every other one installed
 here (Java 17 on this kind of machine) gets the smoke pipeline once (``harness.smoke``): capture,
 a feed, SCD1 and SCD2 in one ``headwater run``, and a query. Skipped when there is no other.
 """
