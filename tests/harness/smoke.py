@@ -8,9 +8,6 @@ source. ``env`` overrides the CLI processes' environment (``JAVA_HOME``: the JVM
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,18 +15,7 @@ from typing import Any
 import orjson
 import yaml
 
-
-def headwater(config: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the CLI on ``config``; it must exit 0."""
-    result = subprocess.run(
-        [sys.executable, "-m", "headwater", "--config", str(config), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, **env} if env else None,
-    )
-    assert result.returncode == 0, f"headwater {' '.join(args)}: {result.stderr[-3000:]}"
-    return result
+from harness.cli import run_headwater
 
 
 def run_pipeline_once(pg_database: Any, source: str, directory: Path, env: Mapping[str, str] | None = None) -> None:
@@ -57,14 +43,18 @@ def run_pipeline_once(pg_database: Any, source: str, directory: Path, env: Mappi
             }
         )
     )
-    headwater(config, "capture", "--until-caught-up", env=env)  # the snapshot
+
+    def headwater(*args: str) -> str:
+        return run_headwater(config, *args, env=env, timeout=600).stdout
+
+    headwater("capture", "--until-caught-up")  # the snapshot
     pg_database.execute("INSERT INTO people VALUES (21, 'name 21', 'DE')")
     pg_database.execute("UPDATE people SET name = 'renamed', country = 'FR' WHERE id = 1")
     pg_database.execute("DELETE FROM people WHERE id = 2")
-    headwater(config, "run", "--until-caught-up", env=env)
+    headwater("run", "--until-caught-up")
 
     def query(sql: str) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = orjson.loads(headwater(config, "query", sql, "--format", "json", env=env).stdout)
+        rows: list[dict[str, Any]] = orjson.loads(headwater("query", sql, "--format", "json"))
         return rows
 
     expected = [(n, f"NAME {n}") for n in range(3, 22)]
