@@ -238,7 +238,7 @@ def load_config(explicit: str | os.PathLike[str] | None = None, *, strict_env: b
         msg = f"{path}: no such config file; run 'headwater init' or pass --config"
         raise ConfigError(msg, path=str(path))
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = _parse_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -248,6 +248,22 @@ def load_config(explicit: str | os.PathLike[str] | None = None, *, strict_env: b
     config = parse_config(raw, path, strict_env=strict_env)
     _loaded_config_file[:] = [path]
     return config
+
+
+def _parse_yaml(text: str) -> Any:
+    """``yaml.safe_load`` of ``text``, by libyaml when PyYAML has it (~8x faster), else in Python.
+
+    Every Spark task reading the log loads the config again. A document libyaml refuses is parsed
+    again in Python, whose messages say what was expected ("expected ',' or ']'", not libyaml's
+    "did not find expected ',' or ']'"); both point at the same line and column.
+    """
+    loader = getattr(yaml, "CSafeLoader", None)
+    if loader is not None:
+        try:
+            return yaml.load(text, Loader=loader)  # the safe loader, in C
+        except yaml.YAMLError:
+            pass
+    return yaml.safe_load(text)
 
 
 #: The config file this process loaded last (errors found later name it, as load errors do).
