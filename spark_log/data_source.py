@@ -70,6 +70,7 @@ merges, and its schema checks share the offset format and must be read together.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -182,9 +183,25 @@ class LogSourceOptions:
         """The project config the path names; an unset ``${VAR}`` stays as written.
 
         Reading the log never needs a source's DSN password, so Spark's Python workers
-        do not require it in their environment.
+        do not require it in their environment. A Python worker is reused for task after task
+        (``spark.python.worker.reuse``), each reading a range of the same config's log: the config
+        is read again only when its file changed (path, size and modification time).
         """
-        return load_config(self.config_path, strict_env=False)
+        try:
+            stat = os.stat(self.config_path)
+        except OSError:
+            return load_config(self.config_path, strict_env=False)  # its own error for a missing file
+        key = (self.config_path, stat.st_size, stat.st_mtime_ns)
+        config = _CONFIGS.get(key)
+        if config is None:
+            config = load_config(self.config_path, strict_env=False)
+            _CONFIGS.clear()  # one config per process in practice: never a growing cache
+            _CONFIGS[key] = config
+        return config
+
+
+#: The config :meth:`LogSourceOptions.load_config` read last in this process, by path, size and mtime.
+_CONFIGS: dict[tuple[str, int, int], ProjectConfig] = {}
 
 
 def _positive(options: Mapping[str, str], name: str) -> int | None:
