@@ -118,6 +118,17 @@ def test_malformed_yaml_names_line(tmp_path):
         load_config(write(tmp_path, "project: p\nlog: : :\n  - x\n"))
 
 
+def test_malformed_yaml_has_pythons_message_though_libyaml_parses(tmp_path):
+    """libyaml parses a valid document; one it refuses is read again in Python, whose message says what was expected."""
+    assert yaml.__with_libyaml__  # else this test checks nothing libyaml-specific
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, "project: p\nlog: {backend: [file\n"))
+    assert "invalid YAML at line 3, column 1: expected ',' or ']', but got '<stream end>'" in str(err.value)
+    text = "project: p\nlog:\n  partitions: 0x10\n  file: {fsync: never}\nsources: {}\n"
+    assert yaml.load(text, Loader=yaml.CSafeLoader) == yaml.safe_load(text)  # one resolver: 0x10 is 16 in both
+    assert load_config(write(tmp_path, text)).log.partitions == 16
+
+
 def test_source_needs_tables_or_schemas(tmp_path):
     text = "project: p\nsources:\n  s:\n    dsn: postgresql://u@h/db\n"
     with pytest.raises(ConfigError, match=r"sources\.s: give exactly one of 'tables' or 'schemas'"):
