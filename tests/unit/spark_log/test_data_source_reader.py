@@ -56,3 +56,15 @@ def test_latest_per_key_reads_twice_in_one_worker(tmp_path):
         (2, "u", "c"),
     ]
     assert reader.builder.schema.fieldNames() == declared
+
+
+def test_a_worker_reads_the_config_again_only_when_its_file_changed(tmp_path):
+    """Task after task in one worker gets the config read once; a rewritten file is read again."""
+    config_path = tmp_path / "headwater.yaml"
+    config_path.write_text(yaml.safe_dump({"project": "p", "home": str(tmp_path / "home"), "log": {"partitions": 1}}))
+    options = HeadwaterLogDataSource({"config": str(config_path), "topic": TOPIC}).parsed
+    first = options.load_config()
+    assert options.load_config() is first
+    config_path.write_text(yaml.safe_dump({"project": "p", "home": str(tmp_path / "home"), "log": {"partitions": 12}}))
+    again = options.load_config()
+    assert again is not first and again.log.partitions == 12
