@@ -102,7 +102,7 @@ def main() -> None:
             start_new_session=True,
         )
         path = table_path(config, "events")
-        while not (path / "_delta_log").exists():  # the loader is up once the table exists... or data arrives
+        while not (Path(path.uri) / "_delta_log").exists():  # the loader is up once the table exists (local)
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("INSERT INTO events (payload) VALUES ('warmup')")
             time.sleep(2)
