@@ -163,7 +163,7 @@ def start_load(
     # These import pyspark: `headwater status` imports this module (table keys and paths) without Spark.
     from spark_log.data_source import log_reader
     from spark_log.progress import track_progress
-    from warehouse_loader.changes_frame import change_batch
+    from warehouse_loader.changes_frame import ChangeProjection, change_batch
 
     if name not in config.warehouse.tables:
         known = ", ".join(config.warehouse.tables) or "none"
@@ -190,8 +190,10 @@ def start_load(
     buried = BuriedRows(fmt.maintainer(path), upkeep) if merge_on_read and upkeep.enabled else None
     piled = PiledFiles(fmt.maintainer(path), upkeep) if upkeep.enabled else None
 
+    projection = ChangeProjection(keys)
+
     def apply(batch: DataFrame, batch_id: int) -> None:
-        changes = change_batch(batch, keys)
+        changes = change_batch(batch, keys, projection)
         if changes.num_rows:
             try:
                 # The commit lease: maintenance (compaction, vacuum) never commits in between.
