@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from process_tree import stop_group  # noqa: E402
 
 from core.config import load_config  # noqa: E402
 from operations.embedded_postgres import EmbeddedPostgres  # noqa: E402
@@ -146,12 +147,8 @@ def main() -> None:
             f"(p50 {statistics.median(latencies):.0f} ms, p99 {percentile(latencies, 0.99):.0f} ms)"
         )
     finally:
-        if runner is not None and runner.poll() is None:
-            os.killpg(runner.pid, signal.SIGINT)
-            try:
-                runner.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(runner.pid, signal.SIGKILL)
+        if runner is not None:
+            stop_group(runner)
         server.stop()
 
 

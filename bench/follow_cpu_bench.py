@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -33,31 +33,13 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from process_tree import stop_group, tree_cpu
+
+from core.config import load_config
 from operations.embedded_postgres import EmbeddedPostgres
+from warehouse_loader.load_job import table_path
 
 ROWS = 40
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu(root: int) -> float:
-    """CPU seconds (user + system) of ``root`` and every live process under it."""
-    children: dict[int, list[int]] = {}
-    ticks: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-        ticks[int(entry)] = int(fields[11]) + int(fields[12])
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        total += ticks.get(pid, 0)
-        todo += children.get(pid, [])
-    return total / _TICK
 
 
 def commits(home: Path) -> int:
@@ -65,25 +47,38 @@ def commits(home: Path) -> int:
     return sum(1 for path in home.glob("checkpoints/**/commits/*") if not path.name.endswith(".crc"))
 
 
-def loaded(dsn: str, home: Path, tables: int) -> bool:
+def loaded(config: Path, tables: int) -> bool:
     """Whether every SCD1 table holds its source's rows (a poll of the Delta tables, no Spark)."""
     from deltalake import DeltaTable
 
+    project = load_config(config)
     for number in range(tables):
-        path = home / "warehouse" / f"t{number}_scd1"
         try:
-            if DeltaTable(str(path)).to_pyarrow_table().num_rows != ROWS:
+            if DeltaTable(table_path(project, f"t{number}_scd1").uri).to_pyarrow_table().num_rows != ROWS:
                 return False
         except Exception:  # not created yet
             return False
     return True
 
 
-def window(process: subprocess.Popen[bytes], home: Path, seconds: float) -> tuple[float, int]:
-    """CPU seconds of the pipeline's tree and micro-batches committed over ``seconds``."""
+def window(process: subprocess.Popen[bytes], home: Path, spend: Callable[[], object]) -> tuple[float, int]:
+    """CPU seconds of the pipeline's tree and micro-batches committed while ``spend()`` runs."""
     cpu, batches = tree_cpu(process.pid), commits(home)
-    time.sleep(seconds)
+    spend()
     return tree_cpu(process.pid) - cpu, commits(home) - batches
+
+
+def write(dsn: str, tables: int, rate: float, seconds: float) -> int:
+    """Update a random row of a random table ``rate`` times a second for ``seconds``; the updates made."""
+    rng = random.Random(7)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        began, written = time.monotonic(), 0
+        while time.monotonic() < began + seconds:
+            number, key = rng.randrange(tables), rng.randrange(1, ROWS + 1)
+            conn.execute(f"UPDATE t{number} SET qty = qty + 1 WHERE id = %s", (key,))
+            written += 1
+            time.sleep(max(0.0, began + written / rate - time.monotonic()))
+    return written
 
 
 def main() -> None:
@@ -129,42 +124,30 @@ def main() -> None:
                 start_new_session=True,
             )
             started = time.monotonic()
-            while not loaded(dsn, home, args.tables):
+            while not loaded(config, args.tables):
                 if process.poll() is not None or time.monotonic() - started > 900:
                     raise SystemExit("run --follow did not load the tables (exited or 15 min passed)")
                 time.sleep(2)
             print(f"loaded {args.tables} tables ({2 * args.tables} queries) in {time.monotonic() - started:.0f} s")
             time.sleep(10)  # the last first batches settle
-            idle_cpu, idle_batches = window(process, home, args.seconds)
-            rng = random.Random(7)
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                busy_cpu, busy_batches, deadline = tree_cpu(process.pid), commits(home), time.monotonic()
-                end, written = deadline + args.seconds, 0
-                while time.monotonic() < end:
-                    number, key = rng.randrange(args.tables), rng.randrange(1, ROWS + 1)
-                    conn.execute(f"UPDATE t{number} SET qty = qty + 1 WHERE id = %s", (key,))
-                    written += 1
-                    time.sleep(max(0.0, deadline + written / args.rate - time.monotonic()))
-                busy_cpu = tree_cpu(process.pid) - busy_cpu
-                busy_batches = commits(home) - busy_batches
+            idle_cpu, idle_batches = window(process, home, lambda: time.sleep(args.seconds))
+            written: list[int] = []
+            busy_cpu, busy_batches = window(
+                process, home, lambda: written.append(write(dsn, args.tables, args.rate, args.seconds))
+            )
             print(f"follow_cpu_bench tables={args.tables} rate={args.rate}/s seconds={args.seconds:.0f}")
             print("| window | CPU s | cores | micro-batches | CPU s per micro-batch above idle |")
             print("| --- | --- | --- | --- | --- |")
             print(f"| idle (reference) | {idle_cpu:.1f} | {idle_cpu / args.seconds:.3f} | {idle_batches} | |")
             per_batch = (busy_cpu - idle_cpu) / busy_batches if busy_batches else float("nan")
             print(
-                f"| busy ({written} updates) | {busy_cpu:.1f} | {busy_cpu / args.seconds:.3f} | {busy_batches} "
+                f"| busy ({written[0]} updates) | {busy_cpu:.1f} | {busy_cpu / args.seconds:.3f} | {busy_batches} "
                 f"| {per_batch:.3f} |"
             )
             print(f"load average at the end {os.getloadavg()[0]:.1f}")
         finally:
-            if process is not None and process.poll() is None:
-                os.killpg(process.pid, signal.SIGINT)
-                try:
-                    process.wait(timeout=90)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+            if process is not None:
+                stop_group(process)
             server.stop("fast")
 
 

@@ -31,7 +31,6 @@ import datetime as dt
 import os
 import random
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,8 @@ from deltalake import DeltaTable, QueryBuilder
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from process_tree import stop_group  # noqa: E402
 
 from core.config import load_config  # noqa: E402
 from operations.embedded_postgres import EmbeddedPostgres, free_port  # noqa: E402
@@ -263,12 +264,7 @@ def run_one(
             )
             print(orjson.dumps(results[-1]).decode(), flush=True)
     finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGINT)
-            try:
-                run.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(run.pid, signal.SIGKILL)
+        stop_group(run, timeout=120)
         server.drop_database(name)
     return results
 
