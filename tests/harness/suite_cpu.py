@@ -68,15 +68,37 @@ class Timeline:
     starts: defaultdict[str, list[tuple[float, str]]] = field(default_factory=lambda: defaultdict(list))
 
     def add(self, worker: str, start: float, nodeid: str) -> None:
-        bisect.insort(self.starts[worker], (start, module_of(nodeid)))
+        bisect.insort(self.starts[worker], (start, nodeid))
 
-    def module_at(self, worker: str, at: float) -> str:
-        """The module ``worker`` had started last at ``at`` (its fixtures' setup counts with it)."""
+    def test_at(self, worker: str, at: float) -> str:
+        """The test ``worker`` had started last at ``at`` (its fixtures' setup counts with it)."""
         runs = self.starts.get(worker)  # "" in a run without workers: every process counts
         if not runs:
             return OUTSIDE
         index = bisect.bisect_right(runs, (at, "\uffff")) - 1
         return runs[index][1] if index >= 0 else "(worker start)"
+
+    def module_at(self, worker: str, at: float) -> str:
+        """The module of :meth:`test_at`."""
+        return module_of(self.test_at(worker, at))
+
+
+def command_of(cmdline: str) -> str:
+    """A ``headwater`` CLI process's command without its options (``load --follow`` -> ``load``)."""
+    words = cmdline.split()
+    start = next(
+        (i + 1 for i, w in enumerate(words) if w in ("headwater", "-m headwater") or w.endswith("/headwater")), 0
+    )
+    command: list[str] = []
+    skip = False
+    for word in words[start:]:
+        if skip:
+            skip = False
+        elif word in ("--config", "--log-format"):
+            skip = True
+        elif not word.startswith("-") and len(command) < 2:
+            command.append(word)
+    return " ".join(command)
 
 
 class _Seen(NamedTuple):
@@ -86,6 +108,7 @@ class _Seen(NamedTuple):
     kind: str
     worker: str
     ticks: int
+    command: str = ""
 
 
 def _stat(pid: str) -> tuple[str, int, int, str] | None:
@@ -121,10 +144,16 @@ class SuiteCpu:
         self._seen: dict[tuple[str, int], _Seen] = {}  # by (pid, start tick)
         self._workers: dict[str, str] = {}  # pid -> id of each pytest-xdist worker process (set after it started)
         self.started: Counter[str] = Counter()  # processes seen per kind (a program exec'd counts again)
+        self.births: list[tuple[float, str, str]] = []  # (time first seen, worker, kind) of each process
+        self.commands: Counter[str] = Counter()  # CPU seconds of the headwater CLI by command
+        self.commands_started: Counter[str] = Counter()
         self._stop = threading.Event()
         self._sample()  # the baseline: CPU spent before the run is not the suite's
         self.samples.clear()
         self.started.clear()
+        self.births.clear()
+        self.commands.clear()
+        self.commands_started.clear()
         self._thread = threading.Thread(target=self._run, name="suite-cpu", daemon=True)
         self._thread.start()
 
@@ -148,11 +177,18 @@ class SuiteCpu:
             known = self._seen.get((pid, start))
             if known is None or known.comm != comm:  # new, or it exec'd another program
                 cmdline, worker = _describe(pid)
-                known = _Seen(comm, kind_of(comm, cmdline), worker, known.ticks if known is not None else 0)
+                kind = kind_of(comm, cmdline)
+                command = command_of(cmdline) if kind == "python: headwater CLI" else ""
+                known = _Seen(comm, kind, worker, known.ticks if known is not None else 0, command)
+                if command:
+                    self.commands_started[command] += 1
                 self.started[known.kind] += 1
+                self.births.append((now, known.worker or self._workers.get(pid, ""), known.kind))
             if ticks > known.ticks:
                 worker = known.worker or self._workers.get(pid, "")
                 self.samples.append((now, worker, known.kind, (ticks - known.ticks) / _TICK))
+                if known.command:
+                    self.commands[known.command] += (ticks - known.ticks) / _TICK
             self._seen[(pid, start)] = known._replace(ticks=ticks)
 
     def pytest_testnodeready(self, node: Any) -> None:
@@ -169,24 +205,40 @@ class SuiteCpu:
         self._stop.set()
         self._thread.join(timeout=10)
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.out.write_text(report(self.samples, self.timeline, self.started))
+        text = report(self.samples, self.timeline, self.started, self.births)
+        text += "\nheadwater CLI by command:\n" + "".join(
+            f"{seconds:9,.0f}  {command}  ({self.commands_started[command]:,} processes)\n"
+            for command, seconds in self.commands.most_common()
+        )
+        self.out.write_text(text)
 
 
 def report(
     samples: list[tuple[float, str, str, float]],
     timeline: Timeline,
     started: Counter[str] | None = None,
+    births: list[tuple[float, str, str]] | None = None,
     modules: int = 40,
 ) -> str:
-    """CPU seconds by kind of process (with how many were seen, when known), then by module (the largest first)."""
+    """CPU seconds by kind of process (with how many were seen, when known), then by module and by test.
+
+    Each list has the largest first; a test's line says how many Spark driver JVMs it started
+    (from ``births``: when each process was first seen, by whom and of what kind).
+    """
     by_kind: Counter[str] = Counter()
     by_module: Counter[str] = Counter()
+    by_test: Counter[str] = Counter()
     module_kinds: defaultdict[str, Counter[str]] = defaultdict(Counter)
     for at, worker, kind, seconds in samples:
-        module = timeline.module_at(worker, at)
+        test = timeline.test_at(worker, at)
+        module = module_of(test)
         by_kind[kind] += seconds
         by_module[module] += seconds
+        by_test[test] += seconds
         module_kinds[module][kind] += seconds
+    drivers: Counter[str] = Counter(
+        timeline.test_at(worker, at) for at, worker, kind in births or [] if kind == "java: Spark driver"
+    )
     total = sum(by_kind.values()) or 1.0
     lines = [f"CPU seconds sampled: {total:,.0f}", "", "by kind of process:"]
     shown = [(kind, seconds) for kind, seconds in by_kind.most_common() if seconds >= 0.5]
@@ -198,4 +250,7 @@ def report(
     for module, seconds in by_module.most_common(modules):
         top = ", ".join(f"{kind} {s:,.0f}" for kind, s in module_kinds[module].most_common(4))
         lines.append(f"{seconds:9,.0f}  {module}  ({top})")
+    lines += ["", f"by test (the {modules} largest):"]
+    for test, seconds in by_test.most_common(modules):
+        lines.append(f"{seconds:9,.0f}  {test}  ({drivers[test]} Spark drivers started)")
     return "\n".join(lines) + "\n"

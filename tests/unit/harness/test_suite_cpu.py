@@ -5,7 +5,7 @@ import sys
 import textwrap
 from collections import Counter
 
-from harness.suite_cpu import OUTSIDE, Timeline, kind_of, report
+from harness.suite_cpu import OUTSIDE, Timeline, command_of, kind_of, report
 
 
 def test_kinds_follow_the_command_line_then_the_command_name():
@@ -30,12 +30,16 @@ def test_a_sample_goes_to_the_module_its_worker_ran_then():
     assert timeline.module_at("gw0", 250.0) == "tests/b/test_y.py"
     assert timeline.module_at("gw1", 120.0) == "(worker start)"
     assert timeline.module_at("", 150.0) == OUTSIDE
+    assert timeline.test_at("gw0", 250.0) == "tests/b/test_y.py::test_two[p]"
     samples = [(150.0, "gw0", "java: Spark driver", 3.0), (250.0, "gw0", "postgres", 1.0)]
-    text = report(samples, timeline, Counter({"java: Spark driver": 2}))
+    births = [(140.0, "gw0", "java: Spark driver"), (160.0, "gw0", "java: Spark driver")]
+    text = report(samples, timeline, Counter({"java: Spark driver": 2}), births)
     assert "3   75.0 %  java: Spark driver  (2 processes, 1.50 s each)" in text
     assert "1   25.0 %  postgres\n" in text
     assert "tests/a/test_x.py  (java: Spark driver 3)" in text
     assert "tests/b/test_y.py  (postgres 1)" in text
+    assert "3  tests/a/test_x.py::test_one  (2 Spark drivers started)" in text
+    assert "1  tests/b/test_y.py::test_two[p]  (0 Spark drivers started)" in text
 
 
 def test_a_run_counts_its_childs_cpu_for_the_running_module(tmp_path):
@@ -69,3 +73,9 @@ def test_a_run_counts_its_childs_cpu_for_the_running_module(tmp_path):
     burned = next(line for line in lines if "test_burn.py" in line)
     assert any("(1 processes" in line for line in lines if "python: other" in line), out.read_text()
     assert float(burned.split()[0].replace(",", "")) >= 0.5, out.read_text()
+
+
+def test_a_cli_process_is_named_by_its_command_without_options():
+    assert command_of("/v/bin/python -m headwater --config h.yaml load --follow --log-format text") == "load"
+    assert command_of("/v/bin/python -m headwater run --until-caught-up --config /x.yaml") == "run"
+    assert command_of("/v/bin/headwater --config h.yaml feeds run --available-now") == "feeds run"
