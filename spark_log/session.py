@@ -56,6 +56,7 @@ JAVA_OPTIONS_VARIABLE = "HEADWATER_SPARK_JAVA_OPTIONS"
 # little next to Spark's start. Logs are off because an unusable archive is a slower
 # start, not a failure, and the notes would litter job output.
 _CDS_FLAGS = "-XX:+VerifySharedSpaces -Xlog:cds=off -Xlog:cds+dynamic=off"
+_CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 
 def _cache_dir() -> Path:
@@ -189,6 +190,13 @@ def spark_session(
         "spark.python.unix.domain.socket.enabled": "true",
         # Micro-batches persisted by feeds are small and short-lived; CPU is the scarce resource.
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
+        # Streaming checkpoints (always local paths here) through Hadoop's FileSystem, not its
+        # FileContext: without Hadoop's native library, FileContext's rename runs `readlink` as a
+        # child process twice for every file it renames, so each micro-batch's offset and commit
+        # entries cost ~18 process spawns in the driver (JFR's jdk.ProcessStart). The leases of
+        # operations.holders keep a second writer off a checkpoint, which is all FileContext's
+        # atomic rename added.
+        "spark.sql.streaming.checkpointFileManagerClass": _CHECKPOINT_FILE_MANAGER,
         "spark.executorEnv.OPENBLAS_NUM_THREADS": os.environ["OPENBLAS_NUM_THREADS"],
     }
     if loopback:
