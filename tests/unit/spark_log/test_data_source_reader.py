@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import orjson
 import yaml
 
@@ -68,3 +71,22 @@ def test_a_worker_reads_the_config_again_only_when_its_file_changed(tmp_path):
     config_path.write_text(yaml.safe_dump({"project": "p", "home": str(tmp_path / "home"), "log": {"partitions": 12}}))
     again = options.load_config()
     assert again is not first and again.log.partitions == 12
+
+
+def test_importing_the_source_leaves_what_a_worker_imported_out_of_later_collections():
+    """pyspark's daemon collects garbage after every task of a reused worker: only what a task allocated is visited.
+
+    A fresh interpreter, as a forked Python worker is when its first task unpickles the reader.
+    """
+    code = (
+        "import gc, pyspark.worker\n"
+        "before = len(gc.get_objects())\n"
+        "import spark_log.data_source\n"
+        "frozen = gc.get_freeze_count()\n"
+        "junk = [[i] for i in range(1000)]\n"
+        "print(before, frozen, len(gc.get_objects()))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    before, frozen, tracked = result.stdout.split()
+    assert int(frozen) > int(before) > 10_000, result.stdout  # pyspark's and the source's objects
+    assert int(tracked) < 5_000, result.stdout  # a collection now visits the task's objects, not the imports'
