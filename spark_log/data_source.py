@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -606,9 +607,19 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
             self._log = None
 
 
+def _in_a_daemon_worker() -> bool:
+    """True in a Python worker that pyspark's daemon forked (its ``__main__`` is ``pyspark.daemon``)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec is not None and spec.name == "pyspark.daemon"
+
+
 # pyspark's daemon runs a full ``gc.collect()`` after every task of a reused Python worker
 # (``pyspark/daemon.py``). Over all that a read worker has imported (pyspark, pyarrow, the config
 # models, the log) that collection was ~90 % of the worker's samples in a following load (py-spy),
-# ~25 ms per micro-batch. What exists once this module is imported lives as long as the process:
+# ~25 ms per micro-batch. What exists once this module is imported lives as long as the worker:
 # frozen, it is left out of every later collection, which then only sees what a task allocated.
-gc.freeze()
+# Only there: a worker ends with ``os._exit``, while a process that exits normally collects its
+# objects at exit, and frozen ones stay uncollected (DuckDB's nanobind bindings then print
+# "leaked instances" on stderr, seen in a CLI's one-line error).
+if _in_a_daemon_worker():
+    gc.freeze()

@@ -73,13 +73,15 @@ def test_a_worker_reads_the_config_again_only_when_its_file_changed(tmp_path):
     assert again is not first and again.log.partitions == 12
 
 
-def test_importing_the_source_leaves_what_a_worker_imported_out_of_later_collections():
+def test_in_a_daemon_worker_importing_the_source_leaves_its_imports_out_of_later_collections():
     """pyspark's daemon collects garbage after every task of a reused worker: only what a task allocated is visited.
 
-    A fresh interpreter, as a forked Python worker is when its first task unpickles the reader.
+    A fresh interpreter whose ``__main__`` is ``pyspark.daemon``, as a forked Python worker's is when its
+    first task unpickles the reader.
     """
     code = (
-        "import gc, pyspark.worker\n"
+        "import gc, importlib.util, sys, pyspark.worker\n"
+        "sys.modules['__main__'].__spec__ = importlib.util.find_spec('pyspark.daemon')\n"
         "before = len(gc.get_objects())\n"
         "import spark_log.data_source\n"
         "frozen = gc.get_freeze_count()\n"
@@ -90,3 +92,16 @@ def test_importing_the_source_leaves_what_a_worker_imported_out_of_later_collect
     before, frozen, tracked = result.stdout.split()
     assert int(frozen) > int(before) > 10_000, result.stdout  # pyspark's and the source's objects
     assert int(tracked) < 5_000, result.stdout  # a collection now visits the task's objects, not the imports'
+
+
+def test_elsewhere_importing_the_source_freezes_nothing_and_the_process_exits_quietly():
+    """A CLI process collects everything at exit: DuckDB's bindings report leaked objects if some stayed frozen."""
+    code = (
+        "import gc, duckdb\n"
+        "duckdb.connect().execute('SELECT 1').fetchall()\n"
+        "import spark_log.data_source\n"
+        "print(gc.get_freeze_count())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.split() == ["0"], result.stdout
+    assert result.stderr == "", result.stderr
