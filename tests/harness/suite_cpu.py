@@ -86,9 +86,7 @@ class Timeline:
 def command_of(cmdline: str) -> str:
     """A ``headwater`` CLI process's command without its options (``load --follow`` -> ``load``)."""
     words = cmdline.split()
-    start = next(
-        (i + 1 for i, w in enumerate(words) if w in ("headwater", "-m headwater") or w.endswith("/headwater")), 0
-    )
+    start = next((i + 1 for i, w in enumerate(words) if w == "headwater" or w.endswith("/headwater")), 0)
     command: list[str] = []
     skip = False
     for word in words[start:]:

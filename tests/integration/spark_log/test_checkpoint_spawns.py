@@ -2,7 +2,7 @@
 
 Without Hadoop's native library, Hadoop's FileContext renames a local file by running
 ``readlink`` twice as a child process; Spark's default checkpoint manager renames every offset,
-commit and source log entry that way (~18 process spawns per micro-batch, a third of a small
+commit and source log entry that way (~18 process spawns per micro-batch, over a quarter of a small
 micro-batch's CPU in ``bench/follow_cpu_bench.py``). The session (``spark_log.session``) uses
 the FileSystem-based manager instead. JFR's ``jdk.ProcessStart`` events, recorded inside the
 session's JVM, count the spawns; the same query with Spark's default manager is the control
@@ -24,7 +24,6 @@ def _spawned_commands(spark: Any, root: Path, manager: str | None) -> list[str]:
     jvm = spark.sparkContext._jvm
     source = root / "in"
     source.mkdir(parents=True)
-    spark.conf.set("spark.sql.streaming.schemaInference", "false")
     before = spark.conf.get(_KEY, None)
     if manager is not None:
         spark.conf.set(_KEY, manager)
