@@ -47,14 +47,13 @@ def commits(home: Path) -> int:
     return sum(1 for path in home.glob("checkpoints/**/commits/*") if not path.name.endswith(".crc"))
 
 
-def loaded(config: Path, tables: int) -> bool:
-    """Whether every SCD1 table holds its source's rows (a poll of the Delta tables, no Spark)."""
+def loaded(uris: list[str]) -> bool:
+    """Whether every SCD1 table (by URI) holds its source's rows (a poll of the Delta tables, no Spark)."""
     from deltalake import DeltaTable
 
-    project = load_config(config)
-    for number in range(tables):
+    for uri in uris:
         try:
-            if DeltaTable(table_path(project, f"t{number}_scd1").uri).to_pyarrow_table().num_rows != ROWS:
+            if DeltaTable(uri).to_pyarrow_table().num_rows != ROWS:
                 return False
         except Exception:  # not created yet
             return False
@@ -124,7 +123,9 @@ def main() -> None:
                 start_new_session=True,
             )
             started = time.monotonic()
-            while not loaded(config, args.tables):
+            project = load_config(config)
+            scd1 = [table_path(project, f"t{number}_scd1").uri for number in range(args.tables)]
+            while not loaded(scd1):
                 if process.poll() is not None or time.monotonic() - started > 900:
                     raise SystemExit("run --follow did not load the tables (exited or 15 min passed)")
                 time.sleep(2)
