@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 import yaml
@@ -21,8 +22,8 @@ from spark_log.source_schema import FIRST_OP
 TOPIC = "shop.public.items"
 
 
-def test_latest_per_key_reads_twice_in_one_worker(tmp_path):
-    """A reused reader reads ``latestPerKey`` ranges again with the same rows (its schema stays as declared)."""
+def _write_log(tmp_path) -> tuple[Path, int]:
+    """A file log with one table's topic: keys 0..2, each created then updated; the config's path and the end."""
     config_path = tmp_path / "headwater.yaml"
     config_path.write_text(yaml.safe_dump({"project": "p", "home": str(tmp_path / "home"), "log": {"partitions": 1}}))
     log = open_log(load_config(config_path))
@@ -45,7 +46,12 @@ def test_latest_per_key_reads_twice_in_one_worker(tmp_path):
         end = log.end_offset(TOPIC, 0)
     finally:
         log.close()
+    return config_path, end
 
+
+def test_latest_per_key_reads_twice_in_one_worker(tmp_path):
+    """A reused reader reads ``latestPerKey`` ranges again with the same rows (its schema stays as declared)."""
+    config_path, end = _write_log(tmp_path)
     source = HeadwaterLogDataSource({"config": str(config_path), "topic": TOPIC, "latestPerKey": "true"})
     reader = source.streamReader(source.schema())
     declared = reader.builder.schema.fieldNames()
@@ -94,14 +100,63 @@ def test_in_a_daemon_worker_importing_the_source_leaves_its_imports_out_of_later
     assert int(tracked) < 5_000, result.stdout  # a collection now visits the task's objects, not the imports'
 
 
-def test_elsewhere_importing_the_source_freezes_nothing_and_the_process_exits_quietly():
-    """A CLI process collects everything at exit: DuckDB's bindings report leaked objects if some stayed frozen."""
+def test_a_daemon_worker_freezes_again_after_its_first_read_and_only_then(tmp_path):
+    """What pyspark imports after unpickling the reader (pandas) leaves later collections too, from the first read on.
+
+    A fresh interpreter as a forked worker; ``import pandas`` stands for pyspark's own imports then.
+    """
+    config_path, end = _write_log(tmp_path)
     code = (
-        "import gc, duckdb\n"
-        "duckdb.connect().execute('SELECT 1').fetchall()\n"
-        "import spark_log.data_source\n"
-        "print(gc.get_freeze_count())\n"
+        "import gc, importlib.util, sys, pyspark.worker\n"
+        "sys.modules['__main__'].__spec__ = importlib.util.find_spec('pyspark.daemon')\n"
+        "from spark_log.data_source import HeadwaterLogDataSource, LogRangePartition\n"
+        "from spark_log.offsets import OffsetRange\n"
+        "import pandas\n"
+        "source = HeadwaterLogDataSource({'config': sys.argv[1], 'topic': sys.argv[2]})\n"
+        "reader = source.streamReader(source.schema())\n"
+        "partition = LogRangePartition(OffsetRange(sys.argv[2], 0, 0, int(sys.argv[3])))\n"
+        "gc.collect()\n"
+        "before = len(gc.get_objects())\n"
+        "rows = [sum(b.num_rows for b in reader.read(partition)) for _ in range(1)]\n"
+        "after_first, frozen = len(gc.get_objects()), gc.get_freeze_count()\n"
+        "rows += [sum(b.num_rows for b in reader.read(partition)) for _ in range(3)]\n"
+        "print(before, after_first, frozen, gc.get_freeze_count(), *rows)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert result.stdout.split() == ["0"], result.stdout
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(config_path), TOPIC, str(end)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    before, after_first, frozen, frozen_later, *rows = map(int, result.stdout.split())
+    assert rows == [6, 6, 6, 6], result.stdout
+    assert before > 20_000, result.stdout  # pandas' objects, imported after the source froze its own
+    assert after_first < 5_000, result.stdout  # the first read froze them
+    assert frozen_later == frozen, result.stdout  # once: later reads freeze nothing more
+
+
+def test_elsewhere_importing_the_source_or_reading_freezes_nothing_and_the_process_exits_quietly(tmp_path):
+    """A CLI process collects everything at exit: DuckDB's bindings report leaked objects if some stayed frozen."""
+    config_path, end = _write_log(tmp_path)
+    code = (
+        "import gc, sys, duckdb\n"
+        "duckdb.connect().execute('SELECT 1').fetchall()\n"
+        "from spark_log.data_source import HeadwaterLogDataSource, LogRangePartition\n"
+        "from spark_log.offsets import OffsetRange\n"
+        "imported = gc.get_freeze_count()\n"
+        "source = HeadwaterLogDataSource({'config': sys.argv[1], 'topic': sys.argv[2]})\n"
+        "reader = source.streamReader(source.schema())\n"
+        "partition = LogRangePartition(OffsetRange(sys.argv[2], 0, 0, int(sys.argv[3])))\n"
+        "rows = sum(b.num_rows for b in reader.read(partition))\n"
+        "print(imported, gc.get_freeze_count(), rows)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(config_path), TOPIC, str(end)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert result.stdout.split() == ["0", "0", "6"], result.stdout
     assert result.stderr == "", result.stderr
