@@ -58,6 +58,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from core.warehouse_config import TableConfig
 from warehouse_loader.cdc_options import PlanOptions, prepare_changes
 from warehouse_loader.changes import DELETE_OP, END_AT, OP, SEQ, START_AT, TRUNCATE_OP
+from warehouse_loader.delta import kept_tables
 from warehouse_loader.delta import merge_on_read as mor
 from warehouse_loader.delta.scan import select_rows
 from warehouse_loader.delta.table import DeltaVersion, open_delta, open_version, table_schema
@@ -103,9 +104,10 @@ def write_batch(
     changes, options = prepare_changes(changes, keys, config, reread_points=reread_points)
     if merge_on_read:
         location = as_location(path)
-        existing = open_delta(location)
+        existing = kept_tables.take(location)
         if existing is not None:
             mor.enable_when_large(location, existing)
+        kept_tables.keep(location, existing)
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
         try:
             if config.mode == "scd2":
@@ -256,11 +258,12 @@ def write_scd1(
     With ``ignore_null_columns`` the stored rows of the batch's keys are read to plan whole rows.
     """
     path = as_location(path)
-    target = open_table(path)
+    target = kept_tables.take(path)
     if _already(target, table, batch_id):
+        kept_tables.keep(path, target)
         return WriteResult(table=table, batch_id=batch_id, skipped=True, version=target.version() if target else None)
     side_path = path / TOMBSTONES_DIR
-    side = open_table(side_path)
+    side = kept_tables.take(side_path)
     tombstones, watermark = _read_tombstones(side_path, side, changes, keys, sequence_by)
     existing = None
     if ignore_null_columns and target is not None:
@@ -286,12 +289,15 @@ def write_scd1(
     try:
         if needs_side and not _already(side, table, batch_id):
             _write_tombstones(side_path, side, actions, keys=keys, table=table, batch_id=batch_id)
-        return _merge_scd1(path, target, rows, adds=adds, actions=actions, keys=keys, table=table, batch_id=batch_id)
+        result = _merge_scd1(path, target, rows, adds=adds, actions=actions, keys=keys, table=table, batch_id=batch_id)
     except (DeltaError, OSError) as exc:
         failure = _commit_failed(exc, path, table, batch_id)
         if failure is None:
             raise
         raise failure from exc
+    kept_tables.keep(path, target)
+    kept_tables.keep(side_path, side)
+    return result
 
 
 def _read_tombstones(
@@ -425,8 +431,9 @@ def write_scd2(
     options = options or PlanOptions()
     sequence_by = options.sequence_by
     path = as_location(path)
-    target = open_table(path)
+    target = kept_tables.take(path)
     if _already(target, table, batch_id):
+        kept_tables.keep(path, target)
         return WriteResult(table=table, batch_id=batch_id, skipped=True, version=target.version() if target else None)
     existing = None
     spanning = None
@@ -446,7 +453,9 @@ def write_scd2(
     actions = plan_with_remembered(
         open_version(path / TOMBSTONES_DIR), changes, keys, existing, window, options=options
     )
-    return commit_scd2(path, target, actions, keys=keys, table=table, batch_id=batch_id)
+    result = commit_scd2(path, target, actions, keys=keys, table=table, batch_id=batch_id)
+    kept_tables.keep(path, target)
+    return result
 
 
 def commit_scd2(
@@ -466,62 +475,82 @@ def commit_scd2(
     """
     path = as_location(path)
     side_path = path / TOMBSTONES_DIR
-    side = open_table(side_path)
+    side = kept_tables.take(side_path)
     versions, adds = reconcile(table, None if target is None else table_schema(target), actions.versions)
     try:
         if (actions.tombstones.num_rows or actions.truncates) and not _already(side, table, batch_id):
             _append_scd2_tombstones(side_path, side, actions, keys=keys, table=table, batch_id=batch_id)
-        if target is None:
-            return _create(path, versions, table, batch_id, _commit(table, batch_id, metadata, keys=keys))
-        # Removed versions ride in the same source with a null __hw_op (a real version always has one).
-        removed = pa.Table.from_arrays(
-            [
-                actions.removed.column(f.name).cast(f.type)
-                if f.name in actions.removed.column_names
-                else pa.nulls(actions.removed.num_rows, f.type)
-                for f in versions.schema
-            ],
-            schema=versions.schema,
+        result = _commit_versions(
+            path, target, versions, actions, adds=adds, keys=keys, table=table, batch_id=batch_id, metadata=metadata
         )
-        source = pa.concat_tables([versions, removed])
-        sa, op = quote(START_AT), quote(OP)
-        if not adds and mor.usable(path, target):
-            stats = mor.merge(
-                path,
-                target,
-                source,
-                keys=keys,
-                also_on=f"t.{sa} = s.{sa}",
-                drop_matched="TRUE",  # a removed version goes, a replaced one is written anew
-                insert_matched=f"s.{op} IS NOT NULL",
-                insert_unmatched=f"s.{op} IS NOT NULL",
-                app_id=table,
-                version=batch_id,
-                metadata=_custom(batch_id, metadata, keys),
-            )
-            return _merged_on_read(target, table, batch_id, stats)
-        merge = target.merge(
-            source,
-            f"{key_match(keys, 't', 's')} AND t.{sa} = s.{sa}",
-            source_alias="s",
-            target_alias="t",
-            merge_schema=adds,
-            streamed_exec=False,
-            commit_properties=_commit(table, batch_id, metadata, keys=keys),
-        )
-        merge = (
-            merge.when_matched_delete(predicate=f"s.{op} IS NULL")
-            .when_matched_update_all(predicate=f"s.{op} IS NOT NULL")
-            .when_not_matched_insert_all(predicate=f"s.{op} IS NOT NULL")
-        )
-        before = target.version()
-        stats = merge.execute()
-        return _metrics(table, batch_id, target, before, stats, keys=keys)
     except (DeltaError, OSError) as exc:
         failure = _commit_failed(exc, path, table, batch_id)
         if failure is None:
             raise
         raise failure from exc
+    kept_tables.keep(side_path, side)
+    return result
+
+
+def _commit_versions(
+    path: TableLocation,
+    target: DeltaTable | None,
+    versions: pa.Table,
+    actions: Scd2Actions,
+    *,
+    adds: bool,
+    keys: Sequence[str],
+    table: str,
+    batch_id: int,
+    metadata: dict[str, str] | None,
+) -> WriteResult:
+    """The table commit of :func:`commit_scd2`: its creation, or one MERGE on ``(keys, __START_AT)``."""
+    if target is None:
+        return _create(path, versions, table, batch_id, _commit(table, batch_id, metadata, keys=keys))
+    # Removed versions ride in the same source with a null __hw_op (a real version always has one).
+    removed = pa.Table.from_arrays(
+        [
+            actions.removed.column(f.name).cast(f.type)
+            if f.name in actions.removed.column_names
+            else pa.nulls(actions.removed.num_rows, f.type)
+            for f in versions.schema
+        ],
+        schema=versions.schema,
+    )
+    source = pa.concat_tables([versions, removed])
+    sa, op = quote(START_AT), quote(OP)
+    if not adds and mor.usable(path, target):
+        stats = mor.merge(
+            path,
+            target,
+            source,
+            keys=keys,
+            also_on=f"t.{sa} = s.{sa}",
+            drop_matched="TRUE",  # a removed version goes, a replaced one is written anew
+            insert_matched=f"s.{op} IS NOT NULL",
+            insert_unmatched=f"s.{op} IS NOT NULL",
+            app_id=table,
+            version=batch_id,
+            metadata=_custom(batch_id, metadata, keys),
+        )
+        return _merged_on_read(target, table, batch_id, stats)
+    merge = target.merge(
+        source,
+        f"{key_match(keys, 't', 's')} AND t.{sa} = s.{sa}",
+        source_alias="s",
+        target_alias="t",
+        merge_schema=adds,
+        streamed_exec=False,
+        commit_properties=_commit(table, batch_id, metadata, keys=keys),
+    )
+    merge = (
+        merge.when_matched_delete(predicate=f"s.{op} IS NULL")
+        .when_matched_update_all(predicate=f"s.{op} IS NOT NULL")
+        .when_not_matched_insert_all(predicate=f"s.{op} IS NOT NULL")
+    )
+    before = target.version()
+    stats = merge.execute()
+    return _metrics(table, batch_id, target, before, stats, keys=keys)
 
 
 def _append_scd2_tombstones(
