@@ -20,6 +20,10 @@ Spark puts first on their path (:func:`spark_home`): a worker starts with ~0.2 C
 instead of ~0.7, which matters because Spark gives a starting worker 10 s (hard-coded)
 to connect back, and two cores under load are slow to give it 0.7 s.
 
+With a local master, Hadoop's ``file:`` paths go through :mod:`spark_log.nio_filesystem`'s
+local file system (a jar built once, put first on the driver's class path, with a CDS archive of
+its own): it sets the permission of each file it creates without a ``chmod`` child process.
+
 ``$HEADWATER_SPARK_JAVA_OPTIONS`` adds JVM options to the driver of every session this
 process (and any child) starts, before the project's own ``spark.driver.extraJavaOptions``.
 For short jobs on few cores, ``-XX:TieredStopAtLevel=1 -XX:+UseSerialGC`` (no C2 compiler
@@ -43,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.process_lifetime import process_alive
 from spark_log import jvm_lifetime
+from spark_log.nio_filesystem import FILE_SYSTEM_CLASS, FS_IMPL_KEY, nio_filesystem_jar
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -56,6 +61,7 @@ JAVA_OPTIONS_VARIABLE = "HEADWATER_SPARK_JAVA_OPTIONS"
 # little next to Spark's start. Logs are off because an unusable archive is a slower
 # start, not a failure, and the notes would litter job output.
 _CDS_FLAGS = "-XX:+VerifySharedSpaces -Xlog:cds=off -Xlog:cds+dynamic=off"
+_CLASS_PATH_KEY = "spark.driver.extraClassPath"
 _CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 
@@ -105,12 +111,17 @@ def _java_binary() -> Path | None:
     return found.resolve() if found is not None else None
 
 
-def cds_archive_path() -> Path:
-    """Where this environment's CDS archive lives (it need not exist yet)."""
+def cds_archive_path(class_path: str = "") -> Path:
+    """Where this environment's CDS archive for a driver with ``class_path`` in front lives (it need not exist yet).
+
+    An archive holds the class path it was recorded with, and a JVM on another one does not use it.
+    """
     import pyspark
 
     java = _java_binary()
     identity = f"{java}:{java.stat().st_mtime_ns}" if java is not None else "no-java"
+    if class_path:
+        identity += f":{class_path}"
     digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
     return _cache_dir() / f"spark-cds-{pyspark.__version__}-{digest}.jsa"
 
@@ -123,9 +134,14 @@ def _drop_abandoned_recordings(archive: Path) -> None:
             recording.unlink(missing_ok=True)
 
 
-def _cds_java_options() -> str:
+#: The archive a JVM of this process records (None: none does).
+_recording_to: Path | None = None
+
+
+def _cds_java_options(class_path: str) -> str:
     """``-XX`` options to use the CDS archive, or to record it when it does not exist yet."""
-    archive = cds_archive_path()
+    global _recording_to  # noqa: PLW0603
+    archive = cds_archive_path(class_path)
     try:
         archive.parent.mkdir(parents=True, exist_ok=True)
         _drop_abandoned_recordings(archive)
@@ -136,8 +152,20 @@ def _cds_java_options() -> str:
     # Recorded under a per-process name and promoted only after the JVM exited cleanly
     # (stop_spark, or at interpreter exit), so no start ever maps a half-written archive.
     recording = archive.with_name(f"{archive.name}.{os.getpid()}{_RECORDING_SUFFIX}")
+    _recording_to = archive
     atexit.register(_finish_recording)
     return f"-XX:ArchiveClassesAtExit={recording} {_CDS_FLAGS}"
+
+
+def _local_filesystem_class_path(master: str) -> str:
+    """The jar of :mod:`spark_log.nio_filesystem` for a local master ("": none built, or executors elsewhere).
+
+    Executors on other hosts would need the jar too: a cluster's sessions keep Hadoop's class.
+    """
+    if not master.startswith("local"):
+        return ""
+    jar = nio_filesystem_jar(_java_binary(), _cache_dir())
+    return "" if jar is None else str(jar)
 
 
 def spark_session(
@@ -206,6 +234,12 @@ def spark_session(
         conf["spark.local.dir"] = str(local_dir / "tmp")
         conf["spark.sql.warehouse.dir"] = str(local_dir / "warehouse")
     extra = dict(extra_conf or {})
+    local_filesystem = _local_filesystem_class_path(master)
+    if local_filesystem:
+        conf[FS_IMPL_KEY] = FILE_SYSTEM_CLASS
+    class_path = os.pathsep.join(filter(None, [local_filesystem, extra.pop(_CLASS_PATH_KEY, "")]))
+    if class_path:
+        conf[_CLASS_PATH_KEY] = class_path
     java_options = " ".join(
         filter(
             None,
@@ -215,7 +249,7 @@ def spark_session(
                 # Its last words ("Terminating due to java.lang.OutOfMemoryError") go to stderr, which
                 # is the project's spark.log (spark_log.job), where the CLI finds them: not stdout.
                 "-XX:+ExitOnOutOfMemoryError -XX:+DisplayVMOutputToStderr",
-                _cds_java_options(),
+                _cds_java_options(class_path),
                 os.environ.get(JAVA_OPTIONS_VARIABLE, "").strip(),
                 extra.pop("spark.driver.extraJavaOptions", ""),
             ],
@@ -336,7 +370,9 @@ def _stop_jvm() -> None:
 
 
 def _promote_recording(*, clean: bool) -> None:
-    archive = cds_archive_path()
+    archive = _recording_to
+    if archive is None:
+        return
     recording = archive.with_name(f"{archive.name}.{os.getpid()}{_RECORDING_SUFFIX}")
     with contextlib.suppress(OSError):
         if clean and recording.exists() and recording.stat().st_size > 0 and not archive.exists():
