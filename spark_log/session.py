@@ -37,6 +37,7 @@ import atexit
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -160,9 +161,10 @@ def _cds_java_options(class_path: str) -> str:
 def _local_filesystem_class_path(master: str) -> str:
     """The jar of :mod:`spark_log.nio_filesystem` for a local master ("": none built, or executors elsewhere).
 
-    Executors on other hosts would need the jar too: a cluster's sessions keep Hadoop's class.
+    Executors in JVMs of their own (a cluster, ``local-cluster``) would need the jar too: their sessions
+    keep Hadoop's class.
     """
-    if not master.startswith("local"):
+    if not re.fullmatch(r"local(\[[^\]]*\])?", master):
         return ""
     jar = nio_filesystem_jar(_java_binary(), _cache_dir())
     return "" if jar is None else str(jar)

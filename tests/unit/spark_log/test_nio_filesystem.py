@@ -23,9 +23,14 @@ def test_without_a_javac_there_is_no_jar_and_the_session_keeps_hadoops_class(tmp
     assert not (tmp_path / "cache").exists()
 
 
-def test_a_cluster_s_sessions_keep_hadoops_class() -> None:
-    """Executors on other hosts would not have the jar."""
+def test_only_a_local_master_s_sessions_get_the_class() -> None:
+    """Executors in JVMs of their own would not have the jar."""
     assert session._local_filesystem_class_path("spark://127.0.0.1:7077") == ""
+    assert session._local_filesystem_class_path("local-cluster[2,1,1024]") == ""
+    java = session._java_binary()
+    if java is not None and java.with_name("javac").is_file():
+        for master in ("local", "local[2]", "local[*]"):
+            assert session._local_filesystem_class_path(master).endswith(".jar"), master
 
 
 def test_the_jdk_builds_the_jar_once(tmp_path: Path) -> None:
