@@ -9,7 +9,8 @@ sets the same mode bits through ``java.nio`` (modes beyond ``rwx`` still go Hado
 
 The class is compiled once per environment by the ``javac`` beside the ``java`` that runs Spark,
 against pyspark's own Hadoop jars, into a jar in Headwater's cache directory. A Java without a
-compiler (a JRE), or a build that fails, leaves Spark with Hadoop's class: slower, never wrong.
+compiler (a JRE), or a build that fails (not tried again until its ``.failed`` file in the cache is
+deleted), leaves Spark with Hadoop's class: slower, never wrong.
 """
 
 from __future__ import annotations
@@ -40,13 +41,18 @@ def nio_filesystem_jar(java: Path | None, cache_dir: Path) -> Path | None:
         source = _SOURCE.read_bytes()
         identity = b"\0".join([source, pyspark.__version__.encode(), str(javac.resolve()).encode()])
         jar = cache_dir / f"headwater-hadoop-{hashlib.sha256(identity).hexdigest()[:10]}.jar"
-        if jar.is_file():
-            return jar
+        failed = jar.with_suffix(".failed")  # a build that failed is not tried again at every session
+        if jar.is_file() or failed.exists():
+            return jar if jar.is_file() else None
         cache_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".headwater-hadoop-") as building:
             classes = Path(building) / "classes"
             command = [str(javac), "--release", "17", "-nowarn", "-cp", f"{jars}/*", "-d", str(classes), str(_SOURCE)]
-            subprocess.run(command, check=True, capture_output=True, timeout=300)
+            try:
+                subprocess.run(command, check=True, capture_output=True, timeout=300)
+            except subprocess.CalledProcessError:
+                failed.touch()
+                raise
             packed = Path(building) / "built.jar"
             with zipfile.ZipFile(packed, "w") as archive:
                 for compiled in sorted(classes.rglob("*.class")):

@@ -23,6 +23,19 @@ def test_without_a_javac_there_is_no_jar_and_the_session_keeps_hadoops_class(tmp
     assert not (tmp_path / "cache").exists()
 
 
+def test_a_build_that_failed_is_not_tried_again(tmp_path: Path) -> None:
+    jdk = tmp_path / "jdk" / "bin"
+    jdk.mkdir(parents=True)
+    (jdk / "java").write_text("")
+    runs = tmp_path / "runs"
+    (jdk / "javac").write_text(f"#!/bin/sh\necho run >> {runs}\nexit 1\n")
+    (jdk / "javac").chmod(0o755)
+    assert nio_filesystem_jar(jdk / "java", tmp_path / "cache") is None
+    assert nio_filesystem_jar(jdk / "java", tmp_path / "cache") is None
+    assert runs.read_text() == "run\n"  # once
+    assert [p.suffix for p in (tmp_path / "cache").iterdir()] == [".failed"]
+
+
 def test_only_a_local_master_s_sessions_get_the_class() -> None:
     """Executors in JVMs of their own would not have the jar."""
     assert session._local_filesystem_class_path("spark://127.0.0.1:7077") == ""
