@@ -22,6 +22,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from core.process_lifetime import parent_death_preexec
+
 #: The class :data:`FS_IMPL_KEY` names when the jar is on the driver's class path.
 FILE_SYSTEM_CLASS = "headwater.hadoop.NioLocalFileSystem"
 #: The Spark setting that makes Hadoop use it for ``file:`` paths.
@@ -49,7 +51,10 @@ def nio_filesystem_jar(java: Path | None, cache_dir: Path) -> Path | None:
             classes = Path(building) / "classes"
             command = [str(javac), "--release", "17", "-nowarn", "-cp", f"{jars}/*", "-d", str(classes), str(_SOURCE)]
             try:
-                subprocess.run(command, check=True, capture_output=True, timeout=300)
+                # Dies with this process (a SIGKILLed CLI leaves no compiler behind); run waits for it,
+                # so the thread that armed the signal outlives it.
+                preexec = parent_death_preexec(thread_outlives_child=True)
+                subprocess.run(command, check=True, capture_output=True, timeout=300, preexec_fn=preexec)
             except subprocess.CalledProcessError:
                 failed.touch()
                 raise
