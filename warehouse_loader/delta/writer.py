@@ -104,7 +104,7 @@ def write_batch(
     changes, options = prepare_changes(changes, keys, config, reread_points=reread_points)
     if merge_on_read:
         location = as_location(path)
-        existing = kept_tables.take(location)
+        existing = kept_tables.take(location)  # for the size check; the write takes it again (take_table)
         if existing is not None:
             mor.enable_when_large(location, existing)
         kept_tables.keep(location, existing)
@@ -137,6 +137,11 @@ def committed_batch(path: Where, table: str) -> int | None:
 def open_table(path: Where) -> DeltaTable | None:
     """The Delta table at ``path``, or None when there is none (yet)."""
     return open_delta(as_location(path))
+
+
+def take_table(path: TableLocation) -> DeltaTable | None:
+    """The table at ``path`` for a write: the one this process kept from its last write there, or opened."""
+    return kept_tables.take(path)
 
 
 def _commit_failed(exc: Exception, where: TableLocation, table: str, batch_id: int) -> Exception | None:
@@ -258,12 +263,12 @@ def write_scd1(
     With ``ignore_null_columns`` the stored rows of the batch's keys are read to plan whole rows.
     """
     path = as_location(path)
-    target = kept_tables.take(path)
+    target = take_table(path)
     if _already(target, table, batch_id):
         kept_tables.keep(path, target)
         return WriteResult(table=table, batch_id=batch_id, skipped=True, version=target.version() if target else None)
     side_path = path / TOMBSTONES_DIR
-    side = kept_tables.take(side_path)
+    side = take_table(side_path)
     tombstones, watermark = _read_tombstones(side_path, side, changes, keys, sequence_by)
     existing = None
     if ignore_null_columns and target is not None:
@@ -431,7 +436,7 @@ def write_scd2(
     options = options or PlanOptions()
     sequence_by = options.sequence_by
     path = as_location(path)
-    target = kept_tables.take(path)
+    target = take_table(path)
     if _already(target, table, batch_id):
         kept_tables.keep(path, target)
         return WriteResult(table=table, batch_id=batch_id, skipped=True, version=target.version() if target else None)
@@ -475,7 +480,7 @@ def commit_scd2(
     """
     path = as_location(path)
     side_path = path / TOMBSTONES_DIR
-    side = kept_tables.take(side_path)
+    side = take_table(side_path)
     versions, adds = reconcile(table, None if target is None else table_schema(target), actions.versions)
     try:
         if (actions.tombstones.num_rows or actions.truncates) and not _already(side, table, batch_id):

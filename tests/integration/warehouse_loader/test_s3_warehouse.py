@@ -145,7 +145,7 @@ def lose_the_race_once(monkeypatch: pytest.MonkeyPatch, location: Any, other: An
     from warehouse_loader.delta import writer as delta_writer
     from warehouse_loader.errors import CommitConflictError
 
-    real_open, real_scd1 = delta_writer.open_table, delta_writer.write_scd1
+    real_open, real_scd1 = delta_writer.take_table, delta_writer.write_scd1
     events: list[str] = []
 
     def open_then_lose(path: Any) -> Any:
@@ -162,7 +162,7 @@ def lose_the_race_once(monkeypatch: pytest.MonkeyPatch, location: Any, other: An
             events.append("conflict")
             raise
 
-    monkeypatch.setattr(delta_writer, "open_table", open_then_lose)
+    monkeypatch.setattr(delta_writer, "take_table", open_then_lose)
     monkeypatch.setattr(delta_writer, "write_scd1", counting)
     return events
 
