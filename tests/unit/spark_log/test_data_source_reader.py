@@ -100,6 +100,27 @@ def test_in_a_daemon_worker_importing_the_source_leaves_its_imports_out_of_later
     assert int(tracked) < 5_000, result.stdout  # a collection now visits the task's objects, not the imports'
 
 
+#: A reader of the log ``_write_log`` wrote, and its one range (``sys.argv``: the config, the topic, the end).
+_READER = (
+    "from spark_log.data_source import HeadwaterLogDataSource, LogRangePartition\n"
+    "from spark_log.offsets import OffsetRange\n"
+    "source = HeadwaterLogDataSource({'config': sys.argv[1], 'topic': sys.argv[2]})\n"
+    "reader = source.streamReader(source.schema())\n"
+    "partition = LogRangePartition(OffsetRange(sys.argv[2], 0, 0, int(sys.argv[3])))\n"
+)
+
+
+def _run_reading(code: str, config_path: Path, end: int) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter, given the log's config, topic and end as arguments."""
+    return subprocess.run(
+        [sys.executable, "-c", code, str(config_path), TOPIC, str(end)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+
+
 def test_a_daemon_worker_freezes_again_after_its_first_read_and_only_then(tmp_path):
     """What pyspark imports after unpickling the reader (pandas) leaves later collections too, from the first read on.
 
@@ -111,24 +132,14 @@ def test_a_daemon_worker_freezes_again_after_its_first_read_and_only_then(tmp_pa
         "sys.modules['__main__'].__spec__ = importlib.util.find_spec('pyspark.daemon')\n"
         "from spark_log.data_source import HeadwaterLogDataSource, LogRangePartition\n"
         "from spark_log.offsets import OffsetRange\n"
-        "import pandas\n"
-        "source = HeadwaterLogDataSource({'config': sys.argv[1], 'topic': sys.argv[2]})\n"
-        "reader = source.streamReader(source.schema())\n"
-        "partition = LogRangePartition(OffsetRange(sys.argv[2], 0, 0, int(sys.argv[3])))\n"
-        "gc.collect()\n"
+        "import pandas\n" + _READER + "gc.collect()\n"
         "before = len(gc.get_objects())\n"
         "rows = [sum(b.num_rows for b in reader.read(partition)) for _ in range(1)]\n"
         "after_first, frozen = len(gc.get_objects()), gc.get_freeze_count()\n"
         "rows += [sum(b.num_rows for b in reader.read(partition)) for _ in range(3)]\n"
         "print(before, after_first, frozen, gc.get_freeze_count(), *rows)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code, str(config_path), TOPIC, str(end)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    result = _run_reading(code, config_path, end)
     before, after_first, frozen, frozen_later, *rows = map(int, result.stdout.split())
     assert rows == [6, 6, 6, 6], result.stdout
     assert before > 20_000, result.stdout  # pandas' objects, imported after the source froze its own
@@ -144,19 +155,9 @@ def test_elsewhere_importing_the_source_or_reading_freezes_nothing_and_the_proce
         "duckdb.connect().execute('SELECT 1').fetchall()\n"
         "from spark_log.data_source import HeadwaterLogDataSource, LogRangePartition\n"
         "from spark_log.offsets import OffsetRange\n"
-        "imported = gc.get_freeze_count()\n"
-        "source = HeadwaterLogDataSource({'config': sys.argv[1], 'topic': sys.argv[2]})\n"
-        "reader = source.streamReader(source.schema())\n"
-        "partition = LogRangePartition(OffsetRange(sys.argv[2], 0, 0, int(sys.argv[3])))\n"
-        "rows = sum(b.num_rows for b in reader.read(partition))\n"
+        "imported = gc.get_freeze_count()\n" + _READER + "rows = sum(b.num_rows for b in reader.read(partition))\n"
         "print(imported, gc.get_freeze_count(), rows)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code, str(config_path), TOPIC, str(end)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    result = _run_reading(code, config_path, end)
     assert result.stdout.split() == ["0", "0", "6"], result.stdout
     assert result.stderr == "", result.stderr
