@@ -79,7 +79,9 @@ def test_checkpoint_writes_spawn_no_chmod_and_hadoops_local_file_system_would(sp
     ours = _spawned_commands(spark, tmp_path / "ours", None)
     hadoops = _spawned_commands(spark, tmp_path / "hadoops", None, _HADOOPS_FILE_SYSTEM)
     assert sum(command.startswith("chmod") for command in hadoops) >= 3, hadoops  # the control
-    assert ours == [], ours  # no child process at all
+    # Only the checkpoint's own children count: the shared JVM may meanwhile clean up after another
+    # test's session (`rm -rf` of its artifact directory, seen in a loaded CI run).
+    assert not [command for command in ours if command.startswith(("chmod", "readlink"))], ours
 
 
 def test_the_session_s_local_file_system_sets_the_modes_chmod_would(spark, tmp_path):
