@@ -627,18 +627,15 @@ if _in_a_daemon_worker():
     gc.freeze()
 
 
+@functools.cache
 def _freeze_after_the_first_read() -> None:
     """In a daemon's worker, freeze once more after its first read: what pyspark imported for the task.
 
     pyspark's worker imports pandas (~30,000 tracked objects) after it unpickled the reader, so after
     the freeze above, and every later task's collection still visited them: the read workers of a
     following load spent 1.14 CPU s over 123 micro-batches with the one freeze, 0.42 with both.
-    Garbage in a cycle that the first task leaves is frozen with them, once per worker.
+    Garbage in a cycle that the first task leaves is frozen with them, once per worker (cached:
+    later reads return at once).
     """
     if _in_a_daemon_worker():
-        _freeze_once()
-
-
-@functools.cache
-def _freeze_once() -> None:
-    gc.freeze()
+        gc.freeze()

@@ -43,9 +43,11 @@ def nio_filesystem_jar(java: Path | None, cache_dir: Path) -> Path | None:
         source = _SOURCE.read_bytes()
         identity = b"\0".join([source, pyspark.__version__.encode(), str(javac.resolve()).encode()])
         jar = cache_dir / f"headwater-hadoop-{hashlib.sha256(identity).hexdigest()[:10]}.jar"
+        if jar.is_file():
+            return jar
         failed = jar.with_suffix(".failed")  # a build that failed is not tried again at every session
-        if jar.is_file() or failed.exists():
-            return jar if jar.is_file() else None
+        if failed.exists():
+            return None
         cache_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".headwater-hadoop-") as building:
             classes = Path(building) / "classes"
