@@ -33,10 +33,9 @@ from psycopg import sql
 
 from core.config import ProjectConfig, load_config
 from harness.row_compare import canonical_row, checksum, row_diff
-from warehouse_loader.errors import UnknownTableError
+from warehouse_loader.duckdb_connection import duckdb_connection
 from warehouse_loader.formats import format_of
 from warehouse_loader.load_job import table_path
-from warehouse_loader.query import run_query
 
 BASE_COLUMNS = (
     "id int PRIMARY KEY, qty int, price numeric(8,2), name varchar(10), ratio real, note text, rev int NOT NULL"
@@ -223,6 +222,11 @@ class DdlProject:
         self.home = tmp_path / "home"
         self.config_path = tmp_path / "headwater.yaml"
         self.log = log or {"partitions": 2, "file": {"fsync": "never"}}
+        self._config: ProjectConfig | None = None
+        # The checks' own connection: wait_equal reads every table's source rows, columns and
+        # audit each pass, and a connection per statement was a backend started for each. Never
+        # prepared: a statement psycopg prepared would fail once a DDL changes its table's columns.
+        self.check_conn = pg_database.connect(prepare_threshold=None)
         self.write_config()
 
     # -- setup
@@ -308,10 +312,13 @@ class DdlProject:
             }
             tables["feed_scd1"] = {"from": feed, "mode": "scd1"}
         self.config_path.write_text(yaml.safe_dump(document, sort_keys=False))
+        self._config = None
 
     @property
     def config(self) -> ProjectConfig:
-        return load_config(self.config_path)
+        if self._config is None:
+            self._config = load_config(self.config_path)
+        return self._config
 
     def topic(self, case: DdlCase) -> str:
         """A table keeps the topic of the name it was first captured under."""
@@ -319,6 +326,11 @@ class DdlProject:
 
     def close(self) -> None:
         self.conn.close()
+        self.check_conn.close()
+
+    def query(self, statement: str | sql.Composable, params: tuple[Any, ...] | None = None) -> list[tuple[Any, ...]]:
+        """One autocommit statement on the checks' connection (each sees what was committed before it)."""
+        return self.check_conn.execute(statement, params).fetchall()  # type: ignore[arg-type]
 
     # -- the CLI
 
@@ -489,7 +501,7 @@ class DdlProject:
     # -- the checks
 
     def source_columns(self, case: DdlCase) -> list[str]:
-        rows = self.pg.execute(
+        rows = self.query(
             "SELECT a.attname FROM pg_attribute a WHERE a.attrelid = %s::regclass AND a.attnum > 0 "
             "AND NOT a.attisdropped ORDER BY a.attnum",
             (f'"{self.schema}"."{case.current}"',),
@@ -501,7 +513,7 @@ class DdlProject:
         # its text would be a shorter decimal than the float's).
         reals = {
             row[0]
-            for row in self.pg.execute(
+            for row in self.query(
                 "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND atttypid = 'real'::regtype",
                 (f'"{self.schema}"."{case.current}"',),
             )
@@ -509,27 +521,31 @@ class DdlProject:
         selected = [
             sql.SQL("{}::float8").format(sql.Identifier(c)) if c in reals else sql.Identifier(c) for c in columns
         ]
-        return self.pg.execute(
+        return self.query(
             sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(selected), self.table(case.current))
         )
 
     def warehouse_rows(self, table: str, columns: list[str]) -> list[tuple[Any, ...]] | None:
+        # The table format's own registration into a connection to the process's shared DuckDB
+        # database: `headwater query`'s locked database of its own costs ~10 ms CPU to open, and
+        # these reads are most of what the test process does (~60 a pass).
         quoted = ", ".join(f'"{c}"' for c in columns)
+        location = table_path(self.config, table)
+        con = duckdb_connection([location])
         try:
-            config = self.config
-            result = run_query(
-                f'SELECT {quoted} FROM "{table}"',
-                {table: table_path(config, table)},
-                formats={table: format_of(config, table)},
-            )
-        except UnknownTableError:
-            return None  # not loaded yet
+            stored = format_of(self.config, table).open(location)
+            if stored is None:
+                return None  # not loaded yet
+            stored.register(con, table)
+            result = con.sql(f'SELECT {quoted} FROM "{table}"').to_arrow_table()
         except Exception as exc:  # a column the table does not have (yet)
             return [("query failed", str(exc).splitlines()[0])]
+        finally:
+            con.close()
         return [tuple(row[c] for c in columns) for row in result.to_pylist()]
 
     def audited(self, case: DdlCase) -> Counter[int]:
-        rows = self.pg.execute(
+        rows = self.query(
             sql.SQL("SELECT id FROM {} WHERE tbl = %s").format(sql.Identifier(self.audit_schema, "audit")), (case.name,)
         )
         return Counter(row[0] for row in rows)
