@@ -521,9 +521,7 @@ class DdlProject:
         selected = [
             sql.SQL("{}::float8").format(sql.Identifier(c)) if c in reals else sql.Identifier(c) for c in columns
         ]
-        return self.query(
-            sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(selected), self.table(case.current))
-        )
+        return self.query(sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(selected), self.table(case.current)))
 
     def warehouse_rows(self, table: str, columns: list[str]) -> list[tuple[Any, ...]] | None:
         # The table format's own registration into a connection to the process's shared DuckDB
