@@ -100,10 +100,8 @@ from log.reading import READ_CHUNK, read_range, read_range_columns
 from log.shards import shard_map_of
 from log.table_schemas import read_schema_records
 from spark_log.errors import LogSourceOptionError
-from spark_log.latest_per_key import latest_per_key
 from spark_log.offsets import LogPosition, OffsetRange, OffsetsSpec, admit, admit_bytes, offset_ranges
 from spark_log.schema_guard import check_schema_versions
-from spark_log.source_batches import SourceBatchBuilder, arrow_schema
 from spark_log.source_schema import (
     FIRST_OP,
     RowSchema,
@@ -117,6 +115,8 @@ from spark_log.task_errors import carried_errors, carried_iteration
 if TYPE_CHECKING:
     from pyspark.sql import DataFrameReader, SparkSession
     from pyspark.sql.streaming.readwriter import DataStreamReader
+
+    from spark_log.source_batches import SourceBatchBuilder
 
 SOURCE_NAME = "headwater_log"
 DEFAULT_SPLIT_RECORDS = 100_000
@@ -368,11 +368,43 @@ class LogRangePartition(InputPartition):
         self.offsets = offsets
 
 
+@dataclass(frozen=True)
+class BatchShape:
+    """What a reader's record batches are built to: the declared schema and each topic's row schema.
+
+    The readers carry this and make their :class:`~spark_log.source_batches.SourceBatchBuilder`
+    where they first read: the Python processes that only plan (the query's source runner, the
+    planner workers) then never import the batch building (pyarrow.compute and the value
+    decoders, ~30 ms CPU of each such process; Spark starts one runner per streaming query).
+    """
+
+    schema: StructType
+    row_schemas: Mapping[str, RowSchema] | None
+    include_tombstones: bool
+    unconstrained: UnconstrainedNumeric
+
+    def builder(self) -> SourceBatchBuilder:
+        """A builder for this shape (imports the batch building: call it where batches are read)."""
+        from spark_log.source_batches import SourceBatchBuilder
+
+        return SourceBatchBuilder(
+            self.schema, self.row_schemas, include_tombstones=self.include_tombstones, unconstrained=self.unconstrained
+        )
+
+
 class _RangeReading:
     """Executor side shared by both readers: open the log in the worker, decode each chunk."""
 
     options: LogSourceOptions
-    builder: SourceBatchBuilder
+    shape: BatchShape
+    _built: SourceBatchBuilder | None = None
+
+    @property
+    def builder(self) -> SourceBatchBuilder:
+        """The batch builder of :attr:`shape`, made on first use (in the process that reads)."""
+        if self._built is None:
+            self._built = self.shape.builder()
+        return self._built
 
     def _read_ranges(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, LogRangePartition):
@@ -399,6 +431,9 @@ class _RangeReading:
         _freeze_after_the_first_read()
 
     def _latest_per_key(self, batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from spark_log.latest_per_key import latest_per_key  # the read side's only (BatchShape)
+        from spark_log.source_batches import arrow_schema
+
         if not batches:
             return
         # StructType.add changes the struct in place: add to a copy, the builder's schema stays as declared.
@@ -447,34 +482,29 @@ class HeadwaterLogDataSource(DataSource):
                 self._schema = output_schema(row).add(FIRST_OP, StringType())
         return self._schema
 
-    def _builder(self, schema: StructType) -> SourceBatchBuilder:
+    def _shape(self, schema: StructType) -> BatchShape:
         self.schema()
         if self.parsed.latest_per_key:  # the builder makes the rows, the reader adds the first op
             schema = StructType([field for field in schema.fields if field.name != FIRST_OP])
-        return SourceBatchBuilder(
-            schema,
-            self._row_schemas,
-            include_tombstones=self.parsed.include_tombstones,
-            unconstrained=self.parsed.unconstrained_numeric,
-        )
+        return BatchShape(schema, self._row_schemas, self.parsed.include_tombstones, self.parsed.unconstrained_numeric)
 
     @carried_errors
     def reader(self, schema: StructType) -> DataSourceReader:
         """The batch reader."""
-        return LogBatchReader(self.parsed, self._builder(schema))
+        return LogBatchReader(self.parsed, self._shape(schema))
 
     @carried_errors
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         """The micro-batch reader."""
-        return LogStreamReader(self.parsed, self._builder(schema))
+        return LogStreamReader(self.parsed, self._shape(schema))
 
 
 class LogBatchReader(_RangeReading, DataSourceReader):
     """Reads ``startingOffsets`` to ``endingOffsets`` (ends taken when Spark plans the query)."""
 
-    def __init__(self, options: LogSourceOptions, builder: SourceBatchBuilder) -> None:
+    def __init__(self, options: LogSourceOptions, shape: BatchShape) -> None:
         self.options = options
-        self.builder = builder
+        self.shape = shape
 
     @carried_errors
     def partitions(self) -> Sequence[InputPartition]:
@@ -510,9 +540,9 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
     the log open between calls; ``read`` runs in executors, which open their own.
     """
 
-    def __init__(self, options: LogSourceOptions, builder: SourceBatchBuilder) -> None:
+    def __init__(self, options: LogSourceOptions, shape: BatchShape) -> None:
         self.options = options
-        self.builder = builder
+        self.shape = shape
         self._log: Log | None = None  # opened on first use: this object is pickled to executors first
         self._target: LogPosition | None = None
         self._schemas_seen_at: LogPosition | None = None
@@ -579,7 +609,7 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
     def _check_schemas(self) -> None:
         """Raise :class:`SchemaChangedError` when a topic has a schema version the query was not planned with."""
         self._schemas_seen_at = check_schema_versions(
-            self._driver_log(), self.options.topics, self.builder.row_schemas, self._schemas_seen_at
+            self._driver_log(), self.options.topics, self.shape.row_schemas, self._schemas_seen_at
         )
 
     @carried_errors

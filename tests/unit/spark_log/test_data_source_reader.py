@@ -161,3 +161,27 @@ def test_elsewhere_importing_the_source_or_reading_freezes_nothing_and_the_proce
     result = _run_reading(code, config_path, end)
     assert result.stdout.split() == ["0", "0", "6"], result.stdout
     assert result.stderr == "", result.stderr
+
+
+def test_planning_imports_no_batch_building_and_the_reader_builds_where_it_reads(tmp_path):
+    """A process that only plans (Spark's source runner, its planner workers) never imports the batch building.
+
+    The reader it pickles makes its batch builder in the process that unpickles it and reads.
+    """
+    config_path, end = _write_log(tmp_path)
+    heavy = ("spark_log.source_batches", "spark_log.latest_per_key", "spark_log.value_decoder", "pyarrow.compute")
+    code = (
+        "import pickle, sys\n"
+        + _READER
+        + "shipped = pickle.dumps(reader)\n"
+        + "start = reader.initialOffset()\n"
+        + "reader.partitions(start, reader.latestOffset(start, reader.getDefaultReadLimit()))\n"
+        + f"print(sorted(m for m in {heavy!r} if m in sys.modules))\n"
+        + "rows = sum(batch.num_rows for batch in pickle.loads(shipped).read(partition))\n"
+        + f"print(sorted(m for m in {heavy!r} if m in sys.modules), rows)\n"
+    )
+    planned, read = _run_reading(code, config_path, end).stdout.splitlines()[-2:]
+
+    assert planned == "[]"
+    # latest_per_key stays unimported: this read is not latestPerKey.
+    assert read == f"{['pyarrow.compute', 'spark_log.source_batches', 'spark_log.value_decoder']} {end}"
