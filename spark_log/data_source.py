@@ -47,7 +47,9 @@ Reading: a file log's ranges are read as Arrow columns straight from the segment
 (:mod:`log.file.column_decoder`, no object per record) and built by
 :meth:`~spark_log.source_batches.SourceBatchBuilder.build_columns`; other backends hand
 ``StoredRecord`` chunks to :meth:`~spark_log.source_batches.SourceBatchBuilder.build`. Both
-give the same rows.
+give the same rows. The readers carry a :class:`BatchShape` and make the builder where they
+first read, so the processes that only plan (a source runner per streaming query, the planner
+workers) never import the batch building.
 
 Errors: a Headwater error raised in any method Spark calls in a Python worker (the planner
 process, executors) leaves it as :class:`spark_log.task_errors.CarriedError`, so the driver
@@ -64,7 +66,7 @@ order they were written. A batch read (``spark.read``) reads every partition at 
 parents and children alike: its rows have no order, as with any DataFrame; order them
 by ``sequence`` (capture topics) or by the parent-first partition numbers.
 
-(Over 500 lines by a few: the Spark source's offsets, partition planning across splits and
+(Over 500 lines: the Spark source's offsets, partition planning across splits and
 merges, and its schema checks share the offset format and must be read together.)
 """
 
