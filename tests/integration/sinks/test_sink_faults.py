@@ -132,12 +132,15 @@ def test_target_killed_and_sink_sigkilled_lose_nothing(kind, pipeline, unique_na
             for _, row_id, op, v in delivered:
                 last[row_id] = None if op == "d" else v
             assert {k: v for k, v in last.items() if v is not None} == final_rows(pipeline.dsn)
+            # A kind that keeps its checkpoints in the target (Redis) copies them to the sink's group for
+            # lag at most every second and when idle, so lag reaches 0 just after the last delivery, not
+            # with it (ci69: the records were all in Redis and lag still read 385 at that instant).
+            assert sink_state(pipeline)["lag"] == 0
             return report
 
         report = wait_for(complete, 180, 2)
         if allowed_repeats is not None:
             assert report.repeats == allowed_repeats, report
-        assert sink_state(pipeline)["lag"] == 0
         print(f"{kind}: {report}")
     finally:
         pipeline.close()
