@@ -617,7 +617,10 @@ def compare(what: str, expected: list[tuple[Any, ...]], actual: list[tuple[Any, 
 
 
 class Writer:
-    """Changes random rows of the given cases' tables from a thread until stopped (its own connection)."""
+    """Changes random rows of the given cases' tables from a thread until stopped.
+
+    It writes through the project's setup connection, under :attr:`lock` (the checks have their own).
+    """
 
     def __init__(self, project: DdlProject, cases: list[DdlCase], *, per_second: float = 8) -> None:
         self.project = project
